@@ -1,0 +1,74 @@
+// Package status builds and reads tollgate's typed outcomes: errors that tell a
+// caller not only that a call failed, but what it may conclude about the
+// call's effect.
+//
+// Every tollgate refusal or unresolved outcome is a gRPC status that carries a
+// tollgate.v1.OutcomeDetail, a google.rpc.ErrorInfo (domain "tollgate.dev",
+// reason = the Reason's name without its REASON_ prefix) and, when a delay is
+// suggested, a google.rpc.RetryInfo. The detail is authoritative; the code is
+// chosen so that generic gRPC clients behave well:
+//
+//	outcome       meaning                                   code
+//	NOT_ADMITTED  no effect at this tier or below           RESOURCE_EXHAUSTED (overload, limits,
+//	                                                        allowance, fences) or UNAVAILABLE
+//	                                                        (draining, store unavailable, not sent)
+//	UNKNOWN       the effect may or may not have happened   the underlying code, but never
+//	                                                        UNAVAILABLE or RESOURCE_EXHAUSTED
+//	                                                        (those become UNKNOWN)
+//	COMMITTED     the effect happened, the response is      FAILED_PRECONDITION,
+//	              not available                             reason RESPONSE_NOT_RETAINED, final
+//	(mismatch)    same call key, different request         INVALID_ARGUMENT, final
+//	(malformed)   bad tollgate header or call key          INVALID_ARGUMENT, final
+//
+// Build them with [NotAdmitted], [OutcomeUnknown], [Committed] and
+// [RequestMismatch]; read any error back with [OutcomeOf], which returns an
+// [Outcome]: its [Kind], [Reason], gRPC code and detail.
+//
+// # Reading an error
+//
+// [OutcomeOf] classifies an error that a caller holds, in this order:
+//
+//  1. nil is [KindOK].
+//  2. A tollgate detail (found in a *[Error] in the chain, or in the
+//     details of the error's gRPC status) decides: its outcome is the Kind.
+//     A request mismatch is [KindFailed] (the request was refused and ran
+//     nothing under that key; the detail's outcome tells what the existing
+//     record says). Detail bytes that do not decode are ignored.
+//  3. context.Canceled and context.DeadlineExceeded are [KindUnknown]:
+//     the caller stopped waiting, it does not know what happened.
+//  4. Otherwise the gRPC code decides: the definite codes INVALID_ARGUMENT,
+//     NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED, FAILED_PRECONDITION,
+//     OUT_OF_RANGE, UNIMPLEMENTED and UNAUTHENTICATED are [KindFailed];
+//     every other code (and an error that is not a gRPC status, which is
+//     UNKNOWN) is [KindUnknown].
+//
+// A client knows more than the error: whether the request left it at all.
+// [OutcomeOfCall] takes that knowledge ([Delivery]) and applies the contract's
+// table for errors without a tollgate detail:
+//
+//	delivery          code                  outcome
+//	NotSent           any                   NOT_ADMITTED, reason NOT_SENT
+//	PeerStatus        definite (as above)   FAILED (that definite error)
+//	PeerStatus        any other             UNKNOWN
+//	MaybeSent         any                   UNKNOWN, reason CALL_LOST
+//
+// A definite code stays definite only when the peer's status arrived: a
+// client-side NOT_FOUND, say, proves nothing about the server.
+//
+// # Classifying a handler's result
+//
+// A server records what its handler's error means for the call it served with
+// [HandlerOutcome], by tollgate detail before code: a NOT_ADMITTED detail stays
+// NOT_ADMITTED only when the handler declared it with [WithoutEffect] or the
+// method is declared NO_SIDE_EFFECTS (an IDEMPOTENT method has effects, so it
+// does not qualify); any other NOT_ADMITTED, and any UNKNOWN, COMMITTED or
+// mismatch detail that came from below, is UNKNOWN, because the handler ran
+// and an effect may have happened here or below. An error without a detail
+// goes by code: definite codes are FAILED, everything else UNKNOWN.
+//
+// # Compatibility
+//
+// Errors built here satisfy GRPCStatus, so grpc-go sends them as they are, and
+// [OutcomeOf] finds them through %w wrapping (including grpc-go's own "max
+// retries exhausted" wrapping), errors.As and grpc/status.FromError.
+package status
