@@ -1,0 +1,72 @@
+package budget
+
+import "context"
+
+type allowanceKey struct{}
+
+type grantKey struct{}
+
+// NewContext returns a copy of ctx that carries a, the ledger of the handler
+// run the context belongs to. The server interceptor calls it; handlers find
+// the ledger with [FromContext].
+func NewContext(ctx context.Context, a *Allowance) context.Context {
+	return context.WithValue(ctx, allowanceKey{}, a)
+}
+
+// FromContext returns the ledger ctx carries, and false when it carries none.
+func FromContext(ctx context.Context) (*Allowance, bool) {
+	a, ok := ctx.Value(allowanceKey{}).(*Allowance)
+	return a, ok && a != nil
+}
+
+// WithGrant returns a copy of ctx whose outbound calls lend their callee at
+// most units units (negative counts as 0) instead of the default grant (all
+// free units but those kept for the caller's further tries). Every try of
+// every call made with the context lends up to units, never more than is
+// free when it is sent.
+func WithGrant(ctx context.Context, units int64) context.Context {
+	return context.WithValue(ctx, grantKey{}, max(units, 0))
+}
+
+// GrantFromContext returns the grant set by [WithGrant] or [Split], and false
+// when ctx sets none.
+func GrantFromContext(ctx context.Context) (int64, bool) {
+	g, ok := ctx.Value(grantKey{}).(int64)
+	return g, ok
+}
+
+// Split divides the free units of the ledger in ctx among n upcoming calls,
+// for a handler that fans out: it returns n contexts, one per call, each
+// carrying a grant (see [WithGrant]). One unit is left for each call's own
+// send; the rest is shared as evenly as possible, the first calls getting
+// the remainder. For example, 10 free units split 3 ways are grants of 3, 2
+// and 2 (7 units) plus 3 units for the three sends.
+//
+// Split reserves nothing: the grants are ceilings, and each call still lends
+// no more than is free when it is sent, so calls made in any order, repeated,
+// or beyond the n planned cannot overspend. When ctx carries no ledger the
+// contexts are ctx itself (default grants). n ≤ 0 returns nil. It costs one
+// allocation for the slice and one per context.
+func Split(ctx context.Context, n int) []context.Context {
+	if n <= 0 {
+		return nil
+	}
+	out := make([]context.Context, n)
+	a, ok := FromContext(ctx)
+	if !ok {
+		for i := range out {
+			out[i] = ctx
+		}
+		return out
+	}
+	share := max(a.Free()-int64(n), 0)
+	base, extra := share/int64(n), share%int64(n)
+	for i := range out {
+		g := base
+		if int64(i) < extra {
+			g++
+		}
+		out[i] = WithGrant(ctx, g)
+	}
+	return out
+}

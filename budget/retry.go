@@ -1,0 +1,154 @@
+package budget
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+)
+
+// Defaults of [NewRetryBudget].
+const (
+	// DefaultRetryRatio is the tokens a first try earns: retries stay within
+	// 10% of requests.
+	DefaultRetryRatio = 0.1
+	// DefaultMinRetriesPerSecond is the floor of tokens that accrue per second
+	// whatever the traffic.
+	DefaultMinRetriesPerSecond = 1.0
+	// DefaultMaxRetryTokens caps the tokens saved up, and so the burst of
+	// retries a quiet client can make at once.
+	DefaultMaxRetryTokens = 10.0
+)
+
+// RetryBudget bounds the repeats a client makes towards one target, across
+// all attempts: a token bucket where each retry and each resolution of an
+// unknown outcome (however many polls it takes) costs one token
+// ([RetryBudget.Withdraw]), each request's first try earns a fraction of one
+// ([RetryBudget.Deposit]), and a floor accrues with time. Tokens are capped,
+// so what counts is recent traffic. A new budget starts with the floor's
+// one second's worth of tokens.
+//
+// Create one with [NewRetryBudget]. The zero value has no tokens and earns
+// none: it refuses every retry. A RetryBudget is safe for concurrent use; each
+// method takes one uncontended mutex and allocates nothing. Time is read with
+// time.Now; the …At methods take it as an argument instead (for tests), and
+// a time earlier than one already seen counts as no time elapsed.
+type RetryBudget struct {
+	mu     sync.Mutex
+	ratio  float64
+	rate   float64 // tokens per second
+	max    float64
+	tokens float64
+	last   time.Time
+}
+
+// RetryBudgetOption configures a budget built by [NewRetryBudget].
+type RetryBudgetOption interface{ applyRetryBudget(*RetryBudget) }
+
+type retryBudgetFunc func(*RetryBudget)
+
+func (f retryBudgetFunc) applyRetryBudget(b *RetryBudget) { f(b) }
+
+// WithRetryRatio sets the tokens each first try earns, the share of requests
+// that may be retried: 0 to 1, default [DefaultRetryRatio].
+func WithRetryRatio(r float64) RetryBudgetOption {
+	return retryBudgetFunc(func(b *RetryBudget) { b.ratio = r })
+}
+
+// WithMinRetriesPerSecond sets the floor of tokens that accrue per second
+// whatever the traffic: ≥ 0, default [DefaultMinRetriesPerSecond].
+func WithMinRetriesPerSecond(n float64) RetryBudgetOption {
+	return retryBudgetFunc(func(b *RetryBudget) { b.rate = n })
+}
+
+// WithMaxRetryTokens caps the tokens saved up: ≥ 1, default
+// [DefaultMaxRetryTokens].
+func WithMaxRetryTokens(n float64) RetryBudgetOption {
+	return retryBudgetFunc(func(b *RetryBudget) { b.max = n })
+}
+
+// ErrInvalidRetryBudget is wrapped by the error [NewRetryBudget] returns for
+// an option out of range.
+var ErrInvalidRetryBudget = errors.New("budget: invalid retry budget")
+
+// NewRetryBudget returns a retry budget configured by opts over the defaults.
+// It returns an error wrapping [ErrInvalidRetryBudget] when a value is out of
+// range (or not a number).
+func NewRetryBudget(opts ...RetryBudgetOption) (*RetryBudget, error) {
+	b := &RetryBudget{
+		ratio: DefaultRetryRatio,
+		rate:  DefaultMinRetriesPerSecond,
+		max:   DefaultMaxRetryTokens,
+	}
+	for _, o := range opts {
+		if o != nil {
+			o.applyRetryBudget(b)
+		}
+	}
+	switch {
+	case !(b.ratio >= 0 && b.ratio <= 1):
+		return nil, fmt.Errorf("%w: retry ratio %v is not within [0, 1]", ErrInvalidRetryBudget, b.ratio)
+	case !(b.rate >= 0) || math.IsInf(b.rate, 0):
+		return nil, fmt.Errorf("%w: minimum retries per second %v is not finite and >= 0", ErrInvalidRetryBudget, b.rate)
+	case !(b.max >= 1) || math.IsInf(b.max, 0):
+		return nil, fmt.Errorf("%w: maximum retry tokens %v is not finite and >= 1", ErrInvalidRetryBudget, b.max)
+	}
+	b.tokens = min(b.rate, b.max)
+	return b, nil
+}
+
+// Withdraw takes one token for a retry or a resolution, and reports whether
+// there was one. On false the caller must not repeat: it returns NOT_ADMITTED
+// RETRY_BUDGET_EXHAUSTED with the call's last outcome.
+func (b *RetryBudget) Withdraw() bool { return b.WithdrawAt(time.Now()) }
+
+// WithdrawAt is [RetryBudget.Withdraw] at time now.
+func (b *RetryBudget) WithdrawAt(now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refillLocked(now)
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
+
+// Deposit earns the tokens of one request: call it once for each call's
+// first try.
+func (b *RetryBudget) Deposit() { b.DepositAt(time.Now()) }
+
+// DepositAt is [RetryBudget.Deposit] at time now.
+func (b *RetryBudget) DepositAt(now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refillLocked(now)
+	b.tokens = min(b.tokens+b.ratio, b.max)
+}
+
+// Tokens returns the tokens available now.
+func (b *RetryBudget) Tokens() float64 { return b.TokensAt(time.Now()) }
+
+// TokensAt returns the tokens available at time now.
+func (b *RetryBudget) TokensAt(now time.Time) float64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refillLocked(now)
+	return b.tokens
+}
+
+func (b *RetryBudget) refillLocked(now time.Time) {
+	if b.last.IsZero() {
+		b.last = now
+		return
+	}
+	if !now.After(b.last) {
+		return
+	}
+	elapsed := now.Sub(b.last)
+	b.last = now
+	if b.rate > 0 && b.tokens < b.max {
+		b.tokens = min(b.tokens+elapsed.Seconds()*b.rate, b.max)
+	}
+}
