@@ -17,10 +17,14 @@ const PushbackKey = "grpc-retry-pushback-ms"
 // NOT_ADMITTED error that suggests a delay, in whole milliseconds rounded up.
 // ok is false for any other error.
 func Pushback(err error) (value string, ok bool) {
-	if OutcomeOf(err).Kind != KindNotAdmitted {
+	if err == nil {
 		return "", false
 	}
-	d, ok := RetryAfter(err)
+	x := inspect(err)
+	if k, ok := x.kind(); !ok || k != KindNotAdmitted {
+		return "", false
+	}
+	d, ok := x.retryAfter()
 	if !ok {
 		return "", false
 	}
