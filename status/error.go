@@ -289,10 +289,20 @@ func RequestMismatch(existing tollgatev1.Outcome, opts ...Option) error {
 }
 
 // Error returns the status message.
-func (e *Error) Error() string { return e.msg }
+func (e *Error) Error() string {
+	if e == nil {
+		return "tollgate: <nil>"
+	}
+	return e.msg
+}
 
 // Unwrap returns the cause given to [OutcomeUnknown], or nil.
-func (e *Error) Unwrap() error { return e.cause }
+func (e *Error) Unwrap() error {
+	if e == nil {
+		return nil
+	}
+	return e.cause
+}
 
 // Code returns the gRPC code the error is sent with.
 func (e *Error) Code() codes.Code { return e.code }
@@ -323,8 +333,12 @@ func (e *Error) Detail() *tollgatev1.OutcomeDetail {
 // GRPCStatus returns the status that carries the error across gRPC: its code
 // and message, the OutcomeDetail, a google.rpc.ErrorInfo and, when a delay was
 // suggested, a google.rpc.RetryInfo, in that order. The status is built on the
-// first call and shared by later ones (a grpc-go Status is immutable).
+// first call and shared by later ones (a grpc-go Status is immutable). A nil
+// *Error has no status (grpc-go then sends UNKNOWN).
 func (e *Error) GRPCStatus() *grpcstatus.Status {
+	if e == nil {
+		return nil
+	}
 	if st := e.st.Load(); st != nil {
 		return st
 	}
