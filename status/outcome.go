@@ -11,26 +11,30 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 )
 
-// Kind is what a caller may conclude about a call's effect.
+// Kind is what a caller may conclude about a call's effect. Its zero value is
+// KindOK.
 type Kind uint8
 
 const (
-	// KindOK: the call succeeded.
+	// KindOK means the call succeeded.
 	KindOK Kind = iota
-	// KindFailed: the call ended with a definite error (or a request
+	// KindFailed means the call ended with a definite error (or a request
 	// mismatch); repeating it cannot help.
 	KindFailed
-	// KindNotAdmitted: the call had no effect at the answering tier or below.
+	// KindNotAdmitted means the call had no effect at the answering tier or
+	// below; it may be repeated unless the outcome is final.
 	KindNotAdmitted
-	// KindUnknown: the call may or may not have had its effect.
+	// KindUnknown means the call may or may not have had its effect; it must
+	// not be repeated before its state is queried.
 	KindUnknown
-	// KindCommitted: the effect happened; the response is not available.
+	// KindCommitted means the effect happened; the response is not available.
 	KindCommitted
 )
 
 var kindNames = [...]string{"OK", "FAILED", "NOT_ADMITTED", "UNKNOWN", "COMMITTED"}
 
-// String returns the kind's name, for example "NOT_ADMITTED".
+// String returns the kind's name, for example "NOT_ADMITTED", or "INVALID"
+// for a value not declared here.
 func (k Kind) String() string {
 	if int(k) < len(kindNames) {
 		return kindNames[k]
@@ -38,13 +42,17 @@ func (k Kind) String() string {
 	return "INVALID"
 }
 
-// Outcome is the classification of an error.
+// Outcome is the classification of an error, as [OutcomeOf],
+// [OutcomeOfCall] and [HandlerOutcome] return it.
 type Outcome struct {
 	// Kind is what the caller may conclude about the effect.
 	Kind Kind
-	// Reason is the tollgate reason, when one is known.
+	// Reason is the tollgate reason, when one is known; REASON_UNSPECIFIED
+	// otherwise.
 	Reason Reason
-	// Code is the error's gRPC code (OK for a nil error).
+	// Code is the error's gRPC code: OK for a nil error, UNKNOWN for an
+	// error without a status, CANCELLED or DEADLINE_EXCEEDED for a bare
+	// context error.
 	Code codes.Code
 	// Detail is the tollgate detail the error carries, or nil. It is the
 	// caller's to keep; it is not shared with the error.
@@ -52,7 +60,8 @@ type Outcome struct {
 }
 
 // Final reports whether the outcome's detail says no repeat of the attempt can
-// help. Definite errors are not final in this sense: they simply end the call.
+// help; it is false without a detail. Definite errors are not final in this
+// sense: they simply end the call.
 func (o Outcome) Final() bool { return o.Detail.GetFinal() }
 
 // Delivery is what a client knows of whether its request reached the peer,
@@ -61,16 +70,18 @@ func (o Outcome) Final() bool { return o.Detail.GetFinal() }
 type Delivery uint8
 
 const (
-	// MaybeSent: the request's headers were queued (stats OutHeader) and the
-	// peer's status did not arrive.
+	// MaybeSent means the request's headers were queued (stats OutHeader)
+	// and the peer's status did not arrive.
 	MaybeSent Delivery = iota
-	// NotSent: the request provably never left the client (no OutHeader).
+	// NotSent means the request provably never left the client (no
+	// OutHeader).
 	NotSent
-	// PeerStatus: the peer's status arrived (stats InTrailer).
+	// PeerStatus means the peer's status arrived (stats InTrailer).
 	PeerStatus
 )
 
-// String returns the delivery's name, for example "NOT_SENT".
+// String returns the delivery's name, for example "NOT_SENT", or "INVALID"
+// for a value not declared here.
 func (d Delivery) String() string {
 	switch d {
 	case MaybeSent:

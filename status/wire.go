@@ -79,7 +79,7 @@ func (e *Error) encodeDetails() (detail, retryInfo []byte) {
 	b = appendVarintField(b, fieldFencedThroughTry, uint64(e.f.FencedThroughTry))
 	detail = b[:len(b):len(b)]
 	if durLen > 0 {
-		retryInfo = appendDurationField(b[len(b):len(b)], 1, e.f.RetryAfter, durLen)
+		retryInfo = appendDurationField(b[len(b):], 1, e.f.RetryAfter, durLen)
 	}
 	return detail, retryInfo
 }
