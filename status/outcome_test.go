@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
+	"sync"
 	"testing"
 	"time"
 
@@ -410,4 +412,68 @@ func TestKindString(t *testing.T) {
 	require.Equal(t, "UNKNOWN", status.KindUnknown.String())
 	require.Equal(t, "COMMITTED", status.KindCommitted.String())
 	require.Equal(t, "INVALID", status.Kind(200).String())
+}
+
+// asErr finds target through an As method, as some error libraries do.
+type asErr struct{ target error }
+
+func (e asErr) Error() string { return "as: " + e.target.Error() }
+func (e asErr) As(target any) bool {
+	v := reflect.ValueOf(target).Elem()
+	if reflect.TypeOf(e.target).AssignableTo(v.Type()) {
+		v.Set(reflect.ValueOf(e.target))
+		return true
+	}
+	return false
+}
+
+func TestOutcomeOfUnusualChains(t *testing.T) {
+	refusal := status.NotAdmitted(status.ReasonShed)
+	t.Run("As method", func(t *testing.T) {
+		err := asErr{target: refusal}
+		require.Equal(t, codes.ResourceExhausted, grpcstatus.Code(err), "grpc-go finds it too")
+		require.Equal(t, status.KindNotAdmitted, status.OutcomeOf(err).Kind)
+		err = asErr{target: received(t, refusal)}
+		require.Equal(t, status.KindNotAdmitted, status.OutcomeOf(err).Kind)
+		require.Equal(t, status.KindUnknown, status.OutcomeOf(asErr{target: errors.New("x")}).Kind)
+	})
+	t.Run("joined without a status", func(t *testing.T) {
+		o := status.OutcomeOf(errors.Join(errors.New("a"), fmt.Errorf("b: %w", context.Canceled)))
+		require.Equal(t, status.Outcome{Kind: status.KindUnknown, Code: codes.Canceled}, o)
+	})
+	t.Run("deep chains are cut off, not followed forever", func(t *testing.T) {
+		err := refusal
+		for range 50 {
+			err = fmt.Errorf("layer: %w", err)
+		}
+		require.Equal(t, status.KindNotAdmitted, status.OutcomeOf(err).Kind)
+		for range 200 {
+			err = fmt.Errorf("layer: %w", err)
+		}
+		require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind)
+	})
+}
+
+func TestGRPCStatusConcurrently(t *testing.T) {
+	err := status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Second))
+	var te *status.Error
+	require.ErrorAs(t, err, &te)
+	sts := make(chan *grpcstatus.Status, 8)
+	var wg sync.WaitGroup
+	for range cap(sts) {
+		wg.Go(func() { sts <- te.GRPCStatus() })
+	}
+	wg.Wait()
+	close(sts)
+	first := te.GRPCStatus()
+	for st := range sts {
+		require.Same(t, first, st)
+	}
+}
+
+func TestNilError(t *testing.T) {
+	var te *status.Error
+	require.Equal(t, "tollgate: <nil>", te.Error())
+	require.NoError(t, te.Unwrap())
+	require.Nil(t, te.GRPCStatus())
 }
