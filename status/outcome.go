@@ -185,13 +185,13 @@ type inspection struct {
 	detail        *tollgatev1.OutcomeDetail // decoded from st
 	retryInfo     time.Duration             // from st's RetryInfo, if valid and positive
 	code          codes.Code
-	ctxErr        bool // err is or wraps a context error (and carries no status)
+	ctxErr        bool // err is or wraps a context error
 	withoutEffect bool // a WithoutEffect wrapper encloses te or st
 }
 
 // inspect walks err's chain as errors.As does (depth first, Unwrap() error
 // and Unwrap() []error) and stops at the first error with a GRPCStatus method,
-// looking through WithoutEffect wrappers.
+// looking through WithoutEffect wrappers. It follows at most maxDepth levels.
 func inspect(err error) inspection {
 	var x inspection
 	if !x.find(err, 0) {
@@ -235,32 +235,44 @@ func inspect(err error) inspection {
 // maxDepth bounds the walk of pathological (cyclic or very deep) chains.
 const maxDepth = 100
 
-// find reports whether it found the error that decides err's status.
+// find reports whether it found the error that decides err's status. It
+// sets x.withoutEffect only when a WithoutEffect wrapper encloses what it
+// found, not one on a branch of a join that led nowhere.
 func (x *inspection) find(err error, depth int) bool {
+	without := false
+	found := func() bool {
+		x.withoutEffect = x.withoutEffect || without
+		return true
+	}
 	for err != nil && depth < maxDepth {
 		depth++
 		switch v := err.(type) {
 		case *Error:
+			if v == nil {
+				return false
+			}
 			x.te = v
-			return v != nil
+			return found()
 		case *withoutEffect:
-			x.withoutEffect = true
+			without = true
 			err = v.err
 			continue
 		case grpcStatuser:
 			if st := v.GRPCStatus(); st != nil {
 				x.st = st
-				return true
+				return found()
 			}
 			return false // grpc-go treats a nil status as no status
 		case interface{ As(any) bool }:
 			var gs grpcStatuser
 			if v.As(&gs) && gs != nil {
 				if e, ok := gs.(error); ok {
-					return x.find(e, depth)
+					return x.find(e, depth) && found()
 				}
-				x.st = gs.GRPCStatus()
-				return x.st != nil
+				if x.st = gs.GRPCStatus(); x.st != nil {
+					return found()
+				}
+				return false
 			}
 		}
 		switch u := err.(type) {
@@ -269,7 +281,7 @@ func (x *inspection) find(err error, depth int) bool {
 		case interface{ Unwrap() []error }:
 			for _, e := range u.Unwrap() {
 				if x.find(e, depth) {
-					return true
+					return found()
 				}
 			}
 			return false

@@ -217,6 +217,10 @@ func TestHandlerOutcome(t *testing.T) {
 		{"context error", context.DeadlineExceeded, false, unknownOf(codes.DeadlineExceeded)},
 		{"plain", errors.New("boom"), true, unknownOf(codes.Unknown)},
 		{"WithoutEffect plain", status.WithoutEffect(errors.New("boom")), false, unknownOf(codes.Unknown)},
+		{"WithoutEffect on another branch of a join", errors.Join(status.WithoutEffect(errors.New("boom")), refusal), false, unknownOf(codes.Unknown)},
+		{"WithoutEffect on the found branch of a join", errors.Join(errors.New("boom"), status.WithoutEffect(refusal)), false, status.Outcome{Kind: status.KindNotAdmitted, Reason: status.ReasonQueueFull, Code: codes.ResourceExhausted}},
+		{"WithoutEffect around a join", status.WithoutEffect(errors.Join(errors.New("boom"), refusal)), false, status.Outcome{Kind: status.KindNotAdmitted, Reason: status.ReasonQueueFull, Code: codes.ResourceExhausted}},
+		{"WithoutEffect through As", asErr{target: status.WithoutEffect(refusal)}, false, status.Outcome{Kind: status.KindNotAdmitted, Reason: status.ReasonQueueFull, Code: codes.ResourceExhausted}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			o := status.HandlerOutcome(c.err, c.noSideEffects)
