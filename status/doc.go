@@ -11,7 +11,8 @@
 //	outcome       meaning                                   code
 //	NOT_ADMITTED  no effect at this tier or below           RESOURCE_EXHAUSTED (overload, limits,
 //	                                                        allowance, fences) or UNAVAILABLE
-//	                                                        (draining, store unavailable, not sent)
+//	                                                        (draining, store unavailable, not sent,
+//	                                                        attempt unverifiable)
 //	UNKNOWN       the effect may or may not have happened   the underlying code, but never
 //	                                                        UNAVAILABLE or RESOURCE_EXHAUSTED
 //	                                                        (those become UNKNOWN)
@@ -22,18 +23,29 @@
 //
 // Build them with [NotAdmitted], [OutcomeUnknown], [Committed] and
 // [RequestMismatch]; read any error back with [OutcomeOf], which returns an
-// [Outcome]: its [Kind], [Reason], gRPC code and detail.
+// [Outcome]: its [Kind], [Reason], gRPC code and detail. [RetryAfter] reads
+// the suggested delay, [IsFinal] the final flag, and [Pushback] and
+// [SetPushbackTrailer] give clients that use grpc-go's own retry the
+// grpc-retry-pushback-ms trailer.
+//
+// Building a refusal costs one allocation; its gRPC status is built once, on
+// the first GRPCStatus call, with a few more (most of them grpc-go's copy of
+// the status). Every function here is safe for concurrent use, and reading
+// never panics, whatever bytes a peer sent.
 //
 // # Reading an error
 //
 // [OutcomeOf] classifies an error that a caller holds, in this order:
 //
 //  1. nil is [KindOK].
-//  2. A tollgate detail (found in a *[Error] in the chain, or in the
-//     details of the error's gRPC status) decides: its outcome is the Kind.
-//     A request mismatch is [KindFailed] (the request was refused and ran
-//     nothing under that key; the detail's outcome tells what the existing
-//     record says). Detail bytes that do not decode are ignored.
+//  2. A tollgate detail decides: its outcome is the Kind. It is read from
+//     the error that decides the gRPC status, the first in the %w chain with
+//     a GRPCStatus method, as grpc/status.FromError finds it (a *[Error], or
+//     a status received from a peer). A request mismatch is [KindFailed] (the
+//     request was refused and ran nothing under that key; the detail's
+//     outcome tells what the existing record says); an outcome this build
+//     does not know is [KindUnknown]. Detail bytes that do not decode are
+//     ignored.
 //  3. context.Canceled and context.DeadlineExceeded are [KindUnknown]:
 //     the caller stopped waiting, it does not know what happened.
 //  4. Otherwise the gRPC code decides: the definite codes INVALID_ARGUMENT,
@@ -65,6 +77,13 @@
 // mismatch detail that came from below, is UNKNOWN, because the handler ran
 // and an effect may have happened here or below. An error without a detail
 // goes by code: definite codes are FAILED, everything else UNKNOWN.
+//
+//	handler's error                                  outcome
+//	NOT_ADMITTED detail, WithoutEffect               NOT_ADMITTED
+//	NOT_ADMITTED detail, method NO_SIDE_EFFECTS      NOT_ADMITTED
+//	other NOT_ADMITTED, UNKNOWN, COMMITTED, mismatch UNKNOWN
+//	no detail, definite code                         FAILED
+//	no detail, any other code or a context error     UNKNOWN
 //
 // # Compatibility
 //

@@ -1,10 +1,12 @@
 package status
 
 import (
+	"strings"
+	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
@@ -19,7 +21,8 @@ import (
 // useful. An Error is immutable once built and safe for concurrent use.
 //
 // Error satisfies GRPCStatus, so a server may return it (or wrap it with %w)
-// and grpc-go sends the status with its details.
+// and grpc-go sends the status with its details. Find one in an error chain
+// with errors.As, or classify any error with [OutcomeOf].
 type Error struct {
 	code    codes.Code
 	msg     string
@@ -27,11 +30,15 @@ type Error struct {
 	outcome tollgatev1.Outcome
 	reason  Reason
 	f       Fields
+
+	st atomic.Pointer[grpcstatus.Status] // built by the first GRPCStatus call
 }
 
 // Fields are the optional data of a tollgate outcome. Every field's zero value
-// means "not set". Fields is itself an [Option]: passing one Fields value
-// sets several at the cost of one allocation.
+// means "not set", and applying a Fields never clears what an earlier option
+// set. Fields is itself an [Option]: passing one Fields value sets several
+// fields at once. Strings that are not valid UTF-8 are repaired (invalid bytes
+// become U+FFFD), because protobuf cannot carry them.
 type Fields struct {
 	// AttemptID is the attempt's identity.
 	AttemptID string
@@ -40,7 +47,8 @@ type Fields struct {
 	// Try is the try number that was refused or left unresolved.
 	Try uint32
 	// RetryAfter is the suggested least delay before a repeat. When positive,
-	// the status also carries a google.rpc.RetryInfo.
+	// the status also carries a google.rpc.RetryInfo; zero or negative
+	// suggests none.
 	RetryAfter time.Duration
 	// Class is the admission class that refused the call.
 	Class string
@@ -54,15 +62,18 @@ type Fields struct {
 	Message string
 }
 
-// Option adds data to an outcome built by this package's constructors.
+// Option adds data to an outcome built by this package's constructors. The
+// options are this package's: [Fields], [WithAttempt], [WithRetryAfter],
+// [WithClass], [WithUnitsRemaining], [Final], [WithFencedThroughTry],
+// [WithMessage], [WithCode] and [WithReason]. A nil Option is ignored.
 type Option interface{ apply(*Error) }
 
 func (f Fields) apply(e *Error) {
 	if f.AttemptID != "" {
-		e.f.AttemptID = f.AttemptID
+		e.f.AttemptID = validUTF8(f.AttemptID)
 	}
 	if f.Call != "" {
-		e.f.Call = f.Call
+		e.f.Call = validUTF8(f.Call)
 	}
 	if f.Try != 0 {
 		e.f.Try = f.Try
@@ -71,7 +82,7 @@ func (f Fields) apply(e *Error) {
 		e.f.RetryAfter = f.RetryAfter
 	}
 	if f.Class != "" {
-		e.f.Class = f.Class
+		e.f.Class = validUTF8(f.Class)
 	}
 	if f.UnitsRemaining != 0 {
 		e.f.UnitsRemaining = f.UnitsRemaining
@@ -87,85 +98,151 @@ func (f Fields) apply(e *Error) {
 	}
 }
 
-type optionFunc func(*Error)
+// The option types are small values, not closures, and build applies them
+// through a type switch: the compiler then keeps them off the heap.
+type (
+	retryAfterOption time.Duration
+	classOption      string
+	unitsOption      int64
+	finalOption      struct{}
+	codeOption       codes.Code
+	reasonOption     Reason
+)
 
-func (o optionFunc) apply(e *Error) { o(e) }
+func (o retryAfterOption) apply(e *Error) { Fields{RetryAfter: time.Duration(o)}.apply(e) }
+func (o classOption) apply(e *Error)      { Fields{Class: string(o)}.apply(e) }
+func (o unitsOption) apply(e *Error)      { e.f.UnitsRemaining = int64(o) }
+func (finalOption) apply(e *Error)        { e.f.Final = true }
+func (o codeOption) apply(e *Error)       { e.code = codes.Code(o) }
+func (o reasonOption) apply(e *Error)     { e.reason = Reason(o) }
 
 // WithAttempt names the attempt and the call's try.
 func WithAttempt(attemptID, call string, try uint32) Option {
 	return Fields{AttemptID: attemptID, Call: call, Try: try}
 }
 
-// WithRetryAfter suggests the least delay before a repeat. Non-positive
-// durations are ignored.
-func WithRetryAfter(d time.Duration) Option { return Fields{RetryAfter: d} }
+// WithRetryAfter suggests the least delay before a repeat; the status then
+// also carries a google.rpc.RetryInfo. Non-positive durations are ignored.
+// Callers should derive it from the queue, never use a constant that
+// synchronises clients.
+func WithRetryAfter(d time.Duration) Option { return retryAfterOption(d) }
 
 // WithClass names the admission class that refused the call.
-func WithClass(class string) Option { return Fields{Class: class} }
+func WithClass(class string) Option { return classOption(class) }
 
 // WithUnitsRemaining reports the free allowance units at the refusing ledger.
-func WithUnitsRemaining(n int64) Option {
-	return optionFunc(func(e *Error) { e.f.UnitsRemaining = n })
-}
+func WithUnitsRemaining(n int64) Option { return unitsOption(n) }
 
 // Final marks the outcome as final: no repeat of this attempt can help.
-func Final() Option { return optionFunc(func(e *Error) { e.f.Final = true }) }
+func Final() Option { return finalOption{} }
 
 // WithFencedThroughTry reports, with ATTEMPT_FENCED, the highest try that can
 // never run.
 func WithFencedThroughTry(n uint32) Option { return Fields{FencedThroughTry: n} }
 
-// WithMessage appends msg to the status message.
+// WithMessage appends ": " and msg to the status message.
 func WithMessage(msg string) Option { return Fields{Message: msg} }
 
-// WithCode overrides the gRPC code the constructor chose. Use it only to keep
-// a more precise code of the same family; the detail stays authoritative.
-func WithCode(c codes.Code) Option { return optionFunc(func(e *Error) { e.code = c }) }
+// WithCode overrides the gRPC code the constructor chose, to keep a more
+// precise code of the same family; the detail stays authoritative. It is
+// ignored where it would break the wire contract: by [NotAdmitted] unless the
+// code is RESOURCE_EXHAUSTED or UNAVAILABLE (and always for reasons sent as
+// INVALID_ARGUMENT), by [Committed] and [RequestMismatch] always; and
+// [OutcomeUnknown] turns OK, UNAVAILABLE, RESOURCE_EXHAUSTED and codes outside
+// the gRPC range into UNKNOWN.
+func WithCode(c codes.Code) Option { return codeOption(c) }
 
 // WithReason sets the reason of an [OutcomeUnknown] or [Committed] outcome
-// (for example CALL_LOST or ATTEMPT_UNVERIFIABLE).
-func WithReason(r Reason) Option { return optionFunc(func(e *Error) { e.reason = r }) }
+// (for example CALL_LOST or ATTEMPT_UNVERIFIABLE). [NotAdmitted] and
+// [RequestMismatch] ignore it: their reason decides their code.
+func WithReason(r Reason) Option { return reasonOption(r) }
 
-func build(e *Error, opts []Option) *Error {
+// build applies opts to e, then restores what the constructor fixes
+// (fixedCode, fixedReason) and finishes the message.
+func build(e *Error, opts []Option, fixedCode, fixedReason bool) *Error {
+	code, reason := e.code, e.reason
 	for _, o := range opts {
-		if o != nil {
+		// A type switch, not o.apply: calling through the interface would
+		// make every option escape to the heap.
+		switch o := o.(type) {
+		case Fields:
+			o.apply(e)
+		case retryAfterOption:
+			o.apply(e)
+		case classOption:
+			o.apply(e)
+		case unitsOption:
+			o.apply(e)
+		case finalOption:
+			o.apply(e)
+		case codeOption:
+			o.apply(e)
+		case reasonOption:
 			o.apply(e)
 		}
+	}
+	if fixedCode {
+		e.code = code
+	}
+	if fixedReason {
+		e.reason = reason
 	}
 	if e.f.Message != "" {
 		e.msg += ": " + e.f.Message
 	}
+	e.msg = validUTF8(e.msg)
 	return e
+}
+
+// validUTF8 repairs s: grpc-go drops every status detail when the message
+// does not marshal, and protobuf refuses invalid UTF-8 in strings.
+func validUTF8(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
 }
 
 // NotAdmitted returns a refusal: the call had no effect at this tier or below.
 // Its code follows the reason: UNAVAILABLE for DRAINING, STORE_UNAVAILABLE,
-// NOT_SENT and ATTEMPT_UNVERIFIABLE; INVALID_ARGUMENT for MALFORMED_HEADER and
-// CALL_KEY_REQUIRED (which are always final); RESOURCE_EXHAUSTED for the rest.
+// NOT_SENT and ATTEMPT_UNVERIFIABLE; INVALID_ARGUMENT for MALFORMED_HEADER,
+// CALL_KEY_REQUIRED and ATTEMPT_REQUEST_MISMATCH (which are always final);
+// RESOURCE_EXHAUSTED for the rest. The message is "tollgate: not admitted: "
+// and the reason in words ("queue full"). reason is meant to be a refusal's
+// reason; a value this build does not know is sent as it is, with the
+// ErrorInfo reason "UNSPECIFIED" and RESOURCE_EXHAUSTED.
 func NotAdmitted(reason Reason, opts ...Option) error {
 	info := infoOf(reason)
 	e := &Error{
 		code:    info.code,
-		msg:     "tollgate: not admitted: " + info.message,
+		msg:     info.message,
 		outcome: tollgatev1.Outcome_OUTCOME_NOT_ADMITTED,
 		reason:  reason,
 	}
 	if info.code == codes.InvalidArgument {
 		e.f.Final = true
 	}
-	return build(e, opts)
+	e = build(e, opts, false, true)
+	if e.code != info.code && (info.code == codes.InvalidArgument ||
+		e.code != codes.ResourceExhausted && e.code != codes.Unavailable) {
+		e.code = info.code
+	}
+	return e
 }
 
 // OutcomeUnknown returns an unresolved outcome: the call may or may not have
 // had its effect, and must not be repeated before its state is queried. The
-// code is the cause's code, except that OK, UNAVAILABLE and RESOURCE_EXHAUSTED
-// become UNKNOWN so that generic retry policies do not repeat it blindly.
-// cause may be nil; it is returned by Unwrap.
+// code is the cause's code (as [OutcomeOf] reads it), except that OK,
+// UNAVAILABLE, RESOURCE_EXHAUSTED and codes outside the gRPC range become
+// UNKNOWN so that generic retry policies do not repeat it blindly. The
+// message is "tollgate: outcome unknown", then ": " and the cause's message.
+// cause may be nil (the code is then UNKNOWN); it is returned by Unwrap. The
+// reason is UNSPECIFIED unless [WithReason] sets one.
 func OutcomeUnknown(cause error, opts ...Option) error {
 	code := codes.Unknown
 	msg := "tollgate: outcome unknown"
 	if cause != nil {
-		code = unknownCode(codeOf(cause))
+		code = codeOf(cause)
 		msg += ": " + cause.Error()
 	}
 	e := &Error{
@@ -174,12 +251,15 @@ func OutcomeUnknown(cause error, opts ...Option) error {
 		cause:   cause,
 		outcome: tollgatev1.Outcome_OUTCOME_UNKNOWN,
 	}
-	return build(e, opts)
+	e = build(e, opts, false, false)
+	e.code = unknownCode(e.code)
+	return e
 }
 
 // Committed returns the outcome of a call whose effect took place but whose
-// response cannot be returned (not retained, or a stream): FAILED_PRECONDITION,
-// reason RESPONSE_NOT_RETAINED, final.
+// response cannot be returned (not retained, or a stream):
+// FAILED_PRECONDITION, reason RESPONSE_NOT_RETAINED unless [WithReason] sets
+// another, final.
 func Committed(opts ...Option) error {
 	e := &Error{
 		code:    codes.FailedPrecondition,
@@ -188,14 +268,15 @@ func Committed(opts ...Option) error {
 		reason:  ReasonResponseNotRetained,
 		f:       Fields{Final: true},
 	}
-	return build(e, opts)
+	return build(e, opts, true, false)
 }
 
 // RequestMismatch returns the refusal of a call key reused with a different
 // method or request: INVALID_ARGUMENT, reason ATTEMPT_REQUEST_MISMATCH, final.
 // existing is what the existing record says of its own effect
 // (OUTCOME_COMMITTED, OUTCOME_UNKNOWN, or OUTCOME_NOT_ADMITTED for a
-// tombstone); it becomes the detail's outcome.
+// tombstone); it becomes the detail's outcome. [OutcomeOf] classifies the
+// refusal as [KindFailed] whatever existing says.
 func RequestMismatch(existing tollgatev1.Outcome, opts ...Option) error {
 	e := &Error{
 		code:    codes.InvalidArgument,
@@ -204,14 +285,24 @@ func RequestMismatch(existing tollgatev1.Outcome, opts ...Option) error {
 		reason:  ReasonAttemptRequestMismatch,
 		f:       Fields{Final: true},
 	}
-	return build(e, opts)
+	return build(e, opts, true, true)
 }
 
 // Error returns the status message.
-func (e *Error) Error() string { return e.msg }
+func (e *Error) Error() string {
+	if e == nil {
+		return "tollgate: <nil>"
+	}
+	return e.msg
+}
 
 // Unwrap returns the cause given to [OutcomeUnknown], or nil.
-func (e *Error) Unwrap() error { return e.cause }
+func (e *Error) Unwrap() error {
+	if e == nil {
+		return nil
+	}
+	return e.cause
+}
 
 // Code returns the gRPC code the error is sent with.
 func (e *Error) Code() codes.Code { return e.code }
@@ -219,7 +310,8 @@ func (e *Error) Code() codes.Code { return e.code }
 // Reason returns the outcome's reason.
 func (e *Error) Reason() Reason { return e.reason }
 
-// Detail returns a new OutcomeDetail that describes the error.
+// Detail returns a new OutcomeDetail that describes the error; the caller may
+// keep and change it.
 func (e *Error) Detail() *tollgatev1.OutcomeDetail {
 	d := &tollgatev1.OutcomeDetail{
 		Outcome:          e.outcome,
@@ -240,25 +332,52 @@ func (e *Error) Detail() *tollgatev1.OutcomeDetail {
 
 // GRPCStatus returns the status that carries the error across gRPC: its code
 // and message, the OutcomeDetail, a google.rpc.ErrorInfo and, when a delay was
-// suggested, a google.rpc.RetryInfo.
+// suggested, a google.rpc.RetryInfo, in that order. The status is built on the
+// first call and shared by later ones (a grpc-go Status is immutable). A nil
+// *Error has no status (grpc-go then sends UNKNOWN).
 func (e *Error) GRPCStatus() *grpcstatus.Status {
-	details := make([]*anypb.Any, 0, 3)
-	if d, err := anypb.New(e.Detail()); err == nil {
-		details = append(details, d)
+	if e == nil {
+		return nil
 	}
-	details = append(details, infoOf(e.reason).errorInfo)
-	if e.f.RetryAfter > 0 {
-		if ri, err := anypb.New(&errdetails.RetryInfo{RetryDelay: durationpb.New(e.f.RetryAfter)}); err == nil {
-			details = append(details, ri)
-		}
+	if st := e.st.Load(); st != nil {
+		return st
 	}
-	return grpcstatus.FromProto(&spb.Status{Code: int32(e.code), Message: e.msg, Details: details})
+	st := e.buildStatus()
+	if !e.st.CompareAndSwap(nil, st) {
+		return e.st.Load()
+	}
+	return st
+}
+
+// statusParts holds everything buildStatus needs in one allocation;
+// grpcstatus.FromProto copies it.
+type statusParts struct {
+	s       spb.Status
+	details [3]*anypb.Any
+	detail  anypb.Any
+	retry   anypb.Any
+}
+
+func (e *Error) buildStatus() *grpcstatus.Status {
+	p := new(statusParts)
+	detail, retry := e.encodeDetails()
+	p.detail.TypeUrl, p.detail.Value = outcomeDetailURL, detail
+	p.details[0] = &p.detail
+	p.details[1] = infoOf(e.reason).errorInfo
+	n := 2
+	if retry != nil {
+		p.retry.TypeUrl, p.retry.Value = retryInfoURL, retry
+		p.details[2] = &p.retry
+		n = 3
+	}
+	p.s.Code, p.s.Message, p.s.Details = int32(e.code), e.msg, p.details[:n:n]
+	return grpcstatus.FromProto(&p.s)
 }
 
 // unknownCode is the code an UNKNOWN outcome carries for an underlying code c.
 func unknownCode(c codes.Code) codes.Code {
-	switch c {
-	case codes.OK, codes.Unavailable, codes.ResourceExhausted:
+	switch {
+	case c == codes.OK, c == codes.Unavailable, c == codes.ResourceExhausted, c > codes.Unauthenticated:
 		return codes.Unknown
 	}
 	return c

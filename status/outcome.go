@@ -11,26 +11,30 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 )
 
-// Kind is what a caller may conclude about a call's effect.
+// Kind is what a caller may conclude about a call's effect. Its zero value is
+// KindOK.
 type Kind uint8
 
 const (
-	// KindOK: the call succeeded.
+	// KindOK means the call succeeded.
 	KindOK Kind = iota
-	// KindFailed: the call ended with a definite error (or a request
+	// KindFailed means the call ended with a definite error (or a request
 	// mismatch); repeating it cannot help.
 	KindFailed
-	// KindNotAdmitted: the call had no effect at the answering tier or below.
+	// KindNotAdmitted means the call had no effect at the answering tier or
+	// below; it may be repeated unless the outcome is final.
 	KindNotAdmitted
-	// KindUnknown: the call may or may not have had its effect.
+	// KindUnknown means the call may or may not have had its effect; it must
+	// not be repeated before its state is queried.
 	KindUnknown
-	// KindCommitted: the effect happened; the response is not available.
+	// KindCommitted means the effect happened; the response is not available.
 	KindCommitted
 )
 
 var kindNames = [...]string{"OK", "FAILED", "NOT_ADMITTED", "UNKNOWN", "COMMITTED"}
 
-// String returns the kind's name, for example "NOT_ADMITTED".
+// String returns the kind's name, for example "NOT_ADMITTED", or "INVALID"
+// for a value not declared here.
 func (k Kind) String() string {
 	if int(k) < len(kindNames) {
 		return kindNames[k]
@@ -38,13 +42,17 @@ func (k Kind) String() string {
 	return "INVALID"
 }
 
-// Outcome is the classification of an error.
+// Outcome is the classification of an error, as [OutcomeOf],
+// [OutcomeOfCall] and [HandlerOutcome] return it.
 type Outcome struct {
 	// Kind is what the caller may conclude about the effect.
 	Kind Kind
-	// Reason is the tollgate reason, when one is known.
+	// Reason is the tollgate reason, when one is known; REASON_UNSPECIFIED
+	// otherwise.
 	Reason Reason
-	// Code is the error's gRPC code (OK for a nil error).
+	// Code is the error's gRPC code: OK for a nil error, UNKNOWN for an
+	// error without a status, CANCELLED or DEADLINE_EXCEEDED for a bare
+	// context error.
 	Code codes.Code
 	// Detail is the tollgate detail the error carries, or nil. It is the
 	// caller's to keep; it is not shared with the error.
@@ -52,7 +60,8 @@ type Outcome struct {
 }
 
 // Final reports whether the outcome's detail says no repeat of the attempt can
-// help. Definite errors are not final in this sense: they simply end the call.
+// help; it is false without a detail. Definite errors are not final in this
+// sense: they simply end the call.
 func (o Outcome) Final() bool { return o.Detail.GetFinal() }
 
 // Delivery is what a client knows of whether its request reached the peer,
@@ -61,169 +70,322 @@ func (o Outcome) Final() bool { return o.Detail.GetFinal() }
 type Delivery uint8
 
 const (
-	// MaybeSent: the request's headers were queued (stats OutHeader) and the
-	// peer's status did not arrive.
+	// MaybeSent means the request's headers were queued (stats OutHeader)
+	// and the peer's status did not arrive.
 	MaybeSent Delivery = iota
-	// NotSent: the request provably never left the client (no OutHeader).
+	// NotSent means the request provably never left the client (no
+	// OutHeader).
 	NotSent
-	// PeerStatus: the peer's status arrived (stats InTrailer).
+	// PeerStatus means the peer's status arrived (stats InTrailer).
 	PeerStatus
 )
 
-// OutcomeOf classifies any error by what it carries, as the package doc's
-// table says: a tollgate detail first, then context errors, then the gRPC code.
+// String returns the delivery's name, for example "NOT_SENT", or "INVALID"
+// for a value not declared here.
+func (d Delivery) String() string {
+	switch d {
+	case MaybeSent:
+		return "MAYBE_SENT"
+	case NotSent:
+		return "NOT_SENT"
+	case PeerStatus:
+		return "PEER_STATUS"
+	}
+	return "INVALID"
+}
+
+// OutcomeOf classifies any error by what it carries, as the package doc says:
+// a tollgate detail first, then context errors, then the gRPC code. A nil
+// error is [KindOK]. It looks at the error that decides the gRPC status
+// (the first one in the chain that has a GRPCStatus method, as
+// grpc/status.FromError does), so a tollgate error wrapped in another status
+// error is not mistaken for the status that is sent. It never panics, and
+// detail bytes that do not decode are ignored.
 func OutcomeOf(err error) Outcome {
 	if err == nil {
 		return Outcome{Kind: KindOK, Code: codes.OK}
 	}
-	if o, ok := fromDetail(err); ok {
+	x := inspect(err)
+	if o, ok := x.outcome(); ok {
 		return o
 	}
-	code := codeOf(err)
-	if isContextErr(err) || !definite(code) {
-		return Outcome{Kind: KindUnknown, Code: code}
+	if x.ctxErr || !definite(x.code) {
+		return Outcome{Kind: KindUnknown, Code: x.code}
 	}
-	return Outcome{Kind: KindFailed, Code: code}
+	return Outcome{Kind: KindFailed, Code: x.code}
 }
 
 // OutcomeOfCall classifies the error a client's call ended with, using what
 // the client knows of its delivery. An error with a tollgate detail is
-// classified by the detail; otherwise: never sent → NOT_ADMITTED, NOT_SENT;
-// the peer's status arrived with a definite code → FAILED; the peer's status
-// arrived with any other code → UNKNOWN; no peer status → UNKNOWN, CALL_LOST.
+// classified by the detail, as [OutcomeOf] does; otherwise: never sent →
+// NOT_ADMITTED, NOT_SENT; the peer's status arrived with a definite code →
+// FAILED; the peer's status arrived with any other code → UNKNOWN; no peer
+// status → UNKNOWN, CALL_LOST. A Delivery value not declared here counts as
+// [MaybeSent]. A nil error is [KindOK].
 func OutcomeOfCall(err error, d Delivery) Outcome {
 	if err == nil {
 		return Outcome{Kind: KindOK, Code: codes.OK}
 	}
-	if o, ok := fromDetail(err); ok {
+	x := inspect(err)
+	if o, ok := x.outcome(); ok {
 		return o
 	}
-	code := codeOf(err)
 	switch d {
 	case NotSent:
-		return Outcome{Kind: KindNotAdmitted, Reason: ReasonNotSent, Code: code}
+		return Outcome{Kind: KindNotAdmitted, Reason: ReasonNotSent, Code: x.code}
 	case PeerStatus:
-		if definite(code) && !isContextErr(err) {
-			return Outcome{Kind: KindFailed, Code: code}
+		if definite(x.code) && !x.ctxErr {
+			return Outcome{Kind: KindFailed, Code: x.code}
 		}
-		return Outcome{Kind: KindUnknown, Code: code}
+		return Outcome{Kind: KindUnknown, Code: x.code}
 	default:
-		return Outcome{Kind: KindUnknown, Reason: ReasonCallLost, Code: code}
+		return Outcome{Kind: KindUnknown, Reason: ReasonCallLost, Code: x.code}
 	}
 }
 
 // HandlerOutcome classifies the error a server's handler returned, for the
 // call's record and for the answer the server sends (DESIGN.md §3.6).
-// noSideEffects is true when the method is declared NO_SIDE_EFFECTS.
+// noSideEffects is true when the method is declared NO_SIDE_EFFECTS (a method
+// declared IDEMPOTENT has effects and does not qualify).
 //
-// A NOT_ADMITTED detail stays NOT_ADMITTED only when the handler wrapped the
-// error with [WithoutEffect] or noSideEffects is true. Any other tollgate
-// detail (NOT_ADMITTED, UNKNOWN, COMMITTED, a mismatch) came from below a
-// handler that ran, so the call's outcome is UNKNOWN; its Detail is the one
-// found and its Code the underlying code as [OutcomeUnknown] would send it.
-// Without a detail, definite codes are FAILED and all others UNKNOWN.
+// A NOT_ADMITTED detail stays NOT_ADMITTED, with its reason and detail, only
+// when the handler wrapped the error with [WithoutEffect] or noSideEffects is
+// true. Any other tollgate detail (NOT_ADMITTED, UNKNOWN, COMMITTED, a
+// mismatch) came from below a handler that ran, so the call's outcome is
+// UNKNOWN, with no reason and no detail (the detail found describes the call
+// below, not this one: its reason and final flag do not apply here; read it
+// with [OutcomeOf] if needed), and its Code is the code [OutcomeUnknown] would
+// send for err. Without a detail, definite codes are FAILED and all others
+// (context errors included) UNKNOWN. A nil error is [KindOK].
 func HandlerOutcome(err error, noSideEffects bool) Outcome {
 	if err == nil {
 		return Outcome{Kind: KindOK, Code: codes.OK}
 	}
-	o, ok := fromDetail(err)
+	x := inspect(err)
+	o, ok := x.outcome()
 	if !ok {
-		return OutcomeOf(err)
+		if x.ctxErr || !definite(x.code) {
+			return Outcome{Kind: KindUnknown, Code: x.code}
+		}
+		return Outcome{Kind: KindFailed, Code: x.code}
 	}
-	if o.Kind == KindNotAdmitted && o.Reason != ReasonAttemptRequestMismatch &&
-		(noSideEffects || isWithoutEffect(err)) {
+	if o.Kind == KindNotAdmitted && (noSideEffects || x.withoutEffect) {
 		return o
 	}
-	return Outcome{Kind: KindUnknown, Code: unknownCode(o.Code), Detail: o.Detail}
+	return Outcome{Kind: KindUnknown, Code: unknownCode(o.Code)}
 }
 
-// fromDetail finds a tollgate detail in err and classifies by it.
-func fromDetail(err error) (Outcome, bool) {
-	var te *Error
-	if errors.As(err, &te) {
-		return detailOutcome(te.Detail(), te.code), true
+// grpcStatuser is what grpc/status.FromError looks for.
+type grpcStatuser interface{ GRPCStatus() *grpcstatus.Status }
+
+// inspection is what an error carries, found in one walk of its chain.
+type inspection struct {
+	te            *Error                    // the tollgate error that decides the status
+	st            *grpcstatus.Status        // else the status of the first error that has one
+	detail        *tollgatev1.OutcomeDetail // decoded from st
+	retryInfo     time.Duration             // from st's RetryInfo, if valid and positive
+	code          codes.Code
+	ctxErr        bool // err is or wraps a context error
+	withoutEffect bool // a WithoutEffect wrapper encloses te or st
+}
+
+// inspect walks err's chain as errors.As does (depth first, Unwrap() error
+// and Unwrap() []error) and stops at the first error with a GRPCStatus method,
+// looking through WithoutEffect wrappers. It follows at most maxDepth levels.
+func inspect(err error) inspection {
+	var x inspection
+	if !x.find(err, 0) {
+		x.te, x.st = nil, nil
+		switch {
+		case errors.Is(err, context.DeadlineExceeded):
+			x.code, x.ctxErr = codes.DeadlineExceeded, true
+		case errors.Is(err, context.Canceled):
+			x.code, x.ctxErr = codes.Canceled, true
+		default:
+			x.code = codes.Unknown
+		}
+		return x
 	}
-	st, ok := grpcstatus.FromError(err)
-	if !ok {
-		return Outcome{}, false
+	if x.te != nil {
+		x.code = x.te.code
+		return x
 	}
-	if d := findDetail(st); d != nil {
-		return detailOutcome(d, st.Code()), true
+	// A status error that also wraps a context error (not one grpc-go
+	// makes) is still a caller that stopped waiting.
+	x.ctxErr = errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+	x.code = x.st.Code()
+	if x.code == codes.OK { // a non-nil error that claims OK: not a success
+		x.code = codes.Unknown
+	}
+	for _, d := range x.st.Details() {
+		switch v := d.(type) {
+		case *tollgatev1.OutcomeDetail:
+			if x.detail == nil {
+				x.detail = v
+			}
+		case *errdetails.RetryInfo:
+			if rd := v.GetRetryDelay(); x.retryInfo == 0 && rd.IsValid() && rd.AsDuration() > 0 {
+				x.retryInfo = rd.AsDuration()
+			}
+		}
+	}
+	return x
+}
+
+// maxDepth bounds the walk of pathological (cyclic or very deep) chains.
+const maxDepth = 100
+
+// find reports whether it found the error that decides err's status. It
+// sets x.withoutEffect only when a WithoutEffect wrapper encloses what it
+// found, not one on a branch of a join that led nowhere.
+func (x *inspection) find(err error, depth int) bool {
+	without := false
+	found := func() bool {
+		x.withoutEffect = x.withoutEffect || without
+		return true
+	}
+	for err != nil && depth < maxDepth {
+		depth++
+		switch v := err.(type) {
+		case *Error:
+			if v == nil {
+				return false
+			}
+			x.te = v
+			return found()
+		case *withoutEffect:
+			without = true
+			err = v.err
+			continue
+		case grpcStatuser:
+			if st := v.GRPCStatus(); st != nil {
+				x.st = st
+				return found()
+			}
+			return false // grpc-go treats a nil status as no status
+		case interface{ As(any) bool }:
+			var gs grpcStatuser
+			if v.As(&gs) && gs != nil {
+				if e, ok := gs.(error); ok {
+					return x.find(e, depth) && found()
+				}
+				if x.st = gs.GRPCStatus(); x.st != nil {
+					return found()
+				}
+				return false
+			}
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				if x.find(e, depth) {
+					return found()
+				}
+			}
+			return false
+		default:
+			return false
+		}
+	}
+	return false
+}
+
+// outcome classifies by the tollgate detail, if there is one.
+func (x *inspection) outcome() (Outcome, bool) {
+	switch {
+	case x.te != nil:
+		return detailOutcome(x.te.Detail(), x.code), true
+	case x.detail != nil:
+		return detailOutcome(x.detail, x.code), true
 	}
 	return Outcome{}, false
 }
 
-func detailOutcome(d *tollgatev1.OutcomeDetail, code codes.Code) Outcome {
-	o := Outcome{Reason: d.GetReason(), Code: code, Detail: d}
+// final reports the detail's final flag without building a detail.
+func (x *inspection) final() bool {
+	if x.te != nil {
+		return x.te.f.Final
+	}
+	return x.detail.GetFinal()
+}
+
+// kind is the Kind the detail decides, and false when there is none.
+func (x *inspection) kind() (Kind, bool) {
 	switch {
-	case d.GetReason() == ReasonAttemptRequestMismatch:
-		o.Kind = KindFailed
-	case d.GetOutcome() == tollgatev1.Outcome_OUTCOME_NOT_ADMITTED:
-		o.Kind = KindNotAdmitted
-	case d.GetOutcome() == tollgatev1.Outcome_OUTCOME_COMMITTED:
-		o.Kind = KindCommitted
+	case x.te != nil:
+		return detailKind(x.te.outcome, x.te.reason), true
+	case x.detail != nil:
+		return detailKind(x.detail.GetOutcome(), x.detail.GetReason()), true
+	}
+	return 0, false
+}
+
+// retryAfter is RetryInfo's delay if valid and positive, else the detail's.
+func (x *inspection) retryAfter() (time.Duration, bool) {
+	if x.te != nil {
+		return x.te.f.RetryAfter, x.te.f.RetryAfter > 0
+	}
+	if x.retryInfo > 0 {
+		return x.retryInfo, true
+	}
+	if ra := x.detail.GetRetryAfter(); ra.IsValid() && ra.AsDuration() > 0 {
+		return ra.AsDuration(), true
+	}
+	return 0, false
+}
+
+func detailOutcome(d *tollgatev1.OutcomeDetail, code codes.Code) Outcome {
+	return Outcome{Kind: detailKind(d.GetOutcome(), d.GetReason()), Reason: d.GetReason(), Code: code, Detail: d}
+}
+
+func detailKind(outcome tollgatev1.Outcome, reason Reason) Kind {
+	switch {
+	case reason == ReasonAttemptRequestMismatch:
+		return KindFailed
+	case outcome == tollgatev1.Outcome_OUTCOME_NOT_ADMITTED:
+		return KindNotAdmitted
+	case outcome == tollgatev1.Outcome_OUTCOME_COMMITTED:
+		return KindCommitted
 	default:
-		// UNKNOWN, and any outcome this build does not know: the caller
-		// cannot rule out an effect.
-		o.Kind = KindUnknown
+		// UNKNOWN, UNSPECIFIED and any outcome this build does not know:
+		// the caller cannot rule out an effect.
+		return KindUnknown
 	}
-	return o
 }
 
-// findDetail returns the first OutcomeDetail among st's details. Details that
-// do not decode are skipped.
-func findDetail(st *grpcstatus.Status) *tollgatev1.OutcomeDetail {
-	for _, d := range st.Details() {
-		if od, ok := d.(*tollgatev1.OutcomeDetail); ok {
-			return od
-		}
-	}
-	return nil
-}
-
-// RetryAfter returns the delay err suggests before a repeat: a
-// google.rpc.RetryInfo's delay if present, else the tollgate detail's
-// retry_after. ok is false when err suggests none.
+// RetryAfter returns the delay err suggests before a repeat: the delay of a
+// google.rpc.RetryInfo in its status if present, valid and positive, else the
+// tollgate detail's retry_after if valid and positive. ok is false when err
+// suggests none (nil errors included). Like [OutcomeOf], it reads the status
+// of the first error in the chain that has one.
 func RetryAfter(err error) (d time.Duration, ok bool) {
 	if err == nil {
 		return 0, false
 	}
-	var te *Error
-	if errors.As(err, &te) {
-		return te.f.RetryAfter, te.f.RetryAfter > 0
-	}
-	st, isStatus := grpcstatus.FromError(err)
-	if !isStatus {
-		return 0, false
-	}
-	var fromDetail time.Duration
-	for _, det := range st.Details() {
-		switch v := det.(type) {
-		case *errdetails.RetryInfo:
-			if rd := v.GetRetryDelay(); rd != nil && rd.IsValid() && rd.AsDuration() > 0 {
-				return rd.AsDuration(), true
-			}
-		case *tollgatev1.OutcomeDetail:
-			if ra := v.GetRetryAfter(); ra != nil && ra.IsValid() && ra.AsDuration() > 0 && fromDetail == 0 {
-				fromDetail = ra.AsDuration()
-			}
-		}
-	}
-	return fromDetail, fromDetail > 0
+	x := inspect(err)
+	return x.retryAfter()
 }
 
 // IsFinal reports whether err carries a tollgate detail marked final: no
-// repeat of this attempt can help, the caller must decide anew.
+// repeat of this attempt can help, the caller must decide anew. It is false
+// for nil and for errors without a detail.
 func IsFinal(err error) bool {
-	o, ok := fromDetail(err)
-	return ok && o.Final()
+	if err == nil {
+		return false
+	}
+	x := inspect(err)
+	return x.final()
 }
 
 // WithoutEffect declares that the handler's error left no effect: the
 // NOT_ADMITTED outcome it carries (typically a refusal from a call the handler
 // made before changing anything) may be reported to the caller as NOT_ADMITTED
-// rather than UNKNOWN. It changes nothing else: an error without a
-// NOT_ADMITTED detail is classified as it would be without it. nil stays nil.
+// rather than UNKNOWN (see [HandlerOutcome]). It changes nothing else: the
+// error's message, gRPC status and errors.Is/As behave as the wrapped
+// error's, and an error without a NOT_ADMITTED detail is classified as it
+// would be without it. nil stays nil.
 func WithoutEffect(err error) error {
 	if err == nil {
 		return nil
@@ -236,35 +398,18 @@ type withoutEffect struct{ err error }
 func (w *withoutEffect) Error() string { return w.err.Error() }
 func (w *withoutEffect) Unwrap() error { return w.err }
 
-// GRPCStatus lets the wrapper cross gRPC exactly as the error it wraps.
+// GRPCStatus lets the wrapper cross gRPC exactly as the error it wraps: the
+// wrapped error's status, or nil when it has none, so that grpc-go still maps
+// a wrapped context error to CANCELLED or DEADLINE_EXCEEDED.
 func (w *withoutEffect) GRPCStatus() *grpcstatus.Status {
-	st, _ := grpcstatus.FromError(w.err)
-	return st
-}
-
-func isWithoutEffect(err error) bool {
-	var w *withoutEffect
-	return errors.As(err, &w)
-}
-
-// codeOf returns err's gRPC code, mapping bare context errors to CANCELLED and
-// DEADLINE_EXCEEDED.
-func codeOf(err error) codes.Code {
-	if st, ok := grpcstatus.FromError(err); ok {
-		return st.Code()
+	if st, ok := grpcstatus.FromError(w.err); ok {
+		return st
 	}
-	switch {
-	case errors.Is(err, context.DeadlineExceeded):
-		return codes.DeadlineExceeded
-	case errors.Is(err, context.Canceled):
-		return codes.Canceled
-	}
-	return codes.Unknown
+	return nil
 }
 
-func isContextErr(err error) bool {
-	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
-}
+// codeOf returns the code [OutcomeOf] reads from err.
+func codeOf(err error) codes.Code { return inspect(err).code }
 
 // definite reports whether code proves the peer processed and refused the
 // request without the effect being in doubt (DESIGN.md §2.5).

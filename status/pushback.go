@@ -13,14 +13,20 @@ import (
 // trailers-only responses (no header sent before the status).
 const PushbackKey = "grpc-retry-pushback-ms"
 
-// Pushback returns the value of the grpc-retry-pushback-ms trailer for a
-// NOT_ADMITTED error that suggests a delay, in whole milliseconds rounded up.
-// ok is false for any other error.
+// Pushback returns the value of the grpc-retry-pushback-ms trailer for an
+// error whose tollgate detail is NOT_ADMITTED and that suggests a delay (see
+// [RetryAfter]): the delay in whole milliseconds, rounded up, so that the
+// client never comes back early. ok is false for any other error, nil
+// included.
 func Pushback(err error) (value string, ok bool) {
-	if OutcomeOf(err).Kind != KindNotAdmitted {
+	if err == nil {
 		return "", false
 	}
-	d, ok := RetryAfter(err)
+	x := inspect(err)
+	if k, ok := x.kind(); !ok || k != KindNotAdmitted {
+		return "", false
+	}
+	d, ok := x.retryAfter()
 	if !ok {
 		return "", false
 	}
@@ -31,9 +37,12 @@ func Pushback(err error) (value string, ok bool) {
 	return strconv.FormatInt(ms, 10), true
 }
 
-// SetPushbackTrailer sets the grpc-retry-pushback-ms trailer on a server
-// call's context from a NOT_ADMITTED error that suggests a delay, and does
-// nothing otherwise. It returns the error grpc.SetTrailer returns.
+// SetPushbackTrailer sets the grpc-retry-pushback-ms trailer, with the value
+// [Pushback] gives, on the server call of ctx (a handler's or server
+// interceptor's context) from a NOT_ADMITTED error that suggests a delay, and
+// does nothing and returns nil otherwise. grpc-go acts on the trailer only
+// when no header was sent before the status. It returns the error
+// grpc.SetTrailer returns (for example when ctx belongs to no server call).
 func SetPushbackTrailer(ctx context.Context, err error) error {
 	v, ok := Pushback(err)
 	if !ok {

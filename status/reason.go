@@ -11,7 +11,8 @@ import (
 
 // Reason names why a call was refused or why its outcome is what it is. It is
 // the wire enum tollgate.v1.Reason; the constants below spare callers the
-// generated names.
+// generated names. Values may be added to the enum, never renumbered; a value
+// this build does not know is carried as it is and named "UNSPECIFIED".
 type Reason = tollgatev1.Reason
 
 // The reasons of the wire contract (DESIGN.md §2.4).
@@ -45,7 +46,7 @@ const Domain = "tollgate.dev"
 // reasonInfo is what can be computed once per reason.
 type reasonInfo struct {
 	name      string     // "QUEUE_FULL"
-	message   string     // "tollgate: not admitted: queue full"
+	message   string     // "tollgate: not admitted: queue full", a NOT_ADMITTED refusal's message
 	code      codes.Code // the code a NOT_ADMITTED refusal with this reason carries
 	errorInfo *anypb.Any // google.rpc.ErrorInfo{Reason: name, Domain: Domain}, marshalled once
 }
@@ -64,9 +65,14 @@ var reasons = func() []reasonInfo {
 		}
 		infos[v] = reasonInfo{
 			name:      name,
-			message:   strings.ToLower(strings.ReplaceAll(name, "_", " ")),
+			message:   "tollgate: not admitted: " + strings.ToLower(strings.ReplaceAll(name, "_", " ")),
 			code:      notAdmittedCode(tollgatev1.Reason(v)),
 			errorInfo: ei,
+		}
+	}
+	for i := range infos {
+		if infos[i].errorInfo == nil { // a gap in the enum's numbers
+			infos[i] = infos[ReasonUnspecified]
 		}
 	}
 	return infos
@@ -84,6 +90,8 @@ func notAdmittedCode(r Reason) codes.Code {
 	}
 }
 
+// infoOf returns the precomputed data of r; values this build does not know
+// share REASON_UNSPECIFIED's.
 func infoOf(r Reason) *reasonInfo {
 	if r >= 0 && int(r) < len(reasons) {
 		return &reasons[r]

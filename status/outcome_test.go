@@ -1,0 +1,483 @@
+package status_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+var definiteCodes = map[codes.Code]bool{
+	codes.InvalidArgument: true, codes.NotFound: true, codes.AlreadyExists: true,
+	codes.PermissionDenied: true, codes.FailedPrecondition: true, codes.OutOfRange: true,
+	codes.Unimplemented: true, codes.Unauthenticated: true,
+}
+
+// received is err as a client receives it: a plain grpc-go status error.
+func received(t testing.TB, err error) error {
+	t.Helper()
+	return sendOverWire(t, err).st.Err()
+}
+
+// statusWith builds a received status error with the given details.
+func statusWith(t testing.TB, code codes.Code, details ...proto.Message) error {
+	t.Helper()
+	p := &spb.Status{Code: int32(code), Message: "from afar"}
+	for _, d := range details {
+		if a, ok := d.(*anypb.Any); ok {
+			p.Details = append(p.Details, a)
+			continue
+		}
+		a, err := anypb.New(d)
+		require.NoError(t, err)
+		p.Details = append(p.Details, a)
+	}
+	return grpcstatus.FromProto(p).Err()
+}
+
+func TestOutcomeOf(t *testing.T) {
+	refusal := status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Second))
+	wantRefusal := status.Outcome{Kind: status.KindNotAdmitted, Reason: status.ReasonQueueFull, Code: codes.ResourceExhausted}
+	unknown := status.OutcomeUnknown(grpcstatus.Error(codes.DeadlineExceeded, "slow"), status.WithReason(status.ReasonCallLost))
+	wantUnknown := status.Outcome{Kind: status.KindUnknown, Reason: status.ReasonCallLost, Code: codes.DeadlineExceeded}
+
+	for _, c := range []struct {
+		name       string
+		err        error
+		want       status.Outcome
+		wantDetail bool
+	}{
+		{"nil", nil, status.Outcome{Kind: status.KindOK, Code: codes.OK}, false},
+		{"Error", refusal, wantRefusal, true},
+		{"wrapped", fmt.Errorf("reserve stock: %w", refusal), wantRefusal, true},
+		{"wrapped twice", fmt.Errorf("a: %w", fmt.Errorf("b: %w", refusal)), wantRefusal, true},
+		{"max retries exhausted", fmt.Errorf("max retries exhausted: failed after %d attempts: %w", 3, received(t, refusal)), wantRefusal, true},
+		{"max retries exhausted, Error", fmt.Errorf("max retries exhausted: failed after %d attempts: %w", 3, refusal), wantRefusal, true},
+		{"received", received(t, refusal), wantRefusal, true},
+		{"status.Err round trip", grpcstatus.Convert(refusal).Err(), wantRefusal, true},
+		{"joined", errors.Join(errors.New("first"), refusal), wantRefusal, true},
+		{"WithoutEffect", status.WithoutEffect(refusal), wantRefusal, true},
+		{"unknown", unknown, wantUnknown, true},
+		{"unknown received", received(t, unknown), wantUnknown, true},
+		{"context.Canceled", context.Canceled, status.Outcome{Kind: status.KindUnknown, Code: codes.Canceled}, false},
+		{"context.DeadlineExceeded", context.DeadlineExceeded, status.Outcome{Kind: status.KindUnknown, Code: codes.DeadlineExceeded}, false},
+		{"wrapped context error", fmt.Errorf("wait: %w", context.DeadlineExceeded), status.Outcome{Kind: status.KindUnknown, Code: codes.DeadlineExceeded}, false},
+		{"grpc context error", grpcstatus.FromContextError(context.Canceled).Err(), status.Outcome{Kind: status.KindUnknown, Code: codes.Canceled}, false},
+		{"plain", errors.New("boom"), status.Outcome{Kind: status.KindUnknown, Code: codes.Unknown}, false},
+		{"status and context error", errors.Join(grpcstatus.Error(codes.NotFound, "x"), context.Canceled), status.Outcome{Kind: status.KindUnknown, Code: codes.NotFound}, false},
+		{"nil GRPCStatus", nilStatusErr{}, status.Outcome{Kind: status.KindUnknown, Code: codes.Unknown}, false},
+		{"status claims OK", okStatusErr{}, status.Outcome{Kind: status.KindUnknown, Code: codes.Unknown}, false},
+		{"typed nil Error", (*status.Error)(nil), status.Outcome{Kind: status.KindUnknown, Code: codes.Unknown}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			o := status.OutcomeOf(c.err)
+			detail := o.Detail
+			o.Detail = nil
+			require.Equal(t, c.want, o)
+			require.Equal(t, c.wantDetail, detail != nil)
+		})
+	}
+
+	t.Run("every code without a detail", func(t *testing.T) {
+		for code := codes.Canceled; code <= codes.Unauthenticated; code++ {
+			want := status.KindUnknown
+			if definiteCodes[code] {
+				want = status.KindFailed
+			}
+			o := status.OutcomeOf(grpcstatus.Error(code, "x"))
+			require.Equal(t, status.Outcome{Kind: want, Code: code}, o, code)
+			require.Equal(t, definiteCodes[code], status.IsDefinite(code), code)
+		}
+		require.Equal(t, status.KindUnknown, status.OutcomeOf(grpcstatus.Error(99, "x")).Kind)
+	})
+
+	t.Run("the outer status decides", func(t *testing.T) {
+		// grpc-go sends the first status in the chain; so does OutcomeOf.
+		err := outerStatusErr{code: codes.Internal, inner: refusal}
+		require.Equal(t, codes.Internal, grpcstatus.Code(err))
+		require.Equal(t, status.Outcome{Kind: status.KindUnknown, Code: codes.Internal}, status.OutcomeOf(err))
+	})
+
+	t.Run("detail is the caller's", func(t *testing.T) {
+		o := status.OutcomeOf(refusal)
+		o.Detail.Reason = status.ReasonShed
+		require.Equal(t, status.ReasonQueueFull, status.OutcomeOf(refusal).Detail.GetReason())
+	})
+}
+
+type nilStatusErr struct{}
+
+func (nilStatusErr) Error() string                  { return "nil status" }
+func (nilStatusErr) GRPCStatus() *grpcstatus.Status { return nil }
+
+type okStatusErr struct{}
+
+func (okStatusErr) Error() string                  { return "ok status" }
+func (okStatusErr) GRPCStatus() *grpcstatus.Status { return grpcstatus.New(codes.OK, "") }
+
+type outerStatusErr struct {
+	code  codes.Code
+	inner error
+}
+
+func (e outerStatusErr) Error() string                  { return "outer: " + e.inner.Error() }
+func (e outerStatusErr) Unwrap() error                  { return e.inner }
+func (e outerStatusErr) GRPCStatus() *grpcstatus.Status { return grpcstatus.New(e.code, e.Error()) }
+
+func TestOutcomeOfCall(t *testing.T) {
+	deliveries := []status.Delivery{status.MaybeSent, status.NotSent, status.PeerStatus, status.Delivery(42)}
+	for _, d := range deliveries {
+		for code := codes.Canceled; code <= codes.Unauthenticated; code++ {
+			var want status.Outcome
+			switch {
+			case d == status.NotSent:
+				want = status.Outcome{Kind: status.KindNotAdmitted, Reason: status.ReasonNotSent, Code: code}
+			case d == status.PeerStatus && definiteCodes[code]:
+				want = status.Outcome{Kind: status.KindFailed, Code: code}
+			case d == status.PeerStatus:
+				want = status.Outcome{Kind: status.KindUnknown, Code: code}
+			default: // MaybeSent, and values not declared
+				want = status.Outcome{Kind: status.KindUnknown, Reason: status.ReasonCallLost, Code: code}
+			}
+			require.Equal(t, want, status.OutcomeOfCall(grpcstatus.Error(code, "x"), d), "%v %v", d, code)
+		}
+		require.Equal(t, status.Outcome{Kind: status.KindOK, Code: codes.OK}, status.OutcomeOfCall(nil, d))
+
+		// A tollgate detail decides whatever the delivery.
+		for _, err := range []error{
+			status.NotAdmitted(status.ReasonAllowanceExhausted),
+			received(t, status.NotAdmitted(status.ReasonDraining)),
+			status.OutcomeUnknown(nil),
+			status.Committed(),
+			status.RequestMismatch(tollgatev1.Outcome_OUTCOME_COMMITTED),
+		} {
+			want := status.OutcomeOf(err)
+			got := status.OutcomeOfCall(err, d)
+			require.Equal(t, want.Kind, got.Kind)
+			require.Equal(t, want.Reason, got.Reason)
+			require.Equal(t, want.Code, got.Code)
+			require.Empty(t, cmpDiff(want.Detail, got.Detail))
+		}
+	}
+	t.Run("context errors after the peer's status are not definite", func(t *testing.T) {
+		err := errors.Join(grpcstatus.Error(codes.NotFound, "x"), context.DeadlineExceeded)
+		require.Equal(t, status.KindUnknown, status.OutcomeOfCall(err, status.PeerStatus).Kind)
+		require.Equal(t, status.KindUnknown, status.OutcomeOfCall(context.Canceled, status.PeerStatus).Kind)
+		require.Equal(t, status.Outcome{Kind: status.KindNotAdmitted, Reason: status.ReasonNotSent, Code: codes.Canceled},
+			status.OutcomeOfCall(context.Canceled, status.NotSent))
+	})
+	require.Equal(t, "MAYBE_SENT", status.MaybeSent.String())
+	require.Equal(t, "NOT_SENT", status.NotSent.String())
+	require.Equal(t, "PEER_STATUS", status.PeerStatus.String())
+	require.Equal(t, "INVALID", status.Delivery(42).String())
+}
+
+func TestHandlerOutcome(t *testing.T) {
+	refusal := status.NotAdmitted(status.ReasonQueueFull, status.WithClass("heavy"))
+	finalBelow := status.NotAdmitted(status.ReasonCallKeyRequired)
+	unknownOf := func(code codes.Code) status.Outcome { return status.Outcome{Kind: status.KindUnknown, Code: code} }
+	for _, c := range []struct {
+		name          string
+		err           error
+		noSideEffects bool
+		want          status.Outcome
+	}{
+		{"nil", nil, false, status.Outcome{Kind: status.KindOK, Code: codes.OK}},
+		{"NOT_ADMITTED", refusal, false, unknownOf(codes.Unknown)},
+		{"NOT_ADMITTED received", received(t, refusal), false, unknownOf(codes.Unknown)},
+		{"NOT_ADMITTED wrapped", fmt.Errorf("reserve: %w", refusal), false, unknownOf(codes.Unknown)},
+		{"NOT_ADMITTED final below", finalBelow, false, unknownOf(codes.InvalidArgument)},
+		{"NOT_ADMITTED, NO_SIDE_EFFECTS", refusal, true, status.Outcome{Kind: status.KindNotAdmitted, Reason: status.ReasonQueueFull, Code: codes.ResourceExhausted}},
+		{"NOT_ADMITTED WithoutEffect", status.WithoutEffect(refusal), false, status.Outcome{Kind: status.KindNotAdmitted, Reason: status.ReasonQueueFull, Code: codes.ResourceExhausted}},
+		{"NOT_ADMITTED WithoutEffect received", status.WithoutEffect(received(t, refusal)), false, status.Outcome{Kind: status.KindNotAdmitted, Reason: status.ReasonQueueFull, Code: codes.ResourceExhausted}},
+		{"NOT_ADMITTED WithoutEffect wrapped", fmt.Errorf("reserve: %w", status.WithoutEffect(fmt.Errorf("stock: %w", refusal))), false, status.Outcome{Kind: status.KindNotAdmitted, Reason: status.ReasonQueueFull, Code: codes.ResourceExhausted}},
+		{"NOT_ADMITTED WithoutEffect, NO_SIDE_EFFECTS", status.WithoutEffect(refusal), true, status.Outcome{Kind: status.KindNotAdmitted, Reason: status.ReasonQueueFull, Code: codes.ResourceExhausted}},
+		{"UNKNOWN", status.OutcomeUnknown(grpcstatus.Error(codes.Internal, "x")), false, unknownOf(codes.Internal)},
+		{"UNKNOWN, NO_SIDE_EFFECTS", received(t, status.OutcomeUnknown(context.DeadlineExceeded)), true, unknownOf(codes.DeadlineExceeded)},
+		{"UNKNOWN WithoutEffect", status.WithoutEffect(status.OutcomeUnknown(nil)), false, unknownOf(codes.Unknown)},
+		{"COMMITTED", status.Committed(), false, unknownOf(codes.FailedPrecondition)},
+		{"COMMITTED WithoutEffect, NO_SIDE_EFFECTS", status.WithoutEffect(status.Committed()), true, unknownOf(codes.FailedPrecondition)},
+		{"mismatch", received(t, status.RequestMismatch(tollgatev1.Outcome_OUTCOME_NOT_ADMITTED)), false, unknownOf(codes.InvalidArgument)},
+		{"mismatch WithoutEffect, NO_SIDE_EFFECTS", status.WithoutEffect(status.RequestMismatch(tollgatev1.Outcome_OUTCOME_NOT_ADMITTED)), true, unknownOf(codes.InvalidArgument)},
+		{"context error", context.DeadlineExceeded, false, unknownOf(codes.DeadlineExceeded)},
+		{"plain", errors.New("boom"), true, unknownOf(codes.Unknown)},
+		{"WithoutEffect plain", status.WithoutEffect(errors.New("boom")), false, unknownOf(codes.Unknown)},
+		{"WithoutEffect on another branch of a join", errors.Join(status.WithoutEffect(errors.New("boom")), refusal), false, unknownOf(codes.Unknown)},
+		{"WithoutEffect on the found branch of a join", errors.Join(errors.New("boom"), status.WithoutEffect(refusal)), false, status.Outcome{Kind: status.KindNotAdmitted, Reason: status.ReasonQueueFull, Code: codes.ResourceExhausted}},
+		{"WithoutEffect around a join", status.WithoutEffect(errors.Join(errors.New("boom"), refusal)), false, status.Outcome{Kind: status.KindNotAdmitted, Reason: status.ReasonQueueFull, Code: codes.ResourceExhausted}},
+		{"WithoutEffect through As", asErr{target: status.WithoutEffect(refusal)}, false, status.Outcome{Kind: status.KindNotAdmitted, Reason: status.ReasonQueueFull, Code: codes.ResourceExhausted}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			o := status.HandlerOutcome(c.err, c.noSideEffects)
+			hasDetail := o.Detail != nil
+			o.Detail = nil
+			require.Equal(t, c.want, o)
+			require.Equal(t, c.want.Kind == status.KindNotAdmitted, hasDetail)
+			if c.want.Kind == status.KindUnknown {
+				require.False(t, o.Final(), "a detail from below does not make this call final")
+			}
+			if c.err != nil && c.want.Kind == status.KindUnknown {
+				require.Equal(t, c.want.Code, codeOf(status.OutcomeUnknown(c.err)), "the code OutcomeUnknown would send")
+			}
+		})
+	}
+	t.Run("no detail, every code", func(t *testing.T) {
+		for code := codes.Canceled; code <= codes.Unauthenticated; code++ {
+			want := status.KindUnknown
+			if definiteCodes[code] {
+				want = status.KindFailed
+			}
+			for _, nse := range []bool{false, true} {
+				require.Equal(t, status.Outcome{Kind: want, Code: code}, status.HandlerOutcome(grpcstatus.Error(code, "x"), nse), code)
+			}
+		}
+	})
+}
+
+func TestWithoutEffect(t *testing.T) {
+	require.NoError(t, status.WithoutEffect(nil))
+	refusal := status.NotAdmitted(status.ReasonShed)
+	w := status.WithoutEffect(refusal)
+	require.Equal(t, refusal.Error(), w.Error())
+	require.ErrorIs(t, w, refusal)
+	require.Equal(t, codes.ResourceExhausted, grpcstatus.Code(w))
+	st, ok := grpcstatus.FromError(w)
+	require.True(t, ok)
+	require.Len(t, st.Details(), 2)
+
+	// Wrapping a context error keeps grpc-go's mapping of it.
+	w = status.WithoutEffect(context.DeadlineExceeded)
+	_, ok = grpcstatus.FromError(w)
+	require.False(t, ok, "no status of its own, so grpc-go maps the context error")
+	require.Equal(t, codes.DeadlineExceeded, grpcstatus.FromContextError(w).Code())
+	require.ErrorIs(t, w, context.DeadlineExceeded)
+}
+
+func TestRetryAfter(t *testing.T) {
+	dur := func(d time.Duration) *durationpb.Duration { return durationpb.New(d) }
+	detail := func(ra *durationpb.Duration) *tollgatev1.OutcomeDetail {
+		return &tollgatev1.OutcomeDetail{Outcome: tollgatev1.Outcome_OUTCOME_NOT_ADMITTED, Reason: status.ReasonShed, RetryAfter: ra}
+	}
+	retryInfo := func(d *durationpb.Duration) *errdetails.RetryInfo { return &errdetails.RetryInfo{RetryDelay: d} }
+	invalid := &durationpb.Duration{Seconds: 1, Nanos: -5}
+	for _, c := range []struct {
+		name string
+		err  error
+		want time.Duration
+	}{
+		{"nil", nil, 0},
+		{"plain", errors.New("x"), 0},
+		{"no detail", grpcstatus.Error(codes.Unavailable, "x"), 0},
+		{"Error", status.NotAdmitted(status.ReasonShed, status.WithRetryAfter(1500*time.Millisecond)), 1500 * time.Millisecond},
+		{"Error without delay", status.NotAdmitted(status.ReasonShed), 0},
+		{"Error wrapped", fmt.Errorf("x: %w", status.NotAdmitted(status.ReasonShed, status.WithRetryAfter(time.Second))), time.Second},
+		{"received", received(t, status.NotAdmitted(status.ReasonShed, status.WithRetryAfter(time.Second))), time.Second},
+		{"RetryInfo preferred", statusWith(t, codes.ResourceExhausted, detail(dur(2*time.Second)), retryInfo(dur(3*time.Second))), 3 * time.Second},
+		{"RetryInfo first, then detail", statusWith(t, codes.ResourceExhausted, retryInfo(dur(3*time.Second)), detail(dur(2*time.Second))), 3 * time.Second},
+		{"RetryInfo alone", statusWith(t, codes.Unavailable, retryInfo(dur(time.Second))), time.Second},
+		{"detail alone", statusWith(t, codes.ResourceExhausted, detail(dur(2*time.Second))), 2 * time.Second},
+		{"RetryInfo invalid", statusWith(t, codes.ResourceExhausted, retryInfo(invalid), detail(dur(2*time.Second))), 2 * time.Second},
+		{"RetryInfo negative", statusWith(t, codes.ResourceExhausted, retryInfo(dur(-time.Second)), detail(dur(2*time.Second))), 2 * time.Second},
+		{"RetryInfo zero", statusWith(t, codes.ResourceExhausted, retryInfo(dur(0)), detail(dur(2*time.Second))), 2 * time.Second},
+		{"RetryInfo empty", statusWith(t, codes.ResourceExhausted, retryInfo(nil), detail(dur(2*time.Second))), 2 * time.Second},
+		{"both invalid", statusWith(t, codes.ResourceExhausted, retryInfo(invalid), detail(&durationpb.Duration{Seconds: 315576000001})), 0},
+		{"detail negative", statusWith(t, codes.ResourceExhausted, detail(dur(-time.Second))), 0},
+		{"second RetryInfo ignored", statusWith(t, codes.ResourceExhausted, retryInfo(dur(time.Second)), retryInfo(dur(time.Hour))), time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d, ok := status.RetryAfter(c.err)
+			require.Equal(t, c.want, d)
+			require.Equal(t, c.want > 0, ok)
+		})
+	}
+}
+
+func TestIsFinal(t *testing.T) {
+	require.False(t, status.IsFinal(nil))
+	require.False(t, status.IsFinal(errors.New("x")))
+	require.False(t, status.IsFinal(grpcstatus.Error(codes.InvalidArgument, "x")))
+	require.False(t, status.IsFinal(status.NotAdmitted(status.ReasonShed)))
+	require.False(t, status.IsFinal(status.OutcomeUnknown(nil)))
+	require.True(t, status.IsFinal(status.NotAdmitted(status.ReasonAllowanceExhausted, status.Final())))
+	require.True(t, status.IsFinal(received(t, status.NotAdmitted(status.ReasonAllowanceExhausted, status.Final()))))
+	require.True(t, status.IsFinal(fmt.Errorf("x: %w", status.NotAdmitted(status.ReasonMalformedHeader))))
+	require.True(t, status.IsFinal(status.Committed()))
+	require.True(t, status.IsFinal(received(t, status.RequestMismatch(tollgatev1.Outcome_OUTCOME_UNKNOWN))))
+}
+
+func TestPushback(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		err    error
+		want   string
+		wantOK bool
+	}{
+		{"whole ms", status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(1500*time.Millisecond)), "1500", true},
+		{"rounds up", status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(1500*time.Millisecond+time.Nanosecond)), "1501", true},
+		{"1ns", status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Nanosecond)), "1", true},
+		{"999µs", status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(999*time.Microsecond)), "1", true},
+		{"2s", status.NotAdmitted(status.ReasonDraining, status.WithRetryAfter(2*time.Second)), "2000", true},
+		{"received", received(t, status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(1200*time.Microsecond))), "2", true},
+		{"wrapped", fmt.Errorf("x: %w", status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Second))), "1000", true},
+		{"no delay", status.NotAdmitted(status.ReasonQueueFull), "", false},
+		{"UNKNOWN", status.OutcomeUnknown(nil, status.WithRetryAfter(time.Second)), "", false},
+		{"COMMITTED", status.Committed(status.WithRetryAfter(time.Second)), "", false},
+		{"mismatch", status.RequestMismatch(tollgatev1.Outcome_OUTCOME_NOT_ADMITTED, status.WithRetryAfter(time.Second)), "", false},
+		{"RetryInfo without detail", statusWith(t, codes.Unavailable, &errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)}), "", false},
+		{"plain", errors.New("x"), "", false},
+		{"nil", nil, "", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			v, ok := status.Pushback(c.err)
+			require.Equal(t, c.want, v)
+			require.Equal(t, c.wantOK, ok)
+		})
+	}
+}
+
+func TestSetPushbackTrailerOutsideAServer(t *testing.T) {
+	ctx := context.Background()
+	require.NoError(t, status.SetPushbackTrailer(ctx, nil))
+	require.NoError(t, status.SetPushbackTrailer(ctx, status.NotAdmitted(status.ReasonShed)), "no delay, nothing to set")
+	require.Error(t, status.SetPushbackTrailer(ctx, status.NotAdmitted(status.ReasonShed, status.WithRetryAfter(time.Second))),
+		"grpc.SetTrailer's error: no server stream in the context")
+}
+
+// TestCorruptDetails feeds details that do not decode, or decode to values
+// this build does not know: they are classified by code and never panic.
+func TestCorruptDetails(t *testing.T) {
+	garbage := []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}
+	detailURL := "type.googleapis.com/tollgate.v1.OutcomeDetail"
+	enc := func(fields ...uint64) []byte { // pairs of (field number, varint value)
+		var b []byte
+		for i := 0; i < len(fields); i += 2 {
+			b = protowire.AppendTag(b, protowire.Number(fields[i]), protowire.VarintType)
+			b = protowire.AppendVarint(b, fields[i+1])
+		}
+		return b
+	}
+	badUTF8 := protowire.AppendString(protowire.AppendTag(enc(1, 1), 3, protowire.BytesType), "a\xff")
+	for _, c := range []struct {
+		name       string
+		code       codes.Code
+		detail     *anypb.Any
+		wantKind   status.Kind
+		wantReason status.Reason
+	}{
+		{"garbage bytes, overload code", codes.ResourceExhausted, &anypb.Any{TypeUrl: detailURL, Value: garbage}, status.KindUnknown, 0},
+		{"garbage bytes, definite code", codes.InvalidArgument, &anypb.Any{TypeUrl: detailURL, Value: garbage}, status.KindFailed, 0},
+		{"truncated", codes.NotFound, &anypb.Any{TypeUrl: detailURL, Value: []byte{0x0a}}, status.KindFailed, 0},
+		{"invalid UTF-8 string", codes.Unavailable, &anypb.Any{TypeUrl: detailURL, Value: badUTF8}, status.KindUnknown, 0},
+		{"unknown type URL", codes.PermissionDenied, &anypb.Any{TypeUrl: "type.googleapis.com/nobody.Knows", Value: garbage}, status.KindFailed, 0},
+		{"empty type URL", codes.Unavailable, &anypb.Any{}, status.KindUnknown, 0},
+		{"unknown outcome", codes.ResourceExhausted, &anypb.Any{TypeUrl: detailURL, Value: enc(1, 99, 2, 1)}, status.KindUnknown, status.ReasonQueueFull},
+		{"negative outcome", codes.ResourceExhausted, &anypb.Any{TypeUrl: detailURL, Value: enc(1, 1<<64-1)}, status.KindUnknown, 0},
+		{"unknown reason", codes.ResourceExhausted, &anypb.Any{TypeUrl: detailURL, Value: enc(1, 1, 2, 999)}, status.KindNotAdmitted, 999},
+		{"unknown field", codes.ResourceExhausted, &anypb.Any{TypeUrl: detailURL, Value: enc(1, 1, 2, 5, 77, 1)}, status.KindNotAdmitted, status.ReasonShed},
+		{"unspecified outcome", codes.InvalidArgument, &anypb.Any{TypeUrl: detailURL, Value: enc(2, 1)}, status.KindUnknown, status.ReasonQueueFull},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := statusWith(t, c.code, c.detail)
+			o := status.OutcomeOf(err)
+			require.Equal(t, c.wantKind, o.Kind)
+			require.Equal(t, c.wantReason, o.Reason)
+			require.Equal(t, c.code, o.Code)
+			if c.wantReason == 999 {
+				require.Equal(t, "UNSPECIFIED", status.ReasonName(o.Reason))
+			}
+			_, _ = status.RetryAfter(err)
+			_ = status.IsFinal(err)
+			_, _ = status.Pushback(err)
+			_ = status.HandlerOutcome(err, true)
+			_ = status.OutcomeOfCall(err, status.PeerStatus)
+		})
+	}
+}
+
+func TestKindString(t *testing.T) {
+	require.Equal(t, "OK", status.KindOK.String())
+	require.Equal(t, "FAILED", status.KindFailed.String())
+	require.Equal(t, "NOT_ADMITTED", status.KindNotAdmitted.String())
+	require.Equal(t, "UNKNOWN", status.KindUnknown.String())
+	require.Equal(t, "COMMITTED", status.KindCommitted.String())
+	require.Equal(t, "INVALID", status.Kind(200).String())
+}
+
+// asErr finds target through an As method, as some error libraries do.
+type asErr struct{ target error }
+
+func (e asErr) Error() string { return "as: " + e.target.Error() }
+func (e asErr) As(target any) bool {
+	v := reflect.ValueOf(target).Elem()
+	if reflect.TypeOf(e.target).AssignableTo(v.Type()) {
+		v.Set(reflect.ValueOf(e.target))
+		return true
+	}
+	return false
+}
+
+func TestOutcomeOfUnusualChains(t *testing.T) {
+	refusal := status.NotAdmitted(status.ReasonShed)
+	t.Run("As method", func(t *testing.T) {
+		err := asErr{target: refusal}
+		require.Equal(t, codes.ResourceExhausted, grpcstatus.Code(err), "grpc-go finds it too")
+		require.Equal(t, status.KindNotAdmitted, status.OutcomeOf(err).Kind)
+		err = asErr{target: received(t, refusal)}
+		require.Equal(t, status.KindNotAdmitted, status.OutcomeOf(err).Kind)
+		require.Equal(t, status.KindUnknown, status.OutcomeOf(asErr{target: errors.New("x")}).Kind)
+	})
+	t.Run("joined without a status", func(t *testing.T) {
+		o := status.OutcomeOf(errors.Join(errors.New("a"), fmt.Errorf("b: %w", context.Canceled)))
+		require.Equal(t, status.Outcome{Kind: status.KindUnknown, Code: codes.Canceled}, o)
+	})
+	t.Run("deep chains are cut off, not followed forever", func(t *testing.T) {
+		err := refusal
+		for range 50 {
+			err = fmt.Errorf("layer: %w", err)
+		}
+		require.Equal(t, status.KindNotAdmitted, status.OutcomeOf(err).Kind)
+		for range 200 {
+			err = fmt.Errorf("layer: %w", err)
+		}
+		require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind)
+	})
+}
+
+func TestGRPCStatusConcurrently(t *testing.T) {
+	err := status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Second))
+	var te *status.Error
+	require.ErrorAs(t, err, &te)
+	sts := make(chan *grpcstatus.Status, 8)
+	var wg sync.WaitGroup
+	for range cap(sts) {
+		wg.Go(func() { sts <- te.GRPCStatus() })
+	}
+	wg.Wait()
+	close(sts)
+	first := te.GRPCStatus()
+	for st := range sts {
+		require.Same(t, first, st)
+	}
+}
+
+func TestNilError(t *testing.T) {
+	var te *status.Error
+	require.Equal(t, "tollgate: <nil>", te.Error())
+	require.NoError(t, te.Unwrap())
+	require.Nil(t, te.GRPCStatus())
+}
