@@ -1,0 +1,142 @@
+package interceptor
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/tollgate-go/tollgate/budget"
+	"github.com/tollgate-go/tollgate/internal/callkey"
+	"github.com/tollgate-go/tollgate/internal/methodinfo"
+	"github.com/tollgate-go/tollgate/status"
+)
+
+// Attempt describes the attempt a handler or call runs under: what tollgate's
+// interceptors carry in the tollgate header across every try and tier.
+type Attempt struct {
+	// ID is the attempt's identity, a UUIDv7 minted by its origin.
+	ID string
+	// Deadline is the attempt's one deadline; no retry or layer extends it.
+	Deadline time.Time
+	// Tenant is the tenant the attempt runs for ("" for none).
+	Tenant string
+	// Call is the key of the call this handler run serves; "" at an origin
+	// client.
+	Call string
+	// Try is the try of Call this handler run serves; 0 at an origin client.
+	Try uint32
+	// Origin is true when this tier minted the attempt: an origin client, or
+	// a server whose caller was untrusted or did not speak tollgate.
+	Origin bool
+}
+
+// attemptState is what the interceptors keep in a context for the calls made
+// under an attempt: the identity, the ledger of this tier and the numbering
+// of the calls it makes.
+type attemptState struct {
+	Attempt
+	ledger *budget.Allowance
+	// Exactly one of origin and run numbers the calls made under the state:
+	// origin at an origin client, run in a server's handler run.
+	origin *callkey.Origin
+	run    *callkey.Run
+	// idempotent is true in the handler of a method declared IDEMPOTENT: its
+	// calls to methods with side effects must carry explicit keys.
+	idempotent bool
+}
+
+type attemptKey struct{}
+
+func attemptFrom(ctx context.Context) *attemptState {
+	s, _ := ctx.Value(attemptKey{}).(*attemptState)
+	return s
+}
+
+// AttemptFromContext returns the attempt a handler (or a context made by
+// StartAttempt) runs under, and false when there is none.
+func AttemptFromContext(ctx context.Context) (Attempt, bool) {
+	if s := attemptFrom(ctx); s != nil {
+		return s.Attempt, true
+	}
+	return Attempt{}, false
+}
+
+// StartAttempt returns a context under which every call made through
+// tollgate's client interceptors belongs to one new attempt, this process
+// being its origin: one identity, one deadline (timeout from now, or ctx's
+// deadline if earlier) and one allowance of units shared by all the calls,
+// keyed 0, 1, 2, … in the order they are made. Without it, each call made
+// outside a handler is an attempt of its own. units must be in [0, 1,000,000]
+// and timeout positive; otherwise the error wraps ErrInvalidOption.
+func StartAttempt(ctx context.Context, units int64, timeout time.Duration) (context.Context, error) {
+	if units < 0 || units > maxUnitsOnWire {
+		return ctx, invalid("allowance %d outside [0, %d]", units, maxUnitsOnWire)
+	}
+	if timeout <= 0 {
+		return ctx, invalid("attempt timeout %v is not positive", timeout)
+	}
+	s, err := newOrigin(ctx, time.Now(), units, timeout)
+	if err != nil {
+		return ctx, err
+	}
+	return context.WithValue(ctx, attemptKey{}, s), nil
+}
+
+// newOrigin mints an attempt whose origin is this client.
+func newOrigin(ctx context.Context, now time.Time, units int64, timeout time.Duration) (*attemptState, error) {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return nil, status.NotAdmitted(status.ReasonNotSent, status.WithMessage("interceptor: mint attempt ID: "+err.Error()))
+	}
+	deadline := now.Add(timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	return &attemptState{
+		Attempt: Attempt{ID: id.String(), Deadline: deadline, Origin: true},
+		ledger:  budget.NewAllowance(units, budget.AtOrigin()),
+		origin:  new(callkey.Origin),
+	}, nil
+}
+
+type callNameKey struct{}
+
+// WithCallKey names the next calls made with ctx explicitly: their key is
+// the parent's key followed by name ("p.name"), the same on every re-run of
+// the handler, so that the callee's record deduplicates the call across
+// re-runs. name is 1–128 characters of [A-Za-z0-9:-] with at least one
+// non-digit; a bad name makes the call fail locally with MALFORMED_HEADER.
+// A handler of a method declared IDEMPOTENT must name every call it makes to
+// a method not declared NO_SIDE_EFFECTS (DESIGN.md §2.2).
+func WithCallKey(ctx context.Context, name string) context.Context {
+	return context.WithValue(ctx, callNameKey{}, name)
+}
+
+// callKey returns the key of the next call made under s with ctx, or a
+// local refusal (final).
+func (s *attemptState) callKey(ctx context.Context, level methodinfo.Level) (string, error) {
+	name, named := ctx.Value(callNameKey{}).(string)
+	var (
+		key string
+		err error
+	)
+	switch {
+	case named && s.run != nil:
+		key, err = s.run.Explicit(name)
+	case named:
+		key, err = s.origin.Explicit(name)
+	case s.idempotent && level != methodinfo.NoSideEffects:
+		return "", status.NotAdmitted(status.ReasonCallKeyRequired,
+			status.WithAttempt(s.ID, s.Call, s.Try),
+			status.WithMessage("interceptor: the handler of an IDEMPOTENT method must name its calls to methods with side effects (interceptor.WithCallKey)"))
+	case s.run != nil:
+		key, err = s.run.Next()
+	default:
+		key = s.origin.Next()
+	}
+	if err != nil {
+		return "", status.NotAdmitted(status.ReasonMalformedHeader,
+			status.WithAttempt(s.ID, s.Call, s.Try), status.WithMessage(err.Error()))
+	}
+	return key, nil
+}

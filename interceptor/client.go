@@ -1,0 +1,382 @@
+package interceptor
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/tollgate-go/tollgate/budget"
+	"github.com/tollgate-go/tollgate/internal/header"
+	"github.com/tollgate-go/tollgate/internal/methodinfo"
+	"github.com/tollgate-go/tollgate/status"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+)
+
+// client holds what tollgate's client interceptors share; built once per
+// DialOptions call and safe for concurrent use.
+type client struct {
+	cfg clientConfig
+	tel *clientTelemetry
+	// statsInstalled is true when DialOptions installed the stats handler
+	// beside the interceptors, so a try without OutHeader was never sent.
+	statsInstalled bool
+}
+
+// isControl reports whether method belongs to the control path (tollgate's
+// AttemptService, health, reflection): never charged, never given a call key.
+func isControl(method string) bool {
+	return strings.HasPrefix(method, attemptServicePrefix) ||
+		strings.HasPrefix(method, healthServicePrefix) ||
+		strings.HasPrefix(method, reflectionServicePrefix)
+}
+
+// callFor returns the attempt a new call belongs to (minting one at the
+// origin) and its key.
+func (c *client) callFor(ctx context.Context, method string) (*attemptState, string, methodinfo.Info, error) {
+	info := methodinfo.Of(method)
+	s := attemptFrom(ctx)
+	if s == nil {
+		var err error
+		if s, err = newOrigin(ctx, c.cfg.now(), c.cfg.allowance, c.cfg.attemptTimeout); err != nil {
+			return nil, "", info, err
+		}
+	}
+	key, err := s.callKey(ctx, info.Level)
+	return s, key, info, err
+}
+
+// startSpan starts the tollgate.call span of one call.
+func (c *client) startSpan(ctx context.Context, s *attemptState, key string) (context.Context, trace.Span) {
+	ctx, span := c.tel.tracer.Start(ctx, "tollgate.call", trace.WithSpanKind(trace.SpanKindInternal))
+	if span.IsRecording() {
+		span.SetAttributes(attrAttemptID.String(s.ID), attrCall.String(key))
+	}
+	return ctx, span
+}
+
+// try is one sending of a call: what was granted, how it ended.
+type try struct {
+	n        uint32
+	charged  bool // a unit was taken for it
+	loan     *budget.Loan
+	delivery *delivery
+	cancel   context.CancelFunc
+}
+
+// prepare readies try n of call key under s: checks that it fits the
+// deadline, takes its unit (below the origin), lends its callee's grant, and
+// returns the try's context carrying the tollgate header, the shrunk
+// deadline and the delivery record. A refusal is local: nothing was sent.
+func (c *client) prepare(ctx context.Context, s *attemptState, key string, n uint32, p *RetryPolicy) (context.Context, *try, error) {
+	now := c.cfg.now()
+	limit := s.Deadline
+	if d, ok := ctx.Deadline(); ok && d.Before(limit) {
+		limit = d
+	}
+	deadline := limit.Add(-c.cfg.hopMargin)
+	if deadline.Sub(now) < c.cfg.minTryTime {
+		return nil, nil, status.NotAdmitted(status.ReasonDeadlineUnreachable, status.Fields{
+			AttemptID: s.ID, Call: key, Try: n, Final: true,
+			Message: "interceptor: the attempt's deadline leaves no time for a try",
+		})
+	}
+	t := &try{n: n}
+	if s.Origin {
+		// The origin's own tries are not charged; a repeat is pointless once
+		// the callee can never be lent a unit again.
+		if n > 1 {
+			if err := s.ledger.Check(); err != nil && status.IsFinal(err) {
+				return nil, nil, c.exhausted(ctx, s, key, n)
+			}
+		}
+	} else {
+		if err := s.ledger.Take(); err != nil {
+			return nil, nil, c.exhausted(ctx, s, key, n)
+		}
+		t.charged = true
+	}
+	if g, ok := budget.GrantFromContext(ctx); ok {
+		t.loan = s.ledger.Lend(g)
+	} else {
+		var keep int64
+		if !s.Origin {
+			keep = int64(p.MaxTries) - int64(n)
+		}
+		t.loan = s.ledger.LendFree(keep)
+	}
+	h := header.Header{
+		Attempt:  s.ID,
+		Call:     key,
+		Try:      n,
+		Deadline: s.Deadline.UnixMilli(),
+		Units:    t.loan.Units(),
+		Tenant:   s.Tenant,
+		Strict:   c.cfg.strict,
+	}
+	t.delivery = newDelivery(c.statsInstalled)
+	tctx, cancel := context.WithDeadline(ctx, deadline)
+	t.cancel = cancel
+	tctx = context.WithValue(tctx, deliveryKey{}, t.delivery)
+	tctx = withHeader(tctx, h.String())
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.AddEvent(eventSpend, trace.WithAttributes(
+			attrTry.Int64(int64(n)), attrUnits.Int64(boolInt(t.charged)), attrGranted.Int64(t.loan.Units()),
+			attrRemaining.Int64(s.ledger.Free())))
+	}
+	return tctx, t, nil
+}
+
+func boolInt(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// exhausted builds the local ALLOWANCE_EXHAUSTED refusal of try n and counts it.
+func (c *client) exhausted(ctx context.Context, s *attemptState, key string, n uint32) error {
+	snap := s.ledger.Snapshot()
+	c.tel.exhausted.Add(ctx, 1)
+	return status.NotAdmitted(status.ReasonAllowanceExhausted, status.Fields{
+		AttemptID: s.ID, Call: key, Try: n,
+		Final:   snap.Origin && snap.Spent >= snap.Total,
+		Message: "interceptor: the attempt's allowance has no free unit",
+	}, status.WithUnitsRemaining(snap.Free))
+}
+
+// finish ends try t with err: it settles the callee's grant as DESIGN.md
+// §2.3 says and returns what the client knows of the try's delivery.
+func (c *client) finish(s *attemptState, key string, t *try, err error) status.Delivery {
+	t.cancel()
+	d := t.delivery.state()
+	if spent, ok := t.delivery.reported(); ok {
+		t.loan.Settle(spent)
+		return d
+	}
+	switch d {
+	case status.NotSent:
+		t.loan.Refund()
+		if t.charged {
+			s.ledger.Unsend()
+		}
+	case status.PeerStatus:
+		if !c.cfg.strict && spentNothing(err, s.ID, key, t.n) {
+			t.loan.Refund()
+		} else {
+			t.loan.Hold()
+		}
+	default:
+		t.loan.Hold()
+	}
+	return d
+}
+
+// spentNothing reports whether a call that ended with the peer's status and
+// no tollgate-spent trailer proves, in lenient accounting, that the callee
+// spent nothing: it ended OK, with a definite code, or with a tollgate
+// refusal whose detail names this attempt, call and try.
+func spentNothing(err error, attempt, key string, n uint32) bool {
+	if err == nil {
+		return true
+	}
+	o := status.OutcomeOfCall(err, status.PeerStatus)
+	if o.Detail == nil {
+		return o.Kind == status.KindFailed
+	}
+	d := o.Detail
+	refusal := o.Kind == status.KindNotAdmitted || o.Reason == status.ReasonAttemptRequestMismatch
+	return refusal && d.GetAttemptId() == attempt && d.GetCall() == key && d.GetTry() == n
+}
+
+// withHeader sets the tollgate header of the outgoing metadata, replacing
+// any value already there (a gateway that forwards incoming metadata must not
+// produce two).
+func withHeader(ctx context.Context, value string) context.Context {
+	if md, ok := metadata.FromOutgoingContext(ctx); ok && len(md.Get(headerKey)) > 0 {
+		md.Set(headerKey, value) // FromOutgoingContext returned a copy
+		return metadata.NewOutgoingContext(ctx, md)
+	}
+	return metadata.AppendToOutgoingContext(ctx, headerKey, value)
+}
+
+// repeatable reports whether try n's outcome allows another try under p.
+func repeatable(o status.Outcome, n uint32, p *RetryPolicy) bool {
+	if int(n) >= p.MaxTries || o.Kind != status.KindNotAdmitted || o.Final() {
+		return false
+	}
+	// A local allowance refusal sent nothing and will not change by waiting
+	// on our own; callees' refusals may.
+	return true
+}
+
+// wait sleeps before try next, honouring the refusal's retry-after, and
+// reports false when the wait would not leave a useful try before the
+// deadline or ctx ended.
+func (c *client) wait(ctx context.Context, s *attemptState, p *RetryPolicy, next uint32, err error) bool {
+	retryAfter, _ := status.RetryAfter(err)
+	d := p.backoff(int(next), retryAfter)
+	limit := s.Deadline
+	if dl, ok := ctx.Deadline(); ok && dl.Before(limit) {
+		limit = dl
+	}
+	if c.cfg.now().Add(d).Add(c.cfg.hopMargin + c.cfg.minTryTime).After(limit) {
+		return false
+	}
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.AddEvent(eventRetry, trace.WithAttributes(attrTry.Int64(int64(next)),
+			attrReason.String(status.ReasonName(status.OutcomeOf(err).Reason)), attrDelay.Int64(d.Milliseconds())))
+	}
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+		return true
+	}
+}
+
+// record notes try n's outcome on the span and in tollgate.client.tries.
+func (c *client) record(ctx context.Context, o status.Outcome) {
+	c.tel.tries.Add(ctx, 1, metric.WithAttributeSet(outcomeSet(o.Kind)))
+}
+
+var outcomeSets = func() [5]attribute.Set {
+	var sets [5]attribute.Set
+	for k := status.KindOK; k <= status.KindCommitted; k++ {
+		sets[k] = attribute.NewSet(attribute.String("outcome", k.String()))
+	}
+	return sets
+}()
+
+func outcomeSet(k status.Kind) attribute.Set {
+	if int(k) < len(outcomeSets) {
+		return outcomeSets[k]
+	}
+	return attribute.NewSet(attribute.String("outcome", k.String()))
+}
+
+// end closes the call's span with its result.
+func endSpan(span trace.Span, s *attemptState, n uint32, o status.Outcome) {
+	if span.IsRecording() {
+		snap := s.ledger.Snapshot()
+		span.SetAttributes(attrTry.Int64(int64(n)), attrOutcome.String(o.Kind.String()),
+			attrGranted.Int64(snap.Total), attrSpent.Int64(snap.Spent))
+		if o.Reason != status.ReasonUnspecified {
+			span.SetAttributes(attrReason.String(status.ReasonName(o.Reason)))
+		}
+	}
+	span.End()
+}
+
+// unary is the unary client interceptor.
+func (c *client) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if isControl(method) {
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	s, key, _, err := c.callFor(ctx, method)
+	if err != nil {
+		return err
+	}
+	ctx, span := c.startSpan(ctx, s, key)
+	p := &c.cfg.retry
+	for n := uint32(1); ; n++ {
+		tctx, t, err := c.prepare(ctx, s, key, n, p)
+		var o status.Outcome
+		if err == nil {
+			err = invoker(tctx, method, req, reply, cc, opts...)
+			o = status.OutcomeOfCall(err, c.finish(s, key, t, err))
+		} else {
+			o = status.OutcomeOf(err)
+		}
+		c.record(ctx, o)
+		if !repeatable(o, n, p) || t == nil || !c.wait(ctx, s, p, n+1, err) {
+			endSpan(span, s, n, o)
+			return c.result(s, key, n, err, o)
+		}
+	}
+}
+
+// result is the error a call returns after its last try: at the origin, a
+// refusal for lack of units from below becomes final once the allowance is
+// spent.
+func (c *client) result(s *attemptState, key string, n uint32, err error, o status.Outcome) error {
+	if err == nil || !s.Origin || o.Kind != status.KindNotAdmitted || o.Reason != status.ReasonAllowanceExhausted || o.Final() {
+		return err
+	}
+	snap := s.ledger.Snapshot()
+	if snap.Spent < snap.Total {
+		return err
+	}
+	return status.NotAdmitted(status.ReasonAllowanceExhausted, status.Fields{
+		AttemptID: s.ID, Call: key, Try: n, Final: true,
+		Message: "interceptor: the attempt's allowance is spent",
+	})
+}
+
+// stream is the stream client interceptor. A stream is sent once (no
+// repeats yet): it is granted units like a unary try and settled when it ends.
+func (c *client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	if isControl(method) {
+		return streamer(ctx, desc, cc, method, opts...)
+	}
+	s, key, _, err := c.callFor(ctx, method)
+	if err != nil {
+		return nil, err
+	}
+	ctx, span := c.startSpan(ctx, s, key)
+	p := RetryPolicy{MaxTries: 1}
+	tctx, t, err := c.prepare(ctx, s, key, 1, &p)
+	if err != nil {
+		o := status.OutcomeOf(err)
+		c.record(ctx, o)
+		endSpan(span, s, 1, o)
+		return nil, err
+	}
+	cs, err := streamer(tctx, desc, cc, method, opts...)
+	if err != nil {
+		c.end(ctx, span, s, key, t, err)
+		return nil, err
+	}
+	return &clientStream{ClientStream: cs, c: c, ctx: ctx, span: span, s: s, key: key, t: t}, nil
+}
+
+func (c *client) end(ctx context.Context, span trace.Span, s *attemptState, key string, t *try, err error) {
+	o := status.OutcomeOfCall(err, c.finish(s, key, t, err))
+	c.record(ctx, o)
+	endSpan(span, s, t.n, o)
+}
+
+// clientStream settles the stream's grant when the stream ends: RecvMsg
+// returns an error (io.EOF for OK) or a unary-response stream's final
+// message arrives.
+type clientStream struct {
+	grpc.ClientStream
+	c    *client
+	ctx  context.Context
+	span trace.Span
+	s    *attemptState
+	key  string
+	t    *try
+	done bool
+}
+
+func (cs *clientStream) RecvMsg(m any) error {
+	err := cs.ClientStream.RecvMsg(m)
+	if err != nil && !cs.done {
+		cs.done = true
+		final := err
+		if final.Error() == "EOF" {
+			final = nil
+		}
+		cs.c.end(cs.ctx, cs.span, cs.s, cs.key, cs.t, final)
+	}
+	return err
+}

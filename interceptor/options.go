@@ -1,0 +1,304 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/tollgate-go/tollgate/admission"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Defaults of the client and server options.
+const (
+	DefaultAllowance        = 4
+	DefaultAttemptTimeout   = 10 * time.Second
+	DefaultMaxTries         = 3
+	MaxTriesCap             = 10
+	DefaultHopMargin        = 5 * time.Millisecond
+	DefaultMinTryTime       = time.Millisecond
+	DefaultClockSkew        = 500 * time.Millisecond
+	DefaultMaxAttemptTime   = 30 * time.Second
+	DefaultMaxAllowance     = 100
+	DefaultMaxRecvMsgSize   = 4 << 20
+	DefaultMaxStreams       = 1024
+	DefaultResolutionGrace  = time.Second
+	maxUnitsOnWire          = 1_000_000
+	maxAttemptTimeoutCap    = 24 * time.Hour
+	headerKey               = "tollgate"
+	spentTrailerKey         = "tollgate-spent"
+	attemptServicePrefix    = "/tollgate.v1.AttemptService/"
+	healthServicePrefix     = "/grpc.health.v1.Health/"
+	reflectionServicePrefix = "/grpc.reflection."
+)
+
+// ErrInvalidOption is wrapped by every error NewServerOptions and
+// NewDialOptions return for an invalid option value.
+var ErrInvalidOption = errors.New("interceptor: invalid option")
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
+}
+
+// ----- client -----
+
+// ClientOption configures tollgate's client interceptors (DialOptions).
+type ClientOption interface{ applyClient(*clientConfig) }
+
+type clientOptionFunc func(*clientConfig)
+
+func (f clientOptionFunc) applyClient(c *clientConfig) { f(c) }
+
+type clientConfig struct {
+	allowance      int64
+	attemptTimeout time.Duration
+	retry          RetryPolicy
+	strict         bool
+	hopMargin      time.Duration
+	minTryTime     time.Duration
+	tracer         trace.TracerProvider
+	meter          metric.MeterProvider
+	now            func() time.Time
+}
+
+func defaultClientConfig() clientConfig {
+	return clientConfig{
+		allowance:      DefaultAllowance,
+		attemptTimeout: DefaultAttemptTimeout,
+		retry:          RetryPolicy{MaxTries: DefaultMaxTries},
+		hopMargin:      DefaultHopMargin,
+		minTryTime:     DefaultMinTryTime,
+		tracer:         otel.GetTracerProvider(),
+		meter:          otel.GetMeterProvider(),
+		now:            time.Now,
+	}
+}
+
+func (c *clientConfig) validate() error {
+	switch {
+	case c.allowance < 0 || c.allowance > maxUnitsOnWire:
+		return invalid("allowance %d outside [0, %d]", c.allowance, maxUnitsOnWire)
+	case c.attemptTimeout <= 0 || c.attemptTimeout > maxAttemptTimeoutCap:
+		return invalid("attempt timeout %v outside (0, %v]", c.attemptTimeout, maxAttemptTimeoutCap)
+	case c.hopMargin < 0:
+		return invalid("hop margin %v is negative", c.hopMargin)
+	case c.minTryTime < 0:
+		return invalid("minimum try time %v is negative", c.minTryTime)
+	case c.tracer == nil || c.meter == nil:
+		return invalid("nil tracer or meter provider")
+	}
+	return c.retry.validate()
+}
+
+// WithAllowance sets the number of call units an attempt that starts at this
+// client (the origin) lets all layers below it spend, across every try of
+// every call. Default DefaultAllowance (4); 0 lets no call below the origin
+// be sent. At most 1,000,000.
+func WithAllowance(units int64) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.allowance = units })
+}
+
+// WithAttemptTimeout sets the deadline of an attempt that starts at this
+// client, counted from its first call; the caller's context deadline wins
+// when it is earlier. Default DefaultAttemptTimeout (10 s).
+func WithAttemptTimeout(d time.Duration) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.attemptTimeout = d })
+}
+
+// WithRetry sets the retry policy of the calls this client owns.
+func WithRetry(p RetryPolicy) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.retry = p })
+}
+
+// WithStrictAccounting asks every callee to report the units it spent even
+// when none (the header's r=1), and counts a completed call without that
+// report as having spent its whole grant until reconciled (DESIGN.md §2.3).
+// Use it when a hop between two tollgate peers may be a proxy that retries.
+func WithStrictAccounting() ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.strict = true })
+}
+
+// WithHopMargin sets how much earlier than the caller's deadline each
+// outgoing try's deadline is set, so the callee's answer can travel back.
+// Default DefaultHopMargin (5 ms).
+func WithHopMargin(d time.Duration) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.hopMargin = d })
+}
+
+// WithMinTryTime sets the least remaining time (after the hop margin) a try
+// needs to be worth sending; a try with less is refused locally with
+// NOT_ADMITTED DEADLINE_UNREACHABLE. Default DefaultMinTryTime (1 ms).
+func WithMinTryTime(d time.Duration) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.minTryTime = d })
+}
+
+// WithClientTracerProvider sets the tracer provider of the tollgate.call
+// spans. Default: otel.GetTracerProvider() at construction.
+func WithClientTracerProvider(tp trace.TracerProvider) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.tracer = tp })
+}
+
+// WithClientMeterProvider sets the meter provider of the client's metrics.
+// Default: otel.GetMeterProvider() at construction.
+func WithClientMeterProvider(mp metric.MeterProvider) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.meter = mp })
+}
+
+// ----- server -----
+
+// ServerOption configures tollgate's server interceptors (ServerOptions).
+type ServerOption interface{ applyServer(*serverConfig) }
+
+type serverOptionFunc func(*serverConfig)
+
+func (f serverOptionFunc) applyServer(c *serverConfig) { f(c) }
+
+type serverConfig struct {
+	admission        *admission.Controller
+	admissionTap     bool
+	tenant           func(context.Context) string
+	trusted          func(context.Context) bool
+	defaultAllowance int64
+	maxAllowance     int64
+	maxAttemptTime   time.Duration
+	skew             time.Duration
+	recoverPanics    bool
+	maxRecvMsgSize   int
+	maxStreams       uint32
+	tracer           trace.TracerProvider
+	meter            metric.MeterProvider
+	now              func() time.Time
+}
+
+func defaultServerConfig() serverConfig {
+	return serverConfig{
+		admissionTap:     true,
+		tenant:           func(context.Context) string { return "" },
+		trusted:          func(context.Context) bool { return false },
+		defaultAllowance: DefaultAllowance,
+		maxAllowance:     DefaultMaxAllowance,
+		maxAttemptTime:   DefaultMaxAttemptTime,
+		skew:             DefaultClockSkew,
+		maxRecvMsgSize:   DefaultMaxRecvMsgSize,
+		maxStreams:       DefaultMaxStreams,
+		tracer:           otel.GetTracerProvider(),
+		meter:            otel.GetMeterProvider(),
+		now:              time.Now,
+	}
+}
+
+func (c *serverConfig) validate() error {
+	switch {
+	case c.tenant == nil:
+		return invalid("nil tenant function")
+	case c.trusted == nil:
+		return invalid("nil trusted-peer function")
+	case c.maxAllowance < 0 || c.maxAllowance > maxUnitsOnWire:
+		return invalid("maximum allowance %d outside [0, %d]", c.maxAllowance, maxUnitsOnWire)
+	case c.defaultAllowance < 0 || c.defaultAllowance > c.maxAllowance:
+		return invalid("default allowance %d outside [0, maximum allowance %d]", c.defaultAllowance, c.maxAllowance)
+	case c.maxAttemptTime <= 0 || c.maxAttemptTime > maxAttemptTimeoutCap:
+		return invalid("maximum attempt time %v outside (0, %v]", c.maxAttemptTime, maxAttemptTimeoutCap)
+	case c.skew < 0 || c.skew > time.Minute:
+		return invalid("clock skew %v outside [0, 1m]", c.skew)
+	case c.maxRecvMsgSize <= 0:
+		return invalid("maximum receive message size %d is not positive", c.maxRecvMsgSize)
+	case c.maxStreams == 0:
+		return invalid("maximum concurrent streams is 0")
+	case c.tracer == nil || c.meter == nil:
+		return invalid("nil tracer or meter provider")
+	}
+	return nil
+}
+
+// WithAdmission makes the server ask ctrl before running each request
+// (unary calls and streams; a stream holds its permit for its lifetime).
+// ServerOptions also installs ctrl's tap handle unless WithoutAdmissionTap is
+// given.
+func WithAdmission(ctrl *admission.Controller) ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.admission = ctrl })
+}
+
+// WithoutAdmissionTap keeps ServerOptions from installing the admission
+// controller's tap handle. grpc-go allows one tap per server: a server with a
+// tap of its own composes the controller's TapHandle into it.
+func WithoutAdmissionTap() ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.admissionTap = false })
+}
+
+// WithTenant sets the function that names the caller's tenant when the
+// caller is not a trusted peer (a trusted peer's header "n" is honoured).
+// Default: every caller is tenant "".
+func WithTenant(f func(ctx context.Context) string) ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.tenant = f })
+}
+
+// WithTrustedPeer sets the function that decides whether the caller is a
+// trusted tollgate peer, whose header (attempt, deadline, units, tenant) is
+// honoured. From an untrusted peer the header is ignored and the request
+// starts a new attempt under this server's defaults. Default: no peer is
+// trusted. See TrustAll and TrustLoopback.
+func WithTrustedPeer(f func(ctx context.Context) bool) ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.trusted = f })
+}
+
+// WithDefaultAllowance sets the units of an attempt that starts at this
+// server (its caller is untrusted or does not speak tollgate). Default
+// DefaultAllowance (4).
+func WithDefaultAllowance(units int64) ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.defaultAllowance = units })
+}
+
+// WithMaxAllowance caps the units a caller may grant this server. Default
+// DefaultMaxAllowance (100).
+func WithMaxAllowance(units int64) ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.maxAllowance = units })
+}
+
+// WithMaxAttemptTime caps how far in the future an attempt's deadline may be
+// when a request reaches this server, and is the deadline of a request that
+// has none. Default DefaultMaxAttemptTime (30 s).
+func WithMaxAttemptTime(d time.Duration) ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.maxAttemptTime = d })
+}
+
+// WithClockSkew sets the largest difference assumed between trusted peers'
+// clocks; a handler's deadline is at most the attempt deadline plus the skew.
+// Default DefaultClockSkew (500 ms).
+func WithClockSkew(d time.Duration) ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.skew = d })
+}
+
+// WithRecovery makes the server recover a handler's panic and answer it as
+// an UNKNOWN outcome (INTERNAL). Without it, a panic is not recovered.
+func WithRecovery() ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.recoverPanics = true })
+}
+
+// WithMaxRecvMsgSize sets grpc.MaxRecvMsgSize, which bounds the bytes a
+// request may hold before interceptors see it (generated handlers decode
+// first). Default DefaultMaxRecvMsgSize (4 MiB).
+func WithMaxRecvMsgSize(n int) ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.maxRecvMsgSize = n })
+}
+
+// WithMaxConcurrentStreams sets grpc.MaxConcurrentStreams per connection.
+// Default DefaultMaxStreams (1024).
+func WithMaxConcurrentStreams(n uint32) ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.maxStreams = n })
+}
+
+// WithServerTracerProvider sets the tracer provider of the server's spans
+// and events. Default: otel.GetTracerProvider() at construction.
+func WithServerTracerProvider(tp trace.TracerProvider) ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.tracer = tp })
+}
+
+// WithServerMeterProvider sets the meter provider of the server's metrics.
+// Default: otel.GetMeterProvider() at construction.
+func WithServerMeterProvider(mp metric.MeterProvider) ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.meter = mp })
+}

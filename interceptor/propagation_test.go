@@ -1,0 +1,197 @@
+package interceptor_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/interceptor"
+	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
+	"github.com/tollgate-go/tollgate/internal/testsvc"
+	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	grpcstatus "google.golang.org/grpc/status"
+)
+
+// seen records what handlers observed of their attempt.
+type seen struct {
+	mu        sync.Mutex
+	attempts  []interceptor.Attempt
+	deadlines []time.Time
+}
+
+func (s *seen) note(ctx context.Context) {
+	a, _ := interceptor.AttemptFromContext(ctx)
+	d, _ := ctx.Deadline()
+	s.mu.Lock()
+	s.attempts = append(s.attempts, a)
+	s.deadlines = append(s.deadlines, d)
+	s.mu.Unlock()
+}
+
+func (s *seen) all() ([]interceptor.Attempt, []time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]interceptor.Attempt(nil), s.attempts...), append([]time.Time(nil), s.deadlines...)
+}
+
+// serverOpts are the server options of a trusting tier in tests: every peer
+// trusted, no clock skew.
+func serverOpts(extra ...interceptor.ServerOption) []grpc.ServerOption {
+	return interceptor.ServerOptions(append([]interceptor.ServerOption{
+		interceptor.WithTrustedPeer(interceptor.TrustAll),
+		interceptor.WithClockSkew(0),
+	}, extra...)...)
+}
+
+// tiers is a chain origin → mid → dep over bufconn. mid's Get calls dep's Get
+// once per call (with mid's client options); dep's behaviour is set by the test.
+type tiers struct {
+	dep, mid      *testsvc.Service
+	depSeen       seen
+	midSeen       seen
+	origin        testingv1.TestServiceClient
+	midClientOpts []interceptor.ClientOption
+	midConnToDep  *grpc.ClientConn
+}
+
+func newTiers(t *testing.T, originOpts, midOpts []interceptor.ClientOption, depGet func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error)) *tiers {
+	t.Helper()
+	tr := &tiers{dep: &testsvc.Service{}, mid: &testsvc.Service{}, midClientOpts: midOpts}
+	tr.dep.GetFunc = func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		tr.depSeen.note(ctx)
+		return depGet(ctx, r)
+	}
+	depEnd := testsvc.StartT(t, testsvc.Bufconn, tr.dep.Register, serverOpts()...)
+	tr.midConnToDep = depEnd.DialT(t, interceptor.DialOptions(midOpts...)...)
+	depClient := testingv1.NewTestServiceClient(tr.midConnToDep)
+	tr.mid.GetFunc = func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		tr.midSeen.note(ctx)
+		return depClient.Get(ctx, r)
+	}
+	midEnd := testsvc.StartT(t, testsvc.Bufconn, tr.mid.Register, serverOpts()...)
+	tr.origin = testingv1.NewTestServiceClient(midEnd.DialT(t, interceptor.DialOptions(originOpts...)...))
+	return tr
+}
+
+func okGet(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+	return &testingv1.GetResponse{Value: "v"}, nil
+}
+
+func TestOneAttemptIdentityDeadlineAndKeysAcrossTiers(t *testing.T) {
+	tr := newTiers(t, []interceptor.ClientOption{interceptor.WithAttemptTimeout(5 * time.Second), interceptor.WithAllowance(4)}, nil, okGet)
+	start := time.Now()
+	resp, err := tr.origin.Get(t.Context(), &testingv1.GetRequest{Key: "k"})
+	require.NoError(t, err)
+	require.Equal(t, "v", resp.GetValue())
+
+	mids, midDeadlines := tr.midSeen.all()
+	deps, depDeadlines := tr.depSeen.all()
+	require.Len(t, mids, 1)
+	require.Len(t, deps, 1)
+	mid, dep := mids[0], deps[0]
+	require.NotEmpty(t, mid.ID)
+	require.Equal(t, mid.ID, dep.ID, "one attempt identity on every tier")
+	require.Equal(t, mid.Deadline, dep.Deadline, "one deadline on every tier")
+	require.False(t, mid.Origin)
+	require.False(t, dep.Origin)
+	require.Equal(t, "0", mid.Call)
+	require.Equal(t, uint32(1), mid.Try)
+	require.Equal(t, "0.1.1", dep.Call, "the first call of try 1 of call 0")
+	// d was fixed at the origin from the attempt timeout; no hop's deadline passes it.
+	require.WithinDuration(t, start.Add(5*time.Second), mid.Deadline, time.Second)
+	require.False(t, midDeadlines[0].After(mid.Deadline))
+	require.False(t, depDeadlines[0].After(mid.Deadline))
+	require.True(t, depDeadlines[0].Before(midDeadlines[0]), "each hop shrinks the deadline by its margin")
+}
+
+func TestSeed000SharedAllowanceAddsUpInsteadOfMultiplying(t *testing.T) {
+	refuse := func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		return nil, status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Millisecond))
+	}
+	tr := newTiers(t,
+		[]interceptor.ClientOption{interceptor.WithAllowance(4), interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond})},
+		[]interceptor.ClientOption{interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond})},
+		refuse)
+	_, err := tr.origin.Get(t.Context(), &testingv1.GetRequest{Key: "k"})
+	require.Error(t, err)
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindNotAdmitted, o.Kind)
+	require.Equal(t, status.ReasonAllowanceExhausted, o.Reason)
+	require.True(t, o.Final(), "the origin stops on a final ALLOWANCE_EXHAUSTED")
+	require.Equal(t, int64(4), tr.dep.Calls("Get"), "the dependency receives the allowance, not 3×2=6")
+	require.Equal(t, int64(2), tr.mid.Calls("Get"), "the third origin try is refused locally")
+	deps, _ := tr.depSeen.all()
+	for _, d := range deps {
+		require.Equal(t, deps[0].ID, d.ID)
+	}
+}
+
+func TestUntrustedHeaderIsIgnoredAndTrustedMalformedIsRefused(t *testing.T) {
+	svc := &testsvc.Service{}
+	var got seen
+	svc.GetFunc = func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		got.note(ctx)
+		return &testingv1.GetResponse{}, nil
+	}
+	untrusted := testsvc.StartT(t, testsvc.Bufconn, svc.Register, interceptor.ServerOptions(interceptor.WithClockSkew(0))...)
+	trusted := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "tollgate", "a=attacker;u=1000000;d=99999999999999")
+	_, err := testingv1.NewTestServiceClient(untrusted.DialT(t)).Get(ctx, &testingv1.GetRequest{})
+	require.NoError(t, err)
+	as, _ := got.all()
+	require.Len(t, as, 1)
+	require.NotEqual(t, "attacker", as[0].ID, "an untrusted peer's attempt is re-minted at the edge")
+	require.True(t, as[0].Origin)
+	require.WithinDuration(t, time.Now().Add(interceptor.DefaultMaxAttemptTime), as[0].Deadline, 5*time.Second)
+
+	bad := metadata.AppendToOutgoingContext(t.Context(), "tollgate", "a=x;t=0")
+	_, err = testingv1.NewTestServiceClient(trusted.DialT(t)).Get(bad, &testingv1.GetRequest{})
+	require.Equal(t, codes.InvalidArgument, grpcstatus.Code(err))
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.ReasonMalformedHeader, o.Reason)
+	require.True(t, o.Final())
+	require.Len(t, func() []interceptor.Attempt { a, _ := got.all(); return a }(), 1, "the refused request never reached the handler")
+}
+
+func TestClientReplacesAForwardedHeader(t *testing.T) {
+	svc := &testsvc.Service{}
+	var values []string
+	svc.GetFunc = func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		values = md.Get("tollgate")
+		return &testingv1.GetResponse{}, nil
+	}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions()...))
+	ctx := metadata.NewOutgoingContext(t.Context(), metadata.Pairs("tollgate", "a=forwarded", "other", "x"))
+	_, err := client.Get(ctx, &testingv1.GetRequest{})
+	require.NoError(t, err)
+	require.Len(t, values, 1, "exactly one tollgate header")
+	require.NotContains(t, values[0], "a=forwarded")
+}
+
+func TestStrictAccountingReportsZeroSpent(t *testing.T) {
+	svc := &testsvc.Service{GetFunc: okGet}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	for _, strict := range []bool{false, true} {
+		var opts []interceptor.ClientOption
+		if strict {
+			opts = append(opts, interceptor.WithStrictAccounting())
+		}
+		client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(opts...)...))
+		var trailer metadata.MD
+		_, err := client.Get(t.Context(), &testingv1.GetRequest{}, grpc.Trailer(&trailer))
+		require.NoError(t, err)
+		if strict {
+			require.Equal(t, []string{"0"}, trailer.Get("tollgate-spent"))
+		} else {
+			require.Empty(t, trailer.Get("tollgate-spent"), "a leaf that spent nothing sends no trailer")
+		}
+	}
+}

@@ -1,0 +1,79 @@
+package interceptor
+
+import (
+	"math/rand/v2"
+	"time"
+)
+
+// RetryPolicy is how the owner of a call (tollgate's client interceptor on
+// that call's edge) may repeat it. Zero fields take their defaults; a
+// RetryPolicy is plain data, safe to copy.
+//
+// Whatever the policy, a call is repeated only when its last try is known to
+// have had no effect (NOT_ADMITTED and not final, or never sent), inside the
+// attempt's deadline and allowance. A try whose outcome is UNKNOWN is not
+// repeated: the call ends UNKNOWN with its attempt ID.
+type RetryPolicy struct {
+	// MaxTries is the most tries of one call, the first included: 1 means no
+	// repeats. Default DefaultMaxTries (3); at most MaxTriesCap (10).
+	MaxTries int
+	// InitialBackoff is the upper bound of the first repeat's jittered wait.
+	// Default 20 ms.
+	InitialBackoff time.Duration
+	// MaxBackoff caps the jittered wait's upper bound. Default 1 s.
+	MaxBackoff time.Duration
+}
+
+const (
+	defaultInitialBackoff = 20 * time.Millisecond
+	defaultMaxBackoff     = time.Second
+)
+
+func (p *RetryPolicy) withDefaults() RetryPolicy {
+	q := *p
+	if q.MaxTries == 0 {
+		q.MaxTries = DefaultMaxTries
+	}
+	if q.InitialBackoff == 0 {
+		q.InitialBackoff = defaultInitialBackoff
+	}
+	if q.MaxBackoff == 0 {
+		q.MaxBackoff = defaultMaxBackoff
+	}
+	return q
+}
+
+func (p *RetryPolicy) validate() error {
+	q := p.withDefaults()
+	switch {
+	case q.MaxTries < 1 || q.MaxTries > MaxTriesCap:
+		return invalid("retry policy: max tries %d outside [1, %d]", q.MaxTries, MaxTriesCap)
+	case q.InitialBackoff < 0 || q.MaxBackoff < 0:
+		return invalid("retry policy: negative backoff")
+	case q.MaxBackoff < q.InitialBackoff:
+		return invalid("retry policy: max backoff %v below initial backoff %v", q.MaxBackoff, q.InitialBackoff)
+	}
+	*p = q
+	return nil
+}
+
+// backoff returns the wait before try next (2, 3, …): exponential with full
+// jitter, and never shorter than the peer's suggested retryAfter, which is
+// itself jittered upwards by up to a fifth so that refused clients do not
+// return in step.
+func (p *RetryPolicy) backoff(next int, retryAfter time.Duration) time.Duration {
+	ceiling := p.InitialBackoff
+	for i := 2; i < next && ceiling < p.MaxBackoff; i++ {
+		ceiling *= 2
+	}
+	ceiling = min(ceiling, p.MaxBackoff)
+	var wait time.Duration
+	if ceiling > 0 {
+		wait = rand.N(ceiling + 1)
+	}
+	if retryAfter > 0 {
+		floor := retryAfter + rand.N(retryAfter/5+1)
+		wait = max(wait, floor)
+	}
+	return wait
+}

@@ -1,0 +1,392 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/tollgate-go/tollgate/admission"
+	"github.com/tollgate-go/tollgate/budget"
+	"github.com/tollgate-go/tollgate/internal/callkey"
+	"github.com/tollgate-go/tollgate/internal/header"
+	"github.com/tollgate-go/tollgate/internal/methodinfo"
+	"github.com/tollgate-go/tollgate/status"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/tap"
+	"google.golang.org/protobuf/proto"
+)
+
+// server holds what tollgate's server interceptors share; built once per
+// ServerOptions call and safe for concurrent use.
+type server struct {
+	cfg serverConfig
+	tel *serverTelemetry
+}
+
+var (
+	malformedTrusted   = metric.WithAttributeSet(attribute.NewSet(attribute.Bool("trusted", true)))
+	malformedUntrusted = metric.WithAttributeSet(attribute.NewSet(attribute.Bool("trusted", false)))
+)
+
+// inbound is what the server learned of a request before running it.
+type inbound struct {
+	s      *attemptState
+	strict bool      // the caller asked for strict accounting (r=1)
+	until  time.Time // the handler's deadline
+	info   methodinfo.Info
+}
+
+// begin reads the request's tollgate header and returns the attempt it runs
+// under: the caller's (trusted peer, well-formed header) or a new one minted
+// here. It refuses a trusted peer's malformed header and a try past the
+// attempt's deadline.
+func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
+	now := sv.cfg.now()
+	in := &inbound{info: methodinfo.Of(method)}
+	var (
+		h       header.Header
+		honored bool
+	)
+	if vs := metadata.ValueFromIncomingContext(ctx, headerKey); len(vs) > 0 {
+		trusted := sv.cfg.trusted(ctx)
+		parsed, err := header.ParseValues(vs)
+		switch {
+		case err != nil && trusted:
+			sv.tel.malformed.Add(ctx, 1, malformedTrusted)
+			return nil, status.NotAdmitted(status.ReasonMalformedHeader, status.WithMessage(err.Error()))
+		case err != nil:
+			sv.tel.malformed.Add(ctx, 1, malformedUntrusted)
+		case trusted:
+			h, honored = parsed, true
+		}
+	}
+	ctxDeadline, hasDeadline := ctx.Deadline()
+	latest := now.Add(sv.cfg.maxAttemptTime)
+	st := &attemptState{}
+	if honored {
+		st.ID, st.Call, st.Try = h.Attempt, h.Call, h.Try
+		st.Deadline = latest
+		if d, ok := h.DeadlineTime(); ok && d.Before(latest) {
+			st.Deadline = d
+		}
+		st.Tenant = h.Tenant
+		if st.Tenant == "" {
+			st.Tenant = sv.cfg.tenant(ctx)
+		}
+		st.ledger = budget.NewAllowance(min(h.Units, sv.cfg.maxAllowance))
+		in.strict = h.Strict
+	} else {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return nil, status.NotAdmitted(status.ReasonDraining, status.WithMessage("interceptor: mint attempt ID: "+err.Error()))
+		}
+		st.ID, st.Call, st.Try, st.Origin = id.String(), header.DefaultCall, 1, true
+		st.Deadline = latest
+		if hasDeadline && ctxDeadline.Before(latest) {
+			st.Deadline = ctxDeadline
+		}
+		st.Tenant = sv.cfg.tenant(ctx)
+		st.ledger = budget.NewAllowance(sv.cfg.defaultAllowance, budget.AtOrigin())
+	}
+	in.until = st.Deadline.Add(sv.cfg.skew)
+	if hasDeadline && ctxDeadline.Before(in.until) {
+		in.until = ctxDeadline
+	}
+	if !now.Before(st.Deadline.Add(sv.cfg.skew)) {
+		return nil, status.NotAdmitted(status.ReasonDeadlineExpired, status.Fields{
+			AttemptID: st.ID, Call: st.Call, Try: st.Try, Final: true,
+			Message: "interceptor: the attempt's deadline has passed",
+		})
+	}
+	st.run = callkey.NewRun(st.Call, st.Try)
+	st.idempotent = in.info.Level == methodinfo.Idempotent
+	in.s = st
+	return in, nil
+}
+
+// admit asks the admission controller, if any, for a permit.
+func (sv *server) admit(ctx context.Context, method string, in *inbound, req any) (*admission.Permit, error) {
+	if sv.cfg.admission == nil {
+		return nil, nil
+	}
+	size := -1
+	if m, ok := req.(proto.Message); ok {
+		size = proto.Size(m)
+	}
+	tenant, deadline := "", time.Time{}
+	if in != nil {
+		tenant, deadline = in.s.Tenant, in.until
+	}
+	p, err := sv.cfg.admission.Admit(ctx, admission.Request{Method: method, Tenant: tenant, Size: size, Deadline: deadline})
+	if err != nil {
+		if in != nil {
+			err = status.With(err, status.WithAttempt(in.s.ID, in.s.Call, in.s.Try))
+		}
+		return nil, err
+	}
+	return p, nil
+}
+
+// handlerContext returns the context the handler runs on: the attempt's
+// deadline (plus skew) and the attempt state with its ledger.
+func (sv *server) handlerContext(ctx context.Context, in *inbound) (context.Context, context.CancelFunc) {
+	cancel := context.CancelFunc(func() {})
+	if d, ok := ctx.Deadline(); !ok || in.until.Before(d) {
+		ctx, cancel = context.WithDeadline(ctx, in.until)
+	}
+	ctx = context.WithValue(ctx, attemptKey{}, in.s)
+	return budget.NewContext(ctx, in.s.ledger), cancel
+}
+
+// answer turns the handler's error into the answer this server sends for
+// the call it served (DESIGN.md §3.6): a refusal from below stays NOT_ADMITTED
+// only for a method without side effects or when the handler declared it
+// with status.WithoutEffect, and is re-addressed to this call; any other
+// tollgate outcome from below, and any error that is not definite, is
+// UNKNOWN; definite errors pass unchanged.
+func (sv *server) answer(in *inbound, err error) error {
+	if err == nil {
+		return nil
+	}
+	o := status.HandlerOutcome(err, in.info.Level == methodinfo.NoSideEffects)
+	s := in.s
+	switch o.Kind {
+	case status.KindNotAdmitted:
+		ra, _ := status.RetryAfter(err)
+		return status.NotAdmitted(o.Reason, status.Fields{
+			AttemptID: s.ID, Call: s.Call, Try: s.Try, RetryAfter: ra, Final: o.Final(),
+		}, status.WithUnitsRemaining(s.ledger.Free()))
+	case status.KindUnknown, status.KindCommitted:
+		return status.OutcomeUnknown(err, status.WithAttempt(s.ID, s.Call, s.Try))
+	default:
+		return err
+	}
+}
+
+// trailer returns the trailer pairs of the answer: tollgate-spent when the
+// ledger spent units or the caller asked for strict accounting, and the
+// pushback hint of a NOT_ADMITTED answer.
+func (sv *server) trailer(in *inbound, spent int64, err error) metadata.MD {
+	var md metadata.MD
+	if in != nil && (spent > 0 || in.strict) {
+		md = metadata.MD{spentTrailerKey: []string{strconv.FormatInt(spent, 10)}}
+	}
+	if v, ok := status.Pushback(err); ok {
+		if md == nil {
+			md = metadata.MD{}
+		}
+		md[status.PushbackKey] = []string{v}
+	}
+	return md
+}
+
+// run calls handler, recovering a panic into an UNKNOWN outcome when the
+// server opted in.
+func (sv *server) run(f func() error) (err error) {
+	if sv.cfg.recoverPanics {
+		defer func() {
+			if r := recover(); r != nil {
+				err = status.OutcomeUnknown(fmt.Errorf("interceptor: handler panic: %v", r), status.WithCode(codes.Internal))
+			}
+		}()
+	}
+	return f()
+}
+
+// unary is the unary server interceptor.
+func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if isControl(info.FullMethod) {
+		return sv.control(ctx, info.FullMethod, req, func(ctx context.Context) (any, error) { return handler(ctx, req) })
+	}
+	in, err := sv.begin(ctx, info.FullMethod)
+	if err != nil {
+		sv.setTrailer(ctx, nil, 0, err)
+		return nil, err
+	}
+	permit, err := sv.admit(ctx, info.FullMethod, in, req)
+	if err != nil {
+		sv.setTrailer(ctx, in, 0, err)
+		return nil, err
+	}
+	defer permit.Release()
+	hctx, cancel := sv.handlerContext(ctx, in)
+	defer cancel()
+	var resp any
+	herr := sv.run(func() (err error) {
+		resp, err = handler(hctx, req)
+		return err
+	})
+	spent := in.s.ledger.Seal()
+	answer := sv.answer(in, herr)
+	sv.setTrailer(ctx, in, spent, answer)
+	return resp, answer
+}
+
+func (sv *server) setTrailer(ctx context.Context, in *inbound, spent int64, err error) {
+	if md := sv.trailer(in, spent, err); md != nil {
+		_ = grpc.SetTrailer(ctx, md)
+	}
+}
+
+// control runs a control-path call (AttemptService, health, reflection):
+// no records, no ledger, admitted through the controller's control class.
+func (sv *server) control(ctx context.Context, method string, req any, f func(context.Context) (any, error)) (any, error) {
+	permit, err := sv.admit(ctx, method, nil, req)
+	if err != nil {
+		return nil, err
+	}
+	defer permit.Release()
+	return f(ctx)
+}
+
+// stream is the stream server interceptor. A stream holds its admission
+// permit for its lifetime; its ledger is sealed and tollgate-spent set when
+// the handler returns.
+func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	ctx := ss.Context()
+	if isControl(info.FullMethod) {
+		_, err := sv.control(ctx, info.FullMethod, nil, func(context.Context) (any, error) { return nil, handler(srv, ss) })
+		return err
+	}
+	in, err := sv.begin(ctx, info.FullMethod)
+	if err != nil {
+		sv.setStreamTrailer(ss, nil, 0, err)
+		return err
+	}
+	permit, err := sv.admit(ctx, info.FullMethod, in, nil)
+	if err != nil {
+		sv.setStreamTrailer(ss, in, 0, err)
+		return err
+	}
+	defer permit.Release()
+	hctx, cancel := sv.handlerContext(ctx, in)
+	defer cancel()
+	herr := sv.run(func() error { return handler(srv, &serverStream{ServerStream: ss, ctx: hctx}) })
+	spent := in.s.ledger.Seal()
+	answer := sv.answer(in, herr)
+	sv.setStreamTrailer(ss, in, spent, answer)
+	return answer
+}
+
+func (sv *server) setStreamTrailer(ss grpc.ServerStream, in *inbound, spent int64, err error) {
+	if md := sv.trailer(in, spent, err); md != nil {
+		ss.SetTrailer(md)
+	}
+}
+
+// serverStream gives the handler the attempt's context.
+type serverStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s *serverStream) Context() context.Context { return s.ctx }
+
+// tap is the tap handle ServerOptions installs with an admission
+// controller: the controller's allocation-free check, and on refusal the
+// attempt, call and try read from the request's header, so the caller can
+// tell the refusal answers the try it sent.
+func (sv *server) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
+	ctx, err := sv.cfg.admission.TapHandle(ctx, info)
+	if err == nil {
+		return ctx, nil
+	}
+	if h, perr := header.ParseValues(info.Header.Get(headerKey)); perr == nil {
+		err = status.With(err, status.WithAttempt(h.Attempt, h.Call, h.Try))
+	}
+	return ctx, err
+}
+
+var errNoAdmission = errors.New("interceptor: no admission controller")
+
+// NewServerOptions returns the grpc.ServerOptions that install tollgate on a
+// server: the unary and stream interceptors (chained, so they compose with
+// the server's own in the order given to grpc.NewServer), the admission
+// controller's tap handle (WithAdmission, unless WithoutAdmissionTap),
+// grpc.MaxRecvMsgSize and grpc.MaxConcurrentStreams (which make admission's
+// byte bounds real: generated handlers decode requests before interceptors
+// run). The returned options are built once and safe for concurrent use. An
+// invalid option is an error wrapping ErrInvalidOption.
+func NewServerOptions(opts ...ServerOption) ([]grpc.ServerOption, error) {
+	cfg := defaultServerConfig()
+	for _, o := range opts {
+		if o != nil {
+			o.applyServer(&cfg)
+		}
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	tel, err := newServerTelemetry(&cfg)
+	if err != nil {
+		return nil, fmt.Errorf("interceptor: server telemetry: %w", err)
+	}
+	sv := &server{cfg: cfg, tel: tel}
+	out := []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(sv.unary),
+		grpc.ChainStreamInterceptor(sv.stream),
+		grpc.MaxRecvMsgSize(cfg.maxRecvMsgSize),
+		grpc.MaxConcurrentStreams(cfg.maxStreams),
+	}
+	if cfg.admission != nil && cfg.admissionTap {
+		out = append(out, grpc.InTapHandle(sv.tap))
+	}
+	return out, nil
+}
+
+// ServerOptions is NewServerOptions for static configuration: it panics on
+// an invalid option, as regexp.MustCompile does on a bad pattern.
+func ServerOptions(opts ...ServerOption) []grpc.ServerOption {
+	out, err := NewServerOptions(opts...)
+	if err != nil {
+		panic(err)
+	}
+	return out
+}
+
+// NewDialOptions returns the grpc.DialOptions that install tollgate on a
+// client: the unary and stream interceptors, the stats handler that tells a
+// try never sent from one that may have been, and grpc.WithDisableRetry, so
+// that tollgate's interceptor is the one owner that repeats a call (grpc-go's
+// transparent retry of streams the server never saw goes on). The returned
+// options are safe for concurrent use. An invalid option is an error
+// wrapping ErrInvalidOption.
+func NewDialOptions(opts ...ClientOption) ([]grpc.DialOption, error) {
+	cfg := defaultClientConfig()
+	for _, o := range opts {
+		if o != nil {
+			o.applyClient(&cfg)
+		}
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	tel, err := newClientTelemetry(&cfg)
+	if err != nil {
+		return nil, fmt.Errorf("interceptor: client telemetry: %w", err)
+	}
+	c := &client{cfg: cfg, tel: tel, statsInstalled: true}
+	return []grpc.DialOption{
+		grpc.WithChainUnaryInterceptor(c.unary),
+		grpc.WithChainStreamInterceptor(c.stream),
+		grpc.WithStatsHandler(statsHandler{}),
+		grpc.WithDisableRetry(),
+	}, nil
+}
+
+// DialOptions is NewDialOptions for static configuration: it panics on an
+// invalid option.
+func DialOptions(opts ...ClientOption) []grpc.DialOption {
+	out, err := NewDialOptions(opts...)
+	if err != nil {
+		panic(err)
+	}
+	return out
+}

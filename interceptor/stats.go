@@ -1,0 +1,105 @@
+package interceptor
+
+import (
+	"context"
+	"sync/atomic"
+
+	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/grpc/stats"
+)
+
+// delivery records what the stats handler saw of one try: whether its
+// headers were queued (OutHeader: it may have been sent) and whether the
+// peer's status arrived (InTrailer). The client interceptor puts one in the
+// try's context; the stats handler finds it there (proven in
+// internal/grpcfacts).
+type delivery struct {
+	outHeader atomic.Bool
+	inTrailer atomic.Bool
+	// tracked is true when the stats handler is known to watch this try:
+	// the interceptor was built by DialOptions, which installs both, or the
+	// handler's TagRPC saw the try. Without it the client cannot tell sent
+	// from not sent and stays conservative (MaybeSent).
+	tracked atomic.Bool
+	// spent is the callee's tollgate-spent trailer, -1 until one arrives.
+	spent atomic.Int64
+}
+
+func newDelivery(tracked bool) *delivery {
+	d := &delivery{}
+	d.tracked.Store(tracked)
+	d.spent.Store(-1)
+	return d
+}
+
+// reported returns the units the callee reported spent, and false when it
+// sent no (valid) tollgate-spent trailer.
+func (d *delivery) reported() (int64, bool) {
+	v := d.spent.Load()
+	return v, v >= 0
+}
+
+type deliveryKey struct{}
+
+// state returns what the client knows of the try's delivery.
+func (d *delivery) state() status.Delivery {
+	switch {
+	case d.inTrailer.Load():
+		return status.PeerStatus
+	case d.outHeader.Load() || !d.tracked.Load():
+		return status.MaybeSent
+	default:
+		return status.NotSent
+	}
+}
+
+// statsHandler is the client stats handler DialOptions installs: it marks the
+// try's delivery record and does nothing for calls without one.
+type statsHandler struct{}
+
+func (statsHandler) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
+	if d, _ := ctx.Value(deliveryKey{}).(*delivery); d != nil {
+		d.tracked.Store(true)
+	}
+	return ctx
+}
+
+func (statsHandler) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	switch s.(type) {
+	case *stats.OutHeader:
+		if d, _ := ctx.Value(deliveryKey{}).(*delivery); d != nil {
+			d.outHeader.Store(true)
+		}
+	case *stats.InTrailer:
+		if d, _ := ctx.Value(deliveryKey{}).(*delivery); d != nil {
+			if n, ok := parseSpent(s.(*stats.InTrailer).Trailer.Get(spentTrailerKey)); ok {
+				d.spent.Store(n)
+			}
+			d.inTrailer.Store(true)
+		}
+	}
+}
+
+func (statsHandler) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+func (statsHandler) HandleConn(context.Context, stats.ConnStats)                       {}
+
+// parseSpent reads a tollgate-spent trailer: exactly one strict decimal in
+// [0, 1,000,000]. Anything else is ignored, as if the trailer were absent
+// (the grant is then held, the safe side).
+func parseSpent(vs []string) (int64, bool) {
+	if len(vs) != 1 || len(vs[0]) == 0 || len(vs[0]) > 7 {
+		return 0, false
+	}
+	var n int64
+	for i := 0; i < len(vs[0]); i++ {
+		c := vs[0][i]
+		if c < '0' || c > '9' || (i == 0 && c == '0' && len(vs[0]) > 1) {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	if n > maxUnitsOnWire {
+		return 0, false
+	}
+	return n, true
+}

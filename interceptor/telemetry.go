@@ -1,0 +1,80 @@
+package interceptor
+
+import (
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// instrumentationName names tollgate's tracer and meter.
+const instrumentationName = "github.com/tollgate-go/tollgate/interceptor"
+
+// Attribute keys of DESIGN.md §5. No tenant or attempt ID is ever a metric
+// label; they appear only on spans.
+const (
+	attrAttemptID = attribute.Key("tollgate.attempt.id")
+	attrCall      = attribute.Key("tollgate.call")
+	attrTry       = attribute.Key("tollgate.try")
+	attrGranted   = attribute.Key("tollgate.allowance.granted")
+	attrSpent     = attribute.Key("tollgate.allowance.spent")
+	attrOutcome   = attribute.Key("tollgate.outcome")
+	attrReason    = attribute.Key("tollgate.reason")
+	attrClass     = attribute.Key("tollgate.class")
+
+	eventSpend     = "tollgate.allowance.spend"
+	eventRetry     = "tollgate.retry"
+	eventQuery     = "tollgate.attempt.query"
+	eventAdmission = "tollgate.admission"
+
+	attrUnits     = attribute.Key("units")
+	attrRemaining = attribute.Key("remaining")
+	attrDelay     = attribute.Key("delay_ms")
+	attrState     = attribute.Key("state")
+	attrDecision  = attribute.Key("decision")
+	attrSide      = attribute.Key("side")
+)
+
+// clientTelemetry is what the client interceptors record with, built once.
+type clientTelemetry struct {
+	tracer    trace.Tracer
+	exhausted metric.Int64Counter
+	tries     metric.Int64Counter
+}
+
+func newClientTelemetry(c *clientConfig) (*clientTelemetry, error) {
+	m := c.meter.Meter(instrumentationName)
+	exhausted, err := m.Int64Counter("tollgate.allowance.exhausted",
+		metric.WithDescription("Calls refused locally because the attempt's allowance had no free unit."),
+		metric.WithUnit("{call}"))
+	if err != nil {
+		return nil, err
+	}
+	tries, err := m.Int64Counter("tollgate.client.tries",
+		metric.WithDescription("Tries sent by tollgate's client interceptor, by outcome."),
+		metric.WithUnit("{try}"))
+	if err != nil {
+		return nil, err
+	}
+	return &clientTelemetry{
+		tracer:    c.tracer.Tracer(instrumentationName),
+		exhausted: exhausted,
+		tries:     tries,
+	}, nil
+}
+
+// serverTelemetry is what the server interceptors record with, built once.
+type serverTelemetry struct {
+	tracer    trace.Tracer
+	malformed metric.Int64Counter
+}
+
+func newServerTelemetry(c *serverConfig) (*serverTelemetry, error) {
+	m := c.meter.Meter(instrumentationName)
+	malformed, err := m.Int64Counter("tollgate.metadata.malformed",
+		metric.WithDescription("Requests whose tollgate header was malformed, by whether the peer was trusted."),
+		metric.WithUnit("{request}"))
+	if err != nil {
+		return nil, err
+	}
+	return &serverTelemetry{tracer: c.tracer.Tracer(instrumentationName), malformed: malformed}, nil
+}
