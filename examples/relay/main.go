@@ -1,0 +1,267 @@
+// Command relay runs seed 000's cross-layer retry construction for real: a
+// client, a frontend and a dependency, each a gRPC process role on loopback
+// TCP, where the dependency refuses every call (NOT_ADMITTED, QUEUE_FULL).
+//
+// It runs the construction twice. With independent local caps (plain gRPC,
+// each layer repeating on its own), the origin's tries multiply with the
+// frontend's: 3 tries × 2 calls per try = 6 calls reach the dependency. With
+// tollgate, the same retry policies share the attempt's allowance of units:
+// the dependency receives 4 calls, and the origin's third try is refused
+// locally with NOT_ADMITTED ALLOWANCE_EXHAUSTED, final.
+//
+// Every number printed is counted by the servers and clients as they ran.
+//
+//	go run ./examples/relay [-tries 3] [-calls-per-try 2] [-allowance 4] [-json]
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tollgate-go/tollgate/interceptor"
+	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
+	"github.com/tollgate-go/tollgate/internal/testsvc"
+	"github.com/tollgate-go/tollgate/status"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+)
+
+type config struct {
+	Tries       int   `json:"tries"`
+	CallsPerTry int   `json:"calls_per_try"`
+	Allowance   int64 `json:"allowance"`
+}
+
+type result struct {
+	Config                   config            `json:"config"`
+	NaiveDependencyCalls     int64             `json:"naive_dependency_calls"`
+	NaiveFrontendCalls       int64             `json:"naive_frontend_calls"`
+	TollgateDependencyCalls  int64             `json:"tollgate_dependency_calls"`
+	TollgateFrontendCalls    int64             `json:"tollgate_frontend_calls"`
+	TollgateRefusedAllowance int64             `json:"tollgate_refused_allowance"`
+	TollgateOutcome          string            `json:"tollgate_outcome"`
+	TollgateReason           string            `json:"tollgate_reason"`
+	TollgateFinal            bool              `json:"tollgate_final"`
+	TollgateAttemptIDs       map[string]string `json:"tollgate_attempt_ids"`
+}
+
+func main() {
+	var cfg config
+	flag.IntVar(&cfg.Tries, "tries", 3, "tries the origin client may make (first included)")
+	flag.IntVar(&cfg.CallsPerTry, "calls-per-try", 2, "calls the frontend may make to the dependency per origin try (first included)")
+	flag.Int64Var(&cfg.Allowance, "allowance", 4, "units the attempt's allowance lets all layers below the origin spend")
+	asJSON := flag.Bool("json", false, "print the result as JSON")
+	flag.Parse()
+	res, err := run(context.Background(), cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "relay:", err)
+		os.Exit(1)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(res)
+		return
+	}
+	report(os.Stdout, res)
+}
+
+func report(w io.Writer, r *result) {
+	c := r.Config
+	fmt.Fprintf(w, "relay: client → frontend → dependency over loopback TCP; the dependency refuses every call (NOT_ADMITTED, QUEUE_FULL)\n")
+	fmt.Fprintf(w, "configured: origin tries=%d, frontend calls per try=%d, allowance=%d units\n\n", c.Tries, c.CallsPerTry, c.Allowance)
+	fmt.Fprintf(w, "independent local caps: the frontend received %d calls, the dependency %d\n", r.NaiveFrontendCalls, r.NaiveDependencyCalls)
+	fmt.Fprintf(w, "tollgate, one shared allowance: the frontend received %d calls, the dependency %d\n", r.TollgateFrontendCalls, r.TollgateDependencyCalls)
+	final := "not final"
+	if r.TollgateFinal {
+		final = "final"
+	}
+	fmt.Fprintf(w, "  the origin's call ended %s %s (%s); calls refused locally for lack of units: %d\n",
+		r.TollgateOutcome, r.TollgateReason, final, r.TollgateRefusedAllowance)
+	fmt.Fprintf(w, "  attempt ID seen by origin=%s frontend=%s dependency=%s\n",
+		r.TollgateAttemptIDs["origin"], r.TollgateAttemptIDs["frontend"], r.TollgateAttemptIDs["dependency"])
+}
+
+func run(ctx context.Context, cfg config) (*result, error) {
+	if cfg.Tries < 1 || cfg.Tries > interceptor.MaxTriesCap || cfg.CallsPerTry < 1 || cfg.CallsPerTry > interceptor.MaxTriesCap || cfg.Allowance < 0 {
+		return nil, fmt.Errorf("tries and calls-per-try must be in [1, %d], allowance ≥ 0", interceptor.MaxTriesCap)
+	}
+	res := &result{Config: cfg}
+	var err error
+	if res.NaiveFrontendCalls, res.NaiveDependencyCalls, err = runNaive(ctx, cfg); err != nil {
+		return nil, err
+	}
+	if err := runTollgate(ctx, cfg, res); err != nil {
+		return nil, err
+	}
+	return res, nil
+}
+
+// runNaive is the construction with independent local caps: plain gRPC, the
+// frontend and the origin each repeat a refused call up to their own limit.
+func runNaive(ctx context.Context, cfg config) (frontendCalls, dependencyCalls int64, err error) {
+	dep := &testsvc.Service{GetFunc: func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		return nil, grpcstatus.Error(codes.ResourceExhausted, "dependency: queue full")
+	}}
+	depEnd, err := testsvc.Start(testsvc.TCP, dep.Register)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer depEnd.Stop()
+	depConn, err := depEnd.Dial(grpc.WithDisableRetry())
+	if err != nil {
+		return 0, 0, err
+	}
+	defer depConn.Close()
+	depClient := testingv1.NewTestServiceClient(depConn)
+	front := &testsvc.Service{GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		return repeatPlain(cfg.CallsPerTry, func() (*testingv1.GetResponse, error) { return depClient.Get(ctx, r) })
+	}}
+	frontEnd, err := testsvc.Start(testsvc.TCP, front.Register)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer frontEnd.Stop()
+	conn, err := frontEnd.Dial(grpc.WithDisableRetry())
+	if err != nil {
+		return 0, 0, err
+	}
+	defer conn.Close()
+	client := testingv1.NewTestServiceClient(conn)
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, _ = repeatPlain(cfg.Tries, func() (*testingv1.GetResponse, error) { return client.Get(cctx, &testingv1.GetRequest{Key: "k"}) })
+	return front.Calls("Get"), dep.Calls("Get"), nil
+}
+
+// repeatPlain repeats f while it is refused with RESOURCE_EXHAUSTED, up to
+// tries times: a local cap that knows nothing of the layers around it.
+func repeatPlain(tries int, f func() (*testingv1.GetResponse, error)) (*testingv1.GetResponse, error) {
+	var err error
+	for range tries {
+		var resp *testingv1.GetResponse
+		if resp, err = f(); grpcstatus.Code(err) != codes.ResourceExhausted {
+			return resp, err
+		}
+	}
+	return nil, err
+}
+
+// ids records the attempt ID each tier saw.
+type ids struct {
+	mu   sync.Mutex
+	seen map[string]string
+	odd  atomic.Int64 // a tier that saw a second, different ID
+}
+
+func (s *ids) note(tier string, ctx context.Context) {
+	a, ok := interceptor.AttemptFromContext(ctx)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if prev, ok := s.seen[tier]; ok && prev != a.ID {
+		s.odd.Add(1)
+	}
+	s.seen[tier] = a.ID
+}
+
+// runTollgate is the same construction with tollgate on every edge: the same
+// retry policies, one attempt, one allowance.
+func runTollgate(ctx context.Context, cfg config, res *result) error {
+	reader := sdkmetric.NewManualReader()
+	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer meters.Shutdown(context.Background())
+	seen := &ids{seen: map[string]string{}}
+	noWait := interceptor.RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}
+
+	dep := &testsvc.Service{GetFunc: func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		seen.note("dependency", ctx)
+		return nil, status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Millisecond))
+	}}
+	serverOpts := []interceptor.ServerOption{interceptor.WithTrustedPeer(interceptor.TrustLoopback), interceptor.WithServerMeterProvider(meters)}
+	depEnd, err := testsvc.Start(testsvc.TCP, dep.Register, interceptor.ServerOptions(serverOpts...)...)
+	if err != nil {
+		return err
+	}
+	defer depEnd.Stop()
+	frontPolicy := noWait
+	frontPolicy.MaxTries = cfg.CallsPerTry
+	depConn, err := depEnd.Dial(interceptor.DialOptions(interceptor.WithRetry(frontPolicy), interceptor.WithClientMeterProvider(meters))...)
+	if err != nil {
+		return err
+	}
+	defer depConn.Close()
+	depClient := testingv1.NewTestServiceClient(depConn)
+	// The frontend's Get is declared NO_SIDE_EFFECTS, so the dependency's
+	// refusals reach the origin as NOT_ADMITTED.
+	front := &testsvc.Service{GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		seen.note("frontend", ctx)
+		return depClient.Get(ctx, r)
+	}}
+	frontEnd, err := testsvc.Start(testsvc.TCP, front.Register, interceptor.ServerOptions(serverOpts...)...)
+	if err != nil {
+		return err
+	}
+	defer frontEnd.Stop()
+	originPolicy := noWait
+	originPolicy.MaxTries = cfg.Tries
+	conn, err := frontEnd.Dial(interceptor.DialOptions(
+		interceptor.WithAllowance(cfg.Allowance),
+		interceptor.WithAttemptTimeout(10*time.Second),
+		interceptor.WithRetry(originPolicy),
+		interceptor.WithClientMeterProvider(meters))...)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_, callErr := testingv1.NewTestServiceClient(conn).Get(ctx, &testingv1.GetRequest{Key: "k"})
+
+	o := status.OutcomeOf(callErr)
+	res.TollgateOutcome = o.Kind.String()
+	res.TollgateReason = status.ReasonName(o.Reason)
+	res.TollgateFinal = o.Final()
+	res.TollgateFrontendCalls = front.Calls("Get")
+	res.TollgateDependencyCalls = dep.Calls("Get")
+	seen.mu.Lock()
+	res.TollgateAttemptIDs = map[string]string{"origin": o.Detail.GetAttemptId()}
+	for tier, id := range seen.seen {
+		res.TollgateAttemptIDs[tier] = id
+	}
+	seen.mu.Unlock()
+	if seen.odd.Load() > 0 {
+		return errors.New("a tier saw more than one attempt ID")
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		return err
+	}
+	res.TollgateRefusedAllowance = sumCounter(rm, "tollgate.allowance.exhausted")
+	return nil
+}
+
+func sumCounter(rm metricdata.ResourceMetrics, name string) int64 {
+	var n int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == name {
+				for _, dp := range sum.DataPoints {
+					n += dp.Value
+				}
+			}
+		}
+	}
+	return n
+}
