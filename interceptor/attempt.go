@@ -66,7 +66,9 @@ func AttemptFromContext(ctx context.Context) (Attempt, bool) {
 // being its origin: one identity, one deadline (timeout from now, or ctx's
 // deadline if earlier) and one allowance of units shared by all the calls,
 // keyed 0, 1, 2, … in the order they are made. Without it, each call made
-// outside a handler is an attempt of its own. units must be in [0, 1,000,000]
+// outside a handler is an attempt of its own. The returned context also
+// carries the attempt's ledger (budget.FromContext), whose Snapshot shows
+// what the calls below spent. units must be in [0, 1,000,000]
 // and timeout positive; otherwise the error wraps ErrInvalidOption.
 func StartAttempt(ctx context.Context, units int64, timeout time.Duration) (context.Context, error) {
 	if units < 0 || units > maxUnitsOnWire {
@@ -79,7 +81,7 @@ func StartAttempt(ctx context.Context, units int64, timeout time.Duration) (cont
 	if err != nil {
 		return ctx, err
 	}
-	return context.WithValue(ctx, attemptKey{}, s), nil
+	return budget.NewContext(context.WithValue(ctx, attemptKey{}, s), s.ledger), nil
 }
 
 // newOrigin mints an attempt whose origin is this client.

@@ -2,6 +2,8 @@ package interceptor
 
 import (
 	"context"
+	"errors"
+	"io"
 	"strings"
 	"time"
 
@@ -243,7 +245,8 @@ func (c *client) wait(ctx context.Context, s *attemptState, p *RetryPolicy, next
 	}
 }
 
-// record notes try n's outcome on the span and in tollgate.client.tries.
+// record counts a try that was sent in tollgate.client.tries, by outcome.
+// Local refusals sent nothing and are not counted.
 func (c *client) record(ctx context.Context, o status.Outcome) {
 	c.tel.tries.Add(ctx, 1, metric.WithAttributeSet(outcomeSet(o.Kind)))
 }
@@ -293,10 +296,10 @@ func (c *client) unary(ctx context.Context, method string, req, reply any, cc *g
 		if err == nil {
 			err = invoker(tctx, method, req, reply, cc, opts...)
 			o = status.OutcomeOfCall(err, c.finish(s, key, t, err))
+			c.record(ctx, o)
 		} else {
 			o = status.OutcomeOf(err)
 		}
-		c.record(ctx, o)
 		if !repeatable(o, n, p) || t == nil || !c.wait(ctx, s, p, n+1, err) {
 			endSpan(span, s, n, o)
 			return c.result(s, key, n, err, o)
@@ -335,9 +338,7 @@ func (c *client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	p := RetryPolicy{MaxTries: 1}
 	tctx, t, err := c.prepare(ctx, s, key, 1, &p)
 	if err != nil {
-		o := status.OutcomeOf(err)
-		c.record(ctx, o)
-		endSpan(span, s, 1, o)
+		endSpan(span, s, 1, status.OutcomeOf(err))
 		return nil, err
 	}
 	cs, err := streamer(tctx, desc, cc, method, opts...)
@@ -345,7 +346,7 @@ func (c *client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 		c.end(ctx, span, s, key, t, err)
 		return nil, err
 	}
-	return &clientStream{ClientStream: cs, c: c, ctx: ctx, span: span, s: s, key: key, t: t}, nil
+	return &clientStream{ClientStream: cs, c: c, ctx: ctx, span: span, s: s, key: key, t: t, unaryResponse: !desc.ServerStreams}, nil
 }
 
 func (c *client) end(ctx context.Context, span trace.Span, s *attemptState, key string, t *try, err error) {
@@ -365,18 +366,22 @@ type clientStream struct {
 	s    *attemptState
 	key  string
 	t    *try
-	done bool
+	// unaryResponse is true for client-streaming calls: their one response
+	// message ends the stream (grpc-go reads the status before returning it).
+	unaryResponse bool
+	done          bool
 }
 
 func (cs *clientStream) RecvMsg(m any) error {
 	err := cs.ClientStream.RecvMsg(m)
-	if err != nil && !cs.done {
-		cs.done = true
-		final := err
-		if final.Error() == "EOF" {
-			final = nil
-		}
-		cs.c.end(cs.ctx, cs.span, cs.s, cs.key, cs.t, final)
+	if cs.done || (err == nil && !cs.unaryResponse) {
+		return err
 	}
+	cs.done = true
+	final := err
+	if errors.Is(final, io.EOF) {
+		final = nil
+	}
+	cs.c.end(cs.ctx, cs.span, cs.s, cs.key, cs.t, final)
 	return err
 }

@@ -1,0 +1,164 @@
+package interceptor_test
+
+import (
+	"context"
+	"io"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/budget"
+	"github.com/tollgate-go/tollgate/interceptor"
+	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
+	"github.com/tollgate-go/tollgate/internal/testsvc"
+	"google.golang.org/grpc"
+)
+
+// TestStreamsPropagateAndReportSpentUnits runs each stream kind through a
+// middle tier whose handler calls the dependency: the dependency sees the
+// origin's attempt, and the origin's ledger is charged what the stream's
+// handler spent, from its tollgate-spent trailer.
+func TestStreamsPropagateAndReportSpentUnits(t *testing.T) {
+	dep := &testsvc.Service{}
+	var depSeen seen
+	dep.GetFunc = func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		depSeen.note(ctx)
+		return &testingv1.GetResponse{Value: "d"}, nil
+	}
+	depEnd := testsvc.StartT(t, testsvc.Bufconn, dep.Register, serverOpts()...)
+	depClient := testingv1.NewTestServiceClient(depEnd.DialT(t, interceptor.DialOptions()...))
+	callDep := func(ctx context.Context, n int) error {
+		for range n {
+			if _, err := depClient.Get(ctx, &testingv1.GetRequest{}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	mid := &testsvc.Service{
+		WatchFunc: func(r *testingv1.WatchRequest, st grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
+			if err := callDep(st.Context(), 2); err != nil {
+				return err
+			}
+			for range r.GetCount() {
+				if err := st.Send(&testingv1.WatchResponse{Value: "w"}); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		UploadFunc: func(st grpc.ClientStreamingServer[testingv1.UploadRequest, testingv1.UploadResponse]) error {
+			n, err := testsvc.DrainUpload(st)
+			if err != nil {
+				return err
+			}
+			if err := callDep(st.Context(), 1); err != nil {
+				return err
+			}
+			return st.SendAndClose(&testingv1.UploadResponse{Count: n})
+		},
+		ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+			for {
+				m, err := st.Recv()
+				if err == io.EOF {
+					return nil
+				}
+				if err != nil {
+					return err
+				}
+				if err := callDep(st.Context(), 1); err != nil {
+					return err
+				}
+				if err := st.Send(&testingv1.ChatResponse{Value: m.GetValue()}); err != nil {
+					return err
+				}
+			}
+		},
+	}
+	midEnd := testsvc.StartT(t, testsvc.Bufconn, mid.Register, serverOpts()...)
+	client := testingv1.NewTestServiceClient(midEnd.DialT(t, interceptor.DialOptions()...))
+
+	for _, tc := range []struct {
+		name  string
+		spent int64
+		run   func(ctx context.Context) (grpc.ClientStream, error)
+	}{
+		{"server-streaming", 2, func(ctx context.Context) (grpc.ClientStream, error) {
+			st, err := client.Watch(ctx, &testingv1.WatchRequest{Count: 3})
+			if err != nil {
+				return nil, err
+			}
+			n := 0
+			for {
+				if _, err := st.Recv(); err == io.EOF {
+					break
+				} else if err != nil {
+					return nil, err
+				}
+				n++
+			}
+			require.Equal(t, 3, n)
+			return st, nil
+		}},
+		{"client-streaming", 1, func(ctx context.Context) (grpc.ClientStream, error) {
+			st, err := client.Upload(ctx)
+			if err != nil {
+				return nil, err
+			}
+			for range 4 {
+				require.NoError(t, st.Send(&testingv1.UploadRequest{Value: "u"}))
+			}
+			resp, err := st.CloseAndRecv()
+			if err != nil {
+				return nil, err
+			}
+			require.Equal(t, int32(4), resp.GetCount())
+			return st, nil
+		}},
+		{"bidi-streaming", 3, func(ctx context.Context) (grpc.ClientStream, error) {
+			st, err := client.Chat(ctx)
+			if err != nil {
+				return nil, err
+			}
+			for _, v := range []string{"a", "b", "c"} {
+				require.NoError(t, st.Send(&testingv1.ChatRequest{Value: v}))
+				m, err := st.Recv()
+				if err != nil {
+					return nil, err
+				}
+				require.Equal(t, v, m.GetValue())
+			}
+			require.NoError(t, st.CloseSend())
+			_, err = st.Recv()
+			require.ErrorIs(t, err, io.EOF)
+			return st, nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, err := interceptor.StartAttempt(t.Context(), 8, 5*time.Second)
+			require.NoError(t, err)
+			a, _ := interceptor.AttemptFromContext(ctx)
+			before := len(func() []interceptor.Attempt { x, _ := depSeen.all(); return x }())
+
+			st, err := tc.run(ctx)
+			require.NoError(t, err)
+			require.Equal(t, []string{strconv.FormatInt(tc.spent, 10)}, st.Trailer().Get("tollgate-spent"))
+
+			ledger, ok := budget.FromContext(ctx)
+			require.True(t, ok)
+			snap := ledger.Snapshot()
+			require.Equal(t, tc.spent, snap.Spent, "the origin is charged what the stream's handler spent")
+			require.Equal(t, 8-tc.spent, snap.Free)
+			require.Zero(t, snap.Reserved+snap.Held)
+
+			all, deadlines := depSeen.all()
+			require.Len(t, all, before+int(tc.spent))
+			for i, got := range all[before:] {
+				require.Equal(t, a.ID, got.ID)
+				require.False(t, deadlines[before+i].After(a.Deadline))
+			}
+		})
+	}
+}
+

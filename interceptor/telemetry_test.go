@@ -1,0 +1,121 @@
+package interceptor_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/interceptor"
+	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
+	"github.com/tollgate-go/tollgate/internal/testsvc"
+	"github.com/tollgate-go/tollgate/status"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	grpcstatus "google.golang.org/grpc/status"
+)
+
+func attr(attrs []attribute.KeyValue, key string) (attribute.Value, bool) {
+	for _, kv := range attrs {
+		if string(kv.Key) == key {
+			return kv.Value, true
+		}
+	}
+	return attribute.Value{}, false
+}
+
+// TestTelemetryOneAttemptOnEverySpanAndSpendAddsUp: a three-hop call whose
+// dependency refuses, so both tiers repeat. Every tollgate.call span carries
+// the one attempt ID, and the units of the tollgate.allowance.spend events
+// add up to the calls the dependency received.
+func TestTelemetryOneAttemptOnEverySpanAndSpendAddsUp(t *testing.T) {
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+
+	fast := interceptor.RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}
+	origin, mid := fast, fast
+	origin.MaxTries, mid.MaxTries = 3, 2
+	refuse := func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		return nil, status.NotAdmitted(status.ReasonQueueFull)
+	}
+	tr := newTiers(t,
+		[]interceptor.ClientOption{interceptor.WithAllowance(4), interceptor.WithRetry(origin),
+			interceptor.WithClientTracerProvider(tp), interceptor.WithClientMeterProvider(mp)},
+		[]interceptor.ClientOption{interceptor.WithRetry(mid),
+			interceptor.WithClientTracerProvider(tp), interceptor.WithClientMeterProvider(mp)},
+		refuse)
+	_, err := tr.origin.Get(t.Context(), &testingv1.GetRequest{})
+	require.Equal(t, status.ReasonAllowanceExhausted, status.OutcomeOf(err).Reason)
+
+	var ids = map[string]bool{}
+	var spent, calls int64
+	for _, s := range spans.GetSpans() {
+		if s.Name != "tollgate.call" {
+			continue
+		}
+		calls++
+		id, ok := attr(s.Attributes, "tollgate.attempt.id")
+		require.True(t, ok)
+		ids[id.AsString()] = true
+		for _, e := range s.Events {
+			if e.Name == "tollgate.allowance.spend" {
+				u, ok := attr(e.Attributes, "units")
+				require.True(t, ok)
+				spent += u.AsInt64()
+			}
+		}
+	}
+	require.Len(t, ids, 1, "one attempt ID on every span")
+	require.Equal(t, int64(3), calls, "one span for the origin's call and one per call the frontend made")
+	require.Equal(t, tr.dep.Calls("Get"), spent, "spend events add up to the calls the dependency received")
+	require.Equal(t, int64(4), spent)
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(t.Context(), &rm))
+	require.Equal(t, int64(1), counter(rm, "tollgate.allowance.exhausted"))
+	require.Equal(t, int64(2+4), counter(rm, "tollgate.client.tries"), "2 origin tries and 4 frontend tries were sent")
+}
+
+func counter(rm metricdata.ResourceMetrics, name string) int64 {
+	var n int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == name {
+				for _, dp := range sum.DataPoints {
+					n += dp.Value
+				}
+			}
+		}
+	}
+	return n
+}
+
+func TestMalformedHeaderIsCounted(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	svc := &testsvc.Service{GetFunc: okGet}
+	untrusted := testsvc.StartT(t, testsvc.Bufconn, svc.Register,
+		interceptor.ServerOptions(interceptor.WithServerMeterProvider(mp))...)
+	client := testingv1.NewTestServiceClient(untrusted.DialT(t))
+	for _, v := range []string{"a=1;a=2", "a=x y", "t=1", "a=x;u=-1"} {
+		ctx := metadata.AppendToOutgoingContext(t.Context(), "tollgate", v)
+		_, err := client.Get(ctx, &testingv1.GetRequest{})
+		require.NoError(t, err, "an untrusted peer's malformed header is ignored: %q", v)
+	}
+	two := metadata.AppendToOutgoingContext(t.Context(), "tollgate", "a=x", "tollgate", "a=y")
+	_, err := client.Get(two, &testingv1.GetRequest{})
+	require.Equal(t, codes.OK, grpcstatus.Code(err))
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(t.Context(), &rm))
+	require.Equal(t, int64(5), counter(rm, "tollgate.metadata.malformed"))
+}
