@@ -161,4 +161,3 @@ func TestStreamsPropagateAndReportSpentUnits(t *testing.T) {
 		})
 	}
 }
-
