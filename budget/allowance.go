@@ -46,14 +46,22 @@ func AtOrigin() AllowanceOption { return atOrigin{} }
 // server's, built from the units its request was granted; [AtOrigin] makes it
 // the origin's.
 func NewAllowance(units int64, opts ...AllowanceOption) *Allowance {
+	a := &Allowance{}
+	a.Init(units, opts...)
+	return a
+}
+
+// Init readies a, a zero Allowance embedded in a larger value (to save an
+// allocation per request), exactly as NewAllowance would build it. It must be
+// called once, before a is shared.
+func (a *Allowance) Init(units int64, opts ...AllowanceOption) {
 	units = clamp(units, 0, MaxUnits)
-	a := &Allowance{total: units, free: units}
+	a.total, a.free = units, units
 	for _, o := range opts {
 		if o != nil {
 			o.applyAllowance(a)
 		}
 	}
-	return a
 }
 
 func clamp(v, lo, hi int64) int64 {

@@ -2,6 +2,8 @@ package interceptor
 
 import (
 	"context"
+	"crypto/rand"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -43,6 +45,12 @@ type attemptState struct {
 	// idempotent is true in the handler of a method declared IDEMPOTENT: its
 	// calls to methods with side effects must carry explicit keys.
 	idempotent bool
+
+	// Storage for ledger, origin and run, so that one allocation holds an
+	// attempt's whole state.
+	ledgerStore budget.Allowance
+	originStore callkey.Origin
+	runStore    callkey.Run
 }
 
 type attemptKey struct{}
@@ -77,28 +85,42 @@ func StartAttempt(ctx context.Context, units int64, timeout time.Duration) (cont
 	if timeout <= 0 {
 		return ctx, invalid("attempt timeout %v is not positive", timeout)
 	}
-	s, err := newOrigin(ctx, time.Now(), units, timeout)
-	if err != nil {
+	s := new(attemptState)
+	if err := s.initOrigin(ctx, time.Now(), units, timeout); err != nil {
 		return ctx, err
 	}
 	return budget.NewContext(context.WithValue(ctx, attemptKey{}, s), s.ledger), nil
 }
 
-// newOrigin mints an attempt whose origin is this client.
-func newOrigin(ctx context.Context, now time.Time, units int64, timeout time.Duration) (*attemptState, error) {
-	id, err := uuid.NewV7()
+// initOrigin makes s a new attempt whose origin is this client.
+func (s *attemptState) initOrigin(ctx context.Context, now time.Time, units int64, timeout time.Duration) error {
+	id, err := newAttemptID(now)
 	if err != nil {
-		return nil, status.NotAdmitted(status.ReasonNotSent, status.WithMessage("interceptor: mint attempt ID: "+err.Error()))
+		return status.NotAdmitted(status.ReasonNotSent, status.WithMessage(err.Error()))
 	}
 	deadline := now.Add(timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	return &attemptState{
-		Attempt: Attempt{ID: id.String(), Deadline: deadline, Origin: true},
-		ledger:  budget.NewAllowance(units, budget.AtOrigin()),
-		origin:  new(callkey.Origin),
-	}, nil
+	s.Attempt = Attempt{ID: id, Deadline: deadline, Origin: true}
+	s.ledgerStore.Init(units, budget.AtOrigin())
+	s.ledger = &s.ledgerStore
+	s.origin = &s.originStore
+	return nil
+}
+
+// newAttemptID mints a UUIDv7 (RFC 9562): 48 bits of Unix milliseconds, the
+// version, 74 random bits. It costs one allocation, the string.
+func newAttemptID(now time.Time) (string, error) {
+	var u uuid.UUID
+	if _, err := rand.Read(u[:]); err != nil {
+		return "", fmt.Errorf("interceptor: mint attempt ID: %w", err)
+	}
+	ms := uint64(now.UnixMilli())
+	u[0], u[1], u[2], u[3], u[4], u[5] = byte(ms>>40), byte(ms>>32), byte(ms>>24), byte(ms>>16), byte(ms>>8), byte(ms)
+	u[6] = 0x70 | u[6]&0x0f // version 7
+	u[8] = 0x80 | u[8]&0x3f // RFC 9562 variant
+	return u.String(), nil
 }
 
 type callNameKey struct{}

@@ -36,24 +36,35 @@ func isControl(method string) bool {
 		strings.HasPrefix(method, reflectionServicePrefix)
 }
 
-// callFor returns the attempt a new call belongs to (minting one at the
-// origin) and its key.
-func (c *client) callFor(ctx context.Context, method string) (*attemptState, string, methodinfo.Info, error) {
+// call is one call's state on the client, allocated once per call: the
+// attempt it belongs to (its storage used when this client mints it), the
+// try being sent and what the stats handler saw of it.
+type call struct {
+	s      *attemptState
+	key    string
+	t      try
+	minted attemptState
+}
+
+// newCall returns the state of a new call: under the attempt in ctx, or a
+// new attempt minted here, with its key.
+func (c *client) newCall(ctx context.Context, method string) (*call, error) {
 	info := methodinfo.Of(method)
-	s := attemptFrom(ctx)
-	if s == nil {
-		var err error
-		if s, err = newOrigin(ctx, c.cfg.now(), c.cfg.allowance, c.cfg.attemptTimeout); err != nil {
-			return nil, "", info, err
+	cl := &call{s: attemptFrom(ctx)}
+	if cl.s == nil {
+		if err := cl.minted.initOrigin(ctx, c.cfg.now(), c.cfg.allowance, c.cfg.attemptTimeout); err != nil {
+			return nil, err
 		}
+		cl.s = &cl.minted
 	}
-	key, err := s.callKey(ctx, info.Level)
-	return s, key, info, err
+	var err error
+	cl.key, err = cl.s.callKey(ctx, info.Level)
+	return cl, err
 }
 
 // startSpan starts the tollgate.call span of one call.
 func (c *client) startSpan(ctx context.Context, s *attemptState, key string) (context.Context, trace.Span) {
-	ctx, span := c.tel.tracer.Start(ctx, "tollgate.call", trace.WithSpanKind(trace.SpanKindInternal))
+	ctx, span := c.tel.tracer.Start(ctx, "tollgate.call")
 	if span.IsRecording() {
 		span.SetAttributes(attrAttemptID.String(s.ID), attrCall.String(key))
 	}
@@ -65,7 +76,7 @@ type try struct {
 	n        uint32
 	charged  bool // a unit was taken for it
 	loan     *budget.Loan
-	delivery *delivery
+	delivery delivery
 	cancel   context.CancelFunc
 }
 
@@ -73,7 +84,8 @@ type try struct {
 // deadline, takes its unit (below the origin), lends its callee's grant, and
 // returns the try's context carrying the tollgate header, the shrunk
 // deadline and the delivery record. A refusal is local: nothing was sent.
-func (c *client) prepare(ctx context.Context, s *attemptState, key string, n uint32, p *RetryPolicy) (context.Context, *try, error) {
+func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy) (context.Context, *try, error) {
+	s, key := cl.s, cl.key
 	now := c.cfg.now()
 	limit := s.Deadline
 	if d, ok := ctx.Deadline(); ok && d.Before(limit) {
@@ -86,7 +98,9 @@ func (c *client) prepare(ctx context.Context, s *attemptState, key string, n uin
 			Message: "interceptor: the attempt's deadline leaves no time for a try",
 		})
 	}
-	t := &try{n: n}
+	t := &cl.t
+	t.n, t.charged, t.loan = n, false, nil
+	t.delivery.reset(c.statsInstalled)
 	if s.Origin {
 		// The origin's own tries are not charged; a repeat is pointless once
 		// the callee can never be lent a unit again.
@@ -119,10 +133,9 @@ func (c *client) prepare(ctx context.Context, s *attemptState, key string, n uin
 		Tenant:   s.Tenant,
 		Strict:   c.cfg.strict,
 	}
-	t.delivery = newDelivery(c.statsInstalled)
 	tctx, cancel := context.WithDeadline(ctx, deadline)
 	t.cancel = cancel
-	tctx = context.WithValue(tctx, deliveryKey{}, t.delivery)
+	tctx = context.WithValue(tctx, deliveryKey{}, &t.delivery)
 	tctx = withHeader(tctx, h.String())
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		span.AddEvent(eventSpend, trace.WithAttributes(
@@ -248,23 +261,20 @@ func (c *client) wait(ctx context.Context, s *attemptState, p *RetryPolicy, next
 // record counts a try that was sent in tollgate.client.tries, by outcome.
 // Local refusals sent nothing and are not counted.
 func (c *client) record(ctx context.Context, o status.Outcome) {
-	c.tel.tries.Add(ctx, 1, metric.WithAttributeSet(outcomeSet(o.Kind)))
+	if int(o.Kind) < len(outcomeOpts) {
+		c.tel.tries.Add(ctx, 1, outcomeOpts[o.Kind]...)
+	}
 }
 
-var outcomeSets = func() [5]attribute.Set {
-	var sets [5]attribute.Set
+// outcomeOpts are the attribute options of tollgate.client.tries, one per
+// Kind, built once so that recording allocates nothing.
+var outcomeOpts = func() [5][]metric.AddOption {
+	var opts [5][]metric.AddOption
 	for k := status.KindOK; k <= status.KindCommitted; k++ {
-		sets[k] = attribute.NewSet(attribute.String("outcome", k.String()))
+		opts[k] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("outcome", k.String())))}
 	}
-	return sets
+	return opts
 }()
-
-func outcomeSet(k status.Kind) attribute.Set {
-	if int(k) < len(outcomeSets) {
-		return outcomeSets[k]
-	}
-	return attribute.NewSet(attribute.String("outcome", k.String()))
-}
 
 // end closes the call's span with its result.
 func endSpan(span trace.Span, s *attemptState, n uint32, o status.Outcome) {
@@ -284,14 +294,15 @@ func (c *client) unary(ctx context.Context, method string, req, reply any, cc *g
 	if isControl(method) {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
-	s, key, _, err := c.callFor(ctx, method)
+	cl, err := c.newCall(ctx, method)
 	if err != nil {
 		return err
 	}
+	s, key := cl.s, cl.key
 	ctx, span := c.startSpan(ctx, s, key)
 	p := &c.cfg.retry
 	for n := uint32(1); ; n++ {
-		tctx, t, err := c.prepare(ctx, s, key, n, p)
+		tctx, t, err := c.prepare(ctx, cl, n, p)
 		var o status.Outcome
 		if err == nil {
 			err = invoker(tctx, method, req, reply, cc, opts...)
@@ -330,13 +341,14 @@ func (c *client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	if isControl(method) {
 		return streamer(ctx, desc, cc, method, opts...)
 	}
-	s, key, _, err := c.callFor(ctx, method)
+	cl, err := c.newCall(ctx, method)
 	if err != nil {
 		return nil, err
 	}
+	s, key := cl.s, cl.key
 	ctx, span := c.startSpan(ctx, s, key)
 	p := RetryPolicy{MaxTries: 1}
-	tctx, t, err := c.prepare(ctx, s, key, 1, &p)
+	tctx, t, err := c.prepare(ctx, cl, 1, &p)
 	if err != nil {
 		endSpan(span, s, 1, status.OutcomeOf(err))
 		return nil, err

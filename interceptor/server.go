@@ -7,10 +7,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/budget"
-	"github.com/tollgate-go/tollgate/internal/callkey"
 	"github.com/tollgate-go/tollgate/internal/header"
 	"github.com/tollgate-go/tollgate/internal/methodinfo"
 	"github.com/tollgate-go/tollgate/status"
@@ -37,6 +35,7 @@ var (
 
 // inbound is what the server learned of a request before running it.
 type inbound struct {
+	st     attemptState // storage of s
 	s      *attemptState
 	strict bool      // the caller asked for strict accounting (r=1)
 	until  time.Time // the handler's deadline
@@ -69,7 +68,7 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 	}
 	ctxDeadline, hasDeadline := ctx.Deadline()
 	latest := now.Add(sv.cfg.maxAttemptTime)
-	st := &attemptState{}
+	st := &in.st
 	if honored {
 		st.ID, st.Call, st.Try = h.Attempt, h.Call, h.Try
 		st.Deadline = latest
@@ -80,21 +79,22 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 		if st.Tenant == "" {
 			st.Tenant = sv.cfg.tenant(ctx)
 		}
-		st.ledger = budget.NewAllowance(min(h.Units, sv.cfg.maxAllowance))
+		st.ledgerStore.Init(min(h.Units, sv.cfg.maxAllowance))
 		in.strict = h.Strict
 	} else {
-		id, err := uuid.NewV7()
+		id, err := newAttemptID(now)
 		if err != nil {
-			return nil, status.NotAdmitted(status.ReasonDraining, status.WithMessage("interceptor: mint attempt ID: "+err.Error()))
+			return nil, status.NotAdmitted(status.ReasonDraining, status.WithMessage(err.Error()))
 		}
-		st.ID, st.Call, st.Try, st.Origin = id.String(), header.DefaultCall, 1, true
+		st.ID, st.Call, st.Try, st.Origin = id, header.DefaultCall, 1, true
 		st.Deadline = latest
 		if hasDeadline && ctxDeadline.Before(latest) {
 			st.Deadline = ctxDeadline
 		}
 		st.Tenant = sv.cfg.tenant(ctx)
-		st.ledger = budget.NewAllowance(sv.cfg.defaultAllowance, budget.AtOrigin())
+		st.ledgerStore.Init(sv.cfg.defaultAllowance, budget.AtOrigin())
 	}
+	st.ledger = &st.ledgerStore
 	in.until = st.Deadline.Add(sv.cfg.skew)
 	if hasDeadline && ctxDeadline.Before(in.until) {
 		in.until = ctxDeadline
@@ -105,7 +105,8 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 			Message: "interceptor: the attempt's deadline has passed",
 		})
 	}
-	st.run = callkey.NewRun(st.Call, st.Try)
+	st.runStore.Init(st.Call, st.Try)
+	st.run = &st.runStore
 	st.idempotent = in.info.Level == methodinfo.Idempotent
 	in.s = st
 	return in, nil

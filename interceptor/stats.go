@@ -25,11 +25,12 @@ type delivery struct {
 	spent atomic.Int64
 }
 
-func newDelivery(tracked bool) *delivery {
-	d := &delivery{}
+// reset readies d for a new try.
+func (d *delivery) reset(tracked bool) {
+	d.outHeader.Store(false)
+	d.inTrailer.Store(false)
 	d.tracked.Store(tracked)
 	d.spent.Store(-1)
-	return d
 }
 
 // reported returns the units the callee reported spent, and false when it

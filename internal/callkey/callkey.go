@@ -109,22 +109,28 @@ func (o *Origin) Explicit(name string) (string, error) {
 
 // Run numbers the outbound calls of one handler run: the run serving try T
 // of call p keys its calls p.T.1, p.T.2, … in the order they are sent. Create
-// one per handler run with [NewRun]; the zero value is not useful. A Run is
-// safe for concurrent use: each key costs one atomic add and one allocation
-// (the key string).
+// one per handler run with [NewRun], or embed one in a larger struct and
+// [Run.Init] it; the zero value is not useful. A Run is safe for concurrent
+// use (after Init): each key costs one atomic add and one allocation (the key
+// string); building a Run allocates nothing more than the Run itself.
 type Run struct {
-	prefix string // "p.T."
 	parent string
+	try    uint32
 	next   atomic.Uint64
 }
 
 // NewRun returns the numbering of the handler run that serves try of call
 // parent. parent is the key the run's request carried (header field c).
 func NewRun(parent string, try uint32) *Run {
-	return &Run{
-		parent: parent,
-		prefix: parent + "." + strconv.FormatUint(uint64(try), 10) + ".",
-	}
+	r := &Run{}
+	r.Init(parent, try)
+	return r
+}
+
+// Init readies r, a Run embedded in a larger value, as NewRun would. It must
+// be called once, before r is shared.
+func (r *Run) Init(parent string, try uint32) {
+	r.parent, r.try = parent, try
 }
 
 // Parent returns the key of the call this run serves.
@@ -137,11 +143,14 @@ func (r *Run) Parent() string { return r.parent }
 // header.MaxCallLen characters (the number is used anyway).
 func (r *Run) Next() (string, error) {
 	k := r.next.Add(1)
-	if len(r.prefix)+digits(k) > header.MaxCallLen {
+	if len(r.parent)+digits(uint64(r.try))+digits(k)+2 > header.MaxCallLen {
 		return "", ErrTooLong
 	}
 	var buf [header.MaxCallLen]byte
-	b := append(buf[:0], r.prefix...)
+	b := append(buf[:0], r.parent...)
+	b = append(b, '.')
+	b = strconv.AppendUint(b, uint64(r.try), 10)
+	b = append(b, '.')
 	b = strconv.AppendUint(b, k, 10)
 	return string(b), nil
 }

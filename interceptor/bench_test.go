@@ -1,0 +1,82 @@
+package interceptor_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/tollgate-go/tollgate/budget"
+	"github.com/tollgate-go/tollgate/interceptor"
+	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
+	"github.com/tollgate-go/tollgate/internal/testsvc"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+)
+
+// The floor: one plain header on the request and one trailer key on the
+// response, through the plain grpc-go API, with no logic. tollgate's
+// propagation is measured against it.
+func floorClient(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	ctx = metadata.AppendToOutgoingContext(ctx, "tollgate", "a=0190a5b2-7c3e-7def-8123-456789abcdef;c=0.2.1;t=1;d=1764474000123;u=4")
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+func floorServer(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	_ = metadata.ValueFromIncomingContext(ctx, "tollgate")
+	resp, err := handler(ctx, req)
+	_ = grpc.SetTrailer(ctx, metadata.Pairs("tollgate-spent", "1"))
+	return resp, err
+}
+
+// BenchmarkPropagation compares, side by side in one run, a unary round trip
+// over bufconn and loopback TCP: bare grpc-go; the floor; tollgate for a leaf
+// call (nothing spent, no trailer); tollgate for a call whose handler spends
+// one unit (trailer sent, grant settled).
+//
+//	go test -run '^$' -bench Propagation -benchmem -count 10 ./interceptor/ | tee new.txt
+//	benchstat new.txt
+func BenchmarkPropagation(b *testing.B) {
+	leaf := func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		return &testingv1.GetResponse{}, nil
+	}
+	spend := func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		if a, ok := budget.FromContext(ctx); ok {
+			_ = a.Take() // stands for one downstream RPC
+		}
+		return &testingv1.GetResponse{}, nil
+	}
+	trusting := []interceptor.ServerOption{interceptor.WithTrustedPeer(interceptor.TrustAll)}
+	variants := []struct {
+		name   string
+		get    func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error)
+		server []grpc.ServerOption
+		client []grpc.DialOption
+	}{
+		{"bare", leaf, nil, nil},
+		{"floor", leaf, []grpc.ServerOption{grpc.UnaryInterceptor(floorServer)}, []grpc.DialOption{grpc.WithUnaryInterceptor(floorClient)}},
+		{"tollgate-leaf", leaf, interceptor.ServerOptions(trusting...), interceptor.DialOptions()},
+		{"tollgate-spend", spend, interceptor.ServerOptions(trusting...), interceptor.DialOptions()},
+	}
+	for _, tr := range []struct {
+		name string
+		t    testsvc.Transport
+	}{{"bufconn", testsvc.Bufconn}, {"tcp", testsvc.TCP}} {
+		for _, v := range variants {
+			b.Run(tr.name+"/"+v.name, func(b *testing.B) {
+				svc := &testsvc.Service{GetFunc: v.get}
+				end := testsvc.StartT(b, tr.t, svc.Register, v.server...)
+				client := testingv1.NewTestServiceClient(end.DialT(b, v.client...))
+				ctx := context.Background()
+				req := &testingv1.GetRequest{Key: "k"}
+				if _, err := client.Get(ctx, req); err != nil {
+					b.Fatal(err)
+				}
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := client.Get(ctx, req); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
