@@ -3,6 +3,7 @@ package interceptor_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/tollgate-go/tollgate/budget"
 	"github.com/tollgate-go/tollgate/interceptor"
@@ -10,6 +11,7 @@ import (
 	"github.com/tollgate-go/tollgate/internal/testsvc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/stats"
 )
 
 // The floor: one plain header on the request and one trailer key on the
@@ -20,6 +22,23 @@ func floorClient(ctx context.Context, method string, req, reply any, cc *grpc.Cl
 	return invoker(ctx, method, req, reply, cc, opts...)
 }
 
+// floorDeadlineClient is the floor plus what DESIGN.md requires of every
+// tollgate call besides its logic: a deadline (grpc-timeout) and a client
+// stats handler that tells sent from not sent. It shows how much of
+// tollgate's cost is those two.
+func floorDeadlineClient(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return floorClient(ctx, method, req, reply, cc, invoker, opts...)
+}
+
+type noopStats struct{}
+
+func (noopStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context   { return ctx }
+func (noopStats) HandleRPC(context.Context, stats.RPCStats)                         {}
+func (noopStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+func (noopStats) HandleConn(context.Context, stats.ConnStats)                       {}
+
 func floorServer(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	_ = metadata.ValueFromIncomingContext(ctx, "tollgate")
 	resp, err := handler(ctx, req)
@@ -28,9 +47,11 @@ func floorServer(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler 
 }
 
 // BenchmarkPropagation compares, side by side in one run, a unary round trip
-// over bufconn and loopback TCP: bare grpc-go; the floor; tollgate for a leaf
-// call (nothing spent, no trailer); tollgate for a call whose handler spends
-// one unit (trailer sent, grant settled).
+// over bufconn and loopback TCP: bare grpc-go; the floor; the floor with a
+// deadline and a no-op client stats handler (the two costs every tollgate call
+// carries by design); tollgate for a leaf call (nothing spent, no trailer);
+// tollgate for a call whose handler spends one unit (trailer sent, grant
+// settled).
 //
 //	go test -run '^$' -bench Propagation -benchmem -count 10 ./interceptor/ | tee new.txt
 //	benchstat new.txt
@@ -53,6 +74,8 @@ func BenchmarkPropagation(b *testing.B) {
 	}{
 		{"bare", leaf, nil, nil},
 		{"floor", leaf, []grpc.ServerOption{grpc.UnaryInterceptor(floorServer)}, []grpc.DialOption{grpc.WithUnaryInterceptor(floorClient)}},
+		{"floor-deadline-stats", leaf, []grpc.ServerOption{grpc.UnaryInterceptor(floorServer)},
+			[]grpc.DialOption{grpc.WithUnaryInterceptor(floorDeadlineClient), grpc.WithStatsHandler(noopStats{})}},
 		{"tollgate-leaf", leaf, interceptor.ServerOptions(trusting...), interceptor.DialOptions()},
 		{"tollgate-spend", spend, interceptor.ServerOptions(trusting...), interceptor.DialOptions()},
 	}
