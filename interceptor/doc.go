@@ -1,0 +1,100 @@
+// Package interceptor wires tollgate onto gRPC: client and server
+// interceptors that carry one attempt — one identity, one deadline and one
+// shared downstream-call allowance — across every try and every tier, and
+// make tollgate's client interceptor the one owner that may repeat a call.
+//
+// # Servers
+//
+//	srv := grpc.NewServer(interceptor.ServerOptions(
+//		interceptor.WithTrustedPeer(interceptor.TrustLoopback), // whose headers to honour
+//		interceptor.WithAdmission(ctrl),                         // *admission.Controller (optional)
+//	)...)
+//
+// For each request the server interceptor reads the tollgate header. From a
+// trusted peer (WithTrustedPeer) the attempt, deadline, granted units and
+// tenant are honoured, units and deadline capped at the server's maxima
+// (WithMaxAllowance, WithMaxAttemptTime), and a malformed header is refused
+// with INVALID_ARGUMENT, MALFORMED_HEADER, final. From an untrusted peer, or
+// without a header, the request starts a new attempt here under the server's
+// defaults (WithDefaultAllowance, WithMaxAttemptTime, WithTenant); a
+// malformed header is counted (tollgate.metadata.malformed) and ignored. A
+// try whose attempt deadline (plus WithClockSkew) has passed is refused,
+// DEADLINE_EXPIRED. The handler runs with a deadline of min(grpc-timeout,
+// attempt deadline + skew), its context carrying the attempt
+// (AttemptFromContext) and this tier's ledger (budget.FromContext). When the
+// handler returns the ledger is sealed and the units spent below this server
+// are reported in the tollgate-spent trailer (when positive, or always when
+// the caller asked for strict accounting). Streams are handled alike; their
+// trailer is set when the handler returns.
+//
+// The handler's error is answered by its meaning (DESIGN.md §3.6): a
+// refusal from below stays NOT_ADMITTED (re-addressed to the call this server
+// served) only for a method declared NO_SIDE_EFFECTS or an error wrapped with
+// status.WithoutEffect; any other tollgate outcome from below, and any error
+// without a definite code, becomes UNKNOWN; definite errors pass unchanged.
+// A handler panic is not recovered unless WithRecovery is given, and is then
+// UNKNOWN (INTERNAL).
+//
+// Calls to tollgate's AttemptService, gRPC health and reflection are the
+// control path: no ledger, no records, admitted through the controller's
+// control class.
+//
+// # Clients
+//
+//	conn, err := grpc.NewClient(target, interceptor.DialOptions(
+//		interceptor.WithAllowance(4),
+//		interceptor.WithAttemptTimeout(10*time.Second),
+//		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3}),
+//	)...)
+//
+// A call made outside a tollgate handler starts a new attempt at this client,
+// its origin: a UUIDv7 identity, a deadline (WithAttemptTimeout, or the
+// caller's earlier one) and an allowance (WithAllowance). StartAttempt makes
+// several calls share one attempt. A call made inside a handler belongs to
+// the handler's attempt and is keyed p.T.k (DESIGN.md §2.2); WithCallKey
+// names it explicitly, which a handler of a method declared IDEMPOTENT must
+// do for every call to a method with side effects (otherwise the call is
+// refused locally, CALL_KEY_REQUIRED, final).
+//
+// Before each try the client checks that the try fits the deadline (less the
+// hop margin, WithHopMargin; otherwise NOT_ADMITTED DEADLINE_UNREACHABLE,
+// final), takes one unit below the origin (none free: NOT_ADMITTED
+// ALLOWANCE_EXHAUSTED, counted in tollgate.allowance.exhausted), lends the
+// callee its grant (the free units less one per further try its retry policy
+// may need, or budget.WithGrant / budget.Split), and replaces the tollgate
+// header. After it, the grant is settled from the callee's tollgate-spent
+// trailer; without one it is refunded only on the endings DESIGN.md §2.3
+// allows (lenient accounting: the peer's status arrived and the call ended OK,
+// with a definite code, or with a tollgate refusal naming this call and try)
+// and held otherwise; WithStrictAccounting holds it on every completed call
+// without the trailer. A try that provably never left the client gives its
+// unit back.
+//
+// A call is repeated, under its RetryPolicy, only when its last try is known
+// to have had no effect: NOT_ADMITTED (and not final) or never sent. Waits
+// are exponential with full jitter, never shorter than the peer's retry-after
+// (itself jittered), and never past the deadline. An UNKNOWN outcome is not
+// repeated: the call ends UNKNOWN with its attempt ID. At the origin, a
+// refusal for lack of units once the whole allowance is spent is final.
+//
+// DialOptions also installs the stats handler that tells a try never sent
+// from one that may have been, and disables grpc-go's own retry, so that
+// tollgate's interceptor is each call's one owner.
+//
+// # Interceptor order
+//
+// ServerOptions and DialOptions install their interceptors with
+// grpc.ChainUnaryInterceptor / WithChainUnaryInterceptor (and the stream
+// equivalents): they compose with the server's and client's own
+// interceptors in the order the options are given. The returned functions
+// are built once and are safe for concurrent use.
+//
+// # Observability
+//
+// The client starts a tollgate.call span per call (parent of each try's
+// RPC span) with the attempt ID, call key, try, allowance granted and spent,
+// outcome and reason, and events tollgate.allowance.spend and tollgate.retry.
+// Metrics: tollgate.client.tries{outcome}, tollgate.allowance.exhausted,
+// tollgate.metadata.malformed{trusted}. No tenant or attempt ID is a metric
+// label. Providers come from options, by default the global ones.
+package interceptor
