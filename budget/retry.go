@@ -26,8 +26,8 @@ const (
 // unknown outcome (however many polls it takes) costs one token
 // ([RetryBudget.Withdraw]), each request's first try earns a fraction of one
 // ([RetryBudget.Deposit]), and a floor accrues with time. Tokens are capped,
-// so what counts is recent traffic. A new budget starts with the floor's
-// one second's worth of tokens.
+// so what counts is recent traffic. A new budget starts with its whole
+// reserve (the cap, DefaultMaxRetryTokens by default).
 //
 // Create one with [NewRetryBudget]. The zero value has no tokens and earns
 // none: it refuses every retry. A RetryBudget is safe for concurrent use; each
@@ -94,7 +94,10 @@ func NewRetryBudget(opts ...RetryBudgetOption) (*RetryBudget, error) {
 	case !(b.max >= 1) || math.IsInf(b.max, 0):
 		return nil, fmt.Errorf("%w: maximum retry tokens %v is not finite and >= 1", ErrInvalidRetryBudget, b.max)
 	}
-	b.tokens = min(b.rate, b.max)
+	// Start with the whole reserve, as gRPC's retry throttling and
+	// Finagle's retry budget do: a client that has just started, or sends
+	// little, may still repeat a few calls; a storm drains it at once.
+	b.tokens = b.max
 	return b, nil
 }
 

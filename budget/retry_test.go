@@ -31,12 +31,12 @@ func TestRetryBudgetOptions(t *testing.T) {
 	}
 	b, err := budget.NewRetryBudget(nil)
 	require.NoError(t, err)
-	require.Equal(t, budget.DefaultMinRetriesPerSecond, b.TokensAt(t0), "starts with one second of floor")
+	require.Equal(t, budget.DefaultMaxRetryTokens, b.TokensAt(t0), "starts with the whole reserve")
 }
 
 // TestRetryBudgetStopsAStorm: 1000 calls that all fail, each wanting to
 // retry twice, within 10 seconds: retries stay within 10% of the requests
-// plus the floor (1/s) and the initial tokens.
+// plus the floor (1/s) and the initial reserve.
 func TestRetryBudgetStopsAStorm(t *testing.T) {
 	b, err := budget.NewRetryBudget()
 	require.NoError(t, err)
@@ -52,7 +52,7 @@ func TestRetryBudgetStopsAStorm(t *testing.T) {
 			}
 		}
 	}
-	limit := calls*budget.DefaultRetryRatio + span.Seconds()*budget.DefaultMinRetriesPerSecond + budget.DefaultMinRetriesPerSecond
+	limit := calls*budget.DefaultRetryRatio + span.Seconds()*budget.DefaultMinRetriesPerSecond + budget.DefaultMaxRetryTokens
 	require.LessOrEqual(t, float64(retries), limit)
 	require.Greater(t, retries, calls/20, "the budget still lets some retries through")
 }
@@ -60,9 +60,10 @@ func TestRetryBudgetStopsAStorm(t *testing.T) {
 func TestRetryBudgetFloorAndCap(t *testing.T) {
 	b, err := budget.NewRetryBudget(budget.WithMinRetriesPerSecond(2), budget.WithMaxRetryTokens(5), budget.WithRetryRatio(0.5))
 	require.NoError(t, err)
-	require.True(t, b.WithdrawAt(t0))
-	require.True(t, b.WithdrawAt(t0))
-	require.False(t, b.WithdrawAt(t0), "the initial second's worth is spent")
+	for range 5 {
+		require.True(t, b.WithdrawAt(t0))
+	}
+	require.False(t, b.WithdrawAt(t0), "the initial reserve is spent")
 	require.False(t, b.WithdrawAt(t0.Add(400*time.Millisecond)), "0.8 tokens")
 	require.True(t, b.WithdrawAt(t0.Add(500*time.Millisecond)), "1 token after half a second at 2/s")
 	require.InDelta(t, 5.0, b.TokensAt(t0.Add(time.Hour)), 1e-9, "capped")
@@ -71,8 +72,9 @@ func TestRetryBudgetFloorAndCap(t *testing.T) {
 	b.DepositAt(t0.Add(time.Hour))
 	require.InDelta(t, 5.0, b.TokensAt(t0.Add(time.Hour)), 1e-9, "deposits are capped too")
 
-	c, err := budget.NewRetryBudget(budget.WithMinRetriesPerSecond(0), budget.WithRetryRatio(0.5))
+	c, err := budget.NewRetryBudget(budget.WithMinRetriesPerSecond(0), budget.WithRetryRatio(0.5), budget.WithMaxRetryTokens(1))
 	require.NoError(t, err)
+	require.True(t, c.WithdrawAt(t0), "the reserve of one token")
 	require.False(t, c.WithdrawAt(t0))
 	c.DepositAt(t0)
 	require.False(t, c.WithdrawAt(t0))

@@ -26,6 +26,7 @@ type client struct {
 	// statsInstalled is true when DialOptions installed the stats handler
 	// beside the interceptors, so a try without OutHeader was never sent.
 	statsInstalled bool
+	targets        targets
 }
 
 // isControl reports whether method belongs to the control path (tollgate's
@@ -92,7 +93,8 @@ func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy
 		limit = d
 	}
 	deadline := limit.Add(-c.cfg.hopMargin)
-	if deadline.Sub(now) < c.cfg.minTryTime {
+	remaining := deadline.Sub(now)
+	if remaining < c.cfg.minTryTime {
 		return nil, nil, status.NotAdmitted(status.ReasonDeadlineUnreachable, status.Fields{
 			AttemptID: s.ID, Call: key, Try: n, Final: true,
 			Message: "interceptor: the attempt's deadline leaves no time for a try",
@@ -132,6 +134,9 @@ func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy
 		Units:    t.loan.Units(),
 		Tenant:   s.Tenant,
 		Strict:   c.cfg.strict,
+	}
+	if wait := p.perTry(int(n), remaining); wait < remaining {
+		deadline = now.Add(wait)
 	}
 	tctx, cancel := context.WithDeadline(ctx, deadline)
 	t.cancel = cancel
@@ -218,22 +223,12 @@ func withHeader(ctx context.Context, value string) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, headerKey, value)
 }
 
-// repeatable reports whether try n's outcome allows another try under p.
-func repeatable(o status.Outcome, n uint32, p *RetryPolicy) bool {
-	if int(n) >= p.MaxTries || o.Kind != status.KindNotAdmitted || o.Final() {
-		return false
-	}
-	// A local allowance refusal sent nothing and will not change by waiting
-	// on our own; callees' refusals may.
-	return true
-}
-
 // wait sleeps before try next, honouring the refusal's retry-after, and
 // reports false when the wait would not leave a useful try before the
 // deadline or ctx ended.
-func (c *client) wait(ctx context.Context, s *attemptState, p *RetryPolicy, next uint32, err error) bool {
+func (c *client) wait(ctx context.Context, s *attemptState, p *RetryPolicy, next int, err error) bool {
 	retryAfter, _ := status.RetryAfter(err)
-	d := p.backoff(int(next), retryAfter)
+	d := p.backoff(next, retryAfter)
 	limit := s.Deadline
 	if dl, ok := ctx.Deadline(); ok && dl.Before(limit) {
 		limit = dl
@@ -245,6 +240,11 @@ func (c *client) wait(ctx context.Context, s *attemptState, p *RetryPolicy, next
 		span.AddEvent(eventRetry, trace.WithAttributes(attrTry.Int64(int64(next)),
 			attrReason.String(status.ReasonName(status.OutcomeOf(err).Reason)), attrDelay.Int64(d.Milliseconds())))
 	}
+	return sleep(ctx, d)
+}
+
+// sleep waits d, or until ctx ends (false).
+func sleep(ctx context.Context, d time.Duration) bool {
 	if d <= 0 {
 		return ctx.Err() == nil
 	}
@@ -287,35 +287,6 @@ func endSpan(span trace.Span, s *attemptState, n uint32, o status.Outcome) {
 		}
 	}
 	span.End()
-}
-
-// unary is the unary client interceptor.
-func (c *client) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	if isControl(method) {
-		return invoker(ctx, method, req, reply, cc, opts...)
-	}
-	cl, err := c.newCall(ctx, method)
-	if err != nil {
-		return err
-	}
-	s, key := cl.s, cl.key
-	ctx, span := c.startSpan(ctx, s, key)
-	p := &c.cfg.retry
-	for n := uint32(1); ; n++ {
-		tctx, t, err := c.prepare(ctx, cl, n, p)
-		var o status.Outcome
-		if err == nil {
-			err = invoker(tctx, method, req, reply, cc, opts...)
-			o = status.OutcomeOfCall(err, c.finish(s, key, t, err))
-			c.record(ctx, o)
-		} else {
-			o = status.OutcomeOf(err)
-		}
-		if !repeatable(o, n, p) || t == nil || !c.wait(ctx, s, p, n+1, err) {
-			endSpan(span, s, n, o)
-			return c.result(s, key, n, err, o)
-		}
-	}
 }
 
 // result is the error a call returns after its last try: at the origin, a

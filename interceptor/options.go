@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tollgate-go/tollgate/admission"
+	"github.com/tollgate-go/tollgate/budget"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -56,6 +57,10 @@ type clientConfig struct {
 	allowance      int64
 	attemptTimeout time.Duration
 	retry          RetryPolicy
+	methodRetry    map[string]RetryPolicy
+	retryBudget    []budget.RetryBudgetOption
+	noRetryBudget  bool
+	grace          time.Duration
 	strict         bool
 	hopMargin      time.Duration
 	minTryTime     time.Duration
@@ -69,6 +74,7 @@ func defaultClientConfig() clientConfig {
 		allowance:      DefaultAllowance,
 		attemptTimeout: DefaultAttemptTimeout,
 		retry:          RetryPolicy{MaxTries: DefaultMaxTries},
+		grace:          DefaultResolutionGrace,
 		hopMargin:      DefaultHopMargin,
 		minTryTime:     DefaultMinTryTime,
 		tracer:         otel.GetTracerProvider(),
@@ -89,6 +95,17 @@ func (c *clientConfig) validate() error {
 		return invalid("minimum try time %v is negative", c.minTryTime)
 	case c.tracer == nil || c.meter == nil:
 		return invalid("nil tracer or meter provider")
+	case c.grace < 0 || c.grace > time.Minute:
+		return invalid("resolution grace %v outside [0, 1m]", c.grace)
+	}
+	for m, p := range c.methodRetry {
+		if err := p.validate(); err != nil {
+			return fmt.Errorf("%w (method %s)", err, m)
+		}
+		c.methodRetry[m] = p
+	}
+	if _, err := budget.NewRetryBudget(c.retryBudget...); err != nil {
+		return invalid("retry budget: %v", err)
 	}
 	return c.retry.validate()
 }
@@ -111,6 +128,40 @@ func WithAttemptTimeout(d time.Duration) ClientOption {
 // WithRetry sets the retry policy of the calls this client owns.
 func WithRetry(p RetryPolicy) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.retry = p })
+}
+
+// WithMethodRetry sets the retry policy of one method ("/pkg.Service/Method"),
+// overriding WithRetry's for it.
+func WithMethodRetry(fullMethod string, p RetryPolicy) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) {
+		if c.methodRetry == nil {
+			c.methodRetry = map[string]RetryPolicy{}
+		}
+		c.methodRetry[fullMethod] = p
+	})
+}
+
+// WithRetryBudget configures the retry budget kept per target (one per
+// ClientConn target): every repeat, and every resolution of an unknown
+// outcome however many polls it takes, costs a token; first tries earn a
+// fraction of one. Defaults: budget.DefaultRetryRatio (retries within 10% of
+// requests), budget.DefaultMinRetriesPerSecond, budget.DefaultMaxRetryTokens.
+func WithRetryBudget(opts ...budget.RetryBudgetOption) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.retryBudget = opts })
+}
+
+// WithoutRetryBudget turns the per-target retry budget off: repeats are
+// bounded only by the retry policy, the allowance and the deadline.
+func WithoutRetryBudget() ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.noRetryBudget = true })
+}
+
+// WithResolutionGrace sets how long after the attempt's deadline the owner
+// may still query the state of a try whose outcome is unknown (the queries do
+// no work, and an unresolved UNKNOWN is the worst answer tollgate gives).
+// Default DefaultResolutionGrace (1 s).
+func WithResolutionGrace(d time.Duration) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.grace = d })
 }
 
 // WithStrictAccounting asks every callee to report the units it spent even

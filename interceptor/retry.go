@@ -11,8 +11,9 @@ import (
 //
 // Whatever the policy, a call is repeated only when its last try is known to
 // have had no effect (NOT_ADMITTED and not final, or never sent), inside the
-// attempt's deadline and allowance. A try whose outcome is UNKNOWN is not
-// repeated: the call ends UNKNOWN with its attempt ID.
+// attempt's deadline and allowance and the target's retry budget. A try whose
+// outcome is UNKNOWN is first resolved with the callee's AttemptService (see
+// the package documentation).
 type RetryPolicy struct {
 	// MaxTries is the most tries of one call, the first included: 1 means no
 	// repeats. Default DefaultMaxTries (3); at most MaxTriesCap (10).
@@ -22,6 +23,13 @@ type RetryPolicy struct {
 	InitialBackoff time.Duration
 	// MaxBackoff caps the jittered wait's upper bound. Default 1 s.
 	MaxBackoff time.Duration
+	// PerTryTimeout bounds how long the client waits for one try; it never
+	// extends the attempt's deadline, and it only stops the client's wait: a
+	// server with a record store finishes the try, and the owner learns its
+	// outcome by querying. Default 0: the remaining time divided by the tries
+	// left (the last try gets all of it), which leaves room to resolve and
+	// repeat.
+	PerTryTimeout time.Duration
 }
 
 const (
@@ -50,6 +58,8 @@ func (p *RetryPolicy) validate() error {
 		return invalid("retry policy: max tries %d outside [1, %d]", q.MaxTries, MaxTriesCap)
 	case q.InitialBackoff < 0 || q.MaxBackoff < 0:
 		return invalid("retry policy: negative backoff")
+	case q.PerTryTimeout < 0:
+		return invalid("retry policy: negative per-try timeout")
 	case q.MaxBackoff < q.InitialBackoff:
 		return invalid("retry policy: max backoff %v below initial backoff %v", q.MaxBackoff, q.InitialBackoff)
 	}
@@ -76,4 +86,17 @@ func (p *RetryPolicy) backoff(next int, retryAfter time.Duration) time.Duration 
 		wait = max(wait, floor)
 	}
 	return wait
+}
+
+// perTry returns how long try n may keep the client waiting, given the time
+// remaining before the attempt's deadline.
+func (p *RetryPolicy) perTry(n int, remaining time.Duration) time.Duration {
+	if p.PerTryTimeout > 0 {
+		return min(p.PerTryTimeout, remaining)
+	}
+	left := p.MaxTries - n + 1
+	if left <= 1 {
+		return remaining
+	}
+	return remaining / time.Duration(left)
 }

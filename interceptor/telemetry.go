@@ -36,9 +36,10 @@ const (
 
 // clientTelemetry is what the client interceptors record with, built once.
 type clientTelemetry struct {
-	tracer    trace.Tracer
-	exhausted metric.Int64Counter
-	tries     metric.Int64Counter
+	tracer          trace.Tracer
+	exhausted       metric.Int64Counter
+	tries           metric.Int64Counter
+	budgetExhausted metric.Int64Counter
 }
 
 func newClientTelemetry(c *clientConfig) (*clientTelemetry, error) {
@@ -55,10 +56,17 @@ func newClientTelemetry(c *clientConfig) (*clientTelemetry, error) {
 	if err != nil {
 		return nil, err
 	}
+	budgetExhausted, err := m.Int64Counter("tollgate.retry_budget.exhausted",
+		metric.WithDescription("Repeats or resolutions refused because the target's retry budget had no token."),
+		metric.WithUnit("{call}"))
+	if err != nil {
+		return nil, err
+	}
 	return &clientTelemetry{
-		tracer:    c.tracer.Tracer(instrumentationName),
-		exhausted: exhausted,
-		tries:     tries,
+		tracer:          c.tracer.Tracer(instrumentationName),
+		exhausted:       exhausted,
+		tries:           tries,
+		budgetExhausted: budgetExhausted,
 	}, nil
 }
 

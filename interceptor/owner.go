@@ -1,0 +1,320 @@
+package interceptor
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/tollgate-go/tollgate/budget"
+	"github.com/tollgate-go/tollgate/internal/header"
+	"github.com/tollgate-go/tollgate/internal/methodinfo"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"github.com/tollgate-go/tollgate/status"
+	"go.opentelemetry.io/otel/trace"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// targets keeps, per ClientConn target, the retry budget and whether the
+// target was seen to keep no records (its AttemptService is unimplemented).
+type targets struct {
+	mu sync.Mutex
+	m  map[string]*target
+}
+
+type target struct {
+	budget     *budget.RetryBudget // nil: no budget
+	recordless bool                // guarded by targets.mu
+}
+
+func (c *client) target(cc *grpc.ClientConn) *target {
+	name := ""
+	if cc != nil {
+		name = cc.Target()
+	}
+	c.targets.mu.Lock()
+	defer c.targets.mu.Unlock()
+	if t := c.targets.m[name]; t != nil {
+		return t
+	}
+	t := &target{}
+	if !c.cfg.noRetryBudget {
+		t.budget, _ = budget.NewRetryBudget(c.cfg.retryBudget...) // validated at construction
+	}
+	if c.targets.m == nil {
+		c.targets.m = map[string]*target{}
+	}
+	c.targets.m[name] = t
+	return t
+}
+
+func (c *client) recordless(t *target) bool {
+	c.targets.mu.Lock()
+	defer c.targets.mu.Unlock()
+	return t.recordless
+}
+
+func (c *client) setRecordless(t *target) {
+	c.targets.mu.Lock()
+	t.recordless = true
+	c.targets.mu.Unlock()
+}
+
+func (c *client) policy(method string) *RetryPolicy {
+	if p, ok := c.cfg.methodRetry[method]; ok {
+		return &p
+	}
+	return &c.cfg.retry
+}
+
+// owner drives the tries of one unary call: it is the one mechanism that
+// may repeat it (DESIGN.md §3.4, §3.5).
+type owner struct {
+	c       *client
+	cl      *call
+	method  string
+	info    methodinfo.Info
+	p       *RetryPolicy
+	tgt     *target
+	cc      *grpc.ClientConn
+	invoker grpc.UnaryInvoker
+	// explicit is true for a call named with WithCallKey: its key is a
+	// ballot across re-runs, so an ATTEMPT_FENCED refusal moves it on.
+	explicit bool
+	// loans are the grants of every try sent, for reconciliation from a
+	// finished record's cumulative units_spent.
+	loans []*budget.Loan
+	// doubt is set once a try was UNKNOWN or met IN_PROGRESS or
+	// ATTEMPT_FENCED: from then on only a finished record or a FENCED
+	// answer may end the call NOT_ADMITTED.
+	doubt bool
+	// queries counts the resolution queries sent; the first one of the call
+	// spends its retry-budget token.
+	queries int
+}
+
+// unary is the unary client interceptor.
+func (c *client) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if isControl(method) {
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	cl, err := c.newCall(ctx, method)
+	if err != nil {
+		return err
+	}
+	_, named := ctx.Value(callNameKey{}).(string)
+	w := &owner{c: c, cl: cl, method: method, info: methodinfo.Of(method), p: c.policy(method),
+		tgt: c.target(cc), cc: cc, invoker: invoker, explicit: named}
+	ctx, span := c.startSpan(ctx, cl.s, cl.key)
+	n, err := w.run(ctx, req, reply, opts)
+	endSpan(span, cl.s, n, status.OutcomeOf(err))
+	return err
+}
+
+// run sends tries until the call has an answer; it returns the number of the
+// last try and the call's result.
+func (w *owner) run(ctx context.Context, req, reply any, opts []grpc.CallOption) (uint32, error) {
+	c, s, key := w.c, w.cl.s, w.cl.key
+	n := uint32(1)
+	counted := 0 // tries counted against the policy (fence jumps are not)
+	for {
+		counted++
+		tctx, t, err := c.prepare(ctx, w.cl, n, w.p)
+		if err != nil {
+			return n, w.conclude(n, err)
+		}
+		if n == 1 && w.tgt.budget != nil {
+			w.tgt.budget.Deposit()
+		}
+		err = w.invoker(tctx, w.method, req, reply, w.cc, opts...)
+		d := c.finish(s, key, t, err)
+		if t.loan != nil {
+			w.loans = append(w.loans, t.loan)
+		}
+		o := status.OutcomeOfCall(err, d)
+		c.record(ctx, o)
+
+		switch o.Kind {
+		case status.KindOK, status.KindFailed, status.KindCommitted:
+			return n, err
+		case status.KindUnknown:
+			if o.Reason == status.ReasonAttemptUnverifiable && n == 1 && !w.explicit && !w.doubt {
+				// Nobody else can have sent the first try of a per-run key.
+				return n, status.NotAdmitted(status.ReasonAttemptUnverifiable, status.Fields{
+					AttemptID: s.ID, Call: key, Try: n, Final: true,
+					Message: "interceptor: the callee cannot vouch for this attempt"})
+			}
+			if w.info.Level == methodinfo.NoSideEffects {
+				break // repeats freely, below
+			}
+			if w.info.Level == methodinfo.Idempotent && c.recordless(w.tgt) {
+				w.doubt = true
+				break // an IDEMPOTENT method at a callee without records repeats without the query
+			}
+			w.doubt = true
+			next, result, done := w.resolve(ctx, n, err, reply)
+			if done {
+				return n, result
+			}
+			err = result
+			n = next - 1 // the loop below moves to next
+		case status.KindNotAdmitted:
+			switch o.Reason {
+			case status.ReasonAttemptFenced:
+				w.doubt = true
+				if f := o.Detail.GetFencedThroughTry(); f >= n {
+					n = f // continue at f+1
+					if w.explicit {
+						counted-- // a ballot jump does not count against the tries
+					}
+				}
+			case status.ReasonAttemptInProgress:
+				w.doubt = true
+				next, result, done := w.resolve(ctx, n, err, reply)
+				if done {
+					return n, result
+				}
+				err, n = result, next-1
+			}
+			if o.Final() {
+				return n, w.conclude(n, err)
+			}
+		}
+		if counted >= w.p.MaxTries {
+			return n, w.conclude(n, err)
+		}
+		if w.tgt.budget != nil && !w.tgt.budget.Withdraw() {
+			return n, w.budgetExhausted(ctx, n, err)
+		}
+		if !c.wait(ctx, s, w.p, counted+1, err) {
+			return n, w.conclude(n, err)
+		}
+		n++
+	}
+}
+
+// conclude is the error a call returns after its last try: once the call
+// was in doubt a NOT_ADMITTED ending becomes UNKNOWN (only a finished record
+// or a FENCED answer could prove no effect), and at the origin a refusal for
+// lack of units becomes final once the allowance is spent.
+func (w *owner) conclude(n uint32, err error) error {
+	o := status.OutcomeOf(err)
+	if o.Kind == status.KindNotAdmitted && w.doubt {
+		return status.OutcomeUnknown(err, status.WithAttempt(w.cl.s.ID, w.cl.key, n),
+			status.WithMessage("interceptor: an earlier try's outcome is not known"))
+	}
+	return w.c.result(w.cl.s, w.cl.key, n, err, o)
+}
+
+func (w *owner) budgetExhausted(ctx context.Context, n uint32, last error) error {
+	w.c.tel.budgetExhausted.Add(ctx, 1)
+	if w.doubt || status.OutcomeOf(last).Kind == status.KindUnknown {
+		return status.OutcomeUnknown(last, status.WithAttempt(w.cl.s.ID, w.cl.key, n),
+			status.WithMessage("interceptor: retry budget exhausted"))
+	}
+	return status.NotAdmitted(status.ReasonRetryBudgetExhausted, status.Fields{
+		AttemptID: w.cl.s.ID, Call: w.cl.key, Try: n,
+		Message: "interceptor: retry budget exhausted; last try: " + last.Error(),
+	})
+}
+
+// resolve learns the state of try n, whose outcome is unknown, by fencing it
+// through n on the callee's AttemptService, and polling while the record is
+// in progress. It returns done with the call's result when the record
+// answers the call; otherwise the try to send next (a FENCED record) and the
+// error to report if no try may be sent.
+func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (next uint32, result error, done bool) {
+	c, s := w.c, w.cl.s
+	unknown := func(why string) error {
+		return status.OutcomeUnknown(last, status.WithAttempt(s.ID, w.cl.key, n), status.WithMessage(why))
+	}
+	if w.queries == 0 && w.tgt.budget != nil && !w.tgt.budget.Withdraw() {
+		return 0, w.budgetExhausted(ctx, n, last), true
+	}
+	w.queries++
+	qctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), s.Deadline.Add(c.cfg.grace))
+	defer cancel()
+	h := header.Header{Attempt: s.ID, Tenant: s.Tenant}
+	qctx = metadata.NewOutgoingContext(qctx, metadata.Pairs(headerKey, h.String()))
+	req := &tollgatev1.FenceAttemptRequest{AttemptId: s.ID, Call: w.cl.key, Method: w.method, FenceThroughTry: n}
+	for poll := 1; ; poll++ {
+		rec := &tollgatev1.AttemptRecord{}
+		err := w.invoker(qctx, fenceMethod, req, rec, w.cc)
+		state := rec.GetState()
+		if span := trace.SpanFromContext(ctx); span.IsRecording() {
+			span.AddEvent(eventQuery, trace.WithAttributes(attrTry.Int64(int64(n)), attrState.String(stateName(state, err))))
+		}
+		if err != nil {
+			if grpcstatus.Code(err) == codes.Unimplemented {
+				c.setRecordless(w.tgt)
+				if w.info.Level == methodinfo.Idempotent {
+					return n + 1, last, false // repeat without the query
+				}
+			}
+			return 0, unknown("interceptor: the try's state could not be queried: " + err.Error()), true
+		}
+		switch state {
+		case tollgatev1.AttemptState_ATTEMPT_STATE_IN_PROGRESS:
+			if !sleep(qctx, w.p.backoff(poll+1, 0)) {
+				return 0, unknown("interceptor: the try was still in progress at the deadline"), true
+			}
+			continue
+		case tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED:
+			w.reconcile(rec)
+			if rec.GetResponseRetained() && !w.info.Stream {
+				if m, ok := reply.(proto.Message); ok {
+					if err := proto.Unmarshal(rec.GetResponse(), m); err == nil {
+						return 0, nil, true
+					}
+				}
+			}
+			return 0, status.Committed(status.WithAttempt(s.ID, w.cl.key, rec.GetTry())), true
+		case tollgatev1.AttemptState_ATTEMPT_STATE_FAILED:
+			w.reconcile(rec)
+			return 0, recordError(rec), true
+		case tollgatev1.AttemptState_ATTEMPT_STATE_FENCED:
+			w.reconcile(rec)
+			w.doubt = false // no try up to the fence ran: no effect
+			f := rec.GetFencedThroughTry()
+			return max(f, n) + 1, status.NotAdmitted(status.ReasonAttemptFenced, status.Fields{
+				AttemptID: s.ID, Call: w.cl.key, Try: n, FencedThroughTry: f,
+				Message: "interceptor: the unknown try was fenced and never ran"}), false
+		default: // ABANDONED, UNKNOWN, UNSEEN (cannot follow a fence) or unknown states
+			return 0, unknown("interceptor: the try's state is " + stateName(state, nil)), true
+		}
+	}
+}
+
+const fenceMethod = "/tollgate.v1.AttemptService/FenceAttempt"
+
+// reconcile settles the call's held grants from a finished record.
+func (w *owner) reconcile(rec *tollgatev1.AttemptRecord) {
+	if rec.GetFinishedAt() == nil && rec.GetState() != tollgatev1.AttemptState_ATTEMPT_STATE_FENCED {
+		return // not a finished record: nothing to learn
+	}
+	budget.ReconcileCall(rec.GetUnitsSpent(), w.loans...)
+}
+
+// recordError rebuilds the definite error a FAILED record keeps.
+func recordError(rec *tollgatev1.AttemptRecord) error {
+	code := codes.Code(rec.GetStatusCode())
+	if code == codes.OK {
+		code = codes.Unknown
+	}
+	return grpcstatus.ErrorProto(&spb.Status{Code: int32(code), Message: rec.GetStatusMessage(), Details: rec.GetStatusDetails()})
+}
+
+func stateName(s tollgatev1.AttemptState, err error) string {
+	if err != nil {
+		return "QUERY_FAILED"
+	}
+	name, ok := tollgatev1.AttemptState_name[int32(s)]
+	if !ok {
+		return fmt.Sprintf("STATE_%d", s)
+	}
+	return name[len("ATTEMPT_STATE_"):]
+}
