@@ -204,7 +204,7 @@ func (c *Controller) Close() error {
 	for _, cs := range c.classes {
 		for w := cs.queue.head; w != nil; {
 			next := w.next
-			c.dropWaiter(w, status.ReasonDraining, 0)
+			c.dropWaiter(w, status.ReasonDraining, 0, c.last)
 			w = next
 		}
 	}
@@ -416,7 +416,7 @@ func (c *Controller) wait(ctx context.Context, w *waiter) (*Permit, error) {
 	}
 	c.removeWaiter(w)
 	c.countRefusal(w.cs, reason)
-	c.emitLocked(Event{Kind: EventRefused, Class: w.cs.cfg.Name, Tenant: w.tenant, Reason: reason, At: w.enq})
+	c.emitLocked(Event{Kind: EventDropped, Class: w.cs.cfg.Name, Tenant: w.tenant, Reason: reason, At: w.enq})
 	c.unlock()
 	c.m.refused(ctx, w.cs, reason)
 	return nil, waitEnded(reason, w.cs, ctx.Err())
@@ -540,11 +540,11 @@ func (c *Controller) pump(now time.Time) {
 			if c.cfg.stages&StageDequeue != 0 && !w.deadline.IsZero() {
 				switch {
 				case now.After(w.deadline):
-					c.dropWaiter(w, status.ReasonDeadlineExpired, 0)
+					c.dropWaiter(w, status.ReasonDeadlineExpired, 0, now)
 					w = next
 					continue
 				case now.Add(cs.est.service()).After(w.deadline):
-					c.dropWaiter(w, status.ReasonDeadlineUnreachable, 0)
+					c.dropWaiter(w, status.ReasonDeadlineUnreachable, 0, now)
 					w = next
 					continue
 				}
@@ -583,7 +583,7 @@ func (c *Controller) removeWaiter(w *waiter) {
 }
 
 // dropWaiter refuses a waiting request without running it.
-func (c *Controller) dropWaiter(w *waiter, reason status.Reason, ra time.Duration) {
+func (c *Controller) dropWaiter(w *waiter, reason status.Reason, ra time.Duration, now time.Time) {
 	c.removeWaiter(w)
 	c.countRefusal(w.cs, reason)
 	final := reason == status.ReasonDeadlineExpired
@@ -591,7 +591,7 @@ func (c *Controller) dropWaiter(w *waiter, reason status.Reason, ra time.Duratio
 	w.err = refusal(w.cs, reason, ra, final)
 	w.decided = true
 	close(w.ready)
-	c.emitLocked(Event{Kind: EventRefused, Class: w.cs.cfg.Name, Tenant: w.tenant, Reason: reason, At: w.enq})
+	c.emitLocked(Event{Kind: EventDropped, Class: w.cs.cfg.Name, Tenant: w.tenant, Reason: reason, At: now, Deadline: w.deadline})
 }
 
 // countRefusal counts a refusal for the class's stats and the window.

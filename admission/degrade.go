@@ -206,7 +206,7 @@ func (c *Controller) shedQueued(now time.Time) {
 		}
 		for w := cs.queue.head; w != nil; {
 			next := w.next
-			c.dropWaiter(w, status.ReasonShed, c.retryAfterLocked(cs, status.ReasonShed, now))
+			c.dropWaiter(w, status.ReasonShed, c.retryAfterLocked(cs, status.ReasonShed, now), now)
 			w = next
 		}
 	}

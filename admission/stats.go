@@ -17,15 +17,19 @@ const (
 	EventQueued
 	// EventStarted: a waiting request got a slot.
 	EventStarted
-	// EventRefused: a request was refused, on arrival or while waiting.
+	// EventRefused: a request was refused on arrival.
 	EventRefused
+	// EventDropped: a waiting request left the queue without running: its
+	// deadline could no longer be met, its class was shed or frozen, the
+	// controller closed, or its context ended.
+	EventDropped
 	// EventReleased: a running request released its permit.
 	EventReleased
 	// EventMode: the state machine's mode changed (Mode is the new one).
 	EventMode
 )
 
-var eventNames = [...]string{"", "ADMITTED", "QUEUED", "STARTED", "REFUSED", "RELEASED", "MODE"}
+var eventNames = [...]string{"", "ADMITTED", "QUEUED", "STARTED", "REFUSED", "DROPPED", "RELEASED", "MODE"}
 
 // String returns the kind's name, for example "QUEUED".
 func (k EventKind) String() string {
@@ -40,12 +44,12 @@ type Event struct {
 	Kind   EventKind
 	Class  string
 	Tenant string
-	// Reason is the refusal's reason (EventRefused).
+	// Reason is the refusal's reason (EventRefused, EventDropped).
 	Reason status.Reason
 	// Mode is the new mode (EventMode).
 	Mode Mode
-	// At is when it happened; for a refusal of a waiting request, when the
-	// request arrived.
+	// At is when it happened (for EventDropped after the context ended:
+	// when the request arrived).
 	At time.Time
 	// Deadline is the request's deadline (EventAdmitted, EventStarted).
 	Deadline time.Time
