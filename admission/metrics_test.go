@@ -29,7 +29,7 @@ func collect(t *testing.T, r *sdkmetric.ManualReader) map[string]metricdata.Metr
 func attrs(set attribute.Set) map[string]string {
 	m := map[string]string{}
 	for _, kv := range set.ToSlice() {
-		m[string(kv.Key)] = kv.Value.Emit()
+		m[string(kv.Key)] = kv.Value.String()
 	}
 	return m
 }
