@@ -426,7 +426,7 @@ func (c *Controller) wait(ctx context.Context, w *waiter) (*Permit, error) {
 func (c *Controller) woken(ctx context.Context, w *waiter) (*Permit, error) {
 	if w.err != nil {
 		reason := w.reason
-		if reason == status.ReasonDeadlineExpired || reason == status.ReasonDeadlineUnreachable {
+		if reason == status.ReasonDeadlineExpired {
 			c.m.missDequeueAdd()
 		}
 		c.m.refused(ctx, w.cs, reason)
@@ -529,7 +529,8 @@ func (c *Controller) putTenant(cs *classState, tenant string, tc tenantCount) {
 
 // pump starts waiting requests while slots allow, in class order, FIFO
 // within a class, skipping requests whose tenant is at its running limit
-// and dropping those that can no longer finish in time.
+// and dropping, with DEADLINE_EXPIRED, those that can no longer finish by
+// their deadline.
 func (c *Controller) pump(now time.Time) {
 	if c.queued == 0 {
 		return
@@ -538,13 +539,11 @@ func (c *Controller) pump(now time.Time) {
 		for w := cs.queue.head; w != nil; {
 			next := w.next
 			if c.cfg.stages&StageDequeue != 0 && !w.deadline.IsZero() {
-				switch {
-				case now.After(w.deadline):
+				// Expired for its purpose: past its deadline, or unable to
+				// finish by it (a job that would finish exactly at its
+				// deadline still starts).
+				if now.Add(cs.est.service()).After(w.deadline) {
 					c.dropWaiter(w, status.ReasonDeadlineExpired, 0, now)
-					w = next
-					continue
-				case now.Add(cs.est.service()).After(w.deadline):
-					c.dropWaiter(w, status.ReasonDeadlineUnreachable, 0, now)
 					w = next
 					continue
 				}

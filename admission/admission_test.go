@@ -220,7 +220,8 @@ func TestDeadlineStage(t *testing.T) {
 	}
 	require.ElementsMatch(t, []admission.EventKind{admission.EventReleased, admission.EventDropped, admission.EventStarted}, kinds)
 	rq := h.take(q)
-	require.Equal(t, status.ReasonDeadlineUnreachable, status.OutcomeOf(rq.err).Reason)
+	require.Equal(t, status.ReasonDeadlineExpired, status.OutcomeOf(rq.err).Reason)
+	require.True(t, status.IsFinal(rq.err))
 	r2 := h.take(q2)
 	require.NoError(t, r2.err)
 	// It finishes late too: with p (due at 1s, done at 1.5s) two false accepts.

@@ -36,7 +36,8 @@
 //     CONCURRENCY_FULL for a class without a queue).
 //
 // When a slot frees, the next waiting request is re-checked: work that can
-// no longer finish by its deadline is dropped unrun, never started. Waiting
+// no longer finish by its deadline is dropped unrun with DEADLINE_EXPIRED,
+// never started. Waiting
 // requests leave the queue when their context ends. Each permit is released
 // exactly once; extra Release calls do nothing. Each stage but the slot and
 // queue bound can be switched off with [WithStages].

@@ -108,7 +108,7 @@ const (
 	// learned service time (DEADLINE_UNREACHABLE).
 	StageDeadline
 	// StageDequeue re-checks the deadline when a waiting request would start
-	// and drops it unrun if it can no longer finish in time.
+	// and drops it unrun (DEADLINE_EXPIRED) if it can no longer finish in time.
 	StageDequeue
 	// StageDegradation runs the Normal/Degraded/Recovering state machine and
 	// sheds optional classes while degraded (SHED).
