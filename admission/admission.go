@@ -2,6 +2,7 @@ package admission
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"sort"
 	"strings"
@@ -284,6 +285,7 @@ func (c *Controller) AdmitAt(ctx context.Context, r Request, now time.Time) (*Pe
 	}
 	cs := c.classify(ctx, r)
 	if c.cfg.stages&StageSize != 0 && cs.cfg.MaxRequestBytes > 0 && r.Size > cs.cfg.MaxRequestBytes {
+		// The cheapest stage: decided before the lock is contended for long.
 		c.mu.Lock()
 		c.advance(now)
 		c.countRefusal(cs, status.ReasonRequestTooLarge)
@@ -411,7 +413,7 @@ func (c *Controller) wait(ctx context.Context, w *waiter) (*Permit, error) {
 		return c.woken(ctx, w)
 	}
 	reason := status.ReasonUnspecified
-	if ctx.Err() == context.DeadlineExceeded {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		reason = status.ReasonDeadlineExpired
 	}
 	c.removeWaiter(w)
