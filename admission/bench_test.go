@@ -88,3 +88,26 @@ func TestTapAllocationFree(t *testing.T) {
 		t.Fatalf("TapHandle allocates %v times per call", n)
 	}
 }
+
+// BenchmarkRefuse measures a refusal on arrival (class full, no queue): the
+// typed NOT_ADMITTED error with its jittered retry-after.
+func BenchmarkRefuse(b *testing.B) {
+	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "a", Slots: 1}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ctrl.Close()
+	ctx := context.Background()
+	r := admission.Request{Method: "/demo.Jobs/Heavy", Size: 128}
+	p, err := ctrl.Admit(ctx, r)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Release()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ctrl.Admit(ctx, r); err == nil {
+			b.Fatal("admitted")
+		}
+	}
+}

@@ -130,8 +130,12 @@ func Print(w io.Writer, r *Report) {
 	fmt.Fprintf(w, "accepted %d, refused %d with typed reasons, never more than %d running (slots %d)\n",
 		r.Classes[heavyClass].Accepted+r.Classes[controlClass].Accepted, refused, r.MaxRunning, r.TotalSlots)
 	p := r.Probes
-	fmt.Fprintf(w, "control probes while heavy saturated (%d running, %d queued): %d/%d admitted, start delays %v ms (max %.3f)\n",
-		p.HeavyRunning, p.HeavyQueued, p.Admitted, p.Sent, p.StartDelaysMs, p.MaxStartDelayMs)
+	delays := make([]time.Duration, 0, len(p.StartDelaysMs))
+	for _, ms := range p.StartDelaysMs {
+		delays = append(delays, time.Duration(ms*float64(time.Millisecond)).Round(100*time.Nanosecond))
+	}
+	fmt.Fprintf(w, "control probes while heavy saturated (%d running, %d queued): %d/%d admitted, start delays %v (max %v)\n",
+		p.HeavyRunning, p.HeavyQueued, p.Admitted, p.Sent, delays, slices.Max(append(delays, 0)))
 	fmt.Fprintf(w, "elapsed %.1f ms\n", r.ElapsedMs)
 }
 
