@@ -285,7 +285,7 @@ func (c *Controller) AdmitAt(ctx context.Context, r Request, now time.Time) (*Pe
 	}
 	cs := c.classify(ctx, r)
 	if c.cfg.stages&StageSize != 0 && cs.cfg.MaxRequestBytes > 0 && r.Size > cs.cfg.MaxRequestBytes {
-		// The cheapest stage: decided before the lock is contended for long.
+		// The cheapest stage needs no state; the lock only counts it.
 		c.mu.Lock()
 		c.advance(now)
 		c.countRefusal(cs, status.ReasonRequestTooLarge)
@@ -479,6 +479,9 @@ func (c *Controller) acquire(cs *classState, slots int) *classState {
 
 // startLocked accounts a request that starts running now.
 func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn bool, deadline, arrived, now time.Time) *Permit {
+	// Callers read the clock before taking the lock, so a releaser's time
+	// may precede the arrival it starts: never start before arriving.
+	now = maxTime(now, arrived)
 	owner.used++
 	cs.running++
 	off := int64(now.Sub(c.epoch))

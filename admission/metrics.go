@@ -109,7 +109,7 @@ func newInstruments(c *Controller) (*instruments, error) {
 			o.ObserveFloat64(work, time.Duration(cs.queuedWork).Seconds(), cs.attrs.observe...)
 			var oldest time.Duration
 			if cs.queue.head != nil {
-				oldest = now.Sub(cs.queue.head.enq)
+				oldest = max(now.Sub(cs.queue.head.enq), 0)
 			}
 			o.ObserveFloat64(age, oldest.Seconds(), cs.attrs.observe...)
 			o.ObserveInt64(fa, int64(cs.falseAccepts), cs.attrs.observe...)

@@ -1,6 +1,7 @@
 package admission_test
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -118,6 +119,22 @@ func TestPropertyBoundedAdmission(t *testing.T) {
 							settle(h.drain())
 						}
 					}
+				case op < 9 && rng.IntN(4) == 0:
+					// An operator override: freeze or lower a random class, or
+					// force a mode, for a short while.
+					cl := classes[rng.IntN(len(classes))]
+					o := admission.Override{Actor: "prop", Reason: "random", TTL: time.Duration(1+rng.IntN(60)) * time.Millisecond, Class: cl.Name}
+					switch rng.IntN(3) {
+					case 0:
+						o.Freeze = true
+					case 1:
+						o.Slots = 1 + rng.IntN(cl.Slots)
+					default:
+						o.Class, o.Mode = "", admission.Mode(1+rng.IntN(3))
+					}
+					_, err := h.ctrl.SetOverride(context.Background(), o)
+					require.NoError(t, err)
+					settle(h.drain())
 				case op < 9:
 					for id := range waiting {
 						r := h.cancel(id)

@@ -149,7 +149,7 @@ func (c *Controller) StatsAt(now time.Time) Stats {
 			FalseRejects:    cs.falseRejects,
 		}
 		if cs.queue.head != nil {
-			st.OldestWait = now.Sub(cs.queue.head.enq)
+			st.OldestWait = max(now.Sub(cs.queue.head.enq), 0)
 		}
 		for r, n := range cs.refused {
 			st.Refused[status.ReasonName(r)] = n

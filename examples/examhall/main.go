@@ -204,6 +204,7 @@ type job struct {
 // sim is the server side of one run: a virtual clock, one worker with a
 // FIFO, the admission controller (or none) and the counts.
 type sim struct {
+	ctx     context.Context // the run's bound: waits give up when it ends
 	ctrl    *admission.Controller
 	service int
 	horizon int
@@ -302,6 +303,10 @@ func (s *sim) awaitArrivals(ctx context.Context, n int) error {
 func (s *sim) step() {
 	s.mu.Lock()
 	for s.pending > 0 {
+		if s.ctx.Err() != nil {
+			s.mu.Unlock()
+			return
+		}
 		s.cond.Wait()
 	}
 	var j *job
@@ -337,10 +342,10 @@ func (s *sim) now() int {
 func (s *sim) idle() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for s.pending > 0 {
+	for s.pending > 0 && s.ctx.Err() == nil {
 		s.cond.Wait()
 	}
-	return len(s.fifo) == 0
+	return len(s.fifo) == 0 || s.ctx.Err() != nil
 }
 
 func (s *sim) layout() (inside, waiting int) {
@@ -408,6 +413,7 @@ func runScenario(cfg Config, sc scenario) (*ScenarioReport, error) {
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
 	defer cancel()
+	s.ctx = ctx
 	// Wake waiters of the condition when the run times out.
 	stop := context.AfterFunc(ctx, func() {
 		s.mu.Lock()
@@ -420,7 +426,7 @@ func runScenario(cfg Config, sc scenario) (*ScenarioReport, error) {
 	var wg sync.WaitGroup
 	sent := 0
 	for _, w := range sc.waves {
-		for s.now() < w.At {
+		for s.now() < w.At && ctx.Err() == nil {
 			s.step()
 		}
 		for range w.Count {

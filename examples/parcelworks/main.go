@@ -189,12 +189,16 @@ func (s *server) observe(e admission.Event) {
 	}
 }
 
-func (s *server) awaitDecided(n int) {
+func (s *server) awaitDecided(ctx context.Context, n int) error {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	for s.decided < n {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		s.cond.Wait()
 	}
-	s.mu.Unlock()
+	return nil
 }
 
 type startKey struct{}
@@ -208,8 +212,12 @@ func (s *server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	p, err := s.ctrl.Admit(ctx, admission.Request{Method: info.FullMethod, Size: -1})
 	if err != nil {
 		o := status.OutcomeOf(err)
+		class := o.Detail.GetWorkloadClass()
 		s.mu.Lock()
-		s.refused[o.Detail.GetWorkloadClass()][status.ReasonName(o.Reason)]++
+		if s.refused[class] == nil {
+			s.refused[class] = map[string]int{}
+		}
+		s.refused[class][status.ReasonName(o.Reason)]++
 		s.mu.Unlock()
 		_ = status.SetPushbackTrailer(ctx, err)
 		return nil, err
@@ -326,6 +334,13 @@ func Run(cfg Config) (*Report, error) {
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
 	defer cancel()
+	// Wake the driver's waits when the run times out.
+	defer context.AfterFunc(ctx, func() {
+		s.mu.Lock()
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	})()
+	timedOut := fmt.Errorf("run did not finish within %v", cfg.Timeout)
 
 	// The burst: every task at once, heavy and control interleaved.
 	var wg sync.WaitGroup
@@ -344,12 +359,17 @@ func Run(cfg Config) (*Report, error) {
 			send(controlMeth)
 		}
 	}
-	s.awaitDecided(cfg.HeavyOffered + cfg.ControlOffered)
+	if err := s.awaitDecided(ctx, cfg.HeavyOffered+cfg.ControlOffered); err != nil {
+		close(s.controlGate)
+		close(s.heavyGate)
+		wg.Wait()
+		return nil, timedOut
+	}
 
 	// Control work drains through its own slots while heavy stays saturated.
 	close(s.controlGate)
 	s.mu.Lock()
-	for s.accepted[controlClass] < s.taken[controlClass] {
+	for s.accepted[controlClass] < s.taken[controlClass] && ctx.Err() == nil {
 		s.cond.Wait()
 	}
 	s.mu.Unlock()
@@ -363,7 +383,7 @@ func Run(cfg Config) (*Report, error) {
 	close(s.heavyGate)
 	wg.Wait()
 	if ctx.Err() != nil {
-		return nil, fmt.Errorf("run did not finish within %v", cfg.Timeout)
+		return nil, timedOut
 	}
 
 	s.mu.Lock()
