@@ -396,3 +396,57 @@ func TestCloseDrains(t *testing.T) {
 	h.release(p)
 	require.NoError(t, h.ctrl.Close())
 }
+
+// deadlineCtx is a context whose end the test controls and which ends with
+// DeadlineExceeded, as a gRPC deadline does.
+type deadlineCtx struct {
+	context.Context
+	done chan struct{}
+}
+
+func (c *deadlineCtx) Done() <-chan struct{} { return c.done }
+func (c *deadlineCtx) Err() error {
+	select {
+	case <-c.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
+	}
+}
+
+func TestWaiterDeadlineEndsWait(t *testing.T) {
+	h := newHarness(t, admission.WithClasses(admission.Class{Name: "a", Slots: 1, QueueItems: 1}))
+	p := h.admitted(work(heavyM))
+	ctx := &deadlineCtx{Context: context.Background(), done: make(chan struct{})}
+	res := make(chan error, 1)
+	go func() {
+		_, err := h.ctrl.Admit(ctx, work(heavyM))
+		res <- err
+	}()
+	require.Equal(t, admission.EventQueued, next(h.events, decided...).Kind)
+	close(ctx.done)
+	e := next(h.events, admission.EventDropped)
+	require.Equal(t, status.ReasonDeadlineExpired, e.Reason)
+	err := <-res
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Equal(t, status.ReasonDeadlineExpired, status.OutcomeOf(err).Reason)
+	s, _ := h.ctrl.Stats().Class("a")
+	require.Zero(t, s.Queued)
+	h.release(p)
+}
+
+func TestAdmitFastPathAllocations(t *testing.T) {
+	c, err := admission.New(admission.WithClasses(admission.Class{Name: "a", Slots: 4, QueueItems: 4, TenantRunning: 4}))
+	require.NoError(t, err)
+	defer c.Close()
+	ctx := context.Background()
+	r := admission.Request{Method: heavyM, Tenant: "t", Size: 10, Deadline: time.Now().Add(time.Hour)}
+	n := testing.AllocsPerRun(200, func() {
+		p, err := c.Admit(ctx, r)
+		if err != nil {
+			panic(err)
+		}
+		p.Release()
+	})
+	require.LessOrEqual(t, n, 2.0, "allocations per admitted call")
+}

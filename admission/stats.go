@@ -41,8 +41,12 @@ func (k EventKind) String() string {
 
 // Event is one admission event, given to the observer of [WithObserver].
 type Event struct {
-	Kind   EventKind
-	Class  string
+	// Kind says what happened.
+	Kind EventKind
+	// Class is the request's class ("" for EventMode).
+	Class string
+	// Tenant is the request's tenant, as given to Admit. Events are for
+	// logs and tests; metrics never carry tenants.
 	Tenant string
 	// Reason is the refusal's reason (EventRefused, EventDropped).
 	Reason status.Reason
@@ -82,6 +86,7 @@ func (s Stats) Class(name string) (ClassStats, bool) {
 
 // ClassStats is a snapshot of one class.
 type ClassStats struct {
+	// Name is the class's name.
 	Name string
 	// Slots is the number of slots the class may use now (after overrides
 	// and degradation); ConfiguredSlots what its configuration reserves.
@@ -116,6 +121,8 @@ type ClassStats struct {
 
 // TenantStats is one tenant's share of a class.
 type TenantStats struct {
+	// Running and Queued count the tenant's requests; QueuedWork is their
+	// estimated work.
 	Running, Queued int
 	QueuedWork      time.Duration
 }
