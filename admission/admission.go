@@ -383,6 +383,7 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 	w := &waiter{
 		cs: cs, tenant: r.Tenant, tenantOn: tenantOn, size: size, work: work,
 		deadline: r.Deadline, enq: now, ready: make(chan struct{}),
+		predicted: c.predictedWaitLocked(cs, now),
 	}
 	ahead := cs.queue.n
 	cs.queue.push(w)
@@ -434,7 +435,9 @@ func (c *Controller) woken(ctx context.Context, w *waiter) (*Permit, error) {
 		c.m.refused(ctx, w.cs, reason)
 		return nil, w.err
 	}
-	c.m.admitted(ctx, w.cs, w.permit.start.Sub(w.enq))
+	waited := w.permit.start.Sub(w.enq)
+	c.m.admitted(ctx, w.cs, waited)
+	c.m.predictionError(ctx, w.cs, waited-w.predicted)
 	return w.permit, nil
 }
 

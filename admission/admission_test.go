@@ -450,3 +450,23 @@ func TestAdmitFastPathAllocations(t *testing.T) {
 	})
 	require.LessOrEqual(t, n, 2.0, "allocations per admitted call")
 }
+
+func TestFalseRejectsJudgedFromLaterStarts(t *testing.T) {
+	h := newHarness(t, admission.WithClasses(admission.Class{Name: "a", Slots: 1, QueueItems: 4, ExpectedServiceTime: time.Second}),
+		admission.WithStages(admission.AllStages&^admission.StageDegradation))
+	now := h.clk.Now()
+	p := h.admitted(work(heavyM))
+	// Predicted: about 1s of running work ahead + 1s of its own: refused.
+	h.refused(admission.Request{Method: heavyM, Size: -1, Deadline: now.Add(1500 * time.Millisecond)}, status.ReasonDeadlineUnreachable)
+	q := h.queued(work(heavyM))
+	// The running job ends at once: q starts at 10ms, so the refused job,
+	// which was ahead of it, would have finished by 1.01s: a false reject.
+	h.clk.Advance(10 * time.Millisecond)
+	h.release(p)
+	r := h.take(q)
+	require.NoError(t, r.err)
+	h.release(r.permit)
+	s, _ := h.ctrl.Stats().Class("a")
+	require.EqualValues(t, 1, s.FalseRejects)
+	require.Zero(t, s.FalseAccepts)
+}

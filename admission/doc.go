@@ -74,8 +74,9 @@
 // tollgate.queue.estimated_work, tollgate.queue.oldest_age,
 // tollgate.task.start_delay, tollgate.task.service_time,
 // tollgate.deadline.misses{stage}, tollgate.admission.false_accepts,
-// tollgate.admission.false_rejects and tollgate.admission.mode. No label
-// carries a tenant.
+// tollgate.admission.false_rejects, tollgate.admission.mode and
+// tollgate.queue.wait_prediction_error (actual minus predicted wait, seed
+// 004's prediction error). No label carries a tenant.
 //
 // # Time
 //

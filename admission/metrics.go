@@ -20,6 +20,7 @@ type instruments struct {
 	startDelay  metric.Float64Histogram
 	serviceTime metric.Float64Histogram
 	misses      metric.Int64Counter
+	predErr     metric.Float64Histogram
 	reg         metric.Registration
 	tracer      trace.Tracer
 
@@ -54,6 +55,11 @@ func newInstruments(c *Controller) (*instruments, error) {
 	if m.misses, err = meter.Int64Counter("tollgate.deadline.misses",
 		metric.WithDescription("Deadlines missed, by stage: admission (arrived expired), dequeue (dropped unrun), run (finished late)."),
 		metric.WithUnit("{request}")); err != nil {
+		return nil, err
+	}
+	if m.predErr, err = meter.Float64Histogram("tollgate.queue.wait_prediction_error",
+		metric.WithDescription("Actual minus predicted wait of requests that waited in the queue (negative: waited less than predicted)."),
+		metric.WithUnit("s")); err != nil {
 		return nil, err
 	}
 	stage := func(s string) []metric.AddOption {
@@ -136,6 +142,10 @@ func (m *instruments) close() error { return m.reg.Unregister() }
 func (m *instruments) admitted(ctx context.Context, cs *classState, waited time.Duration) {
 	m.decisions.Add(ctx, 1, cs.attrs.admitted...)
 	m.startDelay.Record(ctx, waited.Seconds(), cs.attrs.record...)
+}
+
+func (m *instruments) predictionError(ctx context.Context, cs *classState, d time.Duration) {
+	m.predErr.Record(ctx, d.Seconds(), cs.attrs.record...)
 }
 
 func (m *instruments) refused(ctx context.Context, cs *classState, r status.Reason) {

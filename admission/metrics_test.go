@@ -91,7 +91,7 @@ func TestMetrics(t *testing.T) {
 			require.EqualValues(t, 1, dp.Value)
 		}
 	}
-	for _, name := range []string{"tollgate.queue.oldest_age", "tollgate.admission.false_rejects", "tollgate.admission.mode"} {
+	for _, name := range []string{"tollgate.queue.oldest_age", "tollgate.admission.false_rejects", "tollgate.admission.mode", "tollgate.queue.wait_prediction_error"} {
 		require.Contains(t, ms, name)
 	}
 }

@@ -17,6 +17,7 @@ type waiter struct {
 	size, work int64
 	deadline   time.Time
 	enq        time.Time
+	predicted  time.Duration // the wait predicted when it was queued
 	ready      chan struct{}
 	decided    bool
 	permit     *Permit
