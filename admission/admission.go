@@ -421,6 +421,9 @@ func (c *Controller) wait(ctx context.Context, w *waiter) (*Permit, error) {
 	c.countRefusal(w.cs, reason)
 	c.emitLocked(Event{Kind: EventDropped, Class: w.cs.cfg.Name, Tenant: w.tenant, Reason: reason, At: w.enq})
 	c.unlock()
+	if reason == status.ReasonDeadlineExpired {
+		c.m.missDequeueAdd() // expired while waiting
+	}
 	c.m.refused(ctx, w.cs, reason)
 	return nil, waitEnded(reason, w.cs, ctx.Err())
 }
