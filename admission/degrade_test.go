@@ -182,6 +182,23 @@ func TestOverrides(t *testing.T) {
 	h.release(h.admitted(work(optM)))
 	h.release(p)
 
+	// Lower a queue bound: heavy work in "q" may wait 3, lowered to 1.
+	hq := newHarness(t, admission.WithClasses(admission.Class{Name: "q", Slots: 1, QueueItems: 3}))
+	_, err = hq.ctrl.SetOverride(ctx, admission.Override{Actor: "dan", Reason: "memory", TTL: time.Second, Class: "q", QueueItems: 1})
+	require.NoError(t, err)
+	hp := hq.admitted(work(heavyM))
+	hw := hq.queued(work(heavyM))
+	hq.refused(work(heavyM), status.ReasonQueueFull)
+	hq.tick(time.Second) // expired: the configured bound is back
+	hw2 := hq.queued(work(heavyM))
+	hq.release(hp)
+	r1 := hq.take(hw)
+	require.NoError(t, r1.err)
+	hq.release(r1.permit)
+	r2 := hq.take(hw2)
+	require.NoError(t, r2.err)
+	hq.release(r2.permit)
+
 	// Force a mode: Degraded sheds the optional class although load is fine.
 	_, err = h.ctrl.SetOverride(ctx, admission.Override{Actor: "carol", Reason: "drill", TTL: 5 * time.Second, Mode: admission.ModeDegraded})
 	require.NoError(t, err)
