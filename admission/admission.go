@@ -39,7 +39,7 @@ type Permit struct {
 	owner    *classState // the class whose slot it holds
 	tenant   string
 	start    time.Time
-	startOff int64
+	startOff float64 // ns since the controller's epoch
 	deadline time.Time
 	released atomic.Bool
 }
@@ -120,9 +120,9 @@ type classState struct {
 	queueCap int // configured queue items, lowered by overrides
 	frozen   bool
 
-	used        int   // this class's slots held, by it or by borrowers
-	running     int   // requests of this class running, wherever
-	runStartSum int64 // sum of running requests' start offsets from epoch
+	used        int     // this class's slots held, by it or by borrowers
+	running     int     // requests of this class running, wherever
+	runStartSum float64 // sum of running requests' start offsets (ns from epoch); float: no overflow
 	queue       waitList
 	queuedBytes int64
 	queuedWork  int64
@@ -490,7 +490,7 @@ func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn 
 	now = maxTime(now, arrived)
 	owner.used++
 	cs.running++
-	off := int64(now.Sub(c.epoch))
+	off := float64(now.Sub(c.epoch))
 	cs.runStartSum += off
 	if tenantOn {
 		tc := cs.tenants[tenant]
@@ -513,6 +513,9 @@ func (c *Controller) releaseLocked(p *Permit, now time.Time, observe bool) (late
 	p.owner.used--
 	cs.running--
 	cs.runStartSum -= p.startOff
+	if cs.running == 0 {
+		cs.runStartSum = 0 // no drift survives an idle class
+	}
 	if p.tenant != "" {
 		tc := cs.tenants[p.tenant]
 		tc.running--
@@ -615,11 +618,10 @@ func (c *Controller) countRefusal(cs *classState, reason status.Reason) {
 // class (learned mean minus elapsed, summed), spread over the class's slots.
 func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Duration {
 	slots := max(c.slots(cs), 1)
-	mean := int64(cs.est.meanD())
-	nowOff := int64(now.Sub(c.epoch))
-	remaining := int64(cs.running)*mean - (int64(cs.running)*nowOff - cs.runStartSum)
+	n := float64(cs.running)
+	remaining := n*cs.est.mean - (n*float64(now.Sub(c.epoch)) - cs.runStartSum)
 	remaining = max(remaining, 0)
-	return time.Duration((cs.queuedWork + remaining) / int64(slots))
+	return time.Duration((float64(cs.queuedWork) + remaining) / float64(slots))
 }
 
 // minRetryAfter is the floor of suggested delays when nothing is known.
