@@ -1,45 +1,734 @@
-// Package admission decides, cheaply and early, whether a server takes a
-// request: reserved slots and bounded queues per workload class,
-// deadline-aware admission, tenant limits and degradation with hysteresis.
-//
-// This file fixes the API the interceptor package calls; the implementation
-// is being written (see issue 6).
 package admission
 
 import (
 	"context"
+	"errors"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/tollgate-go/tollgate/status"
+	grpcstatus "google.golang.org/grpc/status"
 )
 
 // Request is what the controller knows of a request when it decides.
 type Request struct {
 	// Method is the full gRPC method name, "/pkg.Service/Method".
 	Method string
-	// Tenant is the caller's tenant as the interceptor resolved it; "" for none.
+	// Tenant is the caller's tenant as the interceptor resolved it; "" for
+	// none (no tenant limits apply).
 	Tenant string
 	// Size is the request's size in bytes; negative when unknown (streams).
+	// Unknown sizes pass the size stage and count 0 queued bytes.
 	Size int
 	// Deadline is the time by which the work must finish; zero for none.
+	// Admit does not read ctx's deadline: the interceptor passes the
+	// attempt's deadline here.
 	Deadline time.Time
 }
 
 // Permit is the right to run one admitted request. Release it exactly once,
-// when the work ends.
+// when the work ends; further calls do nothing. A Permit is safe for
+// concurrent use; its zero value is not useful.
 type Permit struct {
-	c *Controller
+	c        *Controller
+	cs       *classState // the request's class
+	owner    *classState // the class whose slot it holds
+	tenant   string
+	start    time.Time
+	startOff float64 // ns since the controller's epoch
+	deadline time.Time
+	released atomic.Bool
 }
 
-// Release returns the permit's slot. Calling it more than once does nothing.
-func (p *Permit) Release() {}
+// Release returns the permit's slot, hands it to the next waiting request
+// that can still finish in time, and teaches the class its service time.
+// Calling it more than once does nothing. It never blocks for long: it takes
+// the controller's lock once.
+func (p *Permit) Release() {
+	if p == nil || p.c == nil {
+		return
+	}
+	p.ReleaseAt(p.c.cfg.now())
+}
 
-// Controller admits requests. It is safe for concurrent use.
-type Controller struct{}
+// ReleaseAt is [Permit.Release] at time now, for simulations that drive the
+// controller on a virtual clock (see [Controller.AdmitAt]).
+func (p *Permit) ReleaseAt(now time.Time) {
+	if p == nil || p.c == nil || !p.released.CompareAndSwap(false, true) {
+		return
+	}
+	c := p.c
+	c.mu.Lock()
+	c.advance(now)
+	late := c.releaseLocked(p, now, true)
+	c.unlock()
+	if late {
+		c.m.missRunAdd()
+	}
+	c.m.served(p.cs, now.Sub(p.start))
+}
+
+// Class returns the name of the class the permit's request belongs to.
+func (p *Permit) Class() string { return p.cs.cfg.Name }
+
+// Controller admits requests into workload classes: each class has reserved
+// slots, a bounded queue and per-tenant limits; requests are refused early
+// and with a typed reason when they cannot be served in time. Build it with
+// [New]; the zero value is not useful. A Controller is safe for concurrent
+// use. It starts no goroutine; [Controller.Close] unregisters its metric
+// callbacks and refuses waiting and later requests.
+type Controller struct {
+	cfg *config
+
+	classes  []*classState
+	byName   map[string]*classState
+	exact    map[string]*classState
+	services map[string]*classState
+	prefixes []prefixClass
+	def      *classState
+	control  *classState
+	m        *instruments
+
+	mu      sync.Mutex
+	epoch   time.Time
+	last    time.Time // latest time seen
+	closed  bool
+	queued  int
+	deg     degradeState
+	ovr     overrideState
+	pending []Event // observer events to emit after unlocking
+	traces  []traceEvent
+}
+
+type prefixClass struct {
+	prefix string
+	cs     *classState
+}
+
+type tenantCount struct {
+	running, queued int
+	work            int64
+}
+
+type classState struct {
+	cfg      Class
+	slotsCap int // configured slots, lowered by overrides
+	queueCap int // configured queue items, lowered by overrides
+	frozen   bool
+
+	used        int     // this class's slots held, by it or by borrowers
+	running     int     // requests of this class running, wherever
+	runStartSum float64 // sum of running requests' start offsets (ns from epoch); float: no overflow
+	queue       waitList
+	queuedBytes int64
+	queuedWork  int64
+	tenants     map[string]tenantCount
+	est         estimator
+
+	full atomic.Int32 // reason the tap refuses with; 0: open
+	hint atomic.Int64 // predicted wait (ns) when full, for the tap's retry-after
+
+	admitted     uint64
+	refused      map[status.Reason]uint64
+	falseAccepts uint64
+	falseRejects uint64
+	rejects      rejectRing
+	attrs        *classAttrs
+}
+
+// New builds a Controller from opts: the default class (64 slots, 256
+// queued) unless [WithClasses] gives classes, the built-in control class
+// unless [WithoutControlClass], every stage on, metrics to the global meter
+// provider. It returns an error naming the first invalid option.
+func New(opts ...Option) (*Controller, error) {
+	cfg, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	c := &Controller{
+		cfg:      cfg,
+		byName:   map[string]*classState{},
+		exact:    map[string]*classState{},
+		services: map[string]*classState{},
+		epoch:    cfg.now(),
+	}
+	for _, cl := range cfg.classes {
+		cs := &classState{
+			cfg:      cl,
+			slotsCap: cl.Slots,
+			queueCap: cl.QueueItems,
+			tenants:  map[string]tenantCount{},
+			est:      newEstimator(cl.ExpectedServiceTime, cl.MaxServiceTime, cfg.alpha),
+			refused:  map[status.Reason]uint64{},
+		}
+		c.classes = append(c.classes, cs)
+		c.byName[cl.Name] = cs
+	}
+	c.def = c.byName[cfg.def]
+	c.control = c.byName[ControlClass]
+	for _, p := range cfg.patterns {
+		cs := c.byName[p.class]
+		switch {
+		case strings.HasSuffix(p.pat, "*"):
+			c.prefixes = append(c.prefixes, prefixClass{strings.TrimSuffix(p.pat, "*"), cs})
+		case strings.HasSuffix(p.pat, "/"):
+			c.services[p.pat] = cs
+		default:
+			c.exact[p.pat] = cs
+		}
+	}
+	sort.SliceStable(c.prefixes, func(i, j int) bool { return len(c.prefixes[i].prefix) > len(c.prefixes[j].prefix) })
+	c.deg.init(cfg.degradation, c.epoch)
+	if c.m, err = newInstruments(c); err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	c.unlock()
+	return c, nil
+}
+
+// Close unregisters the controller's metric callbacks, refuses every waiting
+// request with DRAINING and makes later Admit calls refuse the same way.
+// Permits already granted stay valid and may still be released. Close is
+// idempotent and returns the error of unregistering the callbacks, if any.
+func (c *Controller) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	for _, cs := range c.classes {
+		for w := cs.queue.head; w != nil; {
+			next := w.next
+			c.dropWaiter(w, status.ReasonDraining, 0, c.last)
+			w = next
+		}
+	}
+	c.unlock()
+	return c.m.close()
+}
+
+// classify returns the class of r.
+func (c *Controller) classify(ctx context.Context, r Request) *classState {
+	if c.control != nil && c.cfg.control && isControl(r.Method) {
+		return c.control
+	}
+	if c.cfg.classifier != nil {
+		if name := c.cfg.classifier(ctx, r); name != "" {
+			if cs, ok := c.byName[name]; ok {
+				return cs
+			}
+		}
+	}
+	return c.classifyMethod(r.Method)
+}
+
+func isControl(m string) bool {
+	for _, p := range controlPatterns {
+		if strings.HasSuffix(p, "*") {
+			if strings.HasPrefix(m, p[:len(p)-1]) {
+				return true
+			}
+		} else if strings.HasPrefix(m, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// classifyMethod places a method by the patterns alone. It does not allocate.
+func (c *Controller) classifyMethod(m string) *classState {
+	if cs, ok := c.exact[m]; ok {
+		return cs
+	}
+	if i := strings.LastIndexByte(m, '/'); i > 0 {
+		if cs, ok := c.services[m[:i+1]]; ok {
+			return cs
+		}
+	}
+	for _, p := range c.prefixes {
+		if strings.HasPrefix(m, p.prefix) {
+			return p.cs
+		}
+	}
+	return c.def
+}
 
 // Admit decides whether r may run, waiting in its class's bounded queue when
-// no slot is free. It returns a permit, or a NOT_ADMITTED error built by the
+// no slot is free. The decision is staged, cheapest first: size; class
+// (frozen, shed) and tenant limits; deadline expired or unreachable after the
+// predicted wait; a slot, or a place in the bounded queue. A waiting request
+// is re-checked when it would start and dropped unrun if it can no longer
+// finish in time. It returns a permit, or a NOT_ADMITTED error built by the
 // status package (QUEUE_FULL, CONCURRENCY_FULL, DEADLINE_UNREACHABLE,
-// DEADLINE_EXPIRED, SHED, TENANT_LIMIT, REQUEST_TOO_LARGE), or ctx's error
-// wrapped as NOT_ADMITTED when ctx ends while the request waits.
+// DEADLINE_EXPIRED, SHED, TENANT_LIMIT, REQUEST_TOO_LARGE, DRAINING after
+// Close) carrying the class and, unless final, a jittered retry-after that
+// reflects the queue; or, when ctx ends while the request waits (or before
+// it is looked at), a NOT_ADMITTED error that also wraps ctx's error
+// (errors.Is(err, context.Canceled) holds).
 func (c *Controller) Admit(ctx context.Context, r Request) (*Permit, error) {
-	return &Permit{c: c}, nil
+	return c.AdmitAt(ctx, r, c.cfg.now())
+}
+
+// AdmitAt is [Controller.Admit] at time now. Simulations drive the
+// controller on a virtual clock with AdmitAt and [Permit.ReleaseAt]; the
+// times given must not go backwards by more than the caller can tolerate
+// (windows and overrides only move forward).
+func (c *Controller) AdmitAt(ctx context.Context, r Request, now time.Time) (*Permit, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, waitEnded(status.ReasonUnspecified, nil, err)
+	}
+	cs := c.classify(ctx, r)
+	if c.cfg.stages&StageSize != 0 && cs.cfg.MaxRequestBytes > 0 && r.Size > cs.cfg.MaxRequestBytes {
+		// The cheapest stage needs no state; the lock only counts it.
+		c.mu.Lock()
+		c.advance(now)
+		c.countRefusal(cs, status.ReasonRequestTooLarge)
+		c.emitLocked(Event{Kind: EventRefused, Class: cs.cfg.Name, Tenant: r.Tenant, Reason: status.ReasonRequestTooLarge, At: now})
+		c.unlock()
+		c.m.refused(ctx, cs, status.ReasonRequestTooLarge)
+		return nil, refusal(cs, status.ReasonRequestTooLarge, 0, true)
+	}
+	c.mu.Lock()
+	c.advance(now)
+	p, w, reason, ra := c.decideLocked(r, cs, now)
+	c.unlock()
+	switch {
+	case p != nil:
+		c.m.admitted(ctx, cs, 0)
+		return p, nil
+	case w == nil:
+		if reason == status.ReasonDeadlineExpired {
+			c.m.missAdmissionAdd()
+		}
+		c.m.refused(ctx, cs, reason)
+		return nil, refusal(cs, reason, ra, reason == status.ReasonDeadlineExpired)
+	}
+	return c.wait(ctx, w)
+}
+
+// decideLocked runs the stages after the size check. It returns a permit, a
+// queued waiter, or a refusal reason with its retry-after.
+func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Permit, *waiter, status.Reason, time.Duration) {
+	refuse := func(reason status.Reason) (*Permit, *waiter, status.Reason, time.Duration) {
+		c.countRefusal(cs, reason)
+		var ra time.Duration
+		switch reason {
+		case status.ReasonDeadlineExpired, status.ReasonDraining:
+		case status.ReasonDeadlineUnreachable:
+			c.rememberReject(cs, r.Deadline, now)
+			ra = c.retryAfterLocked(cs, reason, now)
+		default:
+			ra = c.retryAfterLocked(cs, reason, now)
+		}
+		c.emitLocked(Event{Kind: EventRefused, Class: cs.cfg.Name, Tenant: r.Tenant, Reason: reason, At: now, QueuedAhead: cs.queue.n})
+		return nil, nil, reason, ra
+	}
+	if c.closed {
+		return refuse(status.ReasonDraining)
+	}
+	if cs.frozen || c.shedding(cs) {
+		return refuse(status.ReasonShed)
+	}
+	slots := c.slots(cs)
+	tenantOn := c.cfg.stages&StageTenant != 0 && r.Tenant != "" &&
+		(cs.cfg.TenantRunning > 0 || cs.cfg.TenantQueued > 0 || cs.cfg.TenantQueueWork > 0)
+	var tc tenantCount
+	if tenantOn {
+		tc = cs.tenants[r.Tenant]
+	}
+	tenantMayRun := !tenantOn || cs.cfg.TenantRunning == 0 || tc.running < cs.cfg.TenantRunning
+	var owner *classState
+	if tenantMayRun {
+		owner = c.acquire(cs, slots)
+	}
+	work := int64(cs.est.meanD())
+	if owner == nil && tenantOn {
+		if (cs.cfg.TenantQueued > 0 && tc.queued >= cs.cfg.TenantQueued) ||
+			(cs.cfg.TenantQueueWork > 0 && tc.work+work > int64(cs.cfg.TenantQueueWork)) {
+			return refuse(status.ReasonTenantLimit)
+		}
+	}
+	if c.cfg.stages&StageDeadline != 0 && !r.Deadline.IsZero() {
+		if now.After(r.Deadline) {
+			return refuse(status.ReasonDeadlineExpired)
+		}
+		var wait time.Duration
+		if owner == nil {
+			wait = c.predictedWaitLocked(cs, now)
+		}
+		if now.Add(wait + cs.est.service() + c.cfg.margin).After(r.Deadline) {
+			return refuse(status.ReasonDeadlineUnreachable)
+		}
+	}
+	if owner != nil {
+		p := c.startLocked(cs, owner, r.Tenant, tenantOn, r.Deadline, now, now)
+		c.emitLocked(Event{Kind: EventAdmitted, Class: cs.cfg.Name, Tenant: r.Tenant, At: now, Deadline: r.Deadline})
+		return p, nil, 0, 0
+	}
+	size := int64(max(r.Size, 0))
+	switch {
+	case cs.queueCap == 0:
+		return refuse(status.ReasonConcurrencyFull)
+	case cs.queue.n >= cs.queueCap:
+		return refuse(status.ReasonQueueFull)
+	case cs.cfg.QueueBytes > 0 && cs.queuedBytes+size > cs.cfg.QueueBytes:
+		return refuse(status.ReasonQueueFull)
+	}
+	w := &waiter{
+		cs: cs, tenant: r.Tenant, tenantOn: tenantOn, size: size, work: work,
+		deadline: r.Deadline, enq: now, ready: make(chan struct{}),
+		predicted: c.predictedWaitLocked(cs, now),
+	}
+	ahead := cs.queue.n
+	cs.queue.push(w)
+	cs.queuedBytes += size
+	cs.queuedWork += work
+	c.queued++
+	if tenantOn {
+		tc.queued++
+		tc.work += work
+		cs.tenants[r.Tenant] = tc
+	}
+	c.emitLocked(Event{Kind: EventQueued, Class: cs.cfg.Name, Tenant: r.Tenant, At: now, QueuedAhead: ahead})
+	return nil, w, 0, 0
+}
+
+// wait blocks until w is granted or dropped, or ctx ends.
+func (c *Controller) wait(ctx context.Context, w *waiter) (*Permit, error) {
+	select {
+	case <-w.ready:
+		return c.woken(ctx, w)
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	if w.decided {
+		// Decided as ctx ended: the decision stands (a granted permit is
+		// the caller's to release).
+		c.mu.Unlock()
+		return c.woken(ctx, w)
+	}
+	reason := status.ReasonUnspecified
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		reason = status.ReasonDeadlineExpired
+	}
+	c.removeWaiter(w)
+	c.countRefusal(w.cs, reason)
+	c.emitLocked(Event{Kind: EventDropped, Class: w.cs.cfg.Name, Tenant: w.tenant, Reason: reason, At: w.enq})
+	c.unlock()
+	if reason == status.ReasonDeadlineExpired {
+		c.m.missDequeueAdd() // expired while waiting
+	}
+	c.m.refused(ctx, w.cs, reason)
+	return nil, waitEnded(reason, w.cs, ctx.Err())
+}
+
+// woken turns a decided waiter into Admit's result.
+func (c *Controller) woken(ctx context.Context, w *waiter) (*Permit, error) {
+	if w.err != nil {
+		reason := w.reason
+		if reason == status.ReasonDeadlineExpired {
+			c.m.missDequeueAdd()
+		}
+		c.m.refused(ctx, w.cs, reason)
+		return nil, w.err
+	}
+	waited := w.permit.start.Sub(w.enq)
+	c.m.admitted(ctx, w.cs, waited)
+	c.m.predictionError(ctx, w.cs, waited-w.predicted)
+	return w.permit, nil
+}
+
+// slots is the number of slots class cs may use now: its configured slots,
+// lowered by overrides, by freezing and by shedding or stepped re-admission
+// of optional classes.
+func (c *Controller) slots(cs *classState) int {
+	if cs.frozen {
+		return 0
+	}
+	n := cs.slotsCap
+	if cs.cfg.Optional {
+		switch c.mode() {
+		case ModeDegraded:
+			return 0
+		case ModeRecovering:
+			x := c.cfg.degradation.ExitAfter
+			h := min(max(c.deg.healthy, 1), x)
+			n = max((n*h+x-1)/x, 1)
+		}
+	}
+	return n
+}
+
+// acquire returns the class whose slot a request of cs may take now: cs's
+// own, else an idle slot of a class that lends and has no waiters; nil when
+// none is free.
+func (c *Controller) acquire(cs *classState, slots int) *classState {
+	if cs.used < slots {
+		return cs
+	}
+	if cs.frozen || c.shedding(cs) {
+		return nil
+	}
+	for _, l := range c.classes {
+		if l != cs && l.cfg.LendIdle && l.queue.n == 0 && l.used < c.slots(l) {
+			return l
+		}
+	}
+	return nil
+}
+
+// startLocked accounts a request that starts running now.
+func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn bool, deadline, arrived, now time.Time) *Permit {
+	// Callers read the clock before taking the lock, so a releaser's time
+	// may precede the arrival it starts: never start before arriving.
+	now = maxTime(now, arrived)
+	owner.used++
+	cs.running++
+	off := float64(now.Sub(c.epoch))
+	cs.runStartSum += off
+	if tenantOn {
+		tc := cs.tenants[tenant]
+		tc.running++
+		cs.tenants[tenant] = tc
+	} else {
+		tenant = ""
+	}
+	cs.admitted++
+	c.deg.started(cs, now.Sub(arrived))
+	c.judgeRejects(cs, arrived, now)
+	return &Permit{c: c, cs: cs, owner: owner, tenant: tenant, start: now, startOff: off, deadline: deadline}
+}
+
+// releaseLocked returns p's slot and starts waiters that can run. observe
+// is false when the request never ran. It reports whether the request
+// finished after its deadline.
+func (c *Controller) releaseLocked(p *Permit, now time.Time, observe bool) (late bool) {
+	cs := p.cs
+	p.owner.used--
+	cs.running--
+	cs.runStartSum -= p.startOff
+	if cs.running == 0 {
+		cs.runStartSum = 0 // no drift survives an idle class
+	}
+	if p.tenant != "" {
+		tc := cs.tenants[p.tenant]
+		tc.running--
+		c.putTenant(cs, p.tenant, tc)
+	}
+	if observe {
+		cs.est.observe(now.Sub(p.start))
+		if !p.deadline.IsZero() && now.After(p.deadline) {
+			cs.falseAccepts++
+			late = true
+		}
+		c.emitLocked(Event{Kind: EventReleased, Class: cs.cfg.Name, Tenant: p.tenant, At: now})
+	}
+	c.pump(now)
+	return late
+}
+
+func (c *Controller) putTenant(cs *classState, tenant string, tc tenantCount) {
+	if tc.running == 0 && tc.queued == 0 {
+		delete(cs.tenants, tenant)
+		return
+	}
+	cs.tenants[tenant] = tc
+}
+
+// pump starts waiting requests while slots allow, in class order, FIFO
+// within a class, skipping requests whose tenant is at its running limit
+// and dropping, with DEADLINE_EXPIRED, those that can no longer finish by
+// their deadline.
+func (c *Controller) pump(now time.Time) {
+	if c.queued == 0 {
+		return
+	}
+	for _, cs := range c.classes {
+		for w := cs.queue.head; w != nil; {
+			next := w.next
+			if c.cfg.stages&StageDequeue != 0 && !w.deadline.IsZero() {
+				// Expired for its purpose: past its deadline, or unable to
+				// finish by it (a job that would finish exactly at its
+				// deadline still starts).
+				if now.Add(cs.est.service()).After(w.deadline) {
+					c.dropWaiter(w, status.ReasonDeadlineExpired, 0, now)
+					w = next
+					continue
+				}
+			}
+			if w.tenantOn && cs.cfg.TenantRunning > 0 && cs.tenants[w.tenant].running >= cs.cfg.TenantRunning {
+				w = next
+				continue
+			}
+			owner := c.acquire(cs, c.slots(cs))
+			if owner == nil {
+				break
+			}
+			c.removeWaiter(w)
+			w.permit = c.startLocked(cs, owner, w.tenant, w.tenantOn, w.deadline, w.enq, now)
+			w.decided = true
+			close(w.ready)
+			c.emitLocked(Event{Kind: EventStarted, Class: cs.cfg.Name, Tenant: w.tenant, At: now, Deadline: w.deadline, Waited: now.Sub(w.enq)})
+			w = next
+		}
+	}
+}
+
+// removeWaiter takes w out of its queue and the tenant's accounts.
+func (c *Controller) removeWaiter(w *waiter) {
+	cs := w.cs
+	cs.queue.remove(w)
+	cs.queuedBytes -= w.size
+	cs.queuedWork -= w.work
+	c.queued--
+	if w.tenantOn {
+		tc := cs.tenants[w.tenant]
+		tc.queued--
+		tc.work -= w.work
+		c.putTenant(cs, w.tenant, tc)
+	}
+}
+
+// dropWaiter refuses a waiting request without running it.
+func (c *Controller) dropWaiter(w *waiter, reason status.Reason, ra time.Duration, now time.Time) {
+	c.removeWaiter(w)
+	c.countRefusal(w.cs, reason)
+	final := reason == status.ReasonDeadlineExpired
+	w.reason = reason
+	w.err = refusal(w.cs, reason, ra, final)
+	w.decided = true
+	close(w.ready)
+	c.emitLocked(Event{Kind: EventDropped, Class: w.cs.cfg.Name, Tenant: w.tenant, Reason: reason, At: now, Deadline: w.deadline})
+}
+
+// countRefusal counts a refusal for the class's stats and the window.
+func (c *Controller) countRefusal(cs *classState, reason status.Reason) {
+	cs.refused[reason]++
+	c.deg.refused(cs, reason)
+}
+
+// predictedWaitLocked is the wait of a request of cs that finds no free
+// slot: the work queued ahead plus what remains of the running work of the
+// class (learned mean minus elapsed, summed), spread over the class's slots.
+func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Duration {
+	slots := max(c.slots(cs), 1)
+	n := float64(cs.running)
+	remaining := n*cs.est.mean - (n*float64(now.Sub(c.epoch)) - cs.runStartSum)
+	remaining = max(remaining, 0)
+	return time.Duration((float64(cs.queuedWork) + remaining) / float64(slots))
+}
+
+// minRetryAfter is the floor of suggested delays when nothing is known.
+const minRetryAfter = 10 * time.Millisecond
+
+// retryAfterLocked suggests a delay that reflects the class's queue: the
+// predicted wait (or the learned service time when nothing waits; the
+// degradation window for SHED), jittered uniformly in [½, 1½) of itself so
+// that refused clients do not come back together.
+func (c *Controller) retryAfterLocked(cs *classState, reason status.Reason, now time.Time) time.Duration {
+	return jitter(c.retryBaseLocked(cs, reason, now))
+}
+
+func (c *Controller) retryBaseLocked(cs *classState, reason status.Reason, now time.Time) time.Duration {
+	base := c.predictedWaitLocked(cs, now)
+	if base <= 0 {
+		base = cs.est.meanD()
+	}
+	if reason == status.ReasonShed {
+		base = max(base, c.cfg.degradation.Window)
+	}
+	return base
+}
+
+func jitter(d time.Duration) time.Duration {
+	d = max(d, minRetryAfter)
+	return d/2 + rand.N(d)
+}
+
+// refusal builds the NOT_ADMITTED error of a refusal.
+func refusal(cs *classState, reason status.Reason, ra time.Duration, final bool) error {
+	f := status.Fields{RetryAfter: ra, Final: final}
+	if cs != nil {
+		f.Class = cs.cfg.Name
+	}
+	return status.NotAdmitted(reason, f)
+}
+
+// waitEndedError is a NOT_ADMITTED refusal caused by the caller's context
+// ending: it unwraps to both the refusal and the context's error.
+type waitEndedError struct {
+	refusal error
+	cause   error
+}
+
+func waitEnded(reason status.Reason, cs *classState, cause error) error {
+	return &waitEndedError{refusal: refusal(cs, reason, 0, false), cause: cause}
+}
+
+func (e *waitEndedError) Error() string   { return e.refusal.Error() + ": " + e.cause.Error() }
+func (e *waitEndedError) Unwrap() []error { return []error{e.refusal, e.cause} }
+
+// GRPCStatus lets the error cross gRPC as its refusal.
+func (e *waitEndedError) GRPCStatus() *grpcstatus.Status {
+	st, _ := grpcstatus.FromError(e.refusal)
+	return st
+}
+
+// emitLocked queues an observer event (only when there is an observer).
+func (c *Controller) emitLocked(e Event) {
+	if c.cfg.observer != nil {
+		c.pending = append(c.pending, e)
+	}
+}
+
+// unlock refreshes the tap flags, checks invariants (tests), releases the
+// lock and then emits the events the locked section produced.
+func (c *Controller) unlock() {
+	for _, cs := range c.classes {
+		c.refreshFlag(cs)
+	}
+	if c.cfg.check != nil {
+		c.cfg.check(c.checkInvariants())
+	}
+	evs := c.pending
+	c.pending = nil
+	trs := c.traces
+	c.traces = nil
+	c.mu.Unlock()
+	for _, e := range evs {
+		c.cfg.observer(e)
+	}
+	for _, t := range trs {
+		c.m.trace(t)
+	}
+}
+
+// refreshFlag sets the class's atomic tap flag: SHED while frozen or shed,
+// QUEUE_FULL (CONCURRENCY_FULL without a queue) while no slot is free and the
+// queue is at its bound, open otherwise.
+func (c *Controller) refreshFlag(cs *classState) {
+	var reason status.Reason
+	switch {
+	case c.closed:
+		reason = status.ReasonDraining
+	case cs.frozen || c.shedding(cs):
+		reason = status.ReasonShed
+	case cs.queue.n >= cs.queueCap && c.acquire(cs, c.slots(cs)) == nil:
+		reason = status.ReasonQueueFull
+		if cs.queueCap == 0 {
+			reason = status.ReasonConcurrencyFull
+		}
+	}
+	if int32(reason) != cs.full.Load() {
+		cs.full.Store(int32(reason))
+	}
+	if reason != 0 {
+		cs.hint.Store(int64(c.retryBaseLocked(cs, reason, c.last)))
+	}
 }

@@ -1,0 +1,213 @@
+package admission
+
+import (
+	"time"
+
+	"github.com/tollgate-go/tollgate/status"
+)
+
+// Mode is the controller's degradation mode (DESIGN.md §3.10). The zero
+// value means "not set" (an [Override] that forces no mode).
+type Mode uint8
+
+const (
+	// ModeNormal admits every class to its configured limits.
+	ModeNormal Mode = iota + 1
+	// ModeDegraded sheds optional classes (SHED).
+	ModeDegraded
+	// ModeRecovering re-admits optional classes in steps: after h of the
+	// ExitAfter healthy windows it needs, an optional class may use
+	// ⌈Slots·h/ExitAfter⌉ slots.
+	ModeRecovering
+)
+
+// String returns the mode's name: "NORMAL", "DEGRADED", "RECOVERING" or
+// "UNSET".
+func (m Mode) String() string {
+	switch m {
+	case ModeNormal:
+		return "NORMAL"
+	case ModeDegraded:
+		return "DEGRADED"
+	case ModeRecovering:
+		return "RECOVERING"
+	}
+	return "UNSET"
+}
+
+// degradeState is the mode state machine and the current window's counts.
+// The controller's lock guards it.
+type degradeState struct {
+	cfg         Degradation
+	mode        Mode
+	winEnd      time.Time
+	over        int // consecutive overloaded windows (Normal)
+	healthy     int // consecutive healthy windows (Degraded, Recovering)
+	decisions   int
+	refusals    int
+	maxWait     time.Duration
+	transitions int
+}
+
+func (d *degradeState) init(cfg Degradation, epoch time.Time) {
+	d.cfg = cfg
+	d.mode = ModeNormal
+	d.winEnd = epoch.Add(cfg.Window)
+}
+
+// started counts a request of cs that started after waiting waited.
+func (d *degradeState) started(cs *classState, waited time.Duration) {
+	if cs.cfg.Name == ControlClass {
+		return
+	}
+	d.decisions++
+	d.maxWait = max(d.maxWait, waited)
+}
+
+// refused counts a refusal of a request of cs.
+func (d *degradeState) refused(cs *classState, reason status.Reason) {
+	if cs.cfg.Name == ControlClass {
+		return
+	}
+	d.decisions++
+	switch reason {
+	case status.ReasonQueueFull, status.ReasonConcurrencyFull,
+		status.ReasonDeadlineUnreachable, status.ReasonDeadlineExpired:
+		d.refusals++
+	}
+}
+
+// mode is the effective mode: an operator's forced mode, else the state
+// machine's (Normal when the degradation stage is off).
+func (c *Controller) mode() Mode {
+	if c.ovr.forced != 0 {
+		return c.ovr.forced
+	}
+	if c.cfg.stages&StageDegradation == 0 {
+		return ModeNormal
+	}
+	return c.deg.mode
+}
+
+// shedding reports whether requests of cs are refused with SHED by mode.
+func (c *Controller) shedding(cs *classState) bool {
+	return cs.cfg.Optional && c.mode() == ModeDegraded
+}
+
+// Mode returns the controller's effective mode now, closing elapsed windows
+// first. It is safe for concurrent use.
+func (c *Controller) Mode() Mode { return c.ModeAt(c.cfg.now()) }
+
+// ModeAt is [Controller.Mode] at time now (virtual clocks).
+func (c *Controller) ModeAt(now time.Time) Mode {
+	c.mu.Lock()
+	c.advance(now)
+	m := c.mode()
+	c.unlock()
+	return m
+}
+
+// advance brings time-driven state up to now: overrides expire, windows close.
+func (c *Controller) advance(now time.Time) {
+	if now.After(c.last) {
+		c.last = now
+	}
+	if len(c.ovr.list) > 0 && !now.Before(c.ovr.nextExpiry) {
+		c.expireOverrides(now)
+	}
+	if c.cfg.stages&StageDegradation != 0 && !now.Before(c.deg.winEnd) {
+		c.rollWindows(now)
+	}
+}
+
+// rollWindows closes every window that ended by now, in order, and moves
+// the state machine. Windows without traffic are healthy unless a request
+// has been waiting MaxQueueAge by their end. After enough empty windows to
+// saturate the state machine the rest are skipped at once.
+func (c *Controller) rollWindows(now time.Time) {
+	d := &c.deg
+	w := d.cfg.Window
+	before := c.mode()
+	for i := 0; !now.Before(d.winEnd); i++ {
+		overloaded := false
+		if d.cfg.MaxRefusalRatio >= 0 && d.decisions > 0 && d.decisions >= d.cfg.MinDecisions &&
+			float64(d.refusals) >= d.cfg.MaxRefusalRatio*float64(d.decisions) {
+			overloaded = true
+		}
+		if d.cfg.MaxQueueAge > 0 && max(d.maxWait, c.oldestWait(d.winEnd)) >= d.cfg.MaxQueueAge {
+			overloaded = true
+		}
+		c.step(overloaded, d.winEnd)
+		d.decisions, d.refusals, d.maxWait = 0, 0, 0
+		d.winEnd = d.winEnd.Add(w)
+		if i > d.cfg.EnterAfter+d.cfg.ExitAfter+2 && !now.Before(d.winEnd) {
+			d.winEnd = d.winEnd.Add((now.Sub(d.winEnd)/w + 1) * w)
+		}
+	}
+	if after := c.mode(); after != before && after == ModeDegraded {
+		c.shedQueued(now)
+	}
+	c.pump(now)
+}
+
+// oldestWait is how long the oldest request waiting outside the control
+// class has waited at time at.
+func (c *Controller) oldestWait(at time.Time) time.Duration {
+	var oldest time.Duration
+	for _, cs := range c.classes {
+		if cs.cfg.Name == ControlClass || cs.queue.head == nil {
+			continue
+		}
+		oldest = max(oldest, at.Sub(cs.queue.head.enq))
+	}
+	return oldest
+}
+
+// step moves the state machine by one closed window.
+func (c *Controller) step(overloaded bool, at time.Time) {
+	d := &c.deg
+	prev := d.mode
+	x := d.cfg.ExitAfter
+	switch d.mode {
+	case ModeNormal:
+		if !overloaded {
+			d.over = 0
+			break
+		}
+		d.over++
+		if d.over >= d.cfg.EnterAfter {
+			d.mode, d.over, d.healthy = ModeDegraded, 0, 0
+		}
+	case ModeDegraded, ModeRecovering:
+		if overloaded {
+			d.mode, d.healthy = ModeDegraded, 0
+			break
+		}
+		d.healthy++
+		if d.healthy >= x {
+			d.mode, d.healthy = ModeNormal, 0
+		} else {
+			d.mode = ModeRecovering
+		}
+	}
+	if d.mode != prev {
+		d.transitions++
+		c.emitLocked(Event{Kind: EventMode, Mode: d.mode, At: at})
+		c.traceLocked(traceEvent{name: "tollgate.admission.mode", mode: d.mode, prev: prev, at: at})
+	}
+}
+
+// shedQueued refuses, with SHED, the waiting requests of classes that are
+// now shed or frozen.
+func (c *Controller) shedQueued(now time.Time) {
+	for _, cs := range c.classes {
+		if !cs.frozen && !c.shedding(cs) {
+			continue
+		}
+		for w := cs.queue.head; w != nil; {
+			next := w.next
+			c.dropWaiter(w, status.ReasonShed, c.retryAfterLocked(cs, status.ReasonShed, now), now)
+			w = next
+		}
+	}
+}

@@ -1,0 +1,88 @@
+// Package admission decides, cheaply and early, whether a server takes a
+// request: reserved slots and bounded queues per workload class,
+// deadline-aware admission, tenant limits, and degradation with hysteresis
+// (DESIGN.md §3.9, §3.10, §3.12). It knows nothing of gRPC servers; the
+// interceptor package asks a [Controller] for a [Permit] before it runs a
+// handler and releases the permit when the handler returns.
+//
+// # Classes
+//
+// Every request belongs to one [Class], chosen by the method (exact names,
+// whole services, prefixes: [WithMethods]), by a function of the request's
+// context ([WithClassifier]) or by default. A class has its own reserved
+// Slots: at most that many of its requests run on them, and it uses another
+// class's slots only when that class lends idle ones (LendIdle). A request
+// that finds no slot waits in its class's FIFO queue, bounded in items and
+// bytes; a request that finds the queue full is refused. The built-in
+// [ControlClass] (2 slots, 8 waiting) serves tollgate's AttemptService,
+// gRPC health and reflection, so that observation and recovery answer while
+// every other class is saturated.
+//
+// # The decision
+//
+// Admit decides in stages, cheapest first, and refuses with a typed
+// NOT_ADMITTED status (package status) naming the class and, where a repeat
+// can help, a retry-after that reflects the class's queue and is jittered so
+// refused clients do not return together:
+//
+//  1. size: larger than the class's MaxRequestBytes → REQUEST_TOO_LARGE;
+//  2. class and tenant: a frozen class or an optional class while degraded
+//     → SHED; a tenant over its queued items or queued work → TENANT_LIMIT;
+//  3. deadline: already passed → DEADLINE_EXPIRED; predicted wait +
+//     learned service time + safety margin later than the deadline →
+//     DEADLINE_UNREACHABLE (work that would finish exactly at its deadline
+//     is admitted);
+//  4. a slot now, or a place in the bounded queue → QUEUE_FULL (or
+//     CONCURRENCY_FULL for a class without a queue).
+//
+// When a slot frees, the next waiting request is re-checked: work that can
+// no longer finish by its deadline is dropped unrun with DEADLINE_EXPIRED,
+// never started. Waiting
+// requests leave the queue when their context ends. Each permit is released
+// exactly once; extra Release calls do nothing. Each stage but the slot and
+// queue bound can be switched off with [WithStages].
+//
+// # Learning and prediction
+//
+// Each class learns its service time from completed work: an exponentially
+// weighted mean and a streaming p95, seeded by ExpectedServiceTime and
+// capped by MaxServiceTime. The predicted wait of a request that finds no
+// slot is the learned work queued ahead plus the remaining work of the
+// class's running requests, spread over its slots (seed 004). Requests that
+// were admitted and then finished late are counted as false accepts;
+// DEADLINE_UNREACHABLE refusals that later starts show to have been
+// avoidable as false rejects.
+//
+// # Degradation and overrides
+//
+// Time is cut into windows. A window is overloaded when refusals for lack of
+// capacity or time reach a ratio, or a request waited too long. After
+// EnterAfter overloaded windows the controller is Degraded and sheds
+// optional classes; a healthy window makes it Recovering, where optional
+// classes get their slots back in steps; only ExitAfter consecutive healthy
+// windows (default 3) make it Normal again, so an oscillating load cannot
+// make it flap. Operators may freeze a class, lower its limits or force a
+// mode with an [Override]: bounded, attributed, emitted as OpenTelemetry
+// events, and expiring by itself.
+//
+// # Early refusal and observability
+//
+// [Controller.TapHandle] is a tap.ServerInHandle that refuses new streams of
+// a class whose queue is full by reading one atomic flag, before the request
+// is read. Metrics (DESIGN.md §5) go to the meter provider of
+// [WithMeterProvider]: tollgate.admission.decisions{decision,class,reason},
+// tollgate.queue.estimated_work, tollgate.queue.oldest_age,
+// tollgate.task.start_delay, tollgate.task.service_time,
+// tollgate.deadline.misses{stage}, tollgate.admission.false_accepts,
+// tollgate.admission.false_rejects, tollgate.admission.mode and
+// tollgate.queue.wait_prediction_error (actual minus predicted wait, seed
+// 004's prediction error). No label carries a tenant.
+//
+// # Time
+//
+// The controller reads the wall clock on Admit and Release. Simulations
+// drive it on a virtual clock with [Controller.AdmitAt], [Permit.ReleaseAt],
+// [Controller.ModeAt] and [Controller.StatsAt]; windows and overrides are
+// evaluated lazily from the times given, so the controller starts no
+// goroutine.
+package admission

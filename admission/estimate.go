@@ -1,0 +1,56 @@
+package admission
+
+import "time"
+
+// estimator learns a class's service time: an exponentially weighted mean
+// and a streaming p95 (a frugal quantile estimate: it moves up by 0.95 of a
+// step on an observation above it and down by 0.05 of a step below it, so it
+// settles where 5% of observations lie above). Both start from the class's
+// ExpectedServiceTime and every observation is capped at MaxServiceTime.
+// Not safe for concurrent use: the controller's lock guards it.
+type estimator struct {
+	mean, p95 float64 // nanoseconds
+	n         uint64
+	alpha     float64
+	cap       float64
+}
+
+func newEstimator(seed, capd time.Duration, alpha float64) estimator {
+	return estimator{mean: float64(seed), p95: float64(seed), alpha: alpha, cap: float64(capd)}
+}
+
+func (e *estimator) observe(d time.Duration) {
+	x := float64(max(d, 0))
+	if e.cap > 0 && x > e.cap {
+		x = e.cap
+	}
+	e.n++
+	if e.n == 1 && e.mean == 0 {
+		e.mean, e.p95 = x, x
+		return
+	}
+	e.mean += e.alpha * (x - e.mean)
+	step := max(e.mean*0.1, 1)
+	switch {
+	case x > e.p95:
+		e.p95 += 0.95 * step
+		if e.p95 > x {
+			e.p95 = x
+		}
+	case x < e.p95:
+		e.p95 -= 0.05 * step
+		if e.p95 < x {
+			e.p95 = x
+		}
+	}
+	if e.cap > 0 && e.p95 > e.cap {
+		e.p95 = e.cap
+	}
+}
+
+// meanD is the learned mean service time.
+func (e *estimator) meanD() time.Duration { return time.Duration(e.mean) }
+
+// service is the service time the deadline stage plans with: the larger of
+// the p95 and the mean.
+func (e *estimator) service() time.Duration { return time.Duration(max(e.p95, e.mean)) }

@@ -1,0 +1,13 @@
+package admission
+
+import "time"
+
+// WithClock makes the controller read time from now (tests only).
+func WithClock(now func() time.Time) Option { return withClock(now) }
+
+// WithInvariantCheck calls f, under the controller's lock, after every
+// change of state with the first violation of invariant 9's bounds found,
+// or nil (tests only).
+func WithInvariantCheck(f func(error)) Option {
+	return optionFunc(func(c *config) { c.check = f })
+}

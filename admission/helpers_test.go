@@ -1,0 +1,236 @@
+package admission_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/admission"
+	"github.com/tollgate-go/tollgate/status"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// epoch is the virtual clock's start.
+var epoch = time.Date(2026, 11, 30, 4, 0, 0, 0, time.UTC)
+
+// clock is a virtual clock tests advance by hand.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock() *clock { return &clock{t: epoch} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Advance(d time.Duration) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+	return c.t
+}
+
+// result is what one Admit call returned.
+type result struct {
+	id     int
+	permit *admission.Permit
+	err    error
+}
+
+// harness drives a controller on a virtual clock, one operation at a time,
+// so that every event and every result belongs to the operation that caused
+// it. It never sleeps: it waits on the observer's events and on results.
+type harness struct {
+	t       testing.TB
+	clk     *clock
+	ctrl    *admission.Controller
+	events  chan admission.Event
+	results chan result
+	wg      sync.WaitGroup
+	nextID  int
+	cancels map[int]context.CancelFunc
+	done    map[int]result // results not yet collected by the test
+	log     []admission.Event
+	mu      sync.Mutex
+	viol    []error
+}
+
+func newHarness(t testing.TB, opts ...admission.Option) *harness {
+	t.Helper()
+	h := &harness{
+		t: t, clk: newClock(),
+		events:  make(chan admission.Event, 1<<14),
+		results: make(chan result, 1<<12),
+		cancels: map[int]context.CancelFunc{},
+		done:    map[int]result{},
+	}
+	opts = append([]admission.Option{
+		admission.WithClock(h.clk.Now),
+		admission.WithObserver(func(e admission.Event) { h.events <- e }),
+		admission.WithInvariantCheck(func(err error) {
+			if err != nil {
+				h.mu.Lock()
+				h.viol = append(h.viol, err)
+				h.mu.Unlock()
+			}
+		}),
+	}, opts...)
+	ctrl, err := admission.New(opts...)
+	require.NoError(t, err)
+	h.ctrl = ctrl
+	t.Cleanup(func() {
+		for _, c := range h.cancels {
+			c()
+		}
+		h.wg.Wait()
+		require.NoError(t, ctrl.Close())
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		require.Empty(t, h.viol, "invariant 9 violated")
+	})
+	return h
+}
+
+// settles reports how many Admit calls an event ends.
+func settles(e admission.Event) int {
+	switch e.Kind {
+	case admission.EventAdmitted, admission.EventRefused, admission.EventStarted, admission.EventDropped:
+		return 1
+	}
+	return 0
+}
+
+// collect reads n results into h.done.
+func (h *harness) collect(n int) {
+	for range n {
+		r := <-h.results
+		h.done[r.id] = r
+	}
+}
+
+// drain takes the events already emitted and collects the results they
+// announce.
+func (h *harness) drain() []admission.Event {
+	var evs []admission.Event
+	for {
+		select {
+		case e := <-h.events:
+			evs = append(evs, e)
+		default:
+			n := 0
+			for _, e := range evs {
+				n += settles(e)
+			}
+			h.collect(n)
+			h.log = append(h.log, evs...)
+			return evs
+		}
+	}
+}
+
+// arrive starts Admit for r at the clock's time and returns once the
+// controller decided (admitted, queued or refused), with the request's id
+// and the decision event.
+func (h *harness) arrive(r admission.Request) (int, admission.Event) {
+	h.nextID++
+	id := h.nextID
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancels[id] = cancel
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		p, err := h.ctrl.Admit(ctx, r)
+		h.results <- result{id: id, permit: p, err: err}
+	}()
+	var evs []admission.Event
+	for {
+		e := <-h.events
+		evs = append(evs, e)
+		if e.Kind == admission.EventAdmitted || e.Kind == admission.EventQueued || e.Kind == admission.EventRefused {
+			n := 0
+			for _, e := range evs {
+				n += settles(e)
+			}
+			h.collect(n)
+			h.log = append(h.log, evs...)
+			return id, e
+		}
+	}
+}
+
+// take returns the result of request id, which must have been decided.
+func (h *harness) take(id int) result {
+	h.t.Helper()
+	r, ok := h.done[id]
+	require.True(h.t, ok, "request %d not decided", id)
+	delete(h.done, id)
+	return r
+}
+
+// admitted arrives r and requires it to get a permit at once.
+func (h *harness) admitted(r admission.Request) *admission.Permit {
+	h.t.Helper()
+	id, e := h.arrive(r)
+	require.Equal(h.t, admission.EventAdmitted, e.Kind, "reason %v", e.Reason)
+	res := h.take(id)
+	require.NoError(h.t, res.err)
+	return res.permit
+}
+
+// refused arrives r and requires a refusal with reason.
+func (h *harness) refused(r admission.Request, reason status.Reason) error {
+	h.t.Helper()
+	id, e := h.arrive(r)
+	require.Equal(h.t, admission.EventRefused, e.Kind)
+	res := h.take(id)
+	require.Error(h.t, res.err)
+	require.Equal(h.t, reason, status.OutcomeOf(res.err).Reason, "%v", res.err)
+	require.Equal(h.t, status.KindNotAdmitted, status.OutcomeOf(res.err).Kind)
+	return res.err
+}
+
+// queued arrives r and requires it to wait.
+func (h *harness) queued(r admission.Request) int {
+	h.t.Helper()
+	id, e := h.arrive(r)
+	require.Equal(h.t, admission.EventQueued, e.Kind, "kind %v reason %v", e.Kind, e.Reason)
+	return id
+}
+
+// release releases p now and returns the events it caused.
+func (h *harness) release(p *admission.Permit) []admission.Event {
+	p.Release()
+	return h.drain()
+}
+
+// cancel ends the context of waiting request id and collects its result.
+func (h *harness) cancel(id int) result {
+	h.cancels[id]()
+	for {
+		e := <-h.events
+		h.log = append(h.log, e)
+		if e.Kind == admission.EventDropped {
+			break
+		}
+	}
+	h.collect(1)
+	return h.take(id)
+}
+
+// tick advances the clock and lets the controller close windows and expire
+// overrides.
+func (h *harness) tick(d time.Duration) []admission.Event {
+	h.clk.Advance(d)
+	h.ctrl.Mode()
+	return h.drain()
+}
+
+func work(method string) admission.Request { return admission.Request{Method: method, Size: -1} }

@@ -1,0 +1,214 @@
+package admission
+
+import (
+	"context"
+	"time"
+
+	"github.com/tollgate-go/tollgate/status"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+const scope = "github.com/tollgate-go/tollgate/admission"
+
+// instruments are the controller's OpenTelemetry instruments (DESIGN.md §5).
+// Attribute sets are built once per class and reason, so recording does not
+// allocate on our side.
+type instruments struct {
+	decisions   metric.Int64Counter
+	startDelay  metric.Float64Histogram
+	serviceTime metric.Float64Histogram
+	misses      metric.Int64Counter
+	predErr     metric.Float64Histogram
+	reg         metric.Registration
+	tracer      trace.Tracer
+
+	missAdmission, missDequeue, missRun []metric.AddOption
+}
+
+// classAttrs are a class's prebuilt attribute options.
+type classAttrs struct {
+	admitted []metric.AddOption
+	refused  map[status.Reason][]metric.AddOption
+	record   []metric.RecordOption
+	observe  []metric.ObserveOption
+}
+
+func newInstruments(c *Controller) (*instruments, error) {
+	meter := c.cfg.mp.Meter(scope)
+	m := &instruments{tracer: c.cfg.tp.Tracer(scope)}
+	var err error
+	if m.decisions, err = meter.Int64Counter("tollgate.admission.decisions",
+		metric.WithDescription("Admission decisions by decision (admitted, refused), class and reason."),
+		metric.WithUnit("{decision}")); err != nil {
+		return nil, err
+	}
+	if m.startDelay, err = meter.Float64Histogram("tollgate.task.start_delay",
+		metric.WithDescription("Time from arrival to start of admitted requests."), metric.WithUnit("s")); err != nil {
+		return nil, err
+	}
+	if m.serviceTime, err = meter.Float64Histogram("tollgate.task.service_time",
+		metric.WithDescription("Time from start to release of admitted requests."), metric.WithUnit("s")); err != nil {
+		return nil, err
+	}
+	if m.misses, err = meter.Int64Counter("tollgate.deadline.misses",
+		metric.WithDescription("Deadlines missed, by stage: admission (arrived expired), dequeue (expired while waiting, dropped unrun), run (finished late)."),
+		metric.WithUnit("{request}")); err != nil {
+		return nil, err
+	}
+	if m.predErr, err = meter.Float64Histogram("tollgate.queue.wait_prediction_error",
+		metric.WithDescription("Actual minus predicted wait of requests that waited in the queue (negative: waited less than predicted)."),
+		metric.WithUnit("s")); err != nil {
+		return nil, err
+	}
+	stage := func(s string) []metric.AddOption {
+		return []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("stage", s)))}
+	}
+	m.missAdmission, m.missDequeue, m.missRun = stage("admission"), stage("dequeue"), stage("run")
+	work, err := meter.Float64ObservableGauge("tollgate.queue.estimated_work",
+		metric.WithDescription("Estimated work waiting in the class's queue."), metric.WithUnit("s"))
+	if err != nil {
+		return nil, err
+	}
+	age, err := meter.Float64ObservableGauge("tollgate.queue.oldest_age",
+		metric.WithDescription("Wait so far of the oldest request in the class's queue."), metric.WithUnit("s"))
+	if err != nil {
+		return nil, err
+	}
+	fa, err := meter.Int64ObservableCounter("tollgate.admission.false_accepts",
+		metric.WithDescription("Admitted requests that finished after their deadline."), metric.WithUnit("{request}"))
+	if err != nil {
+		return nil, err
+	}
+	fr, err := meter.Int64ObservableCounter("tollgate.admission.false_rejects",
+		metric.WithDescription("DEADLINE_UNREACHABLE refusals judged avoidable from later starts."), metric.WithUnit("{request}"))
+	if err != nil {
+		return nil, err
+	}
+	mode, err := meter.Int64ObservableGauge("tollgate.admission.mode",
+		metric.WithDescription("Effective mode: 1 normal, 2 degraded, 3 recovering."))
+	if err != nil {
+		return nil, err
+	}
+	for _, cs := range c.classes {
+		set := attribute.NewSet(attribute.String("class", cs.cfg.Name))
+		a := &classAttrs{
+			admitted: []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(
+				attribute.String("decision", "admitted"), attribute.String("class", cs.cfg.Name), attribute.String("reason", "")))},
+			refused: map[status.Reason][]metric.AddOption{},
+			record:  []metric.RecordOption{metric.WithAttributeSet(set)},
+			observe: []metric.ObserveOption{metric.WithAttributeSet(set)},
+		}
+		for r := status.ReasonUnspecified; r <= status.ReasonCallKeyRequired; r++ {
+			a.refused[r] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(
+				attribute.String("decision", "refused"), attribute.String("class", cs.cfg.Name),
+				attribute.String("reason", status.ReasonName(r))))}
+		}
+		cs.attrs = a
+	}
+	m.reg, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		now := maxTime(c.cfg.now(), c.last)
+		for _, cs := range c.classes {
+			o.ObserveFloat64(work, time.Duration(cs.queuedWork).Seconds(), cs.attrs.observe...)
+			var oldest time.Duration
+			if cs.queue.head != nil {
+				oldest = max(now.Sub(cs.queue.head.enq), 0)
+			}
+			o.ObserveFloat64(age, oldest.Seconds(), cs.attrs.observe...)
+			o.ObserveInt64(fa, int64(cs.falseAccepts), cs.attrs.observe...)
+			o.ObserveInt64(fr, int64(cs.falseRejects), cs.attrs.observe...)
+		}
+		o.ObserveInt64(mode, int64(c.mode()))
+		return nil
+	}, work, age, fa, fr, mode)
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func (m *instruments) close() error { return m.reg.Unregister() }
+
+func (m *instruments) admitted(ctx context.Context, cs *classState, waited time.Duration) {
+	m.decisions.Add(ctx, 1, cs.attrs.admitted...)
+	m.startDelay.Record(ctx, waited.Seconds(), cs.attrs.record...)
+}
+
+func (m *instruments) predictionError(ctx context.Context, cs *classState, d time.Duration) {
+	m.predErr.Record(ctx, d.Seconds(), cs.attrs.record...)
+}
+
+func (m *instruments) refused(ctx context.Context, cs *classState, r status.Reason) {
+	if opts, ok := cs.attrs.refused[r]; ok {
+		m.decisions.Add(ctx, 1, opts...)
+	}
+}
+
+func (m *instruments) tapRefused(ctx context.Context, cs *classState, r status.Reason) {
+	m.refused(ctx, cs, r)
+}
+
+func (m *instruments) served(cs *classState, d time.Duration) {
+	m.serviceTime.Record(context.Background(), max(d, 0).Seconds(), cs.attrs.record...)
+}
+
+func (m *instruments) missAdmissionAdd() { m.misses.Add(context.Background(), 1, m.missAdmission...) }
+
+func (m *instruments) missDequeueAdd() { m.misses.Add(context.Background(), 1, m.missDequeue...) }
+
+func (m *instruments) missRunAdd() { m.misses.Add(context.Background(), 1, m.missRun...) }
+
+// traceEvent is a mode change or override event, emitted after unlocking.
+type traceEvent struct {
+	name       string
+	action     string
+	ovr        ActiveOverride
+	mode, prev Mode
+	at         time.Time
+	ctx        context.Context
+}
+
+// traceLocked queues a trace event.
+func (c *Controller) traceLocked(t traceEvent) { c.traces = append(c.traces, t) }
+
+// trace emits t as an event on a short span of its own and, when t carries
+// a context with a recording span, on that span too.
+func (m *instruments) trace(t traceEvent) {
+	var attrs []attribute.KeyValue
+	if t.action != "" {
+		o := t.ovr
+		attrs = []attribute.KeyValue{
+			attribute.String("action", t.action),
+			attribute.Int64("id", int64(o.ID)),
+			attribute.String("actor", o.Actor),
+			attribute.String("reason", o.Reason),
+			attribute.String("tollgate.class", o.Class),
+			attribute.Bool("freeze", o.Freeze),
+			attribute.Int("slots", o.Slots),
+			attribute.Int("queue_items", o.QueueItems),
+			attribute.String("mode", o.Mode.String()),
+			attribute.String("expires", o.Expires.UTC().Format(time.RFC3339Nano)),
+		}
+	} else {
+		attrs = []attribute.KeyValue{attribute.String("mode", t.mode.String()), attribute.String("previous", t.prev.String())}
+	}
+	ev := []trace.EventOption{trace.WithAttributes(attrs...), trace.WithTimestamp(t.at)}
+	if t.ctx != nil {
+		if sp := trace.SpanFromContext(t.ctx); sp.IsRecording() {
+			sp.AddEvent(t.name, ev...)
+		}
+	}
+	_, sp := m.tracer.Start(context.Background(), t.name, trace.WithTimestamp(t.at))
+	sp.AddEvent(t.name, ev...)
+	sp.End(trace.WithTimestamp(t.at))
+}

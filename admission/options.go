@@ -1,0 +1,395 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// ControlClass is the name of the built-in class that serves tollgate's
+// AttemptService, gRPC health checks and server reflection (DESIGN.md §3.12).
+// A [Class] of this name passed to [WithClasses] replaces its default limits.
+const ControlClass = "control"
+
+// DefaultClass is the name of the class New creates when no class is
+// configured.
+const DefaultClass = "default"
+
+// controlPatterns are the methods the built-in control class serves.
+var controlPatterns = []string{
+	"/tollgate.v1.AttemptService/",
+	"/grpc.health.v1.Health/",
+	"/grpc.reflection.*",
+}
+
+// Class is the plain configuration of one workload class: its reserved
+// slots, its bounded queue and its per-tenant limits. A zero field means
+// "none" or "off" as each field says; Slots must be at least 1.
+type Class struct {
+	// Name identifies the class in metrics, refusals and overrides.
+	Name string
+	// Slots is the number of requests of this class that may run at once on
+	// its own reserved capacity. At least 1.
+	Slots int
+	// QueueItems bounds the requests waiting for a slot. 0: no waiting; a
+	// request that finds no slot is refused with CONCURRENCY_FULL.
+	QueueItems int
+	// QueueBytes bounds the summed Request.Size of waiting requests (unknown
+	// sizes count 0). 0: no byte bound.
+	QueueBytes int64
+	// MaxRequestBytes refuses requests larger than this with
+	// REQUEST_TOO_LARGE before anything else is looked at. 0: no limit.
+	MaxRequestBytes int
+	// LendIdle lets requests of other classes run on this class's idle slots
+	// when none of its own requests wait. A class never uses another's slots
+	// unless that class lends them.
+	LendIdle bool
+	// Optional classes are shed (SHED) while the controller is degraded and
+	// re-admitted in steps while it recovers. The control class cannot be
+	// optional.
+	Optional bool
+	// ExpectedServiceTime seeds the learned service time of the class (its
+	// mean and p95) until completed work replaces it. 0: unknown until the
+	// first request of the class completes.
+	ExpectedServiceTime time.Duration
+	// MaxServiceTime caps every observed service time and so the learned
+	// estimates. 0: no cap.
+	MaxServiceTime time.Duration
+	// TenantRunning bounds the requests of one tenant running in this class;
+	// a request over it waits in the queue. 0: no limit.
+	TenantRunning int
+	// TenantQueued bounds the requests of one tenant waiting in this class;
+	// a request over it is refused with TENANT_LIMIT. 0: no limit.
+	TenantQueued int
+	// TenantQueueWork bounds the estimated work (learned mean service time
+	// per request) of one tenant's waiting requests, as in seed 004's
+	// tenant_queue_seconds; over it: TENANT_LIMIT. 0: no limit.
+	TenantQueueWork time.Duration
+}
+
+func (cl Class) validate() error {
+	switch {
+	case cl.Name == "":
+		return errors.New("admission: class with an empty name")
+	case cl.Slots < 1:
+		return fmt.Errorf("admission: class %q: Slots must be at least 1, got %d", cl.Name, cl.Slots)
+	case cl.QueueItems < 0, cl.QueueBytes < 0, cl.MaxRequestBytes < 0,
+		cl.TenantRunning < 0, cl.TenantQueued < 0, cl.TenantQueueWork < 0:
+		return fmt.Errorf("admission: class %q: negative limit", cl.Name)
+	case cl.ExpectedServiceTime < 0 || cl.MaxServiceTime < 0:
+		return fmt.Errorf("admission: class %q: negative service time", cl.Name)
+	case cl.MaxServiceTime > 0 && cl.ExpectedServiceTime > cl.MaxServiceTime:
+		return fmt.Errorf("admission: class %q: ExpectedServiceTime %v exceeds MaxServiceTime %v",
+			cl.Name, cl.ExpectedServiceTime, cl.MaxServiceTime)
+	case cl.Name == ControlClass && cl.Optional:
+		return errors.New("admission: the control class cannot be optional")
+	}
+	return nil
+}
+
+// Stage is a set of the admission stages that can be switched off. The
+// slot-or-queue stage is always on: it is what bounds the work.
+type Stage uint8
+
+const (
+	// StageSize refuses requests larger than the class's MaxRequestBytes
+	// (REQUEST_TOO_LARGE).
+	StageSize Stage = 1 << iota
+	// StageTenant applies the classes' per-tenant limits (TENANT_LIMIT).
+	StageTenant
+	// StageDeadline refuses, on arrival, work whose deadline has passed
+	// (DEADLINE_EXPIRED) or cannot be met after the predicted wait and the
+	// learned service time (DEADLINE_UNREACHABLE).
+	StageDeadline
+	// StageDequeue re-checks the deadline when a waiting request would start
+	// and drops it unrun (DEADLINE_EXPIRED) if it can no longer finish in time.
+	StageDequeue
+	// StageDegradation runs the Normal/Degraded/Recovering state machine and
+	// sheds optional classes while degraded (SHED).
+	StageDegradation
+
+	// AllStages is the default: every stage on.
+	AllStages = StageSize | StageTenant | StageDeadline | StageDequeue | StageDegradation
+)
+
+// Degradation configures the mode state machine (DESIGN.md §3.10). Time is
+// cut into windows of length Window; a window is overloaded when, for the
+// classes other than control, its refusals for lack of capacity or time
+// (QUEUE_FULL, CONCURRENCY_FULL, DEADLINE_UNREACHABLE, DEADLINE_EXPIRED) reach
+// MaxRefusalRatio of at least MinDecisions decisions, or a request waited (or
+// still waits at the window's end) MaxQueueAge or longer. Zero fields take
+// the defaults named below.
+type Degradation struct {
+	// Window is the length of one observation window. Default 1s.
+	Window time.Duration
+	// EnterAfter is the number of consecutive overloaded windows that move
+	// Normal to Degraded. Default 1.
+	EnterAfter int
+	// ExitAfter is the number of consecutive healthy windows that move
+	// Degraded through Recovering back to Normal. Default 3.
+	ExitAfter int
+	// MaxRefusalRatio is the refusal ratio that makes a window overloaded.
+	// Default 0.5; negative: this signal is off.
+	MaxRefusalRatio float64
+	// MinDecisions is the least number of decisions in a window for the
+	// refusal ratio to count. Default 20.
+	MinDecisions int
+	// MaxQueueAge makes a window overloaded when a request waited this long.
+	// 0: this signal is off.
+	MaxQueueAge time.Duration
+}
+
+func (d *Degradation) fill() error {
+	if d.Window == 0 {
+		d.Window = time.Second
+	}
+	if d.EnterAfter == 0 {
+		d.EnterAfter = 1
+	}
+	if d.ExitAfter == 0 {
+		d.ExitAfter = 3
+	}
+	if d.MaxRefusalRatio == 0 {
+		d.MaxRefusalRatio = 0.5
+	}
+	if d.MinDecisions == 0 {
+		d.MinDecisions = 20
+	}
+	switch {
+	case d.Window < 0:
+		return errors.New("admission: degradation window must be positive")
+	case d.EnterAfter < 0 || d.ExitAfter < 0 || d.MinDecisions < 0:
+		return errors.New("admission: degradation counts must not be negative")
+	case d.MaxRefusalRatio > 1:
+		return fmt.Errorf("admission: MaxRefusalRatio %v above 1", d.MaxRefusalRatio)
+	case d.MaxQueueAge < 0:
+		return errors.New("admission: MaxQueueAge must not be negative")
+	}
+	return nil
+}
+
+// Option configures a [Controller] built by [New]. Options are values; New
+// applies the defaults, then the options in order, then validates once.
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	classes     []Class
+	patterns    []pattern
+	def         string
+	classifier  func(context.Context, Request) string
+	control     bool
+	stages      Stage
+	margin      time.Duration
+	degradation Degradation
+	maxTTL      time.Duration
+	alpha       float64
+	mp          metric.MeterProvider
+	tp          trace.TracerProvider
+	now         func() time.Time
+	observer    func(Event)
+	check       func(error) // tests: invariant checker, called under the lock
+}
+
+type pattern struct {
+	pat, class string
+}
+
+// WithClasses adds workload classes. The first class added is the default
+// class unless [WithDefaultClass] names another. A class named
+// [ControlClass] replaces the built-in control class's limits.
+func WithClasses(classes ...Class) Option {
+	cl := append([]Class(nil), classes...)
+	return optionFunc(func(c *config) { c.classes = append(c.classes, cl...) })
+}
+
+// WithMethods routes methods to a class. A pattern is a full method name
+// ("/pkg.Service/Method"), a service ("/pkg.Service/", ending in a slash:
+// every method of it) or a prefix ending in "*" ("/pkg.*"). Exact names win
+// over services, services over prefixes; among prefixes the longest wins.
+func WithMethods(class string, patterns ...string) Option {
+	ps := make([]pattern, 0, len(patterns))
+	for _, p := range patterns {
+		ps = append(ps, pattern{pat: p, class: class})
+	}
+	return optionFunc(func(c *config) { c.patterns = append(c.patterns, ps...) })
+}
+
+// WithDefaultClass names the class of requests no pattern or classifier
+// places. Default: the first class given to [WithClasses].
+func WithDefaultClass(name string) Option {
+	return optionFunc(func(c *config) { c.def = name })
+}
+
+// WithClassifier places requests by a function of the request's context and
+// the Request, for example a criticality propagated by trusted callers. It is
+// consulted after the control methods and before the method patterns; an
+// empty or unknown class name falls through to the patterns. f must be safe
+// for concurrent use and cheap: it runs on every Admit (never in the tap).
+func WithClassifier(f func(ctx context.Context, r Request) string) Option {
+	return optionFunc(func(c *config) { c.classifier = f })
+}
+
+// WithoutControlClass removes the built-in control class: AttemptService,
+// health and reflection calls are then classified like any other method.
+func WithoutControlClass() Option {
+	return optionFunc(func(c *config) { c.control = false })
+}
+
+// WithStages sets which switchable stages run. Default [AllStages].
+func WithStages(s Stage) Option {
+	return optionFunc(func(c *config) { c.stages = s })
+}
+
+// WithSafetyMargin adds d to the predicted finish time in the deadline
+// stage. Default 0. Negative values are an error.
+func WithSafetyMargin(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.margin = d })
+}
+
+// WithDegradation configures the degradation state machine; zero fields
+// take their defaults. Without this option the defaults of [Degradation]
+// apply; switch the stage off with [WithStages].
+func WithDegradation(d Degradation) Option {
+	return optionFunc(func(c *config) { c.degradation = d })
+}
+
+// WithMaxOverrideTTL bounds how long an operator override may last.
+// Default one hour.
+func WithMaxOverrideTTL(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.maxTTL = d })
+}
+
+// WithLearningRate sets the weight of a new observation in the learned mean
+// service time (an exponentially weighted moving average). Default 0.2;
+// must be in (0, 1].
+func WithLearningRate(alpha float64) Option {
+	return optionFunc(func(c *config) { c.alpha = alpha })
+}
+
+// WithMeterProvider sets where the controller's metrics go. Default
+// otel.GetMeterProvider() at the time New runs.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return optionFunc(func(c *config) { c.mp = mp })
+}
+
+// WithTracerProvider sets where override and mode events go. Default
+// otel.GetTracerProvider() at the time New runs.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return optionFunc(func(c *config) { c.tp = tp })
+}
+
+// WithObserver calls f with every admission event (admitted, queued, started
+// from the queue, refused, released, mode changed), synchronously, from the
+// goroutine that caused it, after the controller's lock is released. f must
+// be safe for concurrent use and must not block; nil removes the observer.
+// It is meant for logs, tests and simulations; metrics need no observer.
+func WithObserver(f func(Event)) Option {
+	return optionFunc(func(c *config) { c.observer = f })
+}
+
+// withClock makes the controller read time from now (tests; the exported
+// …At methods serve simulations).
+func withClock(now func() time.Time) Option {
+	return optionFunc(func(c *config) { c.now = now })
+}
+
+func newConfig(opts []Option) (*config, error) {
+	c := &config{
+		control: true,
+		stages:  AllStages,
+		maxTTL:  time.Hour,
+		alpha:   0.2,
+		now:     time.Now,
+	}
+	for _, o := range opts {
+		if o != nil {
+			o.apply(c)
+		}
+	}
+	if c.mp == nil {
+		c.mp = otel.GetMeterProvider()
+	}
+	if c.tp == nil {
+		c.tp = otel.GetTracerProvider()
+	}
+	if c.now == nil {
+		c.now = time.Now
+	}
+	if err := c.degradation.fill(); err != nil {
+		return nil, err
+	}
+	switch {
+	case c.margin < 0:
+		return nil, errors.New("admission: negative safety margin")
+	case c.maxTTL <= 0:
+		return nil, errors.New("admission: max override TTL must be positive")
+	case !(c.alpha > 0 && c.alpha <= 1):
+		return nil, fmt.Errorf("admission: learning rate %v outside (0, 1]", c.alpha)
+	}
+	// Classes: user classes, then the control class (built in unless given).
+	var classes []Class
+	seen := map[string]bool{}
+	var control *Class
+	for _, cl := range c.classes {
+		if err := cl.validate(); err != nil {
+			return nil, err
+		}
+		if seen[cl.Name] {
+			return nil, fmt.Errorf("admission: class %q configured twice", cl.Name)
+		}
+		seen[cl.Name] = true
+		if cl.Name == ControlClass {
+			cc := cl
+			control = &cc
+			continue
+		}
+		classes = append(classes, cl)
+	}
+	if len(classes) == 0 {
+		classes = append(classes, Class{Name: DefaultClass, Slots: 64, QueueItems: 256})
+	}
+	if c.def == "" {
+		c.def = classes[0].Name
+	}
+	if c.control || control != nil {
+		if control == nil {
+			control = &Class{Name: ControlClass, Slots: 2, QueueItems: 8}
+		}
+		// The control class comes first so a freed lender slot serves it first.
+		classes = append([]Class{*control}, classes...)
+	}
+	c.classes = classes
+	names := map[string]bool{}
+	for _, cl := range classes {
+		names[cl.Name] = true
+	}
+	if !names[c.def] {
+		return nil, fmt.Errorf("admission: default class %q is not configured", c.def)
+	}
+	for _, p := range c.patterns {
+		if !names[p.class] {
+			return nil, fmt.Errorf("admission: pattern %q names unknown class %q", p.pat, p.class)
+		}
+		if !strings.HasPrefix(p.pat, "/") || len(p.pat) < 2 {
+			return nil, fmt.Errorf("admission: pattern %q must start with \"/\"", p.pat)
+		}
+	}
+	if names[ControlClass] && c.control {
+		ps := make([]pattern, 0, len(controlPatterns)+len(c.patterns))
+		for _, p := range controlPatterns {
+			ps = append(ps, pattern{pat: p, class: ControlClass})
+		}
+		c.patterns = append(ps, c.patterns...)
+	}
+	return c, nil
+}

@@ -1,0 +1,193 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Override is an operator's temporary change to admission: freeze a class,
+// lower its limits, or force a mode. Overrides are bounded: they can only
+// lower limits (never raise them past the configuration), never touch the
+// control class, and expire by themselves after TTL. Each carries who set it
+// and why; setting, clearing and expiring one are emitted as OpenTelemetry
+// span events named "tollgate.admission.override".
+type Override struct {
+	// Actor is who sets the override. Required.
+	Actor string
+	// Reason is why. Required.
+	Reason string
+	// TTL is how long the override lasts; at most the controller's maximum
+	// (WithMaxOverrideTTL, default one hour). Required.
+	TTL time.Duration
+	// Class is the class Freeze, Slots and QueueItems act on.
+	Class string
+	// Freeze refuses every new request of Class with SHED and drops its
+	// waiting requests the same way.
+	Freeze bool
+	// Slots, when positive, lowers Class's slots to it (at most the
+	// configured slots).
+	Slots int
+	// QueueItems, when positive, lowers Class's queue bound to it (at most
+	// the configured bound; use Freeze to refuse everything).
+	QueueItems int
+	// Mode, when set, forces the controller's mode. The state machine keeps
+	// observing underneath and takes over again when the override ends.
+	Mode Mode
+}
+
+// ActiveOverride is an override in force.
+type ActiveOverride struct {
+	Override
+	// ID names the override for [Controller.ClearOverride].
+	ID uint64
+	// Set and Expires are when it was set and when it ends.
+	Set, Expires time.Time
+}
+
+type overrideState struct {
+	list       []ActiveOverride
+	nextExpiry time.Time
+	nextID     uint64
+	forced     Mode
+}
+
+// ErrInvalidOverride is wrapped by the errors SetOverride returns for an
+// override that is out of bounds or incomplete.
+var ErrInvalidOverride = errors.New("admission: invalid override")
+
+// SetOverride puts o in force now and returns its ID. It returns an error
+// wrapping [ErrInvalidOverride] when o lacks an actor, reason or a positive
+// TTL within the maximum, names an unknown class or the control class,
+// would raise a limit, or changes nothing. The event is also added to the
+// span in ctx, if any. Safe for concurrent use.
+func (c *Controller) SetOverride(ctx context.Context, o Override) (uint64, error) {
+	return c.SetOverrideAt(ctx, o, c.cfg.now())
+}
+
+// SetOverrideAt is [Controller.SetOverride] at time now (virtual clocks).
+func (c *Controller) SetOverrideAt(ctx context.Context, o Override, now time.Time) (uint64, error) {
+	if err := c.validateOverride(o); err != nil {
+		return 0, err
+	}
+	c.mu.Lock()
+	c.advance(now)
+	c.ovr.nextID++
+	a := ActiveOverride{Override: o, ID: c.ovr.nextID, Set: now, Expires: now.Add(o.TTL)}
+	c.ovr.list = append(c.ovr.list, a)
+	c.applyOverrides(now)
+	c.traceLocked(traceEvent{name: "tollgate.admission.override", action: "set", ovr: a, at: now, ctx: ctx})
+	c.unlock()
+	return a.ID, nil
+}
+
+// ClearOverride ends the override with the given ID before its expiry and
+// reports whether it was in force.
+func (c *Controller) ClearOverride(ctx context.Context, id uint64) bool {
+	c.mu.Lock()
+	now := c.cfg.now()
+	if now.Before(c.last) {
+		now = c.last
+	}
+	c.advance(now)
+	found := false
+	for i, a := range c.ovr.list {
+		if a.ID == id {
+			c.ovr.list = append(c.ovr.list[:i], c.ovr.list[i+1:]...)
+			c.traceLocked(traceEvent{name: "tollgate.admission.override", action: "clear", ovr: a, at: now, ctx: ctx})
+			found = true
+			break
+		}
+	}
+	if found {
+		c.applyOverrides(now)
+	}
+	c.unlock()
+	return found
+}
+
+// Overrides returns the overrides in force, oldest first.
+func (c *Controller) Overrides() []ActiveOverride {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]ActiveOverride(nil), c.ovr.list...)
+}
+
+func (c *Controller) validateOverride(o Override) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOverride}, args...)...)
+	}
+	switch {
+	case o.Actor == "" || o.Reason == "":
+		return bad("actor and reason are required")
+	case o.TTL <= 0 || o.TTL > c.cfg.maxTTL:
+		return bad("TTL %v outside (0, %v]", o.TTL, c.cfg.maxTTL)
+	case !o.Freeze && o.Slots == 0 && o.QueueItems == 0 && o.Mode == 0:
+		return bad("changes nothing")
+	case o.Mode > ModeRecovering:
+		return bad("unknown mode %d", o.Mode)
+	case o.Slots < 0 || o.QueueItems < 0:
+		return bad("negative limit")
+	}
+	if o.Freeze || o.Slots > 0 || o.QueueItems > 0 {
+		cs, ok := c.byName[o.Class]
+		switch {
+		case !ok:
+			return bad("unknown class %q", o.Class)
+		case o.Class == ControlClass:
+			return bad("the control class cannot be overridden")
+		case o.Slots > cs.cfg.Slots:
+			return bad("slots %d above the configured %d", o.Slots, cs.cfg.Slots)
+		case o.QueueItems > cs.cfg.QueueItems:
+			return bad("queue items %d above the configured %d", o.QueueItems, cs.cfg.QueueItems)
+		}
+	}
+	return nil
+}
+
+// expireOverrides drops the overrides that ended by now.
+func (c *Controller) expireOverrides(now time.Time) {
+	kept := c.ovr.list[:0]
+	for _, a := range c.ovr.list {
+		if now.Before(a.Expires) {
+			kept = append(kept, a)
+			continue
+		}
+		c.traceLocked(traceEvent{name: "tollgate.admission.override", action: "expire", ovr: a, at: a.Expires})
+	}
+	c.ovr.list = kept
+	c.applyOverrides(now)
+}
+
+// applyOverrides recomputes the effective limits from the overrides in
+// force, drops the waiters of frozen or newly shed classes and starts
+// waiters that the new limits allow.
+func (c *Controller) applyOverrides(now time.Time) {
+	for _, cs := range c.classes {
+		cs.slotsCap, cs.queueCap, cs.frozen = cs.cfg.Slots, cs.cfg.QueueItems, false
+	}
+	c.ovr.forced = 0
+	c.ovr.nextExpiry = time.Time{}
+	for _, a := range c.ovr.list {
+		if c.ovr.nextExpiry.IsZero() || a.Expires.Before(c.ovr.nextExpiry) {
+			c.ovr.nextExpiry = a.Expires
+		}
+		if a.Mode != 0 {
+			c.ovr.forced = a.Mode
+		}
+		cs, ok := c.byName[a.Class]
+		if !ok {
+			continue
+		}
+		cs.frozen = cs.frozen || a.Freeze
+		if a.Slots > 0 {
+			cs.slotsCap = min(cs.slotsCap, a.Slots)
+		}
+		if a.QueueItems > 0 {
+			cs.queueCap = min(cs.queueCap, a.QueueItems)
+		}
+	}
+	c.shedQueued(now)
+	c.pump(now)
+}

@@ -1,0 +1,101 @@
+package admission
+
+import (
+	"time"
+
+	"github.com/tollgate-go/tollgate/status"
+)
+
+// waiter is a request waiting in its class's queue. The controller's lock
+// guards every field but ready, which is closed once, under the lock, when
+// decided becomes true.
+type waiter struct {
+	prev, next *waiter
+	cs         *classState
+	tenant     string
+	tenantOn   bool
+	size, work int64
+	deadline   time.Time
+	enq        time.Time
+	predicted  time.Duration // the wait predicted when it was queued
+	ready      chan struct{}
+	decided    bool
+	permit     *Permit
+	err        error
+	reason     status.Reason
+}
+
+// waitList is a FIFO of waiters that can remove any member in O(1).
+type waitList struct {
+	head, tail *waiter
+	n          int
+}
+
+func (l *waitList) push(w *waiter) {
+	w.prev, w.next = l.tail, nil
+	if l.tail != nil {
+		l.tail.next = w
+	} else {
+		l.head = w
+	}
+	l.tail = w
+	l.n++
+}
+
+func (l *waitList) remove(w *waiter) {
+	if w.prev != nil {
+		w.prev.next = w.next
+	} else {
+		l.head = w.next
+	}
+	if w.next != nil {
+		w.next.prev = w.prev
+	} else {
+		l.tail = w.prev
+	}
+	w.prev, w.next = nil, nil
+	l.n--
+}
+
+// rejectRing remembers recent DEADLINE_UNREACHABLE refusals of a class, to
+// judge afterwards whether they were false rejects.
+type rejectRing struct {
+	buf        [64]rejected
+	head, size int
+}
+
+type rejected struct {
+	at, deadline time.Time
+}
+
+// rememberReject records a DEADLINE_UNREACHABLE refusal at now.
+func (c *Controller) rememberReject(cs *classState, deadline, now time.Time) {
+	r := &cs.rejects
+	if r.size == len(r.buf) {
+		r.head = (r.head + 1) % len(r.buf)
+		r.size--
+	}
+	r.buf[(r.head+r.size)%len(r.buf)] = rejected{at: now, deadline: deadline}
+	r.size++
+}
+
+// judgeRejects judges the remembered refusals made no later than a request
+// of cs that arrived at arrived and starts at now: had a refused request been
+// admitted, it would have been ahead of this one in the FIFO and started by
+// now, so it counts as a false reject when now plus the learned mean service
+// time is within its deadline. The estimate is conservative: it may miss
+// false rejects, it does not invent them from later arrivals.
+func (c *Controller) judgeRejects(cs *classState, arrived, now time.Time) {
+	r := &cs.rejects
+	for r.size > 0 {
+		e := r.buf[r.head]
+		if e.at.After(arrived) {
+			return
+		}
+		if !now.Add(cs.est.meanD()).After(e.deadline) {
+			cs.falseRejects++
+		}
+		r.head = (r.head + 1) % len(r.buf)
+		r.size--
+	}
+}

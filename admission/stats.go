@@ -1,0 +1,229 @@
+package admission
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/tollgate-go/tollgate/status"
+)
+
+// EventKind says what an [Event] reports.
+type EventKind uint8
+
+const (
+	// EventAdmitted: a request got a slot on arrival.
+	EventAdmitted EventKind = iota + 1
+	// EventQueued: a request entered its class's queue.
+	EventQueued
+	// EventStarted: a waiting request got a slot.
+	EventStarted
+	// EventRefused: a request was refused on arrival.
+	EventRefused
+	// EventDropped: a waiting request left the queue without running: its
+	// deadline could no longer be met, its class was shed or frozen, the
+	// controller closed, or its context ended.
+	EventDropped
+	// EventReleased: a running request released its permit.
+	EventReleased
+	// EventMode: the state machine's mode changed (Mode is the new one).
+	EventMode
+)
+
+var eventNames = [...]string{"", "ADMITTED", "QUEUED", "STARTED", "REFUSED", "DROPPED", "RELEASED", "MODE"}
+
+// String returns the kind's name, for example "QUEUED".
+func (k EventKind) String() string {
+	if int(k) < len(eventNames) && k > 0 {
+		return eventNames[k]
+	}
+	return "INVALID"
+}
+
+// Event is one admission event, given to the observer of [WithObserver].
+type Event struct {
+	// Kind says what happened.
+	Kind EventKind
+	// Class is the request's class ("" for EventMode).
+	Class string
+	// Tenant is the request's tenant, as given to Admit. Events are for
+	// logs and tests; metrics never carry tenants.
+	Tenant string
+	// Reason is the refusal's reason (EventRefused, EventDropped).
+	Reason status.Reason
+	// Mode is the new mode (EventMode).
+	Mode Mode
+	// At is when it happened (for EventDropped after the context ended:
+	// when the request arrived).
+	At time.Time
+	// Deadline is the request's deadline (EventAdmitted, EventStarted).
+	Deadline time.Time
+	// QueuedAhead is the number of requests of the class waiting ahead
+	// (EventQueued, EventRefused on arrival).
+	QueuedAhead int
+	// Waited is how long the request waited (EventStarted).
+	Waited time.Duration
+}
+
+// Stats is a snapshot of a controller.
+type Stats struct {
+	// Mode is the effective mode.
+	Mode Mode
+	// Transitions counts the state machine's mode changes so far.
+	Transitions int
+	// Classes holds one entry per class, the control class first.
+	Classes []ClassStats
+}
+
+// Class returns the stats of the named class, and false if there is none.
+func (s Stats) Class(name string) (ClassStats, bool) {
+	for _, c := range s.Classes {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return ClassStats{}, false
+}
+
+// ClassStats is a snapshot of one class.
+type ClassStats struct {
+	// Name is the class's name.
+	Name string
+	// Slots is the number of slots the class may use now (after overrides
+	// and degradation); ConfiguredSlots what its configuration reserves.
+	Slots, ConfiguredSlots int
+	// UsedSlots is the class's slots in use (by its requests or borrowers);
+	// Running the class's requests running (on its slots or borrowed ones).
+	UsedSlots, Running int
+	// Queued, QueuedBytes and QueuedWork describe the waiting requests;
+	// QueueLimit is the bound in force.
+	Queued, QueueLimit int
+	QueuedBytes        int64
+	QueuedWork         time.Duration
+	// OldestWait is how long the oldest waiting request has waited.
+	OldestWait time.Duration
+	// ServiceMean and ServiceP95 are the learned service times.
+	ServiceMean, ServiceP95 time.Duration
+	// PredictedWait is the wait a request arriving now would be told of
+	// when no slot is free.
+	PredictedWait time.Duration
+	// Admitted counts requests that got a slot; Refused counts refusals by
+	// reason name ("QUEUE_FULL", ...).
+	Admitted uint64
+	Refused  map[string]uint64
+	// FalseAccepts counts admitted requests that finished after their
+	// deadline; FalseRejects DEADLINE_UNREACHABLE refusals judged, from the
+	// requests that started after them, to have been avoidable.
+	FalseAccepts, FalseRejects uint64
+	// Tenants holds the tenants with running or waiting requests (only for
+	// classes with tenant limits).
+	Tenants map[string]TenantStats
+}
+
+// TenantStats is one tenant's share of a class.
+type TenantStats struct {
+	// Running and Queued count the tenant's requests; QueuedWork is their
+	// estimated work.
+	Running, Queued int
+	QueuedWork      time.Duration
+}
+
+// Stats returns a snapshot of the controller now. It takes the lock once and
+// allocates; it is meant for operators and tests, not for every request.
+func (c *Controller) Stats() Stats { return c.StatsAt(c.cfg.now()) }
+
+// StatsAt is [Controller.Stats] at time now (virtual clocks).
+func (c *Controller) StatsAt(now time.Time) Stats {
+	c.mu.Lock()
+	c.advance(now)
+	s := Stats{Mode: c.mode(), Transitions: c.deg.transitions}
+	for _, cs := range c.classes {
+		st := ClassStats{
+			Name:            cs.cfg.Name,
+			Slots:           c.slots(cs),
+			ConfiguredSlots: cs.cfg.Slots,
+			UsedSlots:       cs.used,
+			Running:         cs.running,
+			Queued:          cs.queue.n,
+			QueueLimit:      cs.queueCap,
+			QueuedBytes:     cs.queuedBytes,
+			QueuedWork:      time.Duration(cs.queuedWork),
+			ServiceMean:     cs.est.meanD(),
+			ServiceP95:      time.Duration(cs.est.p95),
+			PredictedWait:   c.predictedWaitLocked(cs, now),
+			Admitted:        cs.admitted,
+			Refused:         map[string]uint64{},
+			FalseAccepts:    cs.falseAccepts,
+			FalseRejects:    cs.falseRejects,
+		}
+		if cs.queue.head != nil {
+			st.OldestWait = max(now.Sub(cs.queue.head.enq), 0)
+		}
+		for r, n := range cs.refused {
+			st.Refused[status.ReasonName(r)] = n
+		}
+		if len(cs.tenants) > 0 {
+			st.Tenants = map[string]TenantStats{}
+			for t, tc := range cs.tenants {
+				st.Tenants[t] = TenantStats{Running: tc.running, Queued: tc.queued, QueuedWork: time.Duration(tc.work)}
+			}
+		}
+		s.Classes = append(s.Classes, st)
+	}
+	c.unlock()
+	return s
+}
+
+// checkInvariants verifies invariant 9's bounds on the locked state.
+func (c *Controller) checkInvariants() error {
+	used, running, queued := 0, 0, 0
+	for _, cs := range c.classes {
+		cfg := cs.cfg
+		if cs.used < 0 || cs.used > cfg.Slots {
+			return fmt.Errorf("class %s: %d slots used of %d", cfg.Name, cs.used, cfg.Slots)
+		}
+		if cs.queue.n > cfg.QueueItems {
+			return fmt.Errorf("class %s: %d queued over %d", cfg.Name, cs.queue.n, cfg.QueueItems)
+		}
+		if cfg.QueueBytes > 0 && cs.queuedBytes > cfg.QueueBytes {
+			return fmt.Errorf("class %s: %d bytes queued over %d", cfg.Name, cs.queuedBytes, cfg.QueueBytes)
+		}
+		var n int
+		var bytes, work int64
+		tq := map[string]int{}
+		for w := cs.queue.head; w != nil; w = w.next {
+			n++
+			bytes += w.size
+			work += w.work
+			if w.tenantOn {
+				tq[w.tenant]++
+			}
+		}
+		if n != cs.queue.n || bytes != cs.queuedBytes || work != cs.queuedWork {
+			return fmt.Errorf("class %s: queue accounts drifted", cfg.Name)
+		}
+		for t, tc := range cs.tenants {
+			if cfg.TenantRunning > 0 && tc.running > cfg.TenantRunning {
+				return fmt.Errorf("class %s: tenant %s runs %d over %d", cfg.Name, t, tc.running, cfg.TenantRunning)
+			}
+			if cfg.TenantQueued > 0 && tc.queued > cfg.TenantQueued {
+				return fmt.Errorf("class %s: tenant %s queues %d over %d", cfg.Name, t, tc.queued, cfg.TenantQueued)
+			}
+			if cfg.TenantQueueWork > 0 && tc.work > int64(cfg.TenantQueueWork) {
+				return fmt.Errorf("class %s: tenant %s queues work %v over %v", cfg.Name, t, time.Duration(tc.work), cfg.TenantQueueWork)
+			}
+			if tc.queued != tq[t] || tc.running < 0 {
+				return fmt.Errorf("class %s: tenant %s accounts drifted", cfg.Name, t)
+			}
+		}
+		if !cfg.LendIdle && cs.used > cs.running {
+			return fmt.Errorf("class %s: slots used by others without lending", cfg.Name)
+		}
+		used += cs.used
+		running += cs.running
+		queued += cs.queue.n
+	}
+	if used != running || queued != c.queued {
+		return fmt.Errorf("permits drifted: %d slots used, %d running, %d/%d queued", used, running, queued, c.queued)
+	}
+	return nil
+}

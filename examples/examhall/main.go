@@ -1,0 +1,460 @@
+// Command examhall reproduces seed 003's ExamHall and catalog scenarios:
+// one worker, jobs of one tick, absolute inclusive deadlines. The transport
+// is real (gRPC over loopback TCP, each job an RPC that stays open until its
+// modelled completion); the ticks are modelled, and the admission controller
+// runs on the same virtual clock (AdmitAt/ReleaseAt). The server counts the
+// useful completions (finished by the job's deadline tick and within the
+// observation horizon) and refusals by reason.
+//
+//	go run ./examples/examhall
+//	go run ./examples/examhall -json
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/tollgate-go/tollgate/admission"
+	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/emptypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// Config holds every number of the runs; each has a flag.
+type Config struct {
+	FirstDeadline   int           `json:"first_deadline"`
+	LowFirst        int           `json:"low_first"`
+	OverloadFirst   int           `json:"overload_first"`
+	SecondAt        int           `json:"second_at"`
+	Second          int           `json:"second"`
+	SecondDeadline  int           `json:"second_deadline"`
+	Horizon         int           `json:"horizon"`
+	BoundedInside   int           `json:"bounded_inside"`
+	ServiceTicks    int           `json:"service_ticks"`
+	CatalogInside   int           `json:"catalog_inside"`
+	CatalogWaiting  int           `json:"catalog_waiting"`
+	CatalogDeadline int           `json:"catalog_deadline"`
+	CatalogHorizon  int           `json:"catalog_horizon"`
+	Timeout         time.Duration `json:"-"`
+}
+
+// Wave is a group of jobs arriving at one tick with one deadline.
+type Wave struct {
+	At       int `json:"at"`
+	Count    int `json:"count"`
+	Deadline int `json:"deadline"`
+}
+
+// ScenarioReport is what one run did, counted at the server.
+type ScenarioReport struct {
+	Admission string         `json:"admission"`
+	Waves     []Wave         `json:"waves"`
+	Horizon   int            `json:"horizon"`
+	Offered   int            `json:"offered"`
+	Completed int            `json:"completed"`
+	Useful    int            `json:"useful"`
+	Late      int            `json:"late"`
+	Refused   map[string]int `json:"refused"`
+	Inside    int            `json:"max_inside"`
+	Waiting   int            `json:"max_waiting"`
+	LastTick  int            `json:"last_tick"`
+}
+
+// Report is the program's result: the seed's four numbers and the detail.
+type Report struct {
+	Low           int                        `json:"low"`
+	Unbounded     int                        `json:"unbounded"`
+	Bounded       int                        `json:"bounded"`
+	CatalogUseful int                        `json:"catalog_useful"`
+	Config        Config                     `json:"config"`
+	Scenarios     map[string]*ScenarioReport `json:"scenarios"`
+}
+
+const (
+	service = "examhall.Proctor"
+	refresh = "/" + service + "/Refresh"
+	tick    = time.Second // one virtual tick
+)
+
+// epoch is tick 0 of the virtual clock.
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func at(t int) time.Time { return epoch.Add(time.Duration(t) * tick) }
+
+func main() {
+	cfg := Config{}
+	flag.IntVar(&cfg.FirstDeadline, "first-deadline", 2, "deadline tick of the first wave (arriving at tick 0)")
+	flag.IntVar(&cfg.LowFirst, "low-first", 2, "jobs in the first wave under low load")
+	flag.IntVar(&cfg.OverloadFirst, "overload-first", 8, "jobs in the first wave under overload")
+	flag.IntVar(&cfg.SecondAt, "second-at", 2, "arrival tick of the second wave")
+	flag.IntVar(&cfg.Second, "second", 2, "jobs in the second wave")
+	flag.IntVar(&cfg.SecondDeadline, "second-deadline", 4, "deadline tick of the second wave")
+	flag.IntVar(&cfg.Horizon, "horizon", 4, "count useful completions through this tick")
+	flag.IntVar(&cfg.BoundedInside, "bounded-inside", 2, "bounded admission: jobs inside (running + waiting)")
+	flag.IntVar(&cfg.ServiceTicks, "service-ticks", 1, "ticks one job takes on the worker")
+	flag.IntVar(&cfg.CatalogInside, "catalog-inside", 2, "catalog: requests the backend permits inside")
+	flag.IntVar(&cfg.CatalogWaiting, "catalog-waiting", 3, "catalog: requests held in the waiting room")
+	flag.IntVar(&cfg.CatalogDeadline, "catalog-deadline", 1, "catalog: the requests' absolute deadline tick")
+	flag.IntVar(&cfg.CatalogHorizon, "catalog-horizon", 3, "catalog: count useful results through this tick")
+	flag.DurationVar(&cfg.Timeout, "timeout", 30*time.Second, "bound on the whole run (wall clock)")
+	asJSON := flag.Bool("json", false, "print the report as JSON")
+	flag.Parse()
+	rep, err := Run(cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "examhall:", err)
+		os.Exit(1)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(rep)
+		return
+	}
+	Print(os.Stdout, rep)
+}
+
+// Print writes the report for people.
+func Print(w io.Writer, r *Report) {
+	fmt.Fprintf(w, "one worker, jobs of %d tick(s), deadlines absolute and inclusive; useful = finished by deadline and horizon\n",
+		r.Config.ServiceTicks)
+	for _, name := range []string{"low", "low_bounded", "unbounded", "bounded", "catalog"} {
+		s := r.Scenarios[name]
+		fmt.Fprintf(w, "  %-11s %-28s waves %v: offered %d, completed %d (late %d), useful %d through tick %d, refused %v, max inside %d + waiting %d\n",
+			name, s.Admission, s.Waves, s.Offered, s.Completed, s.Late, s.Useful, s.Horizon, s.Refused, s.Inside, s.Waiting)
+	}
+	c := r.Scenarios["catalog"]
+	fmt.Fprintf(w, "example useful completions: low=%d unbounded=%d bounded=%d\n", r.Low, r.Unbounded, r.Bounded)
+	fmt.Fprintf(w, "waiting room admission layout: inside=%d outside=%d; absolute-deadline useful=%d\n", c.Inside, c.Waiting, r.CatalogUseful)
+}
+
+// scenario is one run's setup.
+type scenario struct {
+	waves   []Wave
+	horizon int
+	// ctrl options; nil: no admission (an unbounded FIFO in front of the worker)
+	classes *admission.Class
+	stages  admission.Stage
+	label   string
+}
+
+// Run runs the five scenarios and reports what the servers counted.
+func Run(cfg Config) (*Report, error) {
+	if cfg.ServiceTicks < 1 || cfg.BoundedInside < 1 || cfg.CatalogInside < 1 || cfg.CatalogWaiting < 0 {
+		return nil, errors.New("service ticks and inside counts must be positive")
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 30 * time.Second
+	}
+	svc := time.Duration(cfg.ServiceTicks) * tick
+	low := []Wave{{0, cfg.LowFirst, cfg.FirstDeadline}, {cfg.SecondAt, cfg.Second, cfg.SecondDeadline}}
+	over := []Wave{{0, cfg.OverloadFirst, cfg.FirstDeadline}, {cfg.SecondAt, cfg.Second, cfg.SecondDeadline}}
+	// Bounded admission: one worker slot, the rest of "inside" may wait;
+	// deadline-aware on arrival and at dequeue.
+	bounded := &admission.Class{Name: "proctor", Slots: 1, QueueItems: cfg.BoundedInside - 1, ExpectedServiceTime: svc}
+	deadlines := admission.StageDeadline | admission.StageDequeue
+	scenarios := map[string]scenario{
+		"low":         {waves: low, horizon: cfg.Horizon, label: "none (FIFO)"},
+		"low_bounded": {waves: low, horizon: cfg.Horizon, classes: bounded, stages: deadlines, label: "tollgate (bounded)"},
+		"unbounded":   {waves: over, horizon: cfg.Horizon, label: "none (FIFO)"},
+		"bounded":     {waves: over, horizon: cfg.Horizon, classes: bounded, stages: deadlines, label: "tollgate (bounded)"},
+		// The catalog's waiting room: the backend permits CatalogInside in,
+		// holds CatalogWaiting outside, and re-checks the absolute deadline
+		// when capacity frees (the arrival-time deadline stage is off so the
+		// waiting room fills as in the seed).
+		"catalog": {
+			waves:   []Wave{{0, cfg.CatalogInside + cfg.CatalogWaiting, cfg.CatalogDeadline}},
+			horizon: cfg.CatalogHorizon,
+			classes: &admission.Class{Name: "catalog", Slots: cfg.CatalogInside, QueueItems: cfg.CatalogWaiting, ExpectedServiceTime: svc},
+			stages:  admission.StageDequeue,
+			label:   "tollgate (waiting room)",
+		},
+	}
+	rep := &Report{Config: cfg, Scenarios: map[string]*ScenarioReport{}}
+	for name, sc := range scenarios {
+		sr, err := runScenario(cfg, sc)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		rep.Scenarios[name] = sr
+	}
+	rep.Low = rep.Scenarios["low"].Useful
+	rep.Unbounded = rep.Scenarios["unbounded"].Useful
+	rep.Bounded = rep.Scenarios["bounded"].Useful
+	rep.CatalogUseful = rep.Scenarios["catalog"].Useful
+	return rep, nil
+}
+
+// job is one modelled job on the worker.
+type job struct {
+	deadline int
+	permit   *admission.Permit
+	done     chan struct{}
+}
+
+// sim is the server side of one run: a virtual clock, one worker with a
+// FIFO, the admission controller (or none) and the counts.
+type sim struct {
+	ctx     context.Context // the run's bound: waits give up when it ends
+	ctrl    *admission.Controller
+	service int
+	horizon int
+
+	mu        sync.Mutex
+	cond      *sync.Cond
+	tick      int
+	fifo      []*job
+	arrivals  int // arrivals decided: on the worker's FIFO, waiting in the controller, or refused
+	pending   int // admitted jobs not yet on the FIFO
+	completed int
+	useful    int
+	late      int
+	refused   map[string]int
+}
+
+type permitKey struct{}
+
+// observe acknowledges arrivals and starts from the controller's events,
+// so the clock advances only once every job is where it belongs.
+func (s *sim) observe(e admission.Event) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch e.Kind {
+	case admission.EventAdmitted:
+		s.arrivals++
+		s.pending++
+	case admission.EventQueued, admission.EventRefused:
+		s.arrivals++
+	case admission.EventStarted:
+		s.pending++
+	}
+	s.cond.Broadcast()
+}
+
+// admit is the server's admission glue on the virtual clock. It will be
+// replaced by interceptor.ServerOptions(interceptor.WithAdmission(ctrl))
+// once the interceptor package lands (with a virtual-clock hook for this
+// simulation). It asks the controller at the current tick, counts refusals
+// by reason and hands the permit to the worker, which releases it at the
+// job's modelled completion; the deferred Release is then a no-op.
+func (s *sim) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if s.ctrl == nil {
+		return handler(ctx, req)
+	}
+	deadline := int(req.(*wrapperspb.Int64Value).GetValue())
+	s.mu.Lock()
+	now := at(s.tick)
+	s.mu.Unlock()
+	p, err := s.ctrl.AdmitAt(ctx, admission.Request{Method: info.FullMethod, Size: -1, Deadline: at(deadline)}, now)
+	if err != nil {
+		s.mu.Lock()
+		s.refused[status.ReasonName(status.OutcomeOf(err).Reason)]++
+		s.mu.Unlock()
+		return nil, err
+	}
+	defer p.Release()
+	return handler(context.WithValue(ctx, permitKey{}, p), req)
+}
+
+// handle puts the job on the worker's FIFO and answers at its completion.
+func (s *sim) handle(ctx context.Context, in *wrapperspb.Int64Value) (*emptypb.Empty, error) {
+	p, _ := ctx.Value(permitKey{}).(*admission.Permit)
+	j := &job{deadline: int(in.GetValue()), permit: p, done: make(chan struct{})}
+	s.mu.Lock()
+	s.fifo = append(s.fifo, j)
+	if s.ctrl == nil {
+		s.arrivals++
+	} else {
+		s.pending--
+	}
+	s.cond.Broadcast()
+	s.mu.Unlock()
+	select {
+	case <-j.done:
+		return &emptypb.Empty{}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// awaitArrivals waits until n arrivals are decided and placed.
+func (s *sim) awaitArrivals(ctx context.Context, n int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.arrivals < n || s.pending > 0 {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		s.cond.Wait()
+	}
+	return nil
+}
+
+// step runs the worker for one job (or one idle tick).
+func (s *sim) step() {
+	s.mu.Lock()
+	for s.pending > 0 {
+		if s.ctx.Err() != nil {
+			s.mu.Unlock()
+			return
+		}
+		s.cond.Wait()
+	}
+	var j *job
+	if len(s.fifo) > 0 {
+		j = s.fifo[0]
+		s.fifo = s.fifo[1:]
+		s.tick += s.service
+		s.completed++
+		if s.tick <= j.deadline && s.tick <= s.horizon {
+			s.useful++
+		} else {
+			s.late++
+		}
+	} else {
+		s.tick++
+	}
+	now := s.tick
+	s.mu.Unlock()
+	if j != nil {
+		if j.permit != nil {
+			j.permit.ReleaseAt(at(now)) // may start the next waiter (observe)
+		}
+		close(j.done)
+	}
+}
+
+func (s *sim) now() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tick
+}
+
+func (s *sim) idle() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.pending > 0 && s.ctx.Err() == nil {
+		s.cond.Wait()
+	}
+	return len(s.fifo) == 0 || s.ctx.Err() != nil
+}
+
+func (s *sim) layout() (inside, waiting int) {
+	if s.ctrl == nil {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.fifo), 0
+	}
+	st := s.ctrl.StatsAt(at(s.now()))
+	for _, c := range st.Classes {
+		if c.Name != admission.ControlClass {
+			inside += c.Running
+			waiting += c.Queued
+		}
+	}
+	return inside, waiting
+}
+
+func (s *sim) desc() *grpc.ServiceDesc {
+	return &grpc.ServiceDesc{
+		ServiceName: service,
+		HandlerType: (*any)(nil),
+		Methods: []grpc.MethodDesc{{MethodName: "Refresh", Handler: func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
+			in := new(wrapperspb.Int64Value)
+			if err := dec(in); err != nil {
+				return nil, err
+			}
+			h := func(ctx context.Context, req any) (any, error) { return s.handle(ctx, req.(*wrapperspb.Int64Value)) }
+			return ic(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: refresh}, h)
+		}}},
+	}
+}
+
+func runScenario(cfg Config, sc scenario) (*ScenarioReport, error) {
+	s := &sim{service: cfg.ServiceTicks, horizon: sc.horizon, refused: map[string]int{}}
+	s.cond = sync.NewCond(&s.mu)
+	if sc.classes != nil {
+		ctrl, err := admission.New(
+			admission.WithClasses(*sc.classes),
+			admission.WithStages(sc.stages),
+			admission.WithObserver(s.observe),
+		)
+		if err != nil {
+			return nil, err
+		}
+		defer ctrl.Close()
+		s.ctrl = ctrl
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(s.admit))
+	srv.RegisterService(s.desc(), s)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(lis) }()
+	defer func() {
+		srv.Stop()
+		<-served
+	}()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
+	defer cancel()
+	s.ctx = ctx
+	// Wake waiters of the condition when the run times out.
+	stop := context.AfterFunc(ctx, func() {
+		s.mu.Lock()
+		s.cond.Broadcast()
+		s.mu.Unlock()
+	})
+	defer stop()
+
+	rep := &ScenarioReport{Admission: sc.label, Waves: sc.waves, Horizon: sc.horizon}
+	var wg sync.WaitGroup
+	sent := 0
+	for _, w := range sc.waves {
+		for s.now() < w.At && ctx.Err() == nil {
+			s.step()
+		}
+		for range w.Count {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_ = conn.Invoke(ctx, refresh, wrapperspb.Int64(int64(w.Deadline)), &emptypb.Empty{})
+			}()
+		}
+		sent += w.Count
+		if err := s.awaitArrivals(ctx, sent); err != nil {
+			return nil, fmt.Errorf("arrivals not acknowledged: %w", err)
+		}
+		in, wait := s.layout()
+		rep.Inside, rep.Waiting = max(rep.Inside, in), max(rep.Waiting, wait)
+	}
+	// Run the worker until every accepted job has finished (the fixture
+	// finishes expired work rather than cancelling it).
+	for !s.idle() {
+		s.step()
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("run did not finish within %v", cfg.Timeout)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rep.Offered = sent
+	rep.Completed, rep.Useful, rep.Late, rep.Refused, rep.LastTick = s.completed, s.useful, s.late, s.refused, s.tick
+	return rep, nil
+}

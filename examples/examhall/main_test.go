@@ -1,0 +1,58 @@
+package main
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func defaults() Config {
+	return Config{FirstDeadline: 2, LowFirst: 2, OverloadFirst: 8, SecondAt: 2, Second: 2, SecondDeadline: 4,
+		Horizon: 4, BoundedInside: 2, ServiceTicks: 1, CatalogInside: 2, CatalogWaiting: 3, CatalogDeadline: 1,
+		CatalogHorizon: 3, Timeout: time.Minute}
+}
+
+// TestSeedCounts checks seed 003's numbers: low=4 unbounded=2 bounded=4 and
+// the catalog waiting room (inside 2, outside 3) with one useful result.
+func TestSeedCounts(t *testing.T) {
+	rep, err := Run(defaults())
+	require.NoError(t, err)
+	require.Equal(t, 4, rep.Low)
+	require.Equal(t, 2, rep.Unbounded)
+	require.Equal(t, 4, rep.Bounded)
+	require.Equal(t, 1, rep.CatalogUseful)
+	require.Equal(t, 4, rep.Scenarios["low_bounded"].Useful, "admission costs nothing under low load")
+
+	u := rep.Scenarios["unbounded"]
+	require.Equal(t, 10, u.Completed, "the FIFO runs expired work")
+	require.Equal(t, 8, u.Late)
+	b := rep.Scenarios["bounded"]
+	require.Equal(t, 4, b.Completed)
+	require.Zero(t, b.Late, "bounded admission runs no expired work")
+	require.Equal(t, map[string]int{"DEADLINE_UNREACHABLE": 6}, b.Refused)
+	require.Equal(t, 2, b.Inside+b.Waiting)
+	c := rep.Scenarios["catalog"]
+	require.Equal(t, 2, c.Inside)
+	require.Equal(t, 3, c.Waiting)
+	require.Equal(t, map[string]int{"DEADLINE_EXPIRED": 3}, c.Refused, "waiting entries dropped unrun at dequeue")
+	var out bytes.Buffer
+	Print(&out, rep)
+	require.Contains(t, out.String(), "example useful completions: low=4 unbounded=2 bounded=4")
+	require.Contains(t, out.String(), "waiting room admission layout: inside=2 outside=3; absolute-deadline useful=1")
+}
+
+// TestFlagsChangeCounts: a later second deadline lets more of the FIFO's
+// backlog count, and a bigger bounded "inside" does not help expired work.
+func TestFlagsChangeCounts(t *testing.T) {
+	cfg := defaults()
+	cfg.FirstDeadline, cfg.Horizon = 3, 4
+	rep, err := Run(cfg)
+	require.NoError(t, err)
+	require.Equal(t, 3, rep.Unbounded) // jobs finishing at ticks 1, 2, 3
+	require.Equal(t, 4, rep.Bounded)   // inside=2 still bounds it: two of each wave
+}
