@@ -290,19 +290,24 @@ type serverStream struct {
 
 func (s *serverStream) Context() context.Context { return s.ctx }
 
-// tap is the tap handle ServerOptions installs with an admission
-// controller: the controller's allocation-free check, and on refusal the
-// attempt, call and try read from the request's header, so the caller can
-// tell the refusal answers the try it sent.
-func (sv *server) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
-	ctx, err := sv.cfg.admission.TapHandle(ctx, info)
-	if err == nil {
-		return ctx, nil
+// AdmissionTap returns the tap handle ServerOptions installs with an
+// admission controller: the controller's allocation-free check
+// (Controller.TapHandle), and on refusal the attempt, call and try read from
+// the request's tollgate header, so that the caller can tell the refusal
+// answers the very try it sent and refund its grant. grpc-go allows one tap
+// per server: a server with a tap of its own passes WithoutAdmissionTap and
+// calls this one first from its own.
+func AdmissionTap(ctrl *admission.Controller) tap.ServerInHandle {
+	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		ctx, err := ctrl.TapHandle(ctx, info)
+		if err == nil {
+			return ctx, nil
+		}
+		if h, perr := header.ParseValues(info.Header.Get(headerKey)); perr == nil {
+			err = status.With(err, status.WithAttempt(h.Attempt, h.Call, h.Try))
+		}
+		return ctx, err
 	}
-	if h, perr := header.ParseValues(info.Header.Get(headerKey)); perr == nil {
-		err = status.With(err, status.WithAttempt(h.Attempt, h.Call, h.Try))
-	}
-	return ctx, err
 }
 
 var errNoAdmission = errors.New("interceptor: no admission controller")
@@ -337,7 +342,7 @@ func NewServerOptions(opts ...ServerOption) ([]grpc.ServerOption, error) {
 		grpc.MaxConcurrentStreams(cfg.maxStreams),
 	}
 	if cfg.admission != nil && cfg.admissionTap {
-		out = append(out, grpc.InTapHandle(sv.tap))
+		out = append(out, grpc.InTapHandle(AdmissionTap(cfg.admission)))
 	}
 	return out, nil
 }

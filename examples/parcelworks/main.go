@@ -27,9 +27,11 @@ import (
 	"time"
 
 	"github.com/tollgate-go/tollgate/admission"
+	"github.com/tollgate-go/tollgate/interceptor"
 	"github.com/tollgate-go/tollgate/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/types/known/emptypb"
 )
 
@@ -203,27 +205,37 @@ func (s *server) awaitDecided(ctx context.Context, n int) error {
 
 type startKey struct{}
 
-// admit is the server's admission glue. It will be replaced by
-// interceptor.ServerOptions(interceptor.WithAdmission(ctrl)) once the
-// interceptor package lands; it asks the controller, counts refusals by
-// reason at the server, runs the handler and releases the permit once.
-func (s *server) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	arrived := time.Now()
-	p, err := s.ctrl.Admit(ctx, admission.Request{Method: info.FullMethod, Size: -1})
-	if err != nil {
-		o := status.OutcomeOf(err)
-		class := o.Detail.GetWorkloadClass()
-		s.mu.Lock()
-		if s.refused[class] == nil {
-			s.refused[class] = map[string]int{}
-		}
-		s.refused[class][status.ReasonName(o.Reason)]++
-		s.mu.Unlock()
-		_ = status.SetPushbackTrailer(ctx, err)
-		return nil, err
+// count is the server's outermost interceptor: it stamps each request's
+// arrival (for start delays) and counts, by class and reason, the refusals
+// tollgate's interceptor answers with.
+func (s *server) count(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	resp, err := handler(context.WithValue(ctx, startKey{}, time.Now()), req)
+	s.noteRefusal(err)
+	return resp, err
+}
+
+// countTap counts the refusals of the admission tap, which answer before any
+// interceptor runs.
+func (s *server) countTap(next tap.ServerInHandle) tap.ServerInHandle {
+	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		ctx, err := next(ctx, info)
+		s.noteRefusal(err)
+		return ctx, err
 	}
-	defer p.Release()
-	return handler(context.WithValue(ctx, startKey{}, arrived), req)
+}
+
+func (s *server) noteRefusal(err error) {
+	o := status.OutcomeOf(err)
+	if o.Kind != status.KindNotAdmitted {
+		return
+	}
+	class := o.Detail.GetWorkloadClass()
+	s.mu.Lock()
+	if s.refused[class] == nil {
+		s.refused[class] = map[string]int{}
+	}
+	s.refused[class][status.ReasonName(o.Reason)]++
+	s.mu.Unlock()
 }
 
 // task runs one task of class on its slot: it counts how many run at once
@@ -319,7 +331,12 @@ func Run(cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(s.admit))
+	// tollgate's server options wire the controller in; the example adds
+	// its own outer interceptor and tap only to count refusals by reason.
+	srv := grpc.NewServer(append([]grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(s.count),
+		grpc.InTapHandle(s.countTap(interceptor.AdmissionTap(ctrl))),
+	}, interceptor.ServerOptions(interceptor.WithAdmission(ctrl), interceptor.WithoutAdmissionTap())...)...)
 	srv.RegisterService(s.desc(), s)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
