@@ -3,6 +3,7 @@ module github.com/tollgate-go/tollgate
 go 1.26.0
 
 require (
+	github.com/google/uuid v1.6.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20261110000943-09e21b237f2c

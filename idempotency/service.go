@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 
-	"github.com/tollgate-go/tollgate/status"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"github.com/tollgate-go/tollgate/status"
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
 )
