@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -294,4 +295,39 @@ func runChild(spec string) int {
 	fmt.Println("BEGUN")
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	return 0
+}
+
+// BenchmarkRedisStoreBeginFinish measures a recorded unary call against the
+// test Redis: fingerprint, Begin (one round trip) and Finish with a 64-byte
+// response (one round trip).
+func BenchmarkRedisStoreBeginFinish(b *testing.B) {
+	c, prefix := newClient(b)
+	s := newStore(b, c, prefix)
+	ctx := context.Background()
+	// Start the tenant's horizon before the benchmark's attempt.
+	if _, err := s.Get(ctx, idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}); err != nil {
+		b.Fatal(err)
+	}
+	id := storetest.AttemptIDAt(time.Now().Add(idempotency.DefaultPolicy().Skew))
+	const method = "/shop.v1.Orders/Place"
+	req := make([]byte, 128)
+	resp := make([]byte, 64)
+	deadline := time.Now().Add(time.Minute)
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			key := idempotency.Key{Tenant: "acme", AttemptID: id, Call: strconv.FormatInt(next.Add(1), 10), Method: method}
+			fp := idempotency.Fingerprint(method, req)
+			res, err := s.Begin(ctx, idempotency.BeginRequest{Key: key, Try: 1, Fingerprint: fp, Deadline: deadline})
+			if err != nil || !res.Started {
+				b.Fatal(err, res.Refusal)
+			}
+			if err := s.Finish(ctx, idempotency.FinishRequest{Key: key, Try: 1, Fingerprint: fp,
+				State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: resp}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
