@@ -148,10 +148,12 @@ func attemptMillis(id string) int64 {
 	return t.UnixMilli()
 }
 
-// run runs sc; with replicas it pipelines WAIT on the same connection and
-// reports how many acknowledged (-1 without WAIT).
-func (s *Store) run(ctx context.Context, sc *redis.Script, keys []string, args ...any) ([]any, int, error) {
-	if s.replicas == 0 {
+// run runs sc; when wait is set and the store waits for replicas, it
+// pipelines WAIT on the same connection (WAIT covers only the writes of the
+// connection that sends it) and reports how many replicas acknowledged, and
+// -1 otherwise.
+func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []string, args ...any) ([]any, int, error) {
+	if s.replicas == 0 || !wait {
 		v, err := sc.Run(ctx, s.client, keys, args...).Slice()
 		if err != nil {
 			return nil, -1, storeErr(err)
@@ -161,7 +163,7 @@ func (s *Store) run(ctx context.Context, sc *redis.Script, keys []string, args .
 	for attempt := 0; ; attempt++ {
 		pipe := s.client.Pipeline()
 		res := sc.EvalSha(ctx, pipe, keys, args...)
-		wait := pipe.Do(ctx, "WAIT", s.replicas, s.waitTimeout.Milliseconds())
+		waited := pipe.Do(ctx, "WAIT", s.replicas, s.waitTimeout.Milliseconds())
 		_, _ = pipe.Exec(ctx)
 		v, err := res.Slice()
 		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") && attempt == 0 {
@@ -173,7 +175,7 @@ func (s *Store) run(ctx context.Context, sc *redis.Script, keys []string, args .
 		if err != nil {
 			return nil, -1, storeErr(err)
 		}
-		acked, err := wait.Int()
+		acked, err := waited.Int()
 		if err != nil {
 			return nil, -1, storeErr(err)
 		}
@@ -196,7 +198,7 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 		return idempotency.BeginResult{}, err
 	}
 	p := s.policy
-	v, acked, err := s.run(ctx, beginScript, s.keys(req.Key),
+	v, acked, err := s.run(ctx, true, beginScript, s.keys(req.Key),
 		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
 		req.Try, req.Fingerprint[:], req.Deadline.UnixMilli())
 	if err != nil {
@@ -267,7 +269,7 @@ func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest) error
 			det = b
 		}
 	}
-	v, _, err := s.run(ctx, finishScript, s.keys(req.Key),
+	v, _, err := s.run(ctx, false, finishScript, s.keys(req.Key),
 		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
 		req.Try, req.Fingerprint[:], int(req.State), code, msg, det, resp, retained, req.UnitsSpent)
 	if err != nil {
@@ -295,7 +297,7 @@ func (s *Store) Get(ctx context.Context, key idempotency.Key) (*tollgatev1.Attem
 		return nil, err
 	}
 	p := s.policy
-	v, _, err := s.run(ctx, getScript, s.keys(key), s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), attemptMillis(key.AttemptID))
+	v, _, err := s.run(ctx, false, getScript, s.keys(key), s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), attemptMillis(key.AttemptID))
 	if err != nil {
 		return nil, err
 	}
@@ -308,7 +310,7 @@ func (s *Store) Fence(ctx context.Context, key idempotency.Key, throughTry uint3
 		return nil, err
 	}
 	p := s.policy
-	v, acked, err := s.run(ctx, fenceScript, s.keys(key),
+	v, acked, err := s.run(ctx, true, fenceScript, s.keys(key),
 		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(key.AttemptID), throughTry)
 	if err != nil {
 		return nil, err
