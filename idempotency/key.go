@@ -180,8 +180,8 @@ type Digest [16]byte
 // every platform and in every release, and resists deliberate collisions, so
 // one caller cannot craft a request that replays another's stored response;
 // 128 bits keep accidental collisions out of reach. The length prefix keeps
-// (method, request) pairs from running into one another. It costs one
-// allocation and is safe for concurrent use.
+// (method, request) pairs from running into one another. It costs at most
+// one allocation and is safe for concurrent use.
 func Fingerprint(method string, request []byte) Digest {
 	h := sha256.New()
 	var n [8]byte

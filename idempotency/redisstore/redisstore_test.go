@@ -219,7 +219,9 @@ func TestKilledServerLeavesInProgressThenAbandoned(t *testing.T) {
 	rec, err := s.Get(ctx, k) // the horizon starts before the attempt
 	require.NoError(t, err)
 	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN, rec.GetState())
-	deadline := clock.Now().Add(5 * time.Second)
+	// Far enough ahead that a slow machine still starts the child in time,
+	// and beyond the policy's TTL, so the record outlives it.
+	deadline := clock.Now().Add(time.Minute)
 
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s|%s|%d", childEnv, prefix, k.AttemptID, deadline.UnixMilli()))
@@ -252,7 +254,7 @@ func TestKilledServerLeavesInProgressThenAbandoned(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_IN_PROGRESS, rec.GetState())
 	}
-	for _, step := range []time.Duration{time.Millisecond, p.Grace, p.TTL / 2} {
+	for _, step := range []time.Duration{time.Millisecond, p.Grace - 2*time.Millisecond} {
 		clock.Advance(step)
 		rec, err = s.Get(ctx, k)
 		require.NoError(t, err)
@@ -265,6 +267,15 @@ func TestKilledServerLeavesInProgressThenAbandoned(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_ABANDONED, rec.GetState())
 	}
+	// Once the record expires (d + skew + grace, the TTL having passed), the
+	// attempt is UNKNOWN: still never UNSEEN, still never run.
+	clock.Advance(deadline.Add(p.Skew + p.Grace).Sub(clock.Now()))
+	rec, err = s.Get(ctx, k)
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN, rec.GetState())
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Fingerprint: childFingerprint, Deadline: clock.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, idempotency.RefusedUnverifiable, res.Refusal)
 }
 
 var childFingerprint = idempotency.Fingerprint("/x.Y/Z", []byte("charge card"))

@@ -408,7 +408,7 @@ func testTombstoneUnits(e *env) {
 	e.fence(k2, 1)
 	e.mustStart(k2, 2, e.deadline())
 	e.finish(idempotency.FinishRequest{Key: k2, Try: 2, State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, UnitsSpent: 4})
-	require.Equal(e.t, uint32(4), uint32(e.fence(k2, 3).GetUnitsSpent()))
+	require.Equal(e.t, int64(4), e.fence(k2, 3).GetUnitsSpent())
 	require.Equal(e.t, uint32(3), e.get(k2).GetFencedThroughTry())
 }
 
