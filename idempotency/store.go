@@ -128,10 +128,13 @@ type FinishRequest struct {
 	// store has no room for, is not kept: the record is SUCCEEDED with
 	// response_retained false. The store copies it.
 	Response []byte
-	// Code, Message and Details are the status a FAILED or UNKNOWN try ended
-	// with. The store keeps Details as given: do not modify them afterwards.
-	Code    codes.Code
+	// Code is the status code a FAILED or UNKNOWN try ended with; not OK.
+	// Ignored for other states.
+	Code codes.Code
+	// Message is the status message a FAILED or UNKNOWN try ended with.
 	Message string
+	// Details are the status details a FAILED or UNKNOWN try ended with. The
+	// store keeps them as given: do not modify them afterwards.
 	Details []*anypb.Any
 	// UnitsSpent is the allowance units this try spent below the server; the
 	// record adds them to the call's cumulative units_spent.
