@@ -171,6 +171,34 @@ func TestRedisNewRefusesEvictingRedis(t *testing.T) {
 	require.ErrorContains(t, err, "noeviction")
 }
 
+// A Redis out of memory refuses writes (noeviction): Begin and Fence answer
+// ErrStoreFull, which is also ErrStoreUnavailable. This lowers the shared
+// Redis's maxmemory for the moment of two calls and restores it.
+func TestRedisOutOfMemoryIsStoreFull(t *testing.T) {
+	c, prefix := newClient(t)
+	clock := storetest.NewClock(time.Now())
+	p := storetest.Policy()
+	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
+	ctx := context.Background()
+	k := idempotency.Key{AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
+	_, err := s.Get(ctx, k)
+	require.NoError(t, err)
+	clock.Advance(p.Skew)
+	old, err := c.ConfigGet(ctx, "maxmemory").Result()
+	require.NoError(t, err)
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "1").Err())
+	_, beginErr := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
+	_, fenceErr := s.Fence(ctx, k, 1)
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory", old["maxmemory"]).Err())
+	for _, err := range []error{beginErr, fenceErr} {
+		require.ErrorIs(t, err, idempotency.ErrStoreFull)
+		require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
+	}
+	rec, err := s.Get(ctx, k)
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN, rec.GetState())
+}
+
 // With WAIT for a replica the test Redis does not have, Begin and Fence
 // answer ErrStoreUnavailable, and the begun try is fenced so its next try
 // can start once replicas are back.

@@ -85,6 +85,7 @@ func Run(t *testing.T, newStore func(t *testing.T, clock *Clock, policy idempote
 		{"GetAbsentIsUnseen", testGetUnseen},
 		{"InProgressThenAbandoned", testAbandoned},
 		{"ConcurrentBeginsOneWins", testConcurrentBegins},
+		{"ConcurrentTriesRunHandlerOnce", testConcurrentTries},
 		{"FenceBallots", testFenceBallots},
 		{"FenceReturnsOtherRecordsAsTheyAre", testFenceOthers},
 		{"TombstonesKeepUnits", testTombstoneUnits},
@@ -330,6 +331,48 @@ func testConcurrentBegins(e *env) {
 		require.Equal(e.t, tollgatev1.AttemptState_ATTEMPT_STATE_IN_PROGRESS, results[i].Record.GetState())
 	}
 	require.Equal(e.t, 1, won)
+}
+
+// 50 tries of one call, numbered 1–50 and sent at once, against a handler
+// that increments a counter: the counter ends at 1, and every other try is
+// answered IN_PROGRESS or with the finished record.
+func testConcurrentTries(e *env) {
+	k := e.key()
+	d := e.deadline()
+	const n = 50
+	var (
+		wg      sync.WaitGroup
+		start   = make(chan struct{})
+		mu      sync.Mutex
+		counter int
+		errs    = make([]error, n)
+		refused = make([]idempotency.Refusal, n)
+	)
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			res, err := e.s.Begin(e.ctx, idempotency.BeginRequest{Key: k, Try: uint32(i + 1), Fingerprint: fpA, Deadline: d})
+			if err != nil || !res.Started {
+				errs[i], refused[i] = err, res.Refusal
+				return
+			}
+			mu.Lock()
+			counter++
+			mu.Unlock()
+			errs[i] = e.s.Finish(e.ctx, idempotency.FinishRequest{Key: k, Try: uint32(i + 1), Fingerprint: fpA,
+				State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("once")})
+		})
+	}
+	close(start)
+	wg.Wait()
+	require.Equal(e.t, 1, counter)
+	for i := range n {
+		require.NoError(e.t, errs[i])
+		require.Contains(e.t, []idempotency.Refusal{idempotency.NotRefused, idempotency.RefusedInProgress, idempotency.RefusedFinished}, refused[i])
+	}
+	rec := e.get(k)
+	require.Equal(e.t, tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, rec.GetState())
+	require.Equal(e.t, []byte("once"), rec.GetResponse())
 }
 
 func testFenceBallots(e *env) {
