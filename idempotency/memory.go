@@ -81,7 +81,10 @@ const recordOverhead = 256
 // The store is bounded in records and bytes. It never removes a record
 // before its expiry (TTL after its last write, and never before d + skew +
 // grace); when full it refuses new tries and fences with an error wrapping
-// [ErrStoreFull] instead of evicting. Its horizon is the moment it was built:
+// [ErrStoreFull] instead of evicting. A finish is never refused for lack of
+// room: a response that does not fit is dropped (the record reads SUCCEEDED
+// with response_retained false), while status messages and details are kept
+// and counted. Its horizon is the moment it was built:
 // attempts created before then (minus skew) are UNKNOWN to it, because a
 // previous process may have run them. Expired records are removed as later
 // writes happen, so the store starts no goroutine and needs no Close.

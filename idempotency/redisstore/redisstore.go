@@ -34,7 +34,8 @@
 //     tries or cast ballots on its own.
 //
 // Times come from the calling server's clock; servers' clocks are assumed to
-// agree within the policy's skew.
+// agree within the policy's skew. The horizon keys (one small hash per tenant
+// and prefix) have no TTL; records do.
 package redisstore
 
 import (
@@ -98,13 +99,19 @@ type Store struct {
 }
 
 // New returns a store that keeps its records in the Redis behind client
-// (a *redis.Client or a *redis.ClusterClient). It checks that Redis answers,
-// that its maxmemory-policy is noeviction, and loads the scripts; it returns
-// an error wrapping idempotency.ErrStoreUnavailable when Redis cannot be
-// reached and an error naming the problem for a wrong policy or option.
+// (a *redis.Client or a *redis.ClusterClient). The client must be built with
+// ContextTimeoutEnabled: true, so that a context's deadline bounds every
+// store call (go-redis ignores deadlines otherwise). New checks that, that
+// Redis answers, and that its maxmemory-policy is noeviction, and loads the
+// scripts. It returns an error wrapping idempotency.ErrStoreUnavailable when
+// Redis cannot be reached and an error naming the problem for a wrong
+// setting or option.
 func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: New needs a Redis client")
+	}
+	if !honoursDeadlines(client) {
+		return nil, errors.New("redisstore: the Redis client must be built with ContextTimeoutEnabled: true, or a try's deadline would not bound its store calls")
 	}
 	s := &Store{client: client, prefix: "tollgate:attempt:", policy: idempotency.DefaultPolicy(), now: time.Now}
 	for _, o := range opts {
@@ -132,6 +139,16 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 		}
 	}
 	return s, nil
+}
+
+func honoursDeadlines(c redis.UniversalClient) bool {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return true // other clients: the caller's responsibility
 }
 
 func (s *Store) keys(k idempotency.Key) []string {

@@ -48,7 +48,7 @@ func redisAddr() string {
 // no Redis answers, unless TOLLGATE_REQUIRE_REDIS=1.
 func newClient(t testing.TB) (*redis.Client, string) {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	c := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := c.Ping(ctx).Err(); err != nil {
@@ -152,7 +152,12 @@ func TestRedisNewChecks(t *testing.T) {
 	_, err = redisstore.New(ctx, c, redisstore.WithReplicas(1, 0))
 	require.Error(t, err)
 
-	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	lax := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	defer lax.Close()
+	_, err = redisstore.New(ctx, lax)
+	require.ErrorContains(t, err, "ContextTimeoutEnabled")
+
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, ContextTimeoutEnabled: true})
 	defer dead.Close()
 	_, err = redisstore.New(ctx, dead)
 	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
@@ -197,6 +202,21 @@ func TestRedisOutOfMemoryIsStoreFull(t *testing.T) {
 	rec, err := s.Get(ctx, k)
 	require.NoError(t, err)
 	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN, rec.GetState())
+}
+
+// A context's deadline bounds a store call even while Redis does not answer.
+// CLIENT PAUSE holds every client of the shared Redis for 200 ms.
+func TestRedisHonoursDeadline(t *testing.T) {
+	c, prefix := newClient(t)
+	s := newStore(t, c, prefix)
+	ctx := context.Background()
+	require.NoError(t, c.Do(ctx, "CLIENT", "PAUSE", 200, "ALL").Err())
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	_, err := s.Get(short, idempotency.Key{AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"})
+	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.NoError(t, c.Do(ctx, "CLIENT", "UNPAUSE").Err())
 }
 
 // With WAIT for a replica the test Redis does not have, Begin and Fence
@@ -317,7 +337,7 @@ func runChild(spec string) int {
 		return 2
 	}
 	ms, _ := strconv.ParseInt(parts[2], 10, 64)
-	c := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	c := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
 	ctx := context.Background()
 	s, err := redisstore.New(ctx, c, redisstore.WithPrefix(parts[0]), redisstore.WithPolicy(storetest.Policy()))
 	if err != nil {
