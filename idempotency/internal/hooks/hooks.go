@@ -1,0 +1,13 @@
+// Package hooks lets tollgate's own tests reach options that the idempotency
+// packages keep unexported, such as the clock. It is not an API.
+package hooks
+
+import "time"
+
+// MemoryClock returns an idempotency.MemoryOption that makes a memory store
+// read time from now. Set by package idempotency's init.
+var MemoryClock func(now func() time.Time) any
+
+// RedisClock returns a redisstore.Option that makes a Redis store read time
+// from now. Set by package redisstore's init.
+var RedisClock func(now func() time.Time) any

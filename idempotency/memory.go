@@ -1,0 +1,481 @@
+package idempotency
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/tollgate-go/tollgate/idempotency/internal/hooks"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// Replicas is a promise about how many instances of a server share one store.
+// The only value is [SingleReplica]; it exists so that building a memory
+// store says, at the call site, what it requires.
+type Replicas struct{ single bool }
+
+// SingleReplica promises that at most one serving instance of the server
+// ever exists at a time: one process, deployed by stopping the old instance
+// before starting the new one (a Recreate rollout, never two pods at once).
+// A memory store is only correct under that promise; several replicas need a
+// shared store such as idempotency/redisstore.
+var SingleReplica = Replicas{single: true}
+
+// MemoryOption configures a [MemoryStore].
+type MemoryOption interface{ applyMemory(*memoryConfig) }
+
+type memoryConfig struct {
+	policy     Policy
+	maxRecords int
+	maxBytes   int64
+	now        func() time.Time
+}
+
+type memoryOptionFunc func(*memoryConfig)
+
+func (f memoryOptionFunc) applyMemory(c *memoryConfig) { f(c) }
+
+// WithPolicy sets the store's times and response size limit. Default
+// [DefaultPolicy].
+func WithPolicy(p Policy) MemoryOption {
+	return memoryOptionFunc(func(c *memoryConfig) { c.policy = p })
+}
+
+// WithMaxRecords bounds the number of records the memory store holds.
+// Default 100,000; it must be positive.
+func WithMaxRecords(n int) MemoryOption {
+	return memoryOptionFunc(func(c *memoryConfig) { c.maxRecords = n })
+}
+
+// WithMaxBytes bounds the bytes the memory store holds: keys, messages,
+// status details, kept responses and a fixed overhead per record. Default
+// 256 MiB; it must be at least 64 KiB.
+func WithMaxBytes(n int64) MemoryOption {
+	return memoryOptionFunc(func(c *memoryConfig) { c.maxBytes = n })
+}
+
+func init() {
+	hooks.MemoryClock = func(now func() time.Time) any {
+		return memoryOptionFunc(func(c *memoryConfig) { c.now = now })
+	}
+}
+
+// recordOverhead is the bytes counted for a record besides its variable parts.
+const recordOverhead = 256
+
+// MemoryStore is a [Store] that keeps records in the server's memory.
+//
+// AT MOST ONE SERVING INSTANCE, EVER. A memory store knows only the tries
+// its own process began. If two instances of the server run at once — two
+// pods during a rolling update, two replicas behind a load balancer — a
+// repeated try that reaches the other instance finds no record and runs its
+// handler a second time. Use it only for a server deployed as one replica with
+// a Recreate strategy; otherwise use idempotency/redisstore.
+//
+// The store is bounded in records and bytes. It never removes a record
+// before its expiry (TTL after its last write, and never before d + skew +
+// grace); when full it refuses new tries and fences with an error wrapping
+// [ErrStoreFull] instead of evicting. A finish is never refused for lack of
+// room: a response that does not fit is dropped (the record reads SUCCEEDED
+// with response_retained false), while status messages and details are kept
+// and counted. Its horizon is the moment it was built:
+// attempts created before then (minus skew) are UNKNOWN to it, because a
+// previous process may have run them. Expired records are removed as later
+// writes happen, so the store starts no goroutine and needs no Close.
+//
+// A MemoryStore is safe for concurrent use; every operation takes one mutex
+// for O(log n) time. Its zero value is not usable: build one with
+// [NewMemoryStore].
+type MemoryStore struct {
+	policy     Policy
+	maxRecords int
+	maxBytes   int64
+	now        func() time.Time
+
+	mu      sync.Mutex
+	horizon int64 // Unix ms
+	records map[Key]*memRecord
+	expiry  expiryHeap
+	bytes   int64
+}
+
+type memRecord struct {
+	key      Key
+	fp       Digest
+	state    tollgatev1.AttemptState // never ABANDONED: computed from lease
+	try      uint32
+	fenced   uint32
+	code     int32
+	message  string
+	details  []*anypb.Any
+	response []byte
+	retained bool
+	units    int64
+	started  int64 // Unix ms; 0 = unset
+	finished int64
+	lease    int64
+	deadline int64
+	expire   int64
+	size     int64
+	index    int // in expiry
+}
+
+// NewMemoryStore returns a memory store for a server that runs as a single
+// replica (see [MemoryStore]); replicas must be [SingleReplica]. It returns an
+// error for any other replicas value or an invalid option.
+func NewMemoryStore(replicas Replicas, opts ...MemoryOption) (*MemoryStore, error) {
+	if !replicas.single {
+		return nil, errors.New("idempotency: a memory store requires SingleReplica: at most one serving instance ever")
+	}
+	c := memoryConfig{policy: DefaultPolicy(), maxRecords: 100_000, maxBytes: 256 << 20, now: time.Now}
+	for _, o := range opts {
+		o.applyMemory(&c)
+	}
+	if err := c.policy.Validate(); err != nil {
+		return nil, err
+	}
+	if c.maxRecords <= 0 {
+		return nil, errors.New("idempotency: WithMaxRecords must be positive")
+	}
+	if c.maxBytes < 64<<10 {
+		return nil, errors.New("idempotency: WithMaxBytes must be at least 64 KiB")
+	}
+	s := &MemoryStore{
+		policy:     c.policy,
+		maxRecords: c.maxRecords,
+		maxBytes:   c.maxBytes,
+		now:        c.now,
+		records:    make(map[Key]*memRecord),
+	}
+	s.horizon = s.now().UnixMilli()
+	return s, nil
+}
+
+// Reset drops every record and moves the horizon to now, as a restart would:
+// from then on every attempt created before now (plus skew) reads UNKNOWN.
+func (s *MemoryStore) Reset() {
+	now := s.now().UnixMilli()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.records)
+	s.expiry = s.expiry[:0]
+	s.bytes = 0
+	s.horizon = now
+}
+
+// Len returns the number of records held, expired ones not yet removed
+// included.
+func (s *MemoryStore) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.records)
+}
+
+func storeErr(err error) error {
+	return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+}
+
+var errFull = fmt.Errorf("%w: %w", ErrStoreUnavailable, ErrStoreFull)
+
+// Begin implements [Store.Begin].
+func (s *MemoryStore) Begin(ctx context.Context, req BeginRequest) (BeginResult, error) {
+	if err := req.validate(); err != nil {
+		return BeginResult{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return BeginResult{}, storeErr(err)
+	}
+	now := s.now().UnixMilli()
+	ts, isV7 := attemptMillis(req.Key.AttemptID)
+	deadline := req.Deadline.UnixMilli()
+	skew := s.policy.Skew.Milliseconds()
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sweep(now)
+	if !isV7 || !s.policy.inHorizon(ts, s.horizon, now) {
+		return BeginResult{Refusal: RefusedUnverifiable, Record: unknownRecord(req.Key)}, nil
+	}
+	r := s.records[req.Key]
+	if r != nil {
+		if r.fp != (Digest{}) && r.fp != req.Fingerprint {
+			return BeginResult{Refusal: RefusedMismatch, Record: r.proto(now)}, nil
+		}
+		switch r.view(now) {
+		case tollgatev1.AttemptState_ATTEMPT_STATE_IN_PROGRESS:
+			return BeginResult{Refusal: RefusedInProgress, Record: r.proto(now)}, nil
+		case tollgatev1.AttemptState_ATTEMPT_STATE_ABANDONED:
+			return BeginResult{Refusal: RefusedAbandoned, Record: r.proto(now)}, nil
+		case tollgatev1.AttemptState_ATTEMPT_STATE_FENCED:
+			if req.Try <= r.fenced {
+				return BeginResult{Refusal: RefusedFenced, Record: r.proto(now)}, nil
+			}
+		default:
+			return BeginResult{Refusal: RefusedFinished, Record: r.proto(now)}, nil
+		}
+	}
+	if now > deadline+skew {
+		return BeginResult{Refusal: RefusedDeadlineExpired}, nil
+	}
+	if r == nil {
+		if now >= ts-skew+s.policy.TTL.Milliseconds() {
+			return BeginResult{Refusal: RefusedUnverifiable, Record: unknownRecord(req.Key)}, nil
+		}
+		size := recordOverhead + keySize(req.Key)
+		if len(s.records) >= s.maxRecords || s.bytes+size > s.maxBytes {
+			return BeginResult{}, errFull
+		}
+		r = &memRecord{key: req.Key, size: size}
+		s.records[req.Key] = r
+		s.bytes += size
+		r.index = -1
+	}
+	// A new record, or a tombstone FENCED(n) letting try n+1 start: units
+	// and fence are kept.
+	r.fp = req.Fingerprint
+	r.state = tollgatev1.AttemptState_ATTEMPT_STATE_IN_PROGRESS
+	r.try = req.Try
+	r.started = now
+	r.finished = 0
+	r.lease = deadline + skew
+	r.deadline = deadline
+	s.written(r, now)
+	return BeginResult{Started: true}, nil
+}
+
+// Finish implements [Store.Finish].
+func (s *MemoryStore) Finish(ctx context.Context, req FinishRequest) error {
+	if err := req.validate(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return storeErr(err)
+	}
+	now := s.now().UnixMilli()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sweep(now)
+	r := s.records[req.Key]
+	if r == nil {
+		return fmt.Errorf("%w: no record (lost or expired)", ErrNotRunning)
+	}
+	if st := r.view(now); st != tollgatev1.AttemptState_ATTEMPT_STATE_IN_PROGRESS || r.try != req.Try || r.fp != req.Fingerprint {
+		return fmt.Errorf("%w: the record is %s with try %d", ErrNotRunning, st, r.try)
+	}
+	old := r.variableSize()
+	r.state = req.State
+	r.finished = now
+	r.units += req.UnitsSpent
+	r.code, r.message, r.details, r.response, r.retained = 0, "", nil, nil, false
+	switch req.State {
+	case tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED:
+		if len(req.Response) <= s.policy.MaxResponseBytes && s.bytes+int64(len(req.Response)) <= s.maxBytes {
+			r.response = append([]byte(nil), req.Response...)
+			r.retained = true
+		}
+	case tollgatev1.AttemptState_ATTEMPT_STATE_FENCED:
+		r.fenced = max(r.fenced, req.Try)
+	default: // FAILED, UNKNOWN
+		r.code, r.message, r.details = int32(req.Code), req.Message, req.Details
+	}
+	grown := r.variableSize() - old
+	r.size += grown
+	s.bytes += grown
+	s.written(r, now)
+	return nil
+}
+
+// Get implements [Store.Get].
+func (s *MemoryStore) Get(ctx context.Context, key Key) (*tollgatev1.AttemptRecord, error) {
+	if err := ValidateKey(key); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, storeErr(err)
+	}
+	now := s.now().UnixMilli()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sweep(now)
+	if r, ok := s.vouch(key, now); !ok {
+		return unknownRecord(key), nil
+	} else if r != nil {
+		return r.proto(now), nil
+	}
+	return unseenRecord(key), nil
+}
+
+// Fence implements [Store.Fence].
+func (s *MemoryStore) Fence(ctx context.Context, key Key, throughTry uint32) (*tollgatev1.AttemptRecord, error) {
+	if err := ValidateFence(key, throughTry); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, storeErr(err)
+	}
+	now := s.now().UnixMilli()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.sweep(now)
+	r, ok := s.vouch(key, now)
+	if !ok {
+		return unknownRecord(key), nil
+	}
+	if r == nil {
+		size := recordOverhead + keySize(key)
+		if len(s.records) >= s.maxRecords || s.bytes+size > s.maxBytes {
+			return nil, errFull
+		}
+		r = &memRecord{key: key, size: size, index: -1, state: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED}
+		s.records[key] = r
+		s.bytes += size
+	} else if r.state != tollgatev1.AttemptState_ATTEMPT_STATE_FENCED || throughTry <= r.fenced {
+		return r.proto(now), nil
+	}
+	r.fenced = throughTry
+	r.finished = now
+	s.written(r, now)
+	return r.proto(now), nil
+}
+
+// vouch returns the live record of key, or nil and whether the store can
+// vouch for its absence. A present record of an attempt outside the horizon
+// is not returned: ok is false then.
+func (s *MemoryStore) vouch(key Key, now int64) (r *memRecord, ok bool) {
+	ts, isV7 := attemptMillis(key.AttemptID)
+	if !isV7 || !s.policy.inHorizon(ts, s.horizon, now) {
+		return nil, false
+	}
+	if r = s.records[key]; r != nil {
+		return r, true
+	}
+	return nil, now < ts-s.policy.Skew.Milliseconds()+s.policy.TTL.Milliseconds()
+}
+
+// written sets r's expiry after a write at now: TTL from now, and never
+// before the try's d + skew + grace.
+func (s *MemoryStore) written(r *memRecord, now int64) {
+	exp := now + s.policy.TTL.Milliseconds()
+	if r.deadline != 0 {
+		exp = max(exp, r.deadline+s.policy.Skew.Milliseconds()+s.policy.Grace.Milliseconds())
+	}
+	r.expire = exp
+	if r.index < 0 {
+		heap.Push(&s.expiry, r)
+	} else {
+		heap.Fix(&s.expiry, r.index)
+	}
+}
+
+// sweep removes the records whose expiry has come.
+func (s *MemoryStore) sweep(now int64) {
+	for len(s.expiry) > 0 && s.expiry[0].expire <= now {
+		r := heap.Pop(&s.expiry).(*memRecord)
+		delete(s.records, r.key)
+		s.bytes -= r.size
+	}
+}
+
+// view is the state r reads as at now.
+func (r *memRecord) view(now int64) tollgatev1.AttemptState {
+	if r.state == tollgatev1.AttemptState_ATTEMPT_STATE_IN_PROGRESS && now >= r.lease {
+		return tollgatev1.AttemptState_ATTEMPT_STATE_ABANDONED
+	}
+	return r.state
+}
+
+func (r *memRecord) variableSize() int64 {
+	n := int64(len(r.message) + len(r.response))
+	for _, d := range r.details {
+		n += int64(proto.Size(d))
+	}
+	return n
+}
+
+func keySize(k Key) int64 {
+	return int64(len(k.Tenant) + len(k.AttemptID) + len(k.Call) + len(k.Method))
+}
+
+func (r *memRecord) proto(now int64) *tollgatev1.AttemptRecord {
+	p := &tollgatev1.AttemptRecord{
+		AttemptId:        r.key.AttemptID,
+		Call:             r.key.Call,
+		Method:           r.key.Method,
+		State:            r.view(now),
+		Try:              r.try,
+		StatusCode:       r.code,
+		StatusMessage:    r.message,
+		ResponseRetained: r.retained,
+		UnitsSpent:       r.units,
+		StartedAt:        msTimestamp(r.started),
+		FinishedAt:       msTimestamp(r.finished),
+		LeaseExpiresAt:   msTimestamp(r.lease),
+		FencedThroughTry: r.fenced,
+	}
+	if len(r.details) > 0 {
+		p.StatusDetails = make([]*anypb.Any, len(r.details))
+		for i, d := range r.details {
+			p.StatusDetails[i] = proto.Clone(d).(*anypb.Any)
+		}
+	}
+	if r.retained {
+		p.Response = append([]byte(nil), r.response...)
+	}
+	return p
+}
+
+func msTimestamp(ms int64) *timestamppb.Timestamp {
+	if ms == 0 {
+		return nil
+	}
+	return timestamppb.New(time.UnixMilli(ms))
+}
+
+func unknownRecord(k Key) *tollgatev1.AttemptRecord {
+	return &tollgatev1.AttemptRecord{AttemptId: k.AttemptID, Call: k.Call, Method: k.Method, State: tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN}
+}
+
+func unseenRecord(k Key) *tollgatev1.AttemptRecord {
+	return &tollgatev1.AttemptRecord{AttemptId: k.AttemptID, Call: k.Call, Method: k.Method, State: tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN}
+}
+
+// UnknownRecord returns the record a store answers for key when it cannot
+// vouch for the attempt: state UNKNOWN and nothing else. For store
+// implementations.
+func UnknownRecord(key Key) *tollgatev1.AttemptRecord { return unknownRecord(key) }
+
+// UnseenRecord returns the record a store answers for an absent key it can
+// vouch for: state UNSEEN. For store implementations.
+func UnseenRecord(key Key) *tollgatev1.AttemptRecord { return unseenRecord(key) }
+
+// expiryHeap orders records by expiry, earliest first.
+type expiryHeap []*memRecord
+
+func (h expiryHeap) Len() int           { return len(h) }
+func (h expiryHeap) Less(i, j int) bool { return h[i].expire < h[j].expire }
+func (h expiryHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index = i
+	h[j].index = j
+}
+func (h *expiryHeap) Push(x any) {
+	r := x.(*memRecord)
+	r.index = len(*h)
+	*h = append(*h, r)
+}
+func (h *expiryHeap) Pop() any {
+	old := *h
+	r := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	r.index = -1
+	return r
+}
+
+var _ Store = (*MemoryStore)(nil)

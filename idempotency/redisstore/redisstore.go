@@ -1,0 +1,422 @@
+// Package redisstore is an idempotency.Store kept in Redis, for servers that
+// run as several replicas: every replica sees the same records.
+//
+// Each state change (begin, finish, fence) and each lookup is one Lua script:
+// one atomic step and one round trip. Records are Redis hashes with Redis
+// TTLs, counted from their last write and never ending before the try's
+// deadline + skew + grace. All keys live under a configurable prefix and
+// carry the tenant as a hash tag ("{t:tenant}"), so a record and its
+// tenant's horizon key always share a Redis Cluster slot.
+//
+// # What Redis can lose, and how the store stays honest
+//
+// A record that Redis evicts, or loses in a flush, restart, restore or
+// failover, would make a repeated try look new. So:
+//
+//   - [New] refuses to start unless maxmemory-policy is noeviction: a full
+//     Redis refuses writes (the store answers ErrStoreFull) instead of
+//     evicting records.
+//   - Each tenant hash tag has a horizon key holding the time it was created
+//     and the identity of the Redis that created it (its run_id and
+//     master_replid). Every script compares that identity with the running
+//     Redis's before it reads a record. A missing key (flush) or another
+//     identity (restart, restore from a backup, failover to a replica) moves
+//     the horizon to now at once: every earlier attempt reads UNKNOWN, and
+//     none of its tries runs, even when an old copy of its record survived.
+//   - Redis replicates asynchronously. Without [WithReplicas], a write that
+//     Redis acknowledged can be lost if the primary fails before a replica
+//     copied it; the horizon check then makes the loss visible (UNKNOWN)
+//     rather than wrong, but a primary cut off from its replicas may keep
+//     accepting tries that the promoted replica never sees. WithReplicas(n)
+//     sends WAIT n after each Begin and Fence, on the same connection and in
+//     the same round trip, and answers ErrStoreUnavailable when fewer than n
+//     replicas acknowledged in time, so that a minority primary cannot start
+//     tries or cast ballots on its own.
+//
+// Times come from the calling server's clock; servers' clocks are assumed to
+// agree within the policy's skew. The horizon keys (one small hash per tenant
+// and prefix) have no TTL; records do.
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/tollgate-go/tollgate/idempotency"
+	"github.com/tollgate-go/tollgate/idempotency/internal/hooks"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// Option configures a [Store].
+type Option interface{ apply(*Store) }
+
+type optionFunc func(*Store)
+
+func (f optionFunc) apply(s *Store) { f(s) }
+
+// WithPrefix sets the prefix of every key the store writes. It must not
+// contain '{' or '}' (the tenant's hash tag follows it). Default
+// "tollgate:attempt:".
+func WithPrefix(prefix string) Option { return optionFunc(func(s *Store) { s.prefix = prefix }) }
+
+// WithPolicy sets the store's times and response size limit. Default
+// idempotency.DefaultPolicy(). Every replica of a server must use the same.
+func WithPolicy(p idempotency.Policy) Option { return optionFunc(func(s *Store) { s.policy = p }) }
+
+// WithReplicas makes Begin and Fence wait (Redis WAIT) until n replicas
+// acknowledged their write, at most timeout, and fail with
+// idempotency.ErrStoreUnavailable when fewer did. A try whose begin fell
+// short is fenced again at once (best effort), so its next try can start.
+// Use a majority of the replicas. Default 0: no waiting.
+func WithReplicas(n int, timeout time.Duration) Option {
+	return optionFunc(func(s *Store) { s.replicas, s.waitTimeout = n, timeout })
+}
+
+func init() {
+	hooks.RedisClock = func(now func() time.Time) any {
+		return optionFunc(func(s *Store) { s.now = now })
+	}
+}
+
+// Store is an idempotency.Store kept in Redis; see the package documentation.
+// It is safe for concurrent use by any number of goroutines and server
+// replicas. It does not own the Redis client: closing the client is the
+// caller's business. Build one with [New]; the zero value is not usable.
+type Store struct {
+	client      redis.UniversalClient
+	prefix      string
+	policy      idempotency.Policy
+	replicas    int
+	waitTimeout time.Duration
+	now         func() time.Time
+}
+
+// New returns a store that keeps its records in the Redis behind client
+// (a *redis.Client or a *redis.ClusterClient). The client must be built with
+// ContextTimeoutEnabled: true, so that a context's deadline bounds every
+// store call (go-redis ignores deadlines otherwise). New checks that, that
+// Redis answers, and that its maxmemory-policy is noeviction, and loads the
+// scripts. It returns an error wrapping idempotency.ErrStoreUnavailable when
+// Redis cannot be reached and an error naming the problem for a wrong
+// setting or option.
+func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*Store, error) {
+	if client == nil {
+		return nil, errors.New("redisstore: New needs a Redis client")
+	}
+	if !honoursDeadlines(client) {
+		return nil, errors.New("redisstore: the Redis client must be built with ContextTimeoutEnabled: true, or a try's deadline would not bound its store calls")
+	}
+	s := &Store{client: client, prefix: "tollgate:attempt:", policy: idempotency.DefaultPolicy(), now: time.Now}
+	for _, o := range opts {
+		o.apply(s)
+	}
+	if err := s.policy.Validate(); err != nil {
+		return nil, err
+	}
+	if strings.ContainsAny(s.prefix, "{}") {
+		return nil, fmt.Errorf("redisstore: prefix %q must not contain '{' or '}'", s.prefix)
+	}
+	if s.replicas < 0 || (s.replicas > 0 && s.waitTimeout <= 0) {
+		return nil, errors.New("redisstore: WithReplicas needs n ≥ 0 and, for n > 0, a positive timeout")
+	}
+	cfg, err := client.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err != nil {
+		return nil, fmt.Errorf("%w: redisstore: reading maxmemory-policy: %w", idempotency.ErrStoreUnavailable, err)
+	}
+	if p := cfg["maxmemory-policy"]; p != "noeviction" {
+		return nil, fmt.Errorf("redisstore: Redis maxmemory-policy is %q; it must be noeviction, or Redis may evict records and a repeated try would run again", p)
+	}
+	for _, sc := range []*redis.Script{beginScript, finishScript, getScript, fenceScript} {
+		if err := sc.Load(ctx, client).Err(); err != nil {
+			return nil, fmt.Errorf("%w: redisstore: loading scripts: %w", idempotency.ErrStoreUnavailable, err)
+		}
+	}
+	return s, nil
+}
+
+func honoursDeadlines(c redis.UniversalClient) bool {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		return c.Options().ContextTimeoutEnabled
+	}
+	return true // other clients: the caller's responsibility
+}
+
+func (s *Store) keys(k idempotency.Key) []string {
+	tag := s.prefix + "{t:" + k.Tenant + "}:"
+	return []string{tag + "h", tag + "r|" + k.AttemptID + "|" + k.Call + "|" + k.Method}
+}
+
+// attemptMillis returns the attempt's UUIDv7 time, or -1.
+func attemptMillis(id string) int64 {
+	t, ok := idempotency.AttemptTime(id)
+	if !ok {
+		return -1
+	}
+	return t.UnixMilli()
+}
+
+// run runs sc; when wait is set and the store waits for replicas, it
+// pipelines WAIT on the same connection (WAIT covers only the writes of the
+// connection that sends it) and reports how many replicas acknowledged, and
+// -1 otherwise.
+func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []string, args ...any) ([]any, int, error) {
+	if s.replicas == 0 || !wait {
+		v, err := sc.Run(ctx, s.client, keys, args...).Slice()
+		if err != nil {
+			return nil, -1, storeErr(err)
+		}
+		return v, -1, nil
+	}
+	for attempt := 0; ; attempt++ {
+		pipe := s.client.Pipeline()
+		res := sc.EvalSha(ctx, pipe, keys, args...)
+		waited := pipe.Do(ctx, "WAIT", s.replicas, s.waitTimeout.Milliseconds())
+		_, _ = pipe.Exec(ctx)
+		v, err := res.Slice()
+		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") && attempt == 0 {
+			if err := sc.Load(ctx, s.client).Err(); err != nil {
+				return nil, -1, storeErr(err)
+			}
+			continue
+		}
+		if err != nil {
+			return nil, -1, storeErr(err)
+		}
+		acked, err := waited.Int()
+		if err != nil {
+			return nil, -1, storeErr(err)
+		}
+		return v, acked, nil
+	}
+}
+
+func storeErr(err error) error {
+	if redis.HasErrorPrefix(err, "OOM") {
+		return fmt.Errorf("%w: %w: redisstore: %w", idempotency.ErrStoreUnavailable, idempotency.ErrStoreFull, err)
+	}
+	return fmt.Errorf("%w: redisstore: %w", idempotency.ErrStoreUnavailable, err)
+}
+
+func (s *Store) ms(d time.Duration) int64 { return d.Milliseconds() }
+
+// Begin implements idempotency.Store.
+func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempotency.BeginResult, error) {
+	if err := idempotency.ValidateBegin(req); err != nil {
+		return idempotency.BeginResult{}, err
+	}
+	p := s.policy
+	v, acked, err := s.run(ctx, true, beginScript, s.keys(req.Key),
+		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
+		req.Try, req.Fingerprint[:], req.Deadline.UnixMilli())
+	if err != nil {
+		return idempotency.BeginResult{}, err
+	}
+	kind, rec, err := decode(req.Key, v)
+	if err != nil {
+		return idempotency.BeginResult{}, err
+	}
+	switch kind {
+	case kindStarted:
+		if acked >= 0 && acked < s.replicas {
+			// The handler will not run: make the try a tombstone so its
+			// next try may start.
+			_ = s.finish(ctx, idempotency.FinishRequest{Key: req.Key, Try: req.Try, Fingerprint: req.Fingerprint,
+				State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED})
+			return idempotency.BeginResult{}, s.short(acked)
+		}
+		return idempotency.BeginResult{Started: true}, nil
+	case kindFinished:
+		return idempotency.BeginResult{Refusal: idempotency.RefusedFinished, Record: rec}, nil
+	case kindInProgress:
+		return idempotency.BeginResult{Refusal: idempotency.RefusedInProgress, Record: rec}, nil
+	case kindAbandoned:
+		return idempotency.BeginResult{Refusal: idempotency.RefusedAbandoned, Record: rec}, nil
+	case kindFenced:
+		return idempotency.BeginResult{Refusal: idempotency.RefusedFenced, Record: rec}, nil
+	case kindMismatch:
+		return idempotency.BeginResult{Refusal: idempotency.RefusedMismatch, Record: rec}, nil
+	case kindDeadline:
+		return idempotency.BeginResult{Refusal: idempotency.RefusedDeadlineExpired}, nil
+	case kindUnverifiable:
+		return idempotency.BeginResult{Refusal: idempotency.RefusedUnverifiable, Record: idempotency.UnknownRecord(req.Key)}, nil
+	}
+	return idempotency.BeginResult{}, fmt.Errorf("%w: redisstore: unexpected begin reply %d", idempotency.ErrStoreUnavailable, kind)
+}
+
+func (s *Store) short(acked int) error {
+	return fmt.Errorf("%w: redisstore: %d of %d replicas acknowledged within %v",
+		idempotency.ErrStoreUnavailable, acked, s.replicas, s.waitTimeout)
+}
+
+// Finish implements idempotency.Store.
+func (s *Store) Finish(ctx context.Context, req idempotency.FinishRequest) error {
+	if err := idempotency.ValidateFinish(req); err != nil {
+		return err
+	}
+	return s.finish(ctx, req)
+}
+
+func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest) error {
+	p := s.policy
+	var resp []byte
+	retained := 0
+	if req.State == tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED && len(req.Response) <= p.MaxResponseBytes {
+		resp, retained = req.Response, 1
+	}
+	var code int
+	var msg string
+	var det []byte
+	if req.State == tollgatev1.AttemptState_ATTEMPT_STATE_FAILED || req.State == tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN {
+		code, msg = int(req.Code), req.Message
+		if len(req.Details) > 0 {
+			b, err := proto.Marshal(&tollgatev1.AttemptRecord{StatusDetails: req.Details})
+			if err != nil {
+				return fmt.Errorf("idempotency: redisstore: encoding status details: %w", err)
+			}
+			det = b
+		}
+	}
+	v, _, err := s.run(ctx, false, finishScript, s.keys(req.Key),
+		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
+		req.Try, req.Fingerprint[:], int(req.State), code, msg, det, resp, retained, req.UnitsSpent)
+	if err != nil {
+		return err
+	}
+	kind, rec, err := decode(req.Key, v)
+	if err != nil {
+		return err
+	}
+	switch kind {
+	case kindOK:
+		return nil
+	case kindNotRunning:
+		if rec == nil {
+			return fmt.Errorf("%w: no record (lost, expired, or outside the horizon)", idempotency.ErrNotRunning)
+		}
+		return fmt.Errorf("%w: the record is %s with try %d", idempotency.ErrNotRunning, rec.GetState(), rec.GetTry())
+	}
+	return fmt.Errorf("%w: redisstore: unexpected finish reply %d", idempotency.ErrStoreUnavailable, kind)
+}
+
+// Get implements idempotency.Store.
+func (s *Store) Get(ctx context.Context, key idempotency.Key) (*tollgatev1.AttemptRecord, error) {
+	if err := idempotency.ValidateKey(key); err != nil {
+		return nil, err
+	}
+	p := s.policy
+	v, _, err := s.run(ctx, false, getScript, s.keys(key), s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), attemptMillis(key.AttemptID))
+	if err != nil {
+		return nil, err
+	}
+	return s.record(key, v)
+}
+
+// Fence implements idempotency.Store.
+func (s *Store) Fence(ctx context.Context, key idempotency.Key, throughTry uint32) (*tollgatev1.AttemptRecord, error) {
+	if err := idempotency.ValidateFence(key, throughTry); err != nil {
+		return nil, err
+	}
+	p := s.policy
+	v, acked, err := s.run(ctx, true, fenceScript, s.keys(key),
+		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(key.AttemptID), throughTry)
+	if err != nil {
+		return nil, err
+	}
+	if acked >= 0 && acked < s.replicas {
+		return nil, s.short(acked)
+	}
+	return s.record(key, v)
+}
+
+func (s *Store) record(key idempotency.Key, v []any) (*tollgatev1.AttemptRecord, error) {
+	kind, rec, err := decode(key, v)
+	if err != nil {
+		return nil, err
+	}
+	switch kind {
+	case kindRecord:
+		return rec, nil
+	case kindUnseen:
+		return idempotency.UnseenRecord(key), nil
+	case kindUnknown:
+		return idempotency.UnknownRecord(key), nil
+	}
+	return nil, fmt.Errorf("%w: redisstore: unexpected reply %d", idempotency.ErrStoreUnavailable, kind)
+}
+
+// decode reads a script's reply: its kind and, when it carries one, the
+// record {kind, st, try, fen, code, msg, det, resp, ret, units, sa, fa,
+// lease, fp}.
+func decode(key idempotency.Key, v []any) (int, *tollgatev1.AttemptRecord, error) {
+	if len(v) == 0 {
+		return 0, nil, fmt.Errorf("%w: redisstore: empty script reply", idempotency.ErrStoreUnavailable)
+	}
+	kind := int(num(v[0]))
+	if len(v) == 1 {
+		return kind, nil, nil
+	}
+	if len(v) != 14 {
+		return 0, nil, fmt.Errorf("%w: redisstore: script reply of %d elements", idempotency.ErrStoreUnavailable, len(v))
+	}
+	rec := &tollgatev1.AttemptRecord{
+		AttemptId:        key.AttemptID,
+		Call:             key.Call,
+		Method:           key.Method,
+		State:            tollgatev1.AttemptState(num(v[1])),
+		Try:              uint32(num(v[2])),
+		FencedThroughTry: uint32(num(v[3])),
+		StatusCode:       int32(num(v[4])),
+		StatusMessage:    str(v[5]),
+		ResponseRetained: num(v[8]) == 1,
+		UnitsSpent:       num(v[9]),
+		StartedAt:        stamp(num(v[10])),
+		FinishedAt:       stamp(num(v[11])),
+		LeaseExpiresAt:   stamp(num(v[12])),
+	}
+	if det := str(v[6]); det != "" {
+		var holder tollgatev1.AttemptRecord
+		if err := proto.Unmarshal([]byte(det), &holder); err != nil {
+			return 0, nil, fmt.Errorf("%w: redisstore: decoding status details: %w", idempotency.ErrStoreUnavailable, err)
+		}
+		rec.StatusDetails = holder.StatusDetails
+	}
+	if rec.ResponseRetained {
+		rec.Response = []byte(str(v[7]))
+	}
+	return kind, rec, nil
+}
+
+func num(x any) int64 {
+	switch x := x.(type) {
+	case int64:
+		return x
+	case string:
+		n, _ := strconv.ParseInt(x, 10, 64)
+		return n
+	}
+	return 0
+}
+
+func str(x any) string {
+	s, _ := x.(string)
+	return s
+}
+
+func stamp(ms int64) *timestamppb.Timestamp {
+	if ms == 0 {
+		return nil
+	}
+	return timestamppb.New(time.UnixMilli(ms))
+}
+
+var _ idempotency.Store = (*Store)(nil)

@@ -1,0 +1,392 @@
+package redisstore_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/idempotency"
+	"github.com/tollgate-go/tollgate/idempotency/internal/hooks"
+	"github.com/tollgate-go/tollgate/idempotency/redisstore"
+	"github.com/tollgate-go/tollgate/idempotency/storetest"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"go.uber.org/goleak"
+)
+
+// childEnv, when set, makes the test binary act as a server process that
+// begins one try and waits to be killed (TestKilledServerLeavesInProgressThenAbandoned).
+const childEnv = "TOLLGATE_REDISSTORE_CHILD"
+
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(childEnv); spec != "" {
+		os.Exit(runChild(spec))
+	}
+	goleak.VerifyTestMain(m)
+}
+
+func redisAddr() string {
+	if a := os.Getenv("TOLLGATE_REDIS_ADDR"); a != "" {
+		return a
+	}
+	return "127.0.0.1:6379"
+}
+
+// newClient returns a client of the test Redis, closed at cleanup, and a
+// fresh key prefix whose keys are deleted at cleanup. It skips the test when
+// no Redis answers, unless TOLLGATE_REQUIRE_REDIS=1.
+func newClient(t testing.TB) (*redis.Client, string) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		_ = c.Close()
+		if os.Getenv("TOLLGATE_REQUIRE_REDIS") == "1" {
+			t.Fatalf("no Redis answers at %s (TOLLGATE_REQUIRE_REDIS=1): %v", redisAddr(), err)
+		}
+		t.Skipf("no Redis answers at %s (set TOLLGATE_REDIS_ADDR, or run scripts/ensure-redis.sh): %v", redisAddr(), err)
+	}
+	prefix := "tollgate-test:" + randomHex() + ":"
+	t.Cleanup(func() {
+		deletePrefix(t, c, prefix)
+		_ = c.Close()
+	})
+	return c, prefix
+}
+
+func randomHex() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// deletePrefix deletes every key under prefix: a flush of this test's data
+// only, leaving the shared Redis alone.
+func deletePrefix(t testing.TB, c *redis.Client, prefix string) {
+	ctx := context.Background()
+	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	var keys []string
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+	}
+	require.NoError(t, iter.Err())
+	if len(keys) > 0 {
+		require.NoError(t, c.Del(ctx, keys...).Err())
+	}
+}
+
+func clockOption(c *storetest.Clock) redisstore.Option {
+	return hooks.RedisClock(c.Now).(redisstore.Option)
+}
+
+func newStore(t testing.TB, c *redis.Client, prefix string, opts ...redisstore.Option) *redisstore.Store {
+	t.Helper()
+	s, err := redisstore.New(context.Background(), c, append([]redisstore.Option{redisstore.WithPrefix(prefix)}, opts...)...)
+	require.NoError(t, err)
+	return s
+}
+
+func TestRedisStoreConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T, clock *storetest.Clock, p idempotency.Policy) storetest.Harness {
+		c, prefix := newClient(t)
+		s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
+		return storetest.Harness{Store: s, Lose: func(t *testing.T) { deletePrefix(t, c, prefix) }}
+	})
+}
+
+// A restart, restore or failover brings a Redis with another identity: the
+// horizon moves at once, and a surviving (possibly stale) record of an
+// earlier attempt no longer answers.
+func TestRedisIdentityChangeMovesHorizon(t *testing.T) {
+	c, prefix := newClient(t)
+	clock := storetest.NewClock(time.Now())
+	p := storetest.Policy()
+	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
+	ctx := context.Background()
+	tenant := "acme"
+	k := idempotency.Key{Tenant: tenant, AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
+	_, err := s.Get(ctx, k) // the horizon starts
+	require.NoError(t, err)
+	clock.Advance(p.Skew)
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.True(t, res.Started)
+	require.NoError(t, s.Finish(ctx, idempotency.FinishRequest{Key: k, Try: 1, State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED}))
+
+	// As if this data had been restored into another Redis.
+	hk := prefix + "{t:" + tenant + "}:h"
+	require.NoError(t, c.HSet(ctx, hk, "id", "0000/0000").Err())
+	clock.Advance(time.Millisecond)
+	rec, err := s.Get(ctx, k)
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN, rec.GetState())
+	res, err = s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: clock.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, idempotency.RefusedUnverifiable, res.Refusal, "the tombstone may be stale: try 2 must not start")
+	id, err := c.HGet(ctx, hk, "id").Result()
+	require.NoError(t, err)
+	require.NotEqual(t, "0000/0000", id)
+}
+
+func TestRedisNewChecks(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := context.Background()
+	_, err := redisstore.New(ctx, c, redisstore.WithPrefix("a{b}"))
+	require.ErrorContains(t, err, "prefix")
+	bad := idempotency.DefaultPolicy()
+	bad.TTL = time.Second
+	_, err = redisstore.New(ctx, c, redisstore.WithPolicy(bad))
+	require.ErrorContains(t, err, "TTL")
+	_, err = redisstore.New(ctx, c, redisstore.WithReplicas(1, 0))
+	require.Error(t, err)
+
+	lax := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	defer lax.Close()
+	_, err = redisstore.New(ctx, lax)
+	require.ErrorContains(t, err, "ContextTimeoutEnabled")
+
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, ContextTimeoutEnabled: true})
+	defer dead.Close()
+	_, err = redisstore.New(ctx, dead)
+	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
+}
+
+// New refuses a Redis that may evict keys. This changes the shared Redis's
+// maxmemory-policy for a moment and restores it.
+func TestRedisNewRefusesEvictingRedis(t *testing.T) {
+	c, _ := newClient(t)
+	ctx := context.Background()
+	old, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+	require.NoError(t, err)
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err())
+	_, err = redisstore.New(ctx, c)
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory-policy", old["maxmemory-policy"]).Err())
+	require.ErrorContains(t, err, "noeviction")
+}
+
+// A Redis out of memory refuses writes (noeviction): Begin and Fence answer
+// ErrStoreFull, which is also ErrStoreUnavailable. This lowers the shared
+// Redis's maxmemory for the moment of two calls and restores it.
+func TestRedisOutOfMemoryIsStoreFull(t *testing.T) {
+	c, prefix := newClient(t)
+	clock := storetest.NewClock(time.Now())
+	p := storetest.Policy()
+	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
+	ctx := context.Background()
+	k := idempotency.Key{AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
+	_, err := s.Get(ctx, k)
+	require.NoError(t, err)
+	clock.Advance(p.Skew)
+	old, err := c.ConfigGet(ctx, "maxmemory").Result()
+	require.NoError(t, err)
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "1").Err())
+	_, beginErr := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
+	_, fenceErr := s.Fence(ctx, k, 1)
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory", old["maxmemory"]).Err())
+	for _, err := range []error{beginErr, fenceErr} {
+		require.ErrorIs(t, err, idempotency.ErrStoreFull)
+		require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
+	}
+	rec, err := s.Get(ctx, k)
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN, rec.GetState())
+}
+
+// A context's deadline bounds a store call even while Redis does not answer.
+// CLIENT PAUSE holds every client of the shared Redis for 200 ms.
+func TestRedisHonoursDeadline(t *testing.T) {
+	c, prefix := newClient(t)
+	s := newStore(t, c, prefix)
+	ctx := context.Background()
+	require.NoError(t, c.Do(ctx, "CLIENT", "PAUSE", 200, "ALL").Err())
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	_, err := s.Get(short, idempotency.Key{AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"})
+	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.NoError(t, c.Do(ctx, "CLIENT", "UNPAUSE").Err())
+}
+
+// With WAIT for a replica the test Redis does not have, Begin and Fence
+// answer ErrStoreUnavailable, and the begun try is fenced so its next try
+// can start once replicas are back.
+func TestRedisWaitForReplicas(t *testing.T) {
+	c, prefix := newClient(t)
+	clock := storetest.NewClock(time.Now())
+	p := storetest.Policy()
+	waiting := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithReplicas(1, 10*time.Millisecond))
+	plain := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
+	ctx := context.Background()
+	k := idempotency.Key{AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
+	_, err := plain.Get(ctx, k)
+	require.NoError(t, err)
+	clock.Advance(p.Skew)
+	_, err = waiting.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
+	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
+	require.ErrorContains(t, err, "0 of 1 replicas")
+	rec, err := plain.Get(ctx, k)
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState())
+	require.Equal(t, uint32(1), rec.GetFencedThroughTry())
+	res, err := plain.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: clock.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.True(t, res.Started)
+
+	k2 := k
+	k2.Call = "1"
+	_, err = waiting.Fence(ctx, k2, 1)
+	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
+	// A refusal that wrote nothing still answers.
+	res, err = waiting.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 3, Deadline: clock.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, idempotency.RefusedInProgress, res.Refusal)
+}
+
+// The killed-server test: a child process begins a try and is killed before
+// it finishes. The record reads IN_PROGRESS until the lease ends, then
+// ABANDONED — never UNSEEN — and no try of the call starts again.
+func TestKilledServerLeavesInProgressThenAbandoned(t *testing.T) {
+	c, prefix := newClient(t)
+	p := storetest.Policy()
+	clock := storetest.NewClock(time.Now())
+	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
+	ctx := context.Background()
+	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
+	rec, err := s.Get(ctx, k) // the horizon starts before the attempt
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN, rec.GetState())
+	// Far enough ahead that a slow machine still starts the child in time,
+	// and beyond the policy's TTL, so the record outlives it.
+	deadline := clock.Now().Add(time.Minute)
+
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s|%s|%d", childEnv, prefix, k.AttemptID, deadline.UnixMilli()))
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "BEGUN\n", line)
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	_ = stdin.Close()
+
+	lease := deadline.Add(p.Skew)
+	clock.Advance(p.Skew)
+	for _, at := range []time.Time{clock.Now(), lease.Add(-time.Millisecond)} {
+		clock.Advance(at.Sub(clock.Now()))
+		rec, err = s.Get(ctx, k)
+		require.NoError(t, err)
+		require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_IN_PROGRESS, rec.GetState())
+		for _, try := range []uint32{1, 2} {
+			res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: try, Fingerprint: childFingerprint, Deadline: deadline})
+			require.NoError(t, err)
+			require.Equal(t, idempotency.RefusedInProgress, res.Refusal)
+		}
+		rec, err = s.Fence(ctx, k, 1)
+		require.NoError(t, err)
+		require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_IN_PROGRESS, rec.GetState())
+	}
+	for _, step := range []time.Duration{time.Millisecond, p.Grace - 2*time.Millisecond} {
+		clock.Advance(step)
+		rec, err = s.Get(ctx, k)
+		require.NoError(t, err)
+		require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_ABANDONED, rec.GetState())
+		res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Fingerprint: childFingerprint, Deadline: clock.Now().Add(time.Second)})
+		require.NoError(t, err)
+		require.False(t, res.Started)
+		require.Equal(t, idempotency.RefusedAbandoned, res.Refusal)
+		rec, err = s.Fence(ctx, k, 2)
+		require.NoError(t, err)
+		require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_ABANDONED, rec.GetState())
+	}
+	// Once the record expires (d + skew + grace, the TTL having passed), the
+	// attempt is UNKNOWN: still never UNSEEN, still never run.
+	clock.Advance(deadline.Add(p.Skew + p.Grace).Sub(clock.Now()))
+	rec, err = s.Get(ctx, k)
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN, rec.GetState())
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Fingerprint: childFingerprint, Deadline: clock.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, idempotency.RefusedUnverifiable, res.Refusal)
+}
+
+var childFingerprint = idempotency.Fingerprint("/x.Y/Z", []byte("charge card"))
+
+// runChild is the killed server: it begins the try with the real clock,
+// says so, and waits for its parent to kill it.
+func runChild(spec string) int {
+	parts := strings.Split(spec, "|")
+	if len(parts) != 3 {
+		fmt.Fprintln(os.Stderr, "child: bad spec", spec)
+		return 2
+	}
+	ms, _ := strconv.ParseInt(parts[2], 10, 64)
+	c := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	ctx := context.Background()
+	s, err := redisstore.New(ctx, c, redisstore.WithPrefix(parts[0]), redisstore.WithPolicy(storetest.Policy()))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		return 2
+	}
+	k := idempotency.Key{Tenant: "acme", AttemptID: parts[1], Call: "0", Method: "/x.Y/Z"}
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Fingerprint: childFingerprint, Deadline: time.UnixMilli(ms)})
+	if err != nil || !res.Started {
+		fmt.Fprintln(os.Stderr, "child: begin:", err, res.Refusal)
+		return 2
+	}
+	// The handler's effect happens here; the process dies before Finish.
+	fmt.Println("BEGUN")
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	return 0
+}
+
+// BenchmarkRedisStoreBeginFinish measures a recorded unary call against the
+// test Redis: fingerprint, Begin (one round trip) and Finish with a 64-byte
+// response (one round trip).
+func BenchmarkRedisStoreBeginFinish(b *testing.B) {
+	c, prefix := newClient(b)
+	s := newStore(b, c, prefix)
+	ctx := context.Background()
+	// Start the tenant's horizon before the benchmark's attempt.
+	if _, err := s.Get(ctx, idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}); err != nil {
+		b.Fatal(err)
+	}
+	id := storetest.AttemptIDAt(time.Now().Add(idempotency.DefaultPolicy().Skew))
+	const method = "/shop.v1.Orders/Place"
+	req := make([]byte, 128)
+	resp := make([]byte, 64)
+	deadline := time.Now().Add(time.Minute)
+	var next atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			key := idempotency.Key{Tenant: "acme", AttemptID: id, Call: strconv.FormatInt(next.Add(1), 10), Method: method}
+			fp := idempotency.Fingerprint(method, req)
+			res, err := s.Begin(ctx, idempotency.BeginRequest{Key: key, Try: 1, Fingerprint: fp, Deadline: deadline})
+			if err != nil || !res.Started {
+				b.Fatal(err, res.Refusal)
+			}
+			if err := s.Finish(ctx, idempotency.FinishRequest{Key: key, Try: 1, Fingerprint: fp,
+				State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: resp}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -1,0 +1,161 @@
+package redisstore
+
+import "github.com/redis/go-redis/v9"
+
+// Every state change is one of these scripts: one atomic step, one round
+// trip. Each first compares the tenant's horizon key with Redis's identity
+// (run_id and master_replid, read with INFO inside the script): when the key
+// is missing (flushed, deleted) or the identity differs (restart, restore,
+// failover), the horizon moves to now before anything else happens.
+//
+// Times are Unix milliseconds from the caller's clock. A record is a hash;
+// its logical expiry "exp" is checked as well as its Redis TTL, so that a
+// record is gone at the same moment whichever clock looks.
+
+// Reply kinds (first element of every script's reply).
+const (
+	kindStarted      = 0
+	kindFinished     = 1
+	kindInProgress   = 2
+	kindAbandoned    = 3
+	kindFenced       = 4
+	kindMismatch     = 5
+	kindDeadline     = 6
+	kindUnverifiable = 7
+	kindNotRunning   = 8
+	kindRecord       = 9
+	kindUnseen       = 10
+	kindUnknown      = 11
+	kindOK           = 12
+)
+
+const prelude = `
+local FIELDS = {'st','fp','try','fen','code','msg','det','resp','ret','units','sa','fa','lease','dl','exp'}
+local IN_PROGRESS, FENCED, ABANDONED = 2, 5, 6
+
+local function n(x) return string.format('%d', x) end
+
+local function identity()
+  local s = redis.call('INFO', 'server')
+  local r = redis.call('INFO', 'replication')
+  return (string.match(s, 'run_id:(%x+)') or '?') .. '/' .. (string.match(r, 'master_replid:(%x+)') or '?')
+end
+
+-- horizon returns the tenant's horizon, moving it to now when its key is
+-- missing or was written by another Redis (restart, restore, failover).
+local function horizon(hk, now)
+  local h = redis.call('HMGET', hk, 'at', 'id')
+  local id = identity()
+  if h[1] and h[2] == id then return tonumber(h[1]) end
+  redis.call('HSET', hk, 'at', n(now), 'id', id)
+  return now
+end
+
+local function inside(ts, hz, now, skew)
+  return ts >= 0 and ts - skew >= hz and ts <= now + skew
+end
+
+local function load(rk, now)
+  local v = redis.call('HMGET', rk, unpack(FIELDS))
+  if not v[1] then return nil end
+  if tonumber(v[15]) <= now then
+    redis.call('DEL', rk)
+    return nil
+  end
+  return v
+end
+
+local function view(v, now)
+  local st = tonumber(v[1])
+  if st == IN_PROGRESS and now >= tonumber(v[13]) then return ABANDONED end
+  return st
+end
+
+local function reply(kind, v, now)
+  return {kind, view(v, now), v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12], v[13], v[2]}
+end
+
+local function expire(rk, now, exp)
+  redis.call('PEXPIRE', rk, n(exp - now))
+end
+`
+
+// begin: KEYS horizon, record. ARGV now, skew, ttl, grace, ts, try, fp, dl.
+var beginScript = redis.NewScript(prelude + `
+local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local ts, try, fp, dl = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
+local hz = horizon(KEYS[1], now)
+if not inside(ts, hz, now, skew) then return {7} end
+local v = load(KEYS[2], now)
+local units, fen = '0', '0'
+if v then
+  if v[2] ~= '' and v[2] ~= fp then return reply(5, v, now) end
+  local st = view(v, now)
+  if st == IN_PROGRESS then return reply(2, v, now) end
+  if st == ABANDONED then return reply(3, v, now) end
+  if st ~= FENCED then return reply(1, v, now) end
+  if try <= tonumber(v[4]) then return reply(4, v, now) end
+  units, fen = v[10], v[4]
+end
+if now > dl + skew then return {6} end
+if not v and now >= ts - skew + ttl then return {7} end
+local exp = math.max(now + ttl, dl + skew + grace)
+redis.call('HSET', KEYS[2], 'st', IN_PROGRESS, 'fp', fp, 'try', n(try), 'fen', fen, 'code', '0', 'msg', '',
+  'det', '', 'resp', '', 'ret', '0', 'units', units, 'sa', n(now), 'fa', '0', 'lease', n(dl + skew),
+  'dl', n(dl), 'exp', n(exp))
+expire(KEYS[2], now, exp)
+return {0}
+`)
+
+// finish: KEYS horizon, record. ARGV now, skew, ttl, grace, ts, try, fp,
+// state, code, msg, det, resp, ret, units.
+var finishScript = redis.NewScript(prelude + `
+local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local ts, try, fp, st = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
+local hz = horizon(KEYS[1], now)
+if not inside(ts, hz, now, skew) then return {8} end
+local v = load(KEYS[2], now)
+if not v then return {8} end
+if view(v, now) ~= IN_PROGRESS or tonumber(v[3]) ~= try or v[2] ~= fp then return reply(8, v, now) end
+local fen = tonumber(v[4])
+if st == FENCED and try > fen then fen = try end
+local units = tonumber(v[10]) + tonumber(ARGV[14])
+local exp = math.max(now + ttl, tonumber(v[14]) + skew + grace)
+redis.call('HSET', KEYS[2], 'st', n(st), 'fen', n(fen), 'code', ARGV[9], 'msg', ARGV[10], 'det', ARGV[11],
+  'resp', ARGV[12], 'ret', ARGV[13], 'units', n(units), 'fa', n(now), 'exp', n(exp))
+expire(KEYS[2], now, exp)
+return {12}
+`)
+
+// get: KEYS horizon, record. ARGV now, skew, ttl, ts.
+var getScript = redis.NewScript(prelude + `
+local now, skew, ttl, ts = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local hz = horizon(KEYS[1], now)
+if not inside(ts, hz, now, skew) then return {11} end
+local v = load(KEYS[2], now)
+if v then return reply(9, v, now) end
+if now < ts - skew + ttl then return {10} end
+return {11}
+`)
+
+// fence: KEYS horizon, record. ARGV now, skew, ttl, grace, ts, through.
+var fenceScript = redis.NewScript(prelude + `
+local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local ts, through = tonumber(ARGV[5]), tonumber(ARGV[6])
+local hz = horizon(KEYS[1], now)
+if not inside(ts, hz, now, skew) then return {11} end
+local v = load(KEYS[2], now)
+if v then
+  if view(v, now) ~= FENCED or through <= tonumber(v[4]) then return reply(9, v, now) end
+  local exp = math.max(now + ttl, tonumber(v[14]) + skew + grace)
+  redis.call('HSET', KEYS[2], 'fen', n(through), 'fa', n(now), 'exp', n(exp))
+  expire(KEYS[2], now, exp)
+else
+  if now >= ts - skew + ttl then return {11} end
+  local exp = now + ttl
+  redis.call('HSET', KEYS[2], 'st', FENCED, 'fp', '', 'try', '0', 'fen', n(through), 'code', '0', 'msg', '',
+    'det', '', 'resp', '', 'ret', '0', 'units', '0', 'sa', '0', 'fa', n(now), 'lease', '0', 'dl', '0', 'exp', n(exp))
+  expire(KEYS[2], now, exp)
+end
+return reply(9, load(KEYS[2], now), now)
+`)

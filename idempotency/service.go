@@ -1,0 +1,118 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+)
+
+// ServiceOption configures an [AttemptService].
+type ServiceOption interface{ applyService(*AttemptService) }
+
+type serviceOptionFunc func(*AttemptService)
+
+func (f serviceOptionFunc) applyService(s *AttemptService) { f(s) }
+
+// WithTenant sets the function that names the caller's tenant; every answer
+// is scoped to it. It must return a tenant of 0–64 characters of
+// [A-Za-z0-9._:-] and be safe for concurrent use. Default
+// [TenantFromContext], the tenant tollgate's server interceptor resolved.
+func WithTenant(tenant func(ctx context.Context) string) ServiceOption {
+	return serviceOptionFunc(func(s *AttemptService) { s.tenant = tenant })
+}
+
+// AttemptService serves tollgate.v1.AttemptService from a [Store]: GetAttempt
+// reads a record, FenceAttempt casts the owner's ballot (DESIGN.md §3.5). Both
+// are scoped to the caller's tenant, so one tenant can neither read nor fence
+// another's records: another tenant's attempt reads as if absent. Malformed
+// requests are INVALID_ARGUMENT; a store fault is NOT_ADMITTED
+// STORE_UNAVAILABLE. It is safe for concurrent use. Build one with
+// [NewAttemptService]; the zero value is not usable.
+type AttemptService struct {
+	tollgatev1.UnimplementedAttemptServiceServer
+	store  Store
+	tenant func(ctx context.Context) string
+}
+
+// NewAttemptService returns the AttemptService of store. It panics if store
+// is nil.
+func NewAttemptService(store Store, opts ...ServiceOption) *AttemptService {
+	if store == nil {
+		panic("idempotency: NewAttemptService needs a store")
+	}
+	s := &AttemptService{store: store, tenant: TenantFromContext}
+	for _, o := range opts {
+		o.applyService(s)
+	}
+	if s.tenant == nil {
+		s.tenant = TenantFromContext
+	}
+	return s
+}
+
+// GetAttempt returns the caller's tenant's record of one call, without
+// changing it: UNSEEN when the store can vouch for its absence, UNKNOWN when
+// it cannot.
+func (s *AttemptService) GetAttempt(ctx context.Context, req *tollgatev1.GetAttemptRequest) (*tollgatev1.AttemptRecord, error) {
+	key, err := s.key(ctx, req.GetAttemptId(), req.GetCall(), req.GetMethod())
+	if err != nil {
+		return nil, err
+	}
+	rec, err := s.store.Get(ctx, key)
+	if err != nil {
+		return nil, serviceError(err, key, 0)
+	}
+	return rec, nil
+}
+
+// FenceAttempt makes sure no try numbered fence_through_try or lower of the
+// caller's tenant's call ever starts, and returns the record (see
+// [Store.Fence]). fence_through_try must be 1–1000.
+func (s *AttemptService) FenceAttempt(ctx context.Context, req *tollgatev1.FenceAttemptRequest) (*tollgatev1.AttemptRecord, error) {
+	key, err := s.key(ctx, req.GetAttemptId(), req.GetCall(), req.GetMethod())
+	if err != nil {
+		return nil, err
+	}
+	if err := ValidateFence(key, req.GetFenceThroughTry()); err != nil {
+		return nil, grpcstatus.Error(codes.InvalidArgument, err.Error())
+	}
+	rec, err := s.store.Fence(ctx, key, req.GetFenceThroughTry())
+	if err != nil {
+		return nil, serviceError(err, key, req.GetFenceThroughTry())
+	}
+	return rec, nil
+}
+
+func (s *AttemptService) key(ctx context.Context, attemptID, call, method string) (Key, error) {
+	key := Key{Tenant: s.tenant(ctx), AttemptID: attemptID, Call: call, Method: method}
+	if len(key.Tenant) > maxTenantLen || !tokenChars(key.Tenant) {
+		return Key{}, grpcstatus.Error(codes.Internal, "idempotency: the server's tenant function returned a malformed tenant")
+	}
+	if err := ValidateKey(key); err != nil {
+		return Key{}, grpcstatus.Error(codes.InvalidArgument, err.Error())
+	}
+	return key, nil
+}
+
+func serviceError(err error, key Key, try uint32) error {
+	switch {
+	case errors.Is(err, ErrMalformedKey):
+		return grpcstatus.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		if errors.Is(err, context.Canceled) {
+			return grpcstatus.Error(codes.Canceled, err.Error())
+		}
+		return grpcstatus.Error(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, ErrStoreUnavailable):
+		return status.NotAdmitted(status.ReasonStoreUnavailable, status.Fields{
+			AttemptID: key.AttemptID, Call: key.Call, Try: try, Message: err.Error(),
+		})
+	}
+	return grpcstatus.Error(codes.Internal, err.Error())
+}
+
+var _ tollgatev1.AttemptServiceServer = (*AttemptService)(nil)

@@ -1,0 +1,288 @@
+package idempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// Store keeps the records of the calls a server ran, so that each record key
+// runs its handler at most once while the record is retained (DESIGN.md §3.7)
+// and absence is answered honestly (§3.8). Implementations are safe for
+// concurrent use; every method honours ctx's deadline and cancellation.
+//
+// Faults of the store itself (unreachable, too slow, full, too few replicas)
+// are errors that wrap [ErrStoreUnavailable]; a full store's also wrap
+// [ErrStoreFull]. The interceptor answers them NOT_ADMITTED
+// STORE_UNAVAILABLE. Malformed input is an error wrapping [ErrMalformedKey].
+// Everything else — a try that may not start — is not an error but a
+// [BeginResult] with a [Refusal].
+type Store interface {
+	// Begin starts a try atomically, or returns the record that stops it.
+	// On success the record is IN_PROGRESS with a lease until req.Deadline
+	// plus the store's clock skew, and BeginResult.Started is true.
+	Begin(ctx context.Context, req BeginRequest) (BeginResult, error)
+	// Finish records how a started try ended. It fails with an error
+	// wrapping [ErrNotRunning] when the try is not the record's running try
+	// (its lease ran out, or the store lost it), and changes nothing then.
+	Finish(ctx context.Context, req FinishRequest) error
+	// Get returns the record of a call without changing it: UNSEEN when it is
+	// absent and the store can vouch that it would hold it, UNKNOWN when the
+	// attempt lies outside the horizon. The record is the caller's to keep.
+	Get(ctx context.Context, key Key) (*tollgatev1.AttemptRecord, error)
+	// Fence makes sure no try numbered throughTry or lower ever starts: an
+	// absent record inside the horizon becomes the tombstone
+	// FENCED(throughTry) atomically, and a tombstone is raised to throughTry
+	// (never lowered). Any other record (IN_PROGRESS, ABANDONED, SUCCEEDED,
+	// FAILED, UNKNOWN) is returned as it is, and an attempt outside the
+	// horizon reads UNKNOWN. The record is the caller's to keep.
+	Fence(ctx context.Context, key Key, throughTry uint32) (*tollgatev1.AttemptRecord, error)
+}
+
+// BeginRequest describes the try a server is about to run.
+type BeginRequest struct {
+	// Key names the call's record.
+	Key Key
+	// Try is the try's number, 1–1000.
+	Try uint32
+	// Fingerprint is [Fingerprint] of the method and the request bytes.
+	Fingerprint Digest
+	// Deadline is the attempt's deadline d (the header's "d", capped by the
+	// server). The try may start only until Deadline plus the store's skew,
+	// and its lease lasts exactly that long. Required.
+	Deadline time.Time
+}
+
+// Refusal says why [Store.Begin] did not start a try. Its zero value,
+// NotRefused, goes with BeginResult.Started.
+type Refusal uint8
+
+const (
+	// NotRefused: the try started.
+	NotRefused Refusal = iota
+	// RefusedFinished: a try of the call finished; the record (SUCCEEDED,
+	// FAILED or UNKNOWN) answers every try, whatever its number.
+	RefusedFinished
+	// RefusedInProgress: a try of the call is running and its lease has not
+	// run out (ATTEMPT_IN_PROGRESS).
+	RefusedInProgress
+	// RefusedAbandoned: a try's lease ran out before it finished; its effect
+	// is unknown and no try of the call will ever run again.
+	RefusedAbandoned
+	// RefusedFenced: the record is a tombstone FENCED(n) with n ≥ the try's
+	// number (ATTEMPT_FENCED; the owner continues at n+1).
+	RefusedFenced
+	// RefusedMismatch: the record was made with a different fingerprint
+	// (ATTEMPT_REQUEST_MISMATCH); Record is the existing record.
+	RefusedMismatch
+	// RefusedDeadlineExpired: the try came after its deadline plus skew
+	// (DEADLINE_EXPIRED). Record is nil.
+	RefusedDeadlineExpired
+	// RefusedUnverifiable: the attempt lies outside the store's horizon, so
+	// its earlier tries may have run (ATTEMPT_UNVERIFIABLE). Record reads
+	// UNKNOWN.
+	RefusedUnverifiable
+)
+
+var refusalNames = [...]string{"NOT_REFUSED", "FINISHED", "IN_PROGRESS", "ABANDONED", "FENCED", "MISMATCH", "DEADLINE_EXPIRED", "UNVERIFIABLE"}
+
+// String returns the refusal's name, for example "IN_PROGRESS".
+func (r Refusal) String() string {
+	if int(r) < len(refusalNames) {
+		return refusalNames[r]
+	}
+	return fmt.Sprintf("Refusal(%d)", uint8(r))
+}
+
+// BeginResult is what [Store.Begin] answers: either Started, or a Refusal
+// and, except for RefusedDeadlineExpired, the Record that caused it.
+type BeginResult struct {
+	// Started is true when the try began; Record is nil then.
+	Started bool
+	// Refusal says why the try did not start.
+	Refusal Refusal
+	// Record is the record that stopped the try. It is the caller's to keep.
+	Record *tollgatev1.AttemptRecord
+}
+
+// FinishRequest records how a started try ended (DESIGN.md §3.7).
+type FinishRequest struct {
+	// Key names the call's record.
+	Key Key
+	// Try is the number of the try that ended; it must be the record's
+	// running try.
+	Try uint32
+	// Fingerprint must equal the one the try began with.
+	Fingerprint Digest
+	// State is how the try ended: SUCCEEDED, FAILED (a definite error),
+	// FENCED (a try without effect: the record becomes the tombstone
+	// FENCED(Try)) or UNKNOWN (anything else).
+	State tollgatev1.AttemptState
+	// Response is the serialized response of a SUCCEEDED unary try. A
+	// response longer than the policy's MaxResponseBytes, or one that the
+	// store has no room for, is not kept: the record is SUCCEEDED with
+	// response_retained false. The store copies it.
+	Response []byte
+	// Code is the status code a FAILED or UNKNOWN try ended with; not OK.
+	// Ignored for other states.
+	Code codes.Code
+	// Message is the status message a FAILED or UNKNOWN try ended with.
+	Message string
+	// Details are the status details a FAILED or UNKNOWN try ended with. The
+	// store keeps them as given: do not modify them afterwards.
+	Details []*anypb.Any
+	// UnitsSpent is the allowance units this try spent below the server; the
+	// record adds them to the call's cumulative units_spent.
+	UnitsSpent int64
+}
+
+func (r *FinishRequest) validate() error {
+	if err := ValidateKey(r.Key); err != nil {
+		return err
+	}
+	if err := validTry(r.Try); err != nil {
+		return err
+	}
+	switch r.State {
+	case tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED:
+	case tollgatev1.AttemptState_ATTEMPT_STATE_FAILED, tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN:
+		if r.Code == codes.OK {
+			return fmt.Errorf("%w: a %s try needs a status code other than OK", ErrMalformedKey, r.State)
+		}
+	default:
+		return fmt.Errorf("%w: a try cannot finish as %s", ErrMalformedKey, r.State)
+	}
+	if r.UnitsSpent < 0 {
+		return fmt.Errorf("%w: units_spent must not be negative", ErrMalformedKey)
+	}
+	return nil
+}
+
+func (r *BeginRequest) validate() error {
+	if err := ValidateKey(r.Key); err != nil {
+		return err
+	}
+	if err := validTry(r.Try); err != nil {
+		return err
+	}
+	if r.Deadline.IsZero() {
+		return fmt.Errorf("%w: begin needs the attempt's deadline", ErrMalformedKey)
+	}
+	return nil
+}
+
+// ValidateBegin reports whether req is well formed; the error wraps
+// [ErrMalformedKey]. Stores call it before doing anything.
+func ValidateBegin(req BeginRequest) error { return req.validate() }
+
+// ValidateFinish reports whether req is well formed; the error wraps
+// [ErrMalformedKey]. Stores call it before doing anything.
+func ValidateFinish(req FinishRequest) error { return req.validate() }
+
+// ValidateFence reports whether a fence through throughTry of key is well
+// formed; the error wraps [ErrMalformedKey].
+func ValidateFence(key Key, throughTry uint32) error {
+	if err := ValidateKey(key); err != nil {
+		return err
+	}
+	if throughTry < 1 || throughTry > MaxTry {
+		return fmt.Errorf("%w: fence_through_try must be 1–%d, not %d", ErrMalformedKey, MaxTry, throughTry)
+	}
+	return nil
+}
+
+// Errors of stores. Compare with errors.Is: stores wrap them with detail.
+var (
+	// ErrStoreUnavailable: the store could not answer (unreachable, too
+	// slow for the context, too few replicas acknowledged, or full).
+	ErrStoreUnavailable = errors.New("idempotency: store unavailable")
+	// ErrStoreFull: the store holds as many records or bytes as it may and
+	// refuses new ones rather than evicting any. Errors that wrap it also
+	// wrap ErrStoreUnavailable.
+	ErrStoreFull = errors.New("idempotency: store full")
+	// ErrNotRunning: [Store.Finish] named a try that is not the record's
+	// running try: its lease ran out (the record reads ABANDONED), it
+	// already finished, or the store lost it. The try's outcome stays
+	// unknown to its caller.
+	ErrNotRunning = errors.New("idempotency: try is not running")
+)
+
+// Policy fixes the times every store works with. Build one with
+// [DefaultPolicy] and change fields; stores validate it at construction.
+type Policy struct {
+	// Skew is the largest clock difference assumed between trusted peers
+	// (DESIGN.md §3.1). Default 500 ms.
+	Skew time.Duration
+	// Grace is how long after d + Skew the owner may still resolve a call
+	// (§3.1). Default 1 s.
+	Grace time.Duration
+	// MaxAttemptDeadline is the longest attempt deadline the server accepts,
+	// counted from when a try arrives. Default 2 min.
+	MaxAttemptDeadline time.Duration
+	// TTL is how long a record lives after its last write; it must be at
+	// least MaxAttemptDeadline + Skew + Grace. A record whose try's
+	// deadline d lies further ahead lives until d + Skew + Grace. Default
+	// 5 min.
+	TTL time.Duration
+	// MaxResponseBytes is the largest response kept in a SUCCEEDED record;
+	// a larger one is recorded with response_retained false. 0 keeps no
+	// response. Default 64 KiB.
+	MaxResponseBytes int
+}
+
+// DefaultPolicy returns the default policy (see [Policy]'s fields).
+func DefaultPolicy() Policy {
+	return Policy{
+		Skew:               500 * time.Millisecond,
+		Grace:              time.Second,
+		MaxAttemptDeadline: 2 * time.Minute,
+		TTL:                5 * time.Minute,
+		MaxResponseBytes:   64 << 10,
+	}
+}
+
+// Validate reports whether the policy is usable: no negative durations, a
+// positive MaxAttemptDeadline and a TTL of at least MaxAttemptDeadline +
+// Skew + Grace.
+func (p Policy) Validate() error {
+	switch {
+	case p.Skew < 0 || p.Grace < 0:
+		return errors.New("idempotency: policy skew and grace must not be negative")
+	case p.MaxAttemptDeadline <= 0:
+		return errors.New("idempotency: policy MaxAttemptDeadline must be positive")
+	case p.MaxResponseBytes < 0:
+		return errors.New("idempotency: policy MaxResponseBytes must not be negative")
+	case p.TTL < p.MaxAttemptDeadline+p.Skew+p.Grace:
+		return fmt.Errorf("idempotency: policy TTL %v is shorter than MaxAttemptDeadline + Skew + Grace (%v)",
+			p.TTL, p.MaxAttemptDeadline+p.Skew+p.Grace)
+	}
+	return nil
+}
+
+// Vouches reports whether a store whose horizon is horizon may treat the
+// absence of a record of attemptID as evidence at now (DESIGN.md §3.8): the
+// ID must be a UUIDv7 whose time ts satisfies ts − Skew ≥ horizon and
+// ts ≤ now + Skew, and now must be earlier than ts − Skew + TTL (no record
+// written for the attempt can have expired yet: each is written at or after
+// ts − Skew and lives at least TTL). [Store.Begin] further refuses a try
+// after d + Skew.
+func (p Policy) Vouches(attemptID string, horizon, now time.Time) bool {
+	ts, ok := attemptMillis(attemptID)
+	if !ok {
+		return false
+	}
+	return p.inHorizon(ts, horizon.UnixMilli(), now.UnixMilli()) &&
+		now.UnixMilli() < ts-p.Skew.Milliseconds()+p.TTL.Milliseconds()
+}
+
+// inHorizon reports whether an attempt created at ts (Unix ms) lies inside
+// the horizon: ts − Skew ≥ horizon and ts ≤ now + Skew.
+func (p Policy) inHorizon(ts, horizon, now int64) bool {
+	skew := p.Skew.Milliseconds()
+	return ts-skew >= horizon && ts <= now+skew
+}

@@ -1,0 +1,50 @@
+package storetest
+
+import (
+	"encoding/binary"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Clock is a manual clock for stores under test: it reads the time it was set
+// to and moves only when told, so tests expire leases and records without
+// sleeping. Its time has millisecond precision, as records do. It is safe for
+// concurrent use; the zero value reads the zero time.
+type Clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+// NewClock returns a clock that reads start, truncated to the millisecond.
+func NewClock(start time.Time) *Clock {
+	return &Clock{now: start.Truncate(time.Millisecond)}
+}
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Advance moves the clock forward by d (backward for a negative d).
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// AttemptIDAt returns a new random UUIDv7 attempt ID whose time is t (to the
+// millisecond), for tests of the horizon.
+func AttemptIDAt(t time.Time) string {
+	u, err := uuid.NewV7()
+	if err != nil {
+		panic(err)
+	}
+	var ms [8]byte
+	binary.BigEndian.PutUint64(ms[:], uint64(t.UnixMilli()))
+	copy(u[0:6], ms[2:8])
+	return u.String()
+}

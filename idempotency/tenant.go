@@ -1,0 +1,19 @@
+package idempotency
+
+import "context"
+
+type tenantKey struct{}
+
+// ContextWithTenant returns a copy of ctx that carries tenant. tollgate's
+// server interceptor calls it with the tenant it resolved for a request, so
+// that [NewAttemptService]'s default tenant function finds it.
+func ContextWithTenant(ctx context.Context, tenant string) context.Context {
+	return context.WithValue(ctx, tenantKey{}, tenant)
+}
+
+// TenantFromContext returns the tenant put in ctx by [ContextWithTenant], and
+// "" (no tenant) when there is none.
+func TenantFromContext(ctx context.Context) string {
+	t, _ := ctx.Value(tenantKey{}).(string)
+	return t
+}
