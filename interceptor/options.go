@@ -8,6 +8,7 @@ import (
 
 	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/budget"
+	"github.com/tollgate-go/tollgate/idempotency"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -209,6 +210,7 @@ func (f serverOptionFunc) applyServer(c *serverConfig) { f(c) }
 
 type serverConfig struct {
 	admission        *admission.Controller
+	store            idempotency.Store
 	admissionTap     bool
 	tenant           func(context.Context) string
 	trusted          func(context.Context) bool
@@ -271,6 +273,20 @@ func (c *serverConfig) validate() error {
 // given.
 func WithAdmission(ctrl *admission.Controller) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.admission = ctrl })
+}
+
+// WithAttemptStore makes the server keep a record of every call of a method
+// not declared NO_SIDE_EFFECTS (DESIGN.md §3.7): a try begins in the store
+// before its handler runs, and a finished record answers every later try of
+// the call (a SUCCEEDED unary record replays its response); the handler runs
+// on a context detached from the client's cancellation, with deadline exactly
+// the attempt deadline plus the clock skew, so that a try the client stopped
+// waiting for still finishes and its record resolves. Register
+// idempotency.NewAttemptService(store) on the same server so that owners can
+// query the records. The store's policy should use the same clock skew as
+// WithClockSkew.
+func WithAttemptStore(store idempotency.Store) ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.store = store })
 }
 
 // WithoutAdmissionTap keeps ServerOptions from installing the admission

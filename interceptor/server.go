@@ -9,6 +9,7 @@ import (
 
 	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/budget"
+	"github.com/tollgate-go/tollgate/idempotency"
 	"github.com/tollgate-go/tollgate/internal/header"
 	"github.com/tollgate-go/tollgate/internal/methodinfo"
 	"github.com/tollgate-go/tollgate/status"
@@ -217,8 +218,27 @@ func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 		return nil, err
 	}
 	defer permit.Release()
+
+	recorded := sv.recorded(in)
+	var fp idempotency.Digest
 	hctx, cancel := sv.handlerContext(ctx, in)
 	defer cancel()
+	if recorded {
+		if fp, err = fingerprint(info.FullMethod, req); err != nil {
+			err = status.NotAdmitted(status.ReasonRequestTooLarge, status.WithAttempt(in.s.ID, in.s.Call, in.s.Try),
+				status.WithMessage("interceptor: request cannot be marshalled: "+err.Error()))
+			sv.setTrailer(ctx, in, 0, err)
+			return nil, err
+		}
+		started, resp, err := sv.beginTry(ctx, info.FullMethod, in, fp, false)
+		if !started {
+			sv.setTrailer(ctx, in, 0, err)
+			return resp, err
+		}
+		dctx, dcancel := sv.detach(hctx, in)
+		defer dcancel()
+		hctx = dctx
+	}
 	var resp any
 	herr := sv.run(func() (err error) {
 		resp, err = handler(hctx, req)
@@ -226,8 +246,14 @@ func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 	})
 	spent := in.s.ledger.Seal()
 	answer := sv.answer(in, herr)
+	if recorded {
+		answer = sv.finishTry(info.FullMethod, in, fp, resp, answer, spent, false)
+	}
 	sv.setTrailer(ctx, in, spent, answer)
-	return resp, answer
+	if answer != nil {
+		return nil, answer
+	}
+	return resp, nil
 }
 
 func (sv *server) setTrailer(ctx context.Context, in *inbound, spent int64, err error) {
@@ -238,22 +264,38 @@ func (sv *server) setTrailer(ctx context.Context, in *inbound, spent int64, err 
 
 // control runs a control-path call (AttemptService, health, reflection):
 // no records, no ledger, admitted through the controller's control class.
+// The caller's tenant (a trusted peer's header "n", else WithTenant's) is put
+// in the context for idempotency.AttemptService, so that a query resolves
+// the same tenant as the try it asks about.
 func (sv *server) control(ctx context.Context, method string, req any, f func(context.Context) (any, error)) (any, error) {
+	tenant := ""
+	if vs := metadata.ValueFromIncomingContext(ctx, headerKey); len(vs) > 0 && sv.cfg.trusted(ctx) {
+		if h, err := header.ParseValues(vs); err == nil {
+			tenant = h.Tenant
+		}
+	}
+	if tenant == "" {
+		tenant = sv.cfg.tenant(ctx)
+	}
 	permit, err := sv.admit(ctx, method, nil, req)
 	if err != nil {
 		return nil, err
 	}
 	defer permit.Release()
-	return f(ctx)
+	return f(idempotency.ContextWithTenant(ctx, tenant))
 }
 
 // stream is the stream server interceptor. A stream holds its admission
 // permit for its lifetime; its ledger is sealed and tollgate-spent set when
-// the handler returns.
+// the handler returns. With a store, a stream keeps a record like a unary
+// call (its fingerprint covers the method alone: its requests arrive later),
+// and a finished record answers a later try with COMMITTED or its error.
 func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	ctx := ss.Context()
 	if isControl(info.FullMethod) {
-		_, err := sv.control(ctx, info.FullMethod, nil, func(context.Context) (any, error) { return nil, handler(srv, ss) })
+		_, err := sv.control(ctx, info.FullMethod, nil, func(ctx context.Context) (any, error) {
+			return nil, handler(srv, &serverStream{ServerStream: ss, ctx: ctx})
+		})
 		return err
 	}
 	in, err := sv.begin(ctx, info.FullMethod)
@@ -269,9 +311,24 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	defer permit.Release()
 	hctx, cancel := sv.handlerContext(ctx, in)
 	defer cancel()
+	recorded := sv.recorded(in)
+	fp := idempotency.Fingerprint(info.FullMethod, nil)
+	if recorded {
+		started, _, err := sv.beginTry(ctx, info.FullMethod, in, fp, true)
+		if !started {
+			sv.setStreamTrailer(ss, in, 0, err)
+			return err
+		}
+		dctx, dcancel := sv.detach(hctx, in)
+		defer dcancel()
+		hctx = dctx
+	}
 	herr := sv.run(func() error { return handler(srv, &serverStream{ServerStream: ss, ctx: hctx}) })
 	spent := in.s.ledger.Seal()
 	answer := sv.answer(in, herr)
+	if recorded {
+		answer = sv.finishTry(info.FullMethod, in, fp, nil, answer, spent, true)
+	}
 	sv.setStreamTrailer(ss, in, spent, answer)
 	return answer
 }

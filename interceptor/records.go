@@ -1,0 +1,177 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/tollgate-go/tollgate/idempotency"
+	"github.com/tollgate-go/tollgate/internal/methodinfo"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"github.com/tollgate-go/tollgate/status"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// recorded reports whether calls of the request keep records: a store is
+// configured and the method is not declared NO_SIDE_EFFECTS.
+func (sv *server) recorded(in *inbound) bool {
+	return sv.cfg.store != nil && in.info.Level != methodinfo.NoSideEffects
+}
+
+func (in *inbound) key(method string) idempotency.Key {
+	return idempotency.Key{Tenant: in.s.Tenant, AttemptID: in.s.ID, Call: in.s.Call, Method: method}
+}
+
+var deterministic = proto.MarshalOptions{Deterministic: true}
+
+// fingerprint is the 128-bit fingerprint of (method, request bytes). A
+// stream's requests arrive after the handler starts: its fingerprint covers
+// the method alone.
+func fingerprint(method string, req any) (idempotency.Digest, error) {
+	var b []byte
+	if m, ok := req.(proto.Message); ok {
+		var err error
+		if b, err = deterministic.Marshal(m); err != nil {
+			return idempotency.Digest{}, err
+		}
+	}
+	return idempotency.Fingerprint(method, b), nil
+}
+
+// beginTry begins the try in the store. It returns started, or the answer
+// the record gives instead (a replayed response, or an error).
+func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp idempotency.Digest, stream bool) (started bool, replay any, err error) {
+	s := in.s
+	res, err := sv.cfg.store.Begin(ctx, idempotency.BeginRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp, Deadline: s.Deadline})
+	if err != nil {
+		if errors.Is(err, idempotency.ErrMalformedKey) {
+			return false, nil, status.NotAdmitted(status.ReasonMalformedHeader, status.Fields{
+				AttemptID: s.ID, Call: s.Call, Try: s.Try, Message: err.Error()})
+		}
+		return false, nil, status.NotAdmitted(status.ReasonStoreUnavailable, status.Fields{
+			AttemptID: s.ID, Call: s.Call, Try: s.Try, RetryAfter: storeRetryAfter, Message: err.Error()})
+	}
+	if res.Started {
+		return true, nil, nil
+	}
+	rec := res.Record
+	id := status.WithAttempt(s.ID, s.Call, s.Try)
+	switch res.Refusal {
+	case idempotency.RefusedFinished:
+		resp, err := sv.replay(method, rec, stream, id)
+		return false, resp, err
+	case idempotency.RefusedInProgress:
+		var wait time.Duration
+		if le := rec.GetLeaseExpiresAt(); le != nil {
+			wait = max(le.AsTime().Sub(sv.cfg.now())/8, time.Millisecond)
+		}
+		return false, nil, status.NotAdmitted(status.ReasonAttemptInProgress, id, status.WithRetryAfter(wait))
+	case idempotency.RefusedAbandoned:
+		return false, nil, status.OutcomeUnknown(nil, id,
+			status.WithMessage("interceptor: an earlier try's lease ran out before it finished"))
+	case idempotency.RefusedFenced:
+		return false, nil, status.NotAdmitted(status.ReasonAttemptFenced, id, status.WithFencedThroughTry(rec.GetFencedThroughTry()))
+	case idempotency.RefusedMismatch:
+		return false, nil, status.RequestMismatch(recordOutcome(rec), id)
+	case idempotency.RefusedDeadlineExpired:
+		return false, nil, status.NotAdmitted(status.ReasonDeadlineExpired, id, status.Final())
+	default: // RefusedUnverifiable, and any refusal this build does not know
+		return false, nil, status.OutcomeUnknown(nil, id, status.WithReason(status.ReasonAttemptUnverifiable), status.Final(),
+			status.WithMessage("interceptor: the record store cannot vouch for this attempt's earlier tries"))
+	}
+}
+
+// storeRetryAfter is the delay suggested when the store cannot begin a try.
+const storeRetryAfter = 100 * time.Millisecond
+
+// replay answers a try from a finished record: a SUCCEEDED unary record's
+// response, COMMITTED when the response is not available, the definite error
+// of a FAILED record, UNKNOWN for an UNKNOWN one.
+func (sv *server) replay(method string, rec *tollgatev1.AttemptRecord, stream bool, id status.Option) (any, error) {
+	switch rec.GetState() {
+	case tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED:
+		if !stream && rec.GetResponseRetained() {
+			if resp, err := idempotency.DecodeResponse(method, rec.GetResponse()); err == nil {
+				return resp, nil
+			}
+		}
+		return nil, status.Committed(id)
+	case tollgatev1.AttemptState_ATTEMPT_STATE_FAILED:
+		return nil, recordError(rec)
+	default:
+		return nil, status.OutcomeUnknown(grpcstatus.ErrorProto(&spb.Status{
+			Code: int32(unknownRecordCode(rec)), Message: rec.GetStatusMessage()}), id)
+	}
+}
+
+func unknownRecordCode(rec *tollgatev1.AttemptRecord) codes.Code {
+	if c := codes.Code(rec.GetStatusCode()); c != codes.OK {
+		return c
+	}
+	return codes.Unknown
+}
+
+// recordOutcome is what a record says of its own effect, for a mismatch's
+// detail: COMMITTED for a success, NOT_ADMITTED for a tombstone, UNKNOWN
+// otherwise (a running, abandoned or unknown try, or a definite failure whose
+// effect the record does not vouch for).
+func recordOutcome(rec *tollgatev1.AttemptRecord) tollgatev1.Outcome {
+	switch rec.GetState() {
+	case tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED:
+		return tollgatev1.Outcome_OUTCOME_COMMITTED
+	case tollgatev1.AttemptState_ATTEMPT_STATE_FENCED:
+		return tollgatev1.Outcome_OUTCOME_NOT_ADMITTED
+	default:
+		return tollgatev1.Outcome_OUTCOME_UNKNOWN
+	}
+}
+
+// finishTry records how the handler's run ended (DESIGN.md §3.7), by the
+// answer the server is about to send. If the record cannot be finished, the
+// caller gets UNKNOWN, never success.
+func (sv *server) finishTry(method string, in *inbound, fp idempotency.Digest, resp any, answer error, spent int64, stream bool) error {
+	s := in.s
+	req := idempotency.FinishRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp, UnitsSpent: spent}
+	o := status.OutcomeOf(answer)
+	switch o.Kind {
+	case status.KindOK:
+		req.State = tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED
+		if m, ok := resp.(proto.Message); ok && !stream {
+			if b, err := deterministic.Marshal(m); err == nil {
+				req.Response = b
+			}
+		}
+	case status.KindFailed:
+		req.State = tollgatev1.AttemptState_ATTEMPT_STATE_FAILED
+	case status.KindNotAdmitted:
+		req.State = tollgatev1.AttemptState_ATTEMPT_STATE_FENCED
+	default:
+		req.State = tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN
+	}
+	if answer != nil {
+		st := grpcstatus.Convert(answer).Proto()
+		req.Code, req.Message, req.Details = codes.Code(st.GetCode()), st.GetMessage(), st.GetDetails()
+	}
+	// The store is asked on a context of its own: the client may be long
+	// gone, and the record must still be finished.
+	ctx, cancel := context.WithTimeout(context.Background(), storeFinishTimeout)
+	defer cancel()
+	if err := sv.cfg.store.Finish(ctx, req); err != nil {
+		return status.OutcomeUnknown(answer, status.WithAttempt(s.ID, s.Call, s.Try),
+			status.WithMessage("interceptor: the try's record could not be finished: "+err.Error()))
+	}
+	return answer
+}
+
+// storeFinishTimeout bounds how long finishing a record may take.
+const storeFinishTimeout = 5 * time.Second
+
+// detach returns the context a recorded try's handler runs on: detached from
+// the client's cancellation, with deadline exactly d + skew (DESIGN.md §3.1),
+// so that a slow state-changing try finishes and its record resolves.
+func (sv *server) detach(ctx context.Context, in *inbound) (context.Context, context.CancelFunc) {
+	return context.WithDeadline(context.WithoutCancel(ctx), in.s.Deadline.Add(sv.cfg.skew))
+}
