@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -68,8 +69,8 @@ import (
 var propertySeed = flag.Uint64("seed", 0, "run TestPropertyCallTrees for this seed only (also TOLLGATE_PROPERTY_SEED)")
 
 const (
-	propertyTrees      = 120
-	propertyTreesShort = 30
+	propertyTrees      = 400
+	propertyTreesShort = 80
 	propertyMaxNodes   = 16
 	propertyMaxDepth   = 4
 	propertyMaxFanOut  = 3
@@ -121,6 +122,7 @@ type pnode struct {
 	// the plan of its handler runs
 	tries      int  // MaxTries of the calls it owns
 	strict     bool // WithStrictAccounting on its connections
+	noMargin   bool // WithHopMargin(0) on its connections
 	concurrent bool // fan out concurrently (joined before answering)
 	split      splitMode
 	refuseRuns int64 // its first refuseRuns runs refuse
@@ -142,6 +144,21 @@ type pedge struct {
 	timeout       time.Duration // the call's own timeout, 0 for none
 	detached      bool          // made from a goroutine that outlives the handler
 	withoutCancel bool          // … on context.WithoutCancel(handler's context)
+	// waitSent makes the handler answer only once the detached call
+	// reached its server or ended, so that the call is in flight when the
+	// handler's ledger is sealed.
+	waitSent bool
+	// proxy puts a plain gRPC server (no tollgate) between the caller and
+	// the callee: it forwards the tollgate header once and drops the
+	// callee's trailer, so only strict accounting keeps the caller's books
+	// (DESIGN.md §2.3). Only under strict callers.
+	proxy bool
+}
+
+// callTry names one try of one call.
+type callTry struct {
+	call string
+	try  uint32
 }
 
 // arrival is one RPC that reached a server, read before tollgate's
@@ -166,17 +183,28 @@ type prun struct {
 
 // ptree is one random call tree, its servers and what they saw.
 type ptree struct {
-	seed         uint64
-	units        int64
-	originTries  int
-	originStrict bool
-	nodes        []*pnode
+	seed           uint64
+	units          int64
+	originTries    int
+	originStrict   bool
+	originNoMargin bool
+	// originCalls is 0 for one call whose attempt the origin client mints
+	// (WithAllowance), or the number of calls made under one
+	// interceptor.StartAttempt, concurrently when originConcurrent.
+	originCalls      int
+	originConcurrent bool
+	// timeout is how long after the origin's first call d falls.
+	timeout time.Duration
+	nodes   []*pnode
 
-	act   activity
-	mu    sync.Mutex
-	arr   []arrival
-	runs  []*prun
-	conns []*grpc.ClientConn
+	act     activity
+	mu      sync.Mutex
+	arr     []arrival
+	runs    []*prun
+	proxies []*testsvc.Endpoint
+	reports map[callTry]int64        // tollgate-spent of the tries that answered
+	signals map[string]chan struct{} // closed when the call reaches a server
+	nextSig int
 
 	refusals, drops, detached atomic.Int64
 }
@@ -221,6 +249,23 @@ func genTree(seed uint64) *ptree {
 		originStrict: rng.IntN(2) == 0,
 	}
 	tr.act.cond.L = &tr.act.mu
+	tr.originNoMargin = rng.IntN(4) == 0
+	tr.reports = map[callTry]int64{}
+	tr.signals = map[string]chan struct{}{}
+	if rng.IntN(2) == 0 {
+		tr.originCalls = 1 + rng.IntN(3)
+		tr.originConcurrent = rng.IntN(2) == 0
+	}
+	// d is the caller's deadline, earlier than the attempt timeout: a
+	// backstop of seconds (drops are called with short timeouts), or in one
+	// tree out of eight a short one that every tier must respect, and then
+	// the root may drop too.
+	tr.timeout = 5 * time.Second
+	rootDrops := false
+	if rng.IntN(8) == 0 {
+		tr.timeout = time.Duration(30+rng.IntN(90)) * time.Millisecond
+		rootDrops = rng.IntN(2) == 0
+	}
 	maxDepth := 1 + rng.IntN(propertyMaxDepth)
 	methods := []string{"Get", "Get", "Apply", "Put"}
 	var gen func(parent *pnode, depth int, method string) *pnode
@@ -229,6 +274,7 @@ func genTree(seed uint64) *ptree {
 			id: len(tr.nodes), depth: depth, parent: parent, method: method,
 			tries:      1 + rng.IntN(3),
 			strict:     rng.IntN(2) == 0,
+			noMargin:   rng.IntN(4) == 0,
 			concurrent: rng.IntN(2) == 0,
 			split:      splitMode(rng.IntN(3)),
 			refuseLate: rng.IntN(2) == 0,
@@ -241,7 +287,7 @@ func genTree(seed uint64) *ptree {
 		default:
 			n.refuseRuns = 2
 		}
-		if depth > 1 && rng.IntN(5) == 0 {
+		if (depth > 1 || rootDrops) && rng.IntN(5) == 0 {
 			n.dropRuns = 1
 		}
 		tr.nodes = append(tr.nodes, n)
@@ -268,6 +314,8 @@ func genTree(seed uint64) *ptree {
 				grant:         int64(rng.IntN(4)),
 				detached:      rng.IntN(5) == 0,
 				withoutCancel: rng.IntN(3) != 0,
+				waitSent:      rng.IntN(2) == 0,
+				proxy:         n.strict && rng.IntN(3) == 0,
 			}
 			switch {
 			case e.to.dropRuns > 0:
@@ -285,14 +333,15 @@ func genTree(seed uint64) *ptree {
 
 func (tr *ptree) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed %d: allowance %d, origin MaxTries %d strict %v\n", tr.seed, tr.units, tr.originTries, tr.originStrict)
+	fmt.Fprintf(&b, "seed %d: allowance %d, origin MaxTries %d strict %v noMargin %v calls %d concurrent %v, d after %v\n",
+		tr.seed, tr.units, tr.originTries, tr.originStrict, tr.originNoMargin, tr.originCalls, tr.originConcurrent, tr.timeout)
 	for _, n := range tr.nodes {
-		fmt.Fprintf(&b, "%s#%d %s: tries %d strict %v concurrent %v split %d refuse %d (late %v, without effect %v) drop %d\n",
-			strings.Repeat("  ", n.depth), n.id, n.method, n.tries, n.strict, n.concurrent, n.split,
+		fmt.Fprintf(&b, "%s#%d %s: tries %d strict %v noMargin %v concurrent %v split %d refuse %d (late %v, without effect %v) drop %d\n",
+			strings.Repeat("  ", n.depth), n.id, n.method, n.tries, n.strict, n.noMargin, n.concurrent, n.split,
 			n.refuseRuns, n.refuseLate, n.noEffect, n.dropRuns)
 		for _, e := range n.children {
-			fmt.Fprintf(&b, "%s  → #%d grant %d timeout %v detached %v withoutCancel %v\n",
-				strings.Repeat("  ", n.depth), e.to.id, e.grant, e.timeout, e.detached, e.withoutCancel)
+			fmt.Fprintf(&b, "%s  → #%d grant %d timeout %v detached %v (withoutCancel %v, waitSent %v) proxy %v\n",
+				strings.Repeat("  ", n.depth), e.to.id, e.grant, e.timeout, e.detached, e.withoutCancel, e.waitSent, e.proxy)
 		}
 	}
 	return b.String()
@@ -335,18 +384,68 @@ func (tr *ptree) start(t *testing.T) {
 	}
 	for _, n := range tr.nodes {
 		for _, e := range n.children {
-			conn, err := e.to.end.Dial(interceptor.DialOptions(clientOpts(n.tries, n.strict, -1)...)...)
+			opts := append(interceptor.DialOptions(clientOpts(n.tries, n.strict, n.noMargin, -1)...),
+				grpc.WithChainUnaryInterceptor(tr.reporter(e.proxy)))
+			to := e.to.end
+			if e.proxy {
+				to = tr.startProxy(t, e.to)
+			}
+			conn, err := to.Dial(opts...)
 			require.NoError(t, err)
-			tr.conns = append(tr.conns, conn)
 			t.Cleanup(func() { _ = conn.Close() })
 			n.clients = append(n.clients, testingv1.NewTestServiceClient(conn))
 		}
 	}
 }
 
-func clientOpts(tries int, strict bool, units int64) []interceptor.ClientOption {
+// startProxy runs a plain gRPC server that forwards each request once to
+// node to with a plain client, carrying the tollgate header (and the test's
+// signal) but answering without the callee's trailer.
+func (tr *ptree) startProxy(t *testing.T, to *pnode) *testsvc.Endpoint {
+	t.Helper()
+	up, err := to.end.Dial()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = up.Close() })
+	client := testingv1.NewTestServiceClient(up)
+	forward := func(ctx context.Context) error {
+		tr.act.add()
+		defer tr.act.done()
+		out := metadata.MD{}
+		for _, k := range []string{header.Key, signalKey} {
+			if vs := metadata.ValueFromIncomingContext(ctx, k); len(vs) > 0 {
+				out.Set(k, vs...)
+			}
+		}
+		return invoke(metadata.NewOutgoingContext(ctx, out), client, to.method)
+	}
+	svc := &testsvc.Service{
+		GetFunc: func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+			return &testingv1.GetResponse{}, forward(ctx)
+		},
+		PutFunc: func(ctx context.Context, _ *testingv1.PutRequest) (*testingv1.PutResponse, error) {
+			return &testingv1.PutResponse{}, forward(ctx)
+		},
+		ApplyFunc: func(ctx context.Context, _ *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+			return &testingv1.ApplyResponse{}, forward(ctx)
+		},
+	}
+	end, err := testsvc.Start(testsvc.Bufconn, svc.Register, grpc.WaitForHandlers(true))
+	require.NoError(t, err)
+	t.Cleanup(end.Stop)
+	tr.proxies = append(tr.proxies, end)
+	return end
+}
+
+// clientOpts are the options of a tier's connections; units < 0 for a tier
+// below the origin. Without a hop margin a try's deadline is the attempt's d
+// itself, so the server's own cap on the handler's deadline is what keeps it
+// within d.
+func clientOpts(tries int, strict, noMargin bool, units int64) []interceptor.ClientOption {
 	opts := []interceptor.ClientOption{
 		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: tries, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}),
+	}
+	if noMargin {
+		opts = append(opts, interceptor.WithHopMargin(0))
 	}
 	if strict {
 		opts = append(opts, interceptor.WithStrictAccounting())
@@ -366,9 +465,54 @@ func (tr *ptree) counter(n *pnode) grpc.UnaryServerInterceptor {
 		h, err := header.ParseValues(metadata.ValueFromIncomingContext(ctx, header.Key))
 		tr.mu.Lock()
 		tr.arr = append(tr.arr, arrival{node: n, h: h, err: err})
+		var sent chan struct{}
+		if sig := metadata.ValueFromIncomingContext(ctx, signalKey); len(sig) == 1 {
+			sent = tr.signals[sig[0]]
+			delete(tr.signals, sig[0])
+		}
 		tr.mu.Unlock()
+		if sent != nil {
+			close(sent)
+		}
 		return handler(ctx, req)
 	}
+}
+
+const signalKey = "x-property-signal"
+
+// reporter is the innermost client interceptor of the tiers' connections:
+// it sees each try with its tollgate header and notes the tollgate-spent
+// the callee answered with (none on an OK answer is 0). Through a proxy,
+// which drops the trailer, it notes nothing.
+func (tr *ptree) reporter(viaProxy bool) grpc.UnaryClientInterceptor {
+	if viaProxy {
+		return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}
+	}
+	return tr.report
+}
+
+func (tr *ptree) report(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	var trailer metadata.MD
+	err := invoker(ctx, method, req, reply, cc, append(opts, grpc.Trailer(&trailer))...)
+	md, _ := metadata.FromOutgoingContext(ctx)
+	h, herr := header.ParseValues(md.Get(header.Key))
+	if herr != nil {
+		return err
+	}
+	spent, ok := int64(0), err == nil
+	if vs := trailer.Get("tollgate-spent"); len(vs) == 1 {
+		if v, perr := strconv.ParseInt(vs[0], 10, 64); perr == nil {
+			spent, ok = v, true
+		}
+	}
+	if ok {
+		tr.mu.Lock()
+		tr.reports[callTry{h.Call, h.Try}] = spent
+		tr.mu.Unlock()
+	}
+	return err
 }
 
 var errPropertyRefused = status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Millisecond))
@@ -436,18 +580,10 @@ func (tr *ptree) callChildren(ctx context.Context, n *pnode, r *prun) error {
 			defer cancel()
 		}
 		r.issued.Add(1)
-		c := n.clients[i]
-		var err error
-		switch e.to.method {
-		case "Get":
-			_, err = c.Get(ctx, &testingv1.GetRequest{Key: "k"})
-		case "Put":
-			_, err = c.Put(ctx, &testingv1.PutRequest{Key: "k", Value: "v"})
-		default:
-			_, err = c.Apply(ctx, &testingv1.ApplyRequest{Key: "k", Amount: 1})
-		}
-		return err
+		return invoke(ctx, n.clients[i], e.to.method)
 	}
+	type waiting struct{ sent, done chan struct{} }
+	var waits []waiting
 	for i, e := range n.children {
 		if !e.detached {
 			continue
@@ -456,13 +592,33 @@ func (tr *ptree) callChildren(ctx context.Context, n *pnode, r *prun) error {
 		if e.withoutCancel {
 			cctx = context.WithoutCancel(cctx)
 		}
+		done := make(chan struct{})
+		if e.waitSent {
+			w := waiting{sent: make(chan struct{}), done: done}
+			tr.mu.Lock()
+			tr.nextSig++
+			sig := strconv.Itoa(tr.nextSig)
+			tr.signals[sig] = w.sent
+			tr.mu.Unlock()
+			cctx = metadata.AppendToOutgoingContext(cctx, signalKey, sig)
+			waits = append(waits, w)
+		}
 		tr.detached.Add(1)
 		tr.act.add()
 		go func() {
 			defer tr.act.done()
+			defer close(done)
 			_ = call(cctx, i)
 		}()
 	}
+	defer func() {
+		for _, w := range waits {
+			select {
+			case <-w.sent:
+			case <-w.done:
+			}
+		}
+	}()
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
@@ -494,28 +650,53 @@ func (tr *ptree) callChildren(ctx context.Context, n *pnode, r *prun) error {
 	return firstErr
 }
 
+// invoke calls method on c.
+func invoke(ctx context.Context, c testingv1.TestServiceClient, method string) error {
+	var err error
+	switch method {
+	case "Get":
+		_, err = c.Get(ctx, &testingv1.GetRequest{Key: "k"})
+	case "Put":
+		_, err = c.Put(ctx, &testingv1.PutRequest{Key: "k", Value: "v"})
+	default:
+		_, err = c.Apply(ctx, &testingv1.ApplyRequest{Key: "k", Amount: 1})
+	}
+	return err
+}
+
 // run plays the attempt and returns once nothing can reach a server any
 // more.
-func (tr *ptree) run(t *testing.T) (d time.Time, err error) {
+func (tr *ptree) run(t *testing.T) (d time.Time, errs []error) {
 	t.Helper()
 	root := tr.nodes[0]
-	conn, derr := root.end.Dial(interceptor.DialOptions(clientOpts(tr.originTries, tr.originStrict, tr.units)...)...)
-	require.NoError(t, derr)
+	conn, err := root.end.Dial(append(interceptor.DialOptions(clientOpts(tr.originTries, tr.originStrict, tr.originNoMargin, tr.units)...),
+		grpc.WithChainUnaryInterceptor(tr.reporter(false)))...)
+	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	origin := testingv1.NewTestServiceClient(conn)
 
-	// d is the caller's deadline, earlier than the attempt timeout. It is
-	// only a backstop: drops are called with short timeouts.
-	d = time.Now().Add(5 * time.Second)
+	d = time.Now().Add(tr.timeout)
 	ctx, cancel := context.WithDeadline(t.Context(), d)
 	defer cancel()
-	switch root.method {
-	case "Get":
-		_, err = origin.Get(ctx, &testingv1.GetRequest{Key: "k"})
-	case "Put":
-		_, err = origin.Put(ctx, &testingv1.PutRequest{Key: "k", Value: "v"})
-	default:
-		_, err = origin.Apply(ctx, &testingv1.ApplyRequest{Key: "k", Amount: 1})
+	if tr.originCalls == 0 {
+		errs = []error{invoke(ctx, origin, root.method)}
+	} else {
+		actx, err := interceptor.StartAttempt(ctx, tr.units, time.Minute)
+		require.NoError(t, err)
+		a, ok := interceptor.AttemptFromContext(actx)
+		require.True(t, ok)
+		require.True(t, a.Origin)
+		require.True(t, a.Deadline.Equal(d), "StartAttempt keeps the caller's earlier deadline")
+		errs = make([]error, tr.originCalls)
+		var wg sync.WaitGroup
+		for i := range errs {
+			if tr.originConcurrent {
+				wg.Go(func() { errs[i] = invoke(actx, origin, root.method) })
+			} else {
+				errs[i] = invoke(actx, origin, root.method)
+			}
+		}
+		wg.Wait()
 	}
 	// Let handlers and detached goroutines finish on their own, then stop
 	// every server and wait for its handlers, so that an RPC still on its
@@ -524,8 +705,11 @@ func (tr *ptree) run(t *testing.T) (d time.Time, err error) {
 	for _, n := range tr.nodes {
 		n.end.Stop()
 	}
+	for _, p := range tr.proxies {
+		p.Stop()
+	}
 	tr.act.wait()
-	return d, err
+	return d, errs
 }
 
 // check asserts the invariants on what the servers saw.
@@ -542,12 +726,8 @@ func (tr *ptree) check(t *testing.T, d time.Time) {
 	require.NotEmpty(t, id)
 
 	// One identity, one deadline on the wire; (call, try) unique.
-	type callTry struct {
-		call string
-		try  uint32
-	}
 	seen := map[callTry]arrival{}
-	below := map[*pnode]int{}
+	below := map[int]int{}
 	belowRoot := 0
 	for _, a := range arr {
 		require.NoError(t, a.err, "node #%d: every RPC carries a well-formed tollgate header", a.node.id)
@@ -559,12 +739,12 @@ func (tr *ptree) check(t *testing.T, d time.Time) {
 		}
 		seen[k] = a
 		if a.node == root {
-			require.Equal(t, "0", a.h.Call, "the origin's one call is keyed 0")
+			require.Contains(t, rootKeys(tr.originCalls), a.h.Call, "the origin's calls are keyed 0, 1, …")
 			require.LessOrEqual(t, int(a.h.Try), tr.originTries, "the origin's tries stay within its MaxTries")
 			continue
 		}
 		belowRoot++
-		below[a.node]++
+		below[a.node.id]++
 		require.LessOrEqual(t, int(a.h.Try), a.node.parent.tries, "node #%d call %s: tries stay within the owner's MaxTries", a.node.id, a.h.Call)
 	}
 	require.LessOrEqual(t, int64(belowRoot), tr.units,
@@ -625,10 +805,25 @@ func (tr *ptree) check(t *testing.T, d time.Time) {
 			p = runOf[callTry{pc[:j], uint32(pt)}]
 		}
 	}
+	tr.mu.Lock()
+	reports := maps.Clone(tr.reports)
+	tr.mu.Unlock()
 	for r, n := range spentUnder {
 		require.LessOrEqual(t, n, r.grant, "node #%d call %s try %d: %d RPCs were sent under a run granted %d units",
 			r.node.id, r.attempt.Call, r.attempt.Try, n, r.grant)
+		if spent, ok := reports[callTry{r.attempt.Call, r.attempt.Try}]; ok {
+			require.LessOrEqual(t, n, spent, "node #%d call %s try %d: %d RPCs were sent under a run that reported spending %d",
+				r.node.id, r.attempt.Call, r.attempt.Try, n, spent)
+		}
 	}
+}
+
+func rootKeys(calls int) []string {
+	keys := []string{"0"}
+	for i := 1; i < calls; i++ {
+		keys = append(keys, strconv.Itoa(i))
+	}
+	return keys
 }
 
 type propertyTotals struct {
@@ -648,8 +843,8 @@ func TestPropertyCallTrees(t *testing.T) {
 				}
 			})
 			tr.start(t)
-			d, err := tr.run(t)
-			t.Logf("origin: %v", err)
+			d, errs := tr.run(t)
+			t.Logf("origin: %v", errs)
 			tr.check(t, d)
 
 			tot.trees++
