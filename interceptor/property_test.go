@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"maps"
 	"math/rand/v2"
 	"os"
@@ -267,7 +268,7 @@ func genTree(seed uint64) *ptree {
 		rootDrops = rng.IntN(2) == 0
 	}
 	maxDepth := 1 + rng.IntN(propertyMaxDepth)
-	methods := []string{"Get", "Get", "Apply", "Put"}
+	methods := []string{"Get", "Get", "Get", "Apply", "Put", "Watch", "Upload"}
 	var gen func(parent *pnode, depth int, method string) *pnode
 	gen = func(parent *pnode, depth int, method string) *pnode {
 		n := &pnode{
@@ -303,10 +304,11 @@ func genTree(seed uint64) *ptree {
 				break
 			}
 			m := methods[rng.IntN(len(methods))]
-			if method == "Put" {
+			if method == "Put" && m != "Get" && m != "Watch" {
 				// An IDEMPOTENT handler must key its calls to methods with
 				// side effects explicitly; explicit keys repeat across
-				// re-runs by design, so Put's children are all Get.
+				// re-runs by design, so Put's children are all
+				// NO_SIDE_EFFECTS methods.
 				m = "Get"
 			}
 			e := &pedge{
@@ -370,11 +372,27 @@ func (tr *ptree) start(t *testing.T) {
 				}
 				return &testingv1.ApplyResponse{}, nil
 			},
+			WatchFunc: func(_ *testingv1.WatchRequest, st grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
+				if err := tr.serve(st.Context(), n); err != nil {
+					return err
+				}
+				return st.Send(&testingv1.WatchResponse{Value: "v"})
+			},
+			UploadFunc: func(st grpc.ClientStreamingServer[testingv1.UploadRequest, testingv1.UploadResponse]) error {
+				if _, err := testsvc.DrainUpload(st); err != nil {
+					return err
+				}
+				if err := tr.serve(st.Context(), n); err != nil {
+					return err
+				}
+				return st.SendAndClose(&testingv1.UploadResponse{Count: 1})
+			},
 		}
 		opts := append([]grpc.ServerOption{
 			// Outermost: counts every RPC that reaches the server, also
 			// those tollgate refuses before the handler.
 			grpc.ChainUnaryInterceptor(tr.counter(n)),
+			grpc.ChainStreamInterceptor(tr.streamCounter(n)),
 			grpc.WaitForHandlers(true),
 		}, serverOpts()...)
 		end, err := testsvc.Start(testsvc.Bufconn, n.svc.Register, opts...)
@@ -428,6 +446,21 @@ func (tr *ptree) startProxy(t *testing.T, to *pnode) *testsvc.Endpoint {
 		ApplyFunc: func(ctx context.Context, _ *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
 			return &testingv1.ApplyResponse{}, forward(ctx)
 		},
+		WatchFunc: func(_ *testingv1.WatchRequest, st grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
+			if err := forward(st.Context()); err != nil {
+				return err
+			}
+			return st.Send(&testingv1.WatchResponse{Value: "v"})
+		},
+		UploadFunc: func(st grpc.ClientStreamingServer[testingv1.UploadRequest, testingv1.UploadResponse]) error {
+			if _, err := testsvc.DrainUpload(st); err != nil {
+				return err
+			}
+			if err := forward(st.Context()); err != nil {
+				return err
+			}
+			return st.SendAndClose(&testingv1.UploadResponse{Count: 1})
+		},
 	}
 	end, err := testsvc.Start(testsvc.Bufconn, svc.Register, grpc.WaitForHandlers(true))
 	require.NoError(t, err)
@@ -462,19 +495,33 @@ func (tr *ptree) counter(n *pnode) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		tr.act.add()
 		defer tr.act.done()
-		h, err := header.ParseValues(metadata.ValueFromIncomingContext(ctx, header.Key))
-		tr.mu.Lock()
-		tr.arr = append(tr.arr, arrival{node: n, h: h, err: err})
-		var sent chan struct{}
-		if sig := metadata.ValueFromIncomingContext(ctx, signalKey); len(sig) == 1 {
-			sent = tr.signals[sig[0]]
-			delete(tr.signals, sig[0])
-		}
-		tr.mu.Unlock()
-		if sent != nil {
-			close(sent)
-		}
+		tr.arrive(ctx, n)
 		return handler(ctx, req)
+	}
+}
+
+// streamCounter is counter for streams.
+func (tr *ptree) streamCounter(n *pnode) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		tr.act.add()
+		defer tr.act.done()
+		tr.arrive(ss.Context(), n)
+		return handler(srv, ss)
+	}
+}
+
+func (tr *ptree) arrive(ctx context.Context, n *pnode) {
+	h, err := header.ParseValues(metadata.ValueFromIncomingContext(ctx, header.Key))
+	tr.mu.Lock()
+	tr.arr = append(tr.arr, arrival{node: n, h: h, err: err})
+	var sent chan struct{}
+	if sig := metadata.ValueFromIncomingContext(ctx, signalKey); len(sig) == 1 {
+		sent = tr.signals[sig[0]]
+		delete(tr.signals, sig[0])
+	}
+	tr.mu.Unlock()
+	if sent != nil {
+		close(sent)
 	}
 }
 
@@ -658,8 +705,34 @@ func invoke(ctx context.Context, c testingv1.TestServiceClient, method string) e
 		_, err = c.Get(ctx, &testingv1.GetRequest{Key: "k"})
 	case "Put":
 		_, err = c.Put(ctx, &testingv1.PutRequest{Key: "k", Value: "v"})
-	default:
+	case "Apply":
 		_, err = c.Apply(ctx, &testingv1.ApplyRequest{Key: "k", Amount: 1})
+	case "Watch":
+		st, serr := c.Watch(ctx, &testingv1.WatchRequest{Key: "k", Count: 1})
+		if serr != nil {
+			return serr
+		}
+		for {
+			if _, err = st.Recv(); err != nil {
+				break
+			}
+		}
+		if err == io.EOF {
+			err = nil
+		}
+	case "Upload":
+		st, serr := c.Upload(ctx)
+		if serr != nil {
+			return serr
+		}
+		// Send reports io.EOF when the stream has ended; CloseAndRecv
+		// returns its status.
+		if err = st.Send(&testingv1.UploadRequest{Value: "v"}); err != nil && err != io.EOF {
+			return err
+		}
+		_, err = st.CloseAndRecv()
+	default:
+		panic("property: unknown method " + method)
 	}
 	return err
 }
