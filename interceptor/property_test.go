@@ -23,6 +23,7 @@ import (
 	"github.com/tollgate-go/tollgate/internal/testsvc"
 	"github.com/tollgate-go/tollgate/status"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
 )
 
@@ -30,48 +31,70 @@ import (
 // server per node, tollgate's interceptors on every server and every client
 // connection) and checks DESIGN.md §3 invariants 1–4 on what the servers saw.
 //
-// A tree has 1–4 tiers below the origin and fan-out 0–3. Every node's
-// handler follows a plan drawn from the seed: the retry policy (MaxTries 1–3)
-// and accounting mode (lenient or strict) of the calls it owns; how it fans
-// out (in order or concurrently; default grants, budget.Split, or a
-// budget.WithGrant per target); which calls it makes from a goroutine that
-// outlives the handler (with the handler's context or context.WithoutCancel);
-// whether its first runs refuse (NOT_ADMITTED, before or after calling its
-// children, with or without status.WithoutEffect); whether a run drops its
-// response (calls its children, then answers only when its caller gave up:
-// the caller calls it with a short timeout). The origin is a test client with
-// WithAllowance(N), N in 0..8, its own retry policy and accounting mode, and
-// a context deadline d.
+// A tree has 1–4 tiers below the origin, fan-out 0–3 and at most
+// propertyMaxNodes nodes; each edge is a unary call (Get NO_SIDE_EFFECTS,
+// Put IDEMPOTENT, Apply with side effects) or a stream (Watch, Upload).
+// Every node's handler follows a plan drawn from the seed:
 //
-// After the origin's call returns, the test waits until every handler and
-// detached goroutine has ended, then stops every server (waiting for its
-// handlers), so that no RPC can still be on its way when it counts. Then:
+//   - the retry policy (MaxTries 1–3), accounting mode (lenient or
+//     WithStrictAccounting) and hop margin (default or 0) of the calls it owns;
+//   - how it fans out: in order or concurrently; default grants,
+//     budget.Split, or budget.WithGrant per target;
+//   - which calls it makes from a goroutine that outlives the handler (on
+//     the handler's context or context.WithoutCancel), and whether the
+//     handler answers only once such a call reached its server, so that the
+//     call is in flight when the handler's ledger is sealed;
+//   - whether its first runs refuse (NOT_ADMITTED, before or after calling
+//     its children, with or without status.WithoutEffect);
+//   - whether a run drops its response: it calls its children, then answers
+//     only when its caller gave up (callers give such nodes a short timeout);
+//   - under a strict caller, whether a plain gRPC proxy (no tollgate) sits on
+//     the edge, forwarding the tollgate header once and dropping the callee's
+//     tollgate-spent trailer (DESIGN.md §2.3).
+//
+// The origin is a test client with WithAllowance(N), N in 0..8, its own
+// retry policy, accounting mode and hop margin; it makes one call, or 1–3
+// calls (in order or concurrently) under one interceptor.StartAttempt. Its
+// context deadline d falls seconds away (a backstop) or, in one tree out of
+// eight, 40–150 ms away, and then the root may drop too.
+//
+// After the origin's calls return, the test waits until every handler and
+// detached goroutine has ended, then stops every server waiting for its
+// handlers (grpc.WaitForHandlers), so that no RPC can still be on its way
+// when it counts. An outermost server interceptor notes every RPC that
+// reached a server, with its raw tollgate header, also those tollgate
+// refused before the handler. Then:
 //
 //   - one allowance: the RPCs that reached the servers below the root (all
 //     sent below the origin: first tries and repeats at every layer) number
-//     at most N; and for each handler run, the RPCs that reached servers
-//     under its call key number at most the units it was granted;
+//     at most N; for each handler run, the RPCs that reached servers under
+//     its call key number at most the units it was granted, and at most the
+//     tollgate-spent it answered with (when its caller saw one);
 //   - one identity: every RPC that reached a server carries the attempt ID,
-//     and every handler runs under it (never as an origin of its own);
+//     and every handler runs under it (never as an origin of its own), with
+//     a ledger of the units its header granted;
 //   - call keys: (call, try) is unique among all RPCs of the attempt; the
-//     origin's call is 0; every other key is p.T.k for a handler run serving
-//     try T of call p on the caller's node, k within the calls that run made;
-//     tries stay within the owner's MaxTries;
+//     origin's calls are 0, 1, …; every other key is p.T.k for a handler run
+//     serving try T of call p on the caller's node, k within the calls that
+//     run made; tries stay within the owner's MaxTries;
 //   - one deadline: every RPC carries d (in Unix ms), every handler's attempt
 //     deadline is that d and its context deadline is no later than d (skew 0).
 //
-// Seeds 1..trees run by default (fewer with -short). To reproduce one seed:
+// Seeds 1..propertyTrees run by default (propertyTreesShort with -short). To
+// reproduce one seed (a failure prints the command and the tree):
 //
 //	TOLLGATE_PROPERTY_SEED=17 go test -race -run TestPropertyCallTrees ./interceptor/
 //	go test -race -run TestPropertyCallTrees ./interceptor/ -seed 17
 //
-// TOLLGATE_PROPERTY_TREES=n runs seeds 1..n instead of the default count.
+// TOLLGATE_PROPERTY_TREES=n runs seeds 1..n instead. The trees are
+// reproducible; the interleavings of their goroutines are not, and none of
+// the assertions depends on them or on time.
 
 var propertySeed = flag.Uint64("seed", 0, "run TestPropertyCallTrees for this seed only (also TOLLGATE_PROPERTY_SEED)")
 
 const (
-	propertyTrees      = 400
-	propertyTreesShort = 80
+	propertyTrees      = 300
+	propertyTreesShort = 60
 	propertyMaxNodes   = 16
 	propertyMaxDepth   = 4
 	propertyMaxFanOut  = 3
@@ -118,7 +141,7 @@ type pnode struct {
 	id     int
 	depth  int // 1: the root, called by the origin
 	parent *pnode
-	method string // how its caller calls it: Get, Put or Apply
+	method string // how its caller calls it: Get, Put, Apply, Watch or Upload
 
 	// the plan of its handler runs
 	tries      int  // MaxTries of the calls it owns
@@ -203,6 +226,7 @@ type ptree struct {
 	arr     []arrival
 	runs    []*prun
 	proxies []*testsvc.Endpoint
+	conns   []*grpc.ClientConn
 	reports map[callTry]int64        // tollgate-spent of the tries that answered
 	signals map[string]chan struct{} // closed when the call reaches a server
 	nextSig int
@@ -264,10 +288,12 @@ func genTree(seed uint64) *ptree {
 	tr.timeout = 5 * time.Second
 	rootDrops := false
 	if rng.IntN(8) == 0 {
-		tr.timeout = time.Duration(30+rng.IntN(90)) * time.Millisecond
+		tr.timeout = time.Duration(40+rng.IntN(110)) * time.Millisecond
 		rootDrops = rng.IntN(2) == 0
 	}
-	maxDepth := 1 + rng.IntN(propertyMaxDepth)
+	// Tiers below the origin: 2–4 (a lone root sends nothing below the
+	// origin, so it is left out).
+	maxDepth := 2 + rng.IntN(propertyMaxDepth-1)
 	methods := []string{"Get", "Get", "Get", "Apply", "Put", "Watch", "Upload"}
 	var gen func(parent *pnode, depth int, method string) *pnode
 	gen = func(parent *pnode, depth int, method string) *pnode {
@@ -278,12 +304,12 @@ func genTree(seed uint64) *ptree {
 			noMargin:   rng.IntN(4) == 0,
 			concurrent: rng.IntN(2) == 0,
 			split:      splitMode(rng.IntN(3)),
-			refuseLate: rng.IntN(2) == 0,
+			refuseLate: rng.IntN(3) != 0,
 			noEffect:   rng.IntN(2) == 0,
 		}
 		switch r := rng.IntN(10); {
-		case r < 5:
-		case r < 8:
+		case r < 6:
+		case r < 9:
 			n.refuseRuns = 1
 		default:
 			n.refuseRuns = 2
@@ -411,6 +437,7 @@ func (tr *ptree) start(t *testing.T) {
 			conn, err := to.Dial(opts...)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = conn.Close() })
+			tr.conns = append(tr.conns, conn)
 			n.clients = append(n.clients, testingv1.NewTestServiceClient(conn))
 		}
 	}
@@ -424,6 +451,7 @@ func (tr *ptree) startProxy(t *testing.T, to *pnode) *testsvc.Endpoint {
 	up, err := to.end.Dial()
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = up.Close() })
+	tr.conns = append(tr.conns, up)
 	client := testingv1.NewTestServiceClient(up)
 	forward := func(ctx context.Context) error {
 		tr.act.add()
@@ -747,6 +775,18 @@ func (tr *ptree) run(t *testing.T) (d time.Time, errs []error) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	origin := testingv1.NewTestServiceClient(conn)
+	if tr.timeout < time.Second {
+		// Connect every tier first, so that a short d is spent on the
+		// calls rather than on connecting.
+		for _, c := range append(tr.conns, conn) {
+			c.Connect()
+		}
+		for _, c := range append(tr.conns, conn) {
+			for st := c.GetState(); st != connectivity.Ready; st = c.GetState() {
+				require.True(t, c.WaitForStateChange(t.Context(), st), "connecting")
+			}
+		}
+	}
 
 	d = time.Now().Add(tr.timeout)
 	ctx, cancel := context.WithDeadline(t.Context(), d)
@@ -794,7 +834,11 @@ func (tr *ptree) check(t *testing.T, d time.Time) {
 	tr.mu.Unlock()
 	root := tr.nodes[0]
 
-	require.NotEmpty(t, arr, "the origin's call reached the root")
+	if len(arr) == 0 {
+		// d passed before the origin's call reached the root (possible
+		// with a short d on a loaded machine): nothing was sent.
+		return
+	}
 	id := arr[0].h.Attempt
 	require.NotEmpty(t, id)
 
@@ -900,7 +944,7 @@ func rootKeys(calls int) []string {
 }
 
 type propertyTotals struct {
-	trees, nodes, rpcs, full, refusals, drops, detached int64
+	trees, nodes, rpcs, full, streams, proxies, refusals, drops, detached int64
 }
 
 func TestPropertyCallTrees(t *testing.T) {
@@ -927,7 +971,11 @@ func TestPropertyCallTrees(t *testing.T) {
 				if a.node != tr.nodes[0] {
 					rpcs++
 				}
+				if a.node.method == "Watch" || a.node.method == "Upload" {
+					tot.streams++
+				}
 			}
+			tot.proxies += int64(len(tr.proxies))
 			tot.rpcs += rpcs
 			if rpcs == tr.units {
 				tot.full++
@@ -937,14 +985,14 @@ func TestPropertyCallTrees(t *testing.T) {
 			tot.detached += tr.detached.Load()
 		})
 	}
-	t.Logf("%d trees, %d nodes, %d RPCs below the origin, %d trees spent their whole allowance; %d refusals, %d drops, %d detached calls; %v",
-		tot.trees, tot.nodes, tot.rpcs, tot.full, tot.refusals, tot.drops, tot.detached, time.Since(start).Round(time.Millisecond))
+	t.Logf("%d trees, %d nodes, %d proxies; %d RPCs below the origin (%d streams in all), %d trees spent their whole allowance; %d refusals, %d drops, %d detached calls; %v",
+		tot.trees, tot.nodes, tot.proxies, tot.rpcs, tot.streams, tot.full, tot.refusals, tot.drops, tot.detached, time.Since(start).Round(time.Millisecond))
 }
 
-// TestBugClientStreamingCallNeverSettlesItsGrant shows a library bug the
-// property test's Upload edges ran into without breaking an invariant (an
-// unsettled grant only over-counts): a client-streaming call that ends with
-// CloseAndRecv never settles its grant. grpc-go's CloseAndRecv calls
+// TestBugClientStreamingCallNeverSettlesItsGrant shows a library bug found
+// while adding Upload edges to the property test, where it breaks no
+// invariant (an unsettled grant only over-counts) and so goes unseen: a
+// client-streaming call that ends with CloseAndRecv never settles its grant. grpc-go's CloseAndRecv calls
 // RecvMsg once, which returns the response and nil, so
 // clientStream.RecvMsg (interceptor/client.go:371-382) never sees the
 // error or io.EOF it waits for; contrary to its doc comment (client.go:357-359)
