@@ -126,9 +126,10 @@ type memRecord struct {
 	index    int // in expiry
 }
 
-// NewMemoryStore returns a memory store for a server that runs as a single
-// replica (see [MemoryStore]); replicas must be [SingleReplica]. It returns an
-// error for any other replicas value or an invalid option.
+// NewMemoryStore returns a memory store for a server of which AT MOST ONE
+// SERVING INSTANCE EVER EXISTS (see [MemoryStore]); replicas must be
+// [SingleReplica]. It returns an error for any other replicas value or an
+// invalid option.
 func NewMemoryStore(replicas Replicas, opts ...MemoryOption) (*MemoryStore, error) {
 	if !replicas.single {
 		return nil, errors.New("idempotency: a memory store requires SingleReplica: at most one serving instance ever")

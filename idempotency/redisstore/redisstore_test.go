@@ -106,6 +106,42 @@ func TestRedisStoreConformance(t *testing.T) {
 	})
 }
 
+// Records carry Redis TTLs counted from their last write (and at least
+// until d + skew + grace); horizon keys carry none.
+func TestRedisRecordsCarryTTL(t *testing.T) {
+	c, prefix := newClient(t)
+	p := storetest.Policy()
+	s := newStore(t, c, prefix, redisstore.WithPolicy(p))
+	ctx := context.Background()
+	_, err := s.Get(ctx, idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"})
+	require.NoError(t, err)
+	// The store reads the real clock here: an attempt minted skew ahead is
+	// inside the horizon just started.
+	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
+	pttl := func() time.Duration {
+		keys, err := c.Keys(ctx, prefix+"{t:acme}:r|*").Result()
+		require.NoError(t, err)
+		require.Len(t, keys, 1)
+		d, err := c.PTTL(ctx, keys[0]).Result()
+		require.NoError(t, err)
+		return d
+	}
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: time.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.True(t, res.Started)
+	require.InDelta(t, p.TTL.Seconds(), pttl().Seconds(), 2)
+	long := time.Now().Add(p.TTL + time.Minute)
+	k.Call = "1"
+	require.NoError(t, c.Del(ctx, prefix+"{t:acme}:r|"+k.AttemptID+"|0|/x.Y/Z").Err())
+	res, err = s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: long})
+	require.NoError(t, err)
+	require.True(t, res.Started)
+	require.InDelta(t, time.Until(long.Add(p.Skew+p.Grace)).Seconds(), pttl().Seconds(), 2)
+	d, err := c.PTTL(ctx, prefix+"{t:acme}:h").Result()
+	require.NoError(t, err)
+	require.Equal(t, time.Duration(-1), d)
+}
+
 // A restart, restore or failover brings a Redis with another identity: the
 // horizon moves at once, and a surviving (possibly stale) record of an
 // earlier attempt no longer answers.
