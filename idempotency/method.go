@@ -3,55 +3,16 @@ package idempotency
 import (
 	"errors"
 	"fmt"
-	"strings"
-	"sync"
 
+	"github.com/tollgate-go/tollgate/internal/methodinfo"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/descriptorpb"
 )
-
-// methodInfo is what the registry says of one method; cached because the
-// interceptor asks on every call.
-type methodInfo struct {
-	level  descriptorpb.MethodOptions_IdempotencyLevel
-	output protoreflect.MessageType
-	unary  bool
-	err    error
-}
-
-var methods sync.Map // full method name → *methodInfo
 
 // ErrUnknownMethod is wrapped by [ResponseType]'s error when the method or its
 // output type is not in the global protobuf registries.
 var ErrUnknownMethod = errors.New("idempotency: method not in the protobuf registry")
-
-func lookupMethod(fullMethod string) *methodInfo {
-	if v, ok := methods.Load(fullMethod); ok {
-		return v.(*methodInfo)
-	}
-	info := &methodInfo{}
-	name := strings.TrimPrefix(fullMethod, "/")
-	name = strings.Replace(name, "/", ".", 1)
-	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(name))
-	md, ok := d.(protoreflect.MethodDescriptor)
-	switch {
-	case err != nil || !ok:
-		info.err = fmt.Errorf("%w: %q", ErrUnknownMethod, fullMethod)
-	default:
-		if opts, ok := md.Options().(*descriptorpb.MethodOptions); ok {
-			info.level = opts.GetIdempotencyLevel()
-		}
-		info.unary = !md.IsStreamingClient() && !md.IsStreamingServer()
-		info.output, err = protoregistry.GlobalTypes.FindMessageByName(md.Output().FullName())
-		if err != nil {
-			info.err = fmt.Errorf("%w: output type of %q: %v", ErrUnknownMethod, fullMethod, err)
-		}
-	}
-	v, _ := methods.LoadOrStore(fullMethod, info)
-	return v.(*methodInfo)
-}
 
 // LevelOf returns the idempotency_level that a method's protobuf declaration
 // gives it, read from protoregistry.GlobalFiles; IDEMPOTENCY_UNKNOWN for a
@@ -60,7 +21,7 @@ func lookupMethod(fullMethod string) *methodInfo {
 // (DESIGN.md §3.7). Safe for concurrent use; answers are cached, so a lookup
 // after the first costs one map read.
 func LevelOf(fullMethod string) descriptorpb.MethodOptions_IdempotencyLevel {
-	return lookupMethod(fullMethod).level
+	return methodinfo.Of(fullMethod).Level
 }
 
 // BypassesRecords reports whether calls of fullMethod keep no records: the
@@ -80,14 +41,14 @@ func BypassesRecords(fullMethod string) bool {
 // type that is not registered, and for a streaming method. Safe for
 // concurrent use; answers are cached.
 func ResponseType(fullMethod string) (protoreflect.MessageType, error) {
-	info := lookupMethod(fullMethod)
-	if info.err != nil {
-		return nil, info.err
-	}
-	if !info.unary {
+	info := methodinfo.Of(fullMethod)
+	switch {
+	case info.Output == nil:
+		return nil, fmt.Errorf("%w: %q", ErrUnknownMethod, fullMethod)
+	case info.Stream:
 		return nil, fmt.Errorf("%w: %q is a streaming method", ErrUnknownMethod, fullMethod)
 	}
-	return info.output, nil
+	return info.Output, nil
 }
 
 // DecodeResponse unmarshals a SUCCEEDED unary record's response bytes into a
