@@ -2,7 +2,6 @@ package interceptor
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -366,8 +365,6 @@ func AdmissionTap(ctrl *admission.Controller) tap.ServerInHandle {
 		return ctx, err
 	}
 }
-
-var errNoAdmission = errors.New("interceptor: no admission controller")
 
 // NewServerOptions returns the grpc.ServerOptions that install tollgate on a
 // server: the unary and stream interceptors (chained, so they compose with
