@@ -1,0 +1,121 @@
+package interceptor_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/interceptor"
+	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
+	"github.com/tollgate-go/tollgate/internal/testsvc"
+	"github.com/tollgate-go/tollgate/status"
+)
+
+// arrivals records when each call reached a handler, and the attempt
+// deadline it carried.
+type arrivals struct {
+	mu        sync.Mutex
+	at        []time.Time
+	deadlines []time.Time
+}
+
+func (a *arrivals) note(ctx context.Context) {
+	at, _ := interceptor.AttemptFromContext(ctx)
+	a.mu.Lock()
+	a.at = append(a.at, time.Now())
+	a.deadlines = append(a.deadlines, at.Deadline)
+	a.mu.Unlock()
+}
+
+func TestRetryAfterIsHonouredAndBackoffNeverPassesTheDeadline(t *testing.T) {
+	var got arrivals
+	const retryAfter = 150 * time.Millisecond
+	svc := &testsvc.Service{GetFunc: func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		got.note(ctx)
+		return nil, status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(retryAfter))
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithAttemptTimeout(400*time.Millisecond),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 10, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+	)...))
+	_, err := client.Get(t.Context(), &testingv1.GetRequest{})
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindNotAdmitted, o.Kind)
+	require.Equal(t, status.ReasonQueueFull, o.Reason, "the call ends with its last refusal when no wait fits before the deadline")
+
+	got.mu.Lock()
+	defer got.mu.Unlock()
+	require.GreaterOrEqual(t, len(got.at), 1)
+	for i := 1; i < len(got.at); i++ {
+		require.GreaterOrEqual(t, got.at[i].Sub(got.at[i-1]), retryAfter, "a repeat never comes sooner than the retry-after")
+	}
+	for _, d := range got.deadlines {
+		require.Equal(t, got.deadlines[0], d, "every try carries the one deadline")
+	}
+	// 400 ms leave room for at most three tries 150 ms apart: the deadline,
+	// not the policy's ten tries, ended the call.
+	require.LessOrEqual(t, len(got.at), 3)
+}
+
+func TestRetryBudgetStopsAStorm(t *testing.T) {
+	svc := &testsvc.Service{GetFunc: func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		return nil, status.NotAdmitted(status.ReasonQueueFull)
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Microsecond, MaxBackoff: time.Microsecond}),
+	)...))
+	const calls = 1000
+	start := time.Now()
+	exhausted := 0
+	for range calls {
+		_, err := client.Get(t.Context(), &testingv1.GetRequest{})
+		if status.OutcomeOf(err).Reason == status.ReasonRetryBudgetExhausted {
+			exhausted++
+		}
+	}
+	elapsed := time.Since(start)
+	retries := svc.Calls("Get") - calls
+	// 10% of requests, plus the floor of 1 token per second over the run,
+	// plus the initial reserve of 10.
+	limit := int64(calls/10) + int64(elapsed.Seconds()+1) + 10
+	require.LessOrEqual(t, retries, limit, "retries stay within the budget (without it: %d)", 2*calls)
+	require.Positive(t, retries, "the budget still lets some retries through")
+	require.Positive(t, exhausted, "calls that could not repeat say so")
+}
+
+// TestThreeTiersOfRetriesShareOneAllowance: every tier has a 3-try policy
+// and the dependency refuses everything. Independent caps would send 3×3×3 =
+// 27 calls to the dependency; one allowance bounds every RPC below the origin.
+func TestThreeTiersOfRetriesShareOneAllowance(t *testing.T) {
+	policy := interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
+	dep := &testsvc.Service{GetFunc: func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		return nil, status.NotAdmitted(status.ReasonQueueFull)
+	}}
+	depEnd := testsvc.StartT(t, testsvc.Bufconn, dep.Register, serverOpts()...)
+	toDep := testingv1.NewTestServiceClient(depEnd.DialT(t, interceptor.DialOptions(policy, interceptor.WithoutRetryBudget())...))
+	b := &testsvc.Service{GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		return toDep.Get(ctx, r)
+	}}
+	bEnd := testsvc.StartT(t, testsvc.Bufconn, b.Register, serverOpts()...)
+	toB := testingv1.NewTestServiceClient(bEnd.DialT(t, interceptor.DialOptions(policy, interceptor.WithoutRetryBudget())...))
+	a := &testsvc.Service{GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		return toB.Get(ctx, r)
+	}}
+	aEnd := testsvc.StartT(t, testsvc.Bufconn, a.Register, serverOpts()...)
+	const allowance = 8
+	origin := testingv1.NewTestServiceClient(aEnd.DialT(t, interceptor.DialOptions(policy, interceptor.WithoutRetryBudget(),
+		interceptor.WithAllowance(allowance))...))
+
+	_, err := origin.Get(t.Context(), &testingv1.GetRequest{})
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.ReasonAllowanceExhausted, o.Reason)
+	require.True(t, o.Final(), "the origin stops on the final ALLOWANCE_EXHAUSTED")
+	below := b.Calls("Get") + dep.Calls("Get")
+	require.LessOrEqual(t, below, int64(allowance), "RPCs below the origin never exceed the allowance")
+	require.Less(t, dep.Calls("Get"), int64(27))
+	require.Positive(t, dep.Calls("Get"))
+}
