@@ -132,7 +132,7 @@ func recordOutcome(rec *tollgatev1.AttemptRecord) tollgatev1.Outcome {
 // finishTry records how the handler's run ended (DESIGN.md §3.7), by the
 // answer the server is about to send. If the record cannot be finished, the
 // caller gets UNKNOWN, never success.
-func (sv *server) finishTry(method string, in *inbound, fp idempotency.Digest, resp any, answer error, spent int64, stream bool) error {
+func (sv *server) finishTry(ctx context.Context, method string, in *inbound, fp idempotency.Digest, resp any, answer error, spent int64, stream bool) error {
 	s := in.s
 	req := idempotency.FinishRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp, UnitsSpent: spent}
 	o := status.OutcomeOf(answer)
@@ -155,19 +155,15 @@ func (sv *server) finishTry(method string, in *inbound, fp idempotency.Digest, r
 		st := grpcstatus.Convert(answer).Proto()
 		req.Code, req.Message, req.Details = codes.Code(st.GetCode()), st.GetMessage(), st.GetDetails()
 	}
-	// The store is asked on a context of its own: the client may be long
-	// gone, and the record must still be finished.
-	ctx, cancel := context.WithTimeout(context.Background(), storeFinishTimeout)
-	defer cancel()
+	// ctx is the handler's detached context: the client may be long gone
+	// and the record must still be finished, but not after the try's lease
+	// (d + skew) ran out, when the store could no longer accept it anyway.
 	if err := sv.cfg.store.Finish(ctx, req); err != nil {
 		return status.OutcomeUnknown(answer, status.WithAttempt(s.ID, s.Call, s.Try),
 			status.WithMessage("interceptor: the try's record could not be finished: "+err.Error()))
 	}
 	return answer
 }
-
-// storeFinishTimeout bounds how long finishing a record may take.
-const storeFinishTimeout = 5 * time.Second
 
 // detach returns the context a recorded try's handler runs on: detached from
 // the client's cancellation, with deadline exactly d + skew (DESIGN.md §3.1),

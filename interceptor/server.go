@@ -246,7 +246,7 @@ func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 	spent := in.s.ledger.Seal()
 	answer := sv.answer(in, herr)
 	if recorded {
-		answer = sv.finishTry(info.FullMethod, in, fp, resp, answer, spent, false)
+		answer = sv.finishTry(hctx, info.FullMethod, in, fp, resp, answer, spent, false)
 	}
 	sv.setTrailer(ctx, in, spent, answer)
 	if answer != nil {
@@ -326,7 +326,7 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	spent := in.s.ledger.Seal()
 	answer := sv.answer(in, herr)
 	if recorded {
-		answer = sv.finishTry(info.FullMethod, in, fp, nil, answer, spent, true)
+		answer = sv.finishTry(hctx, info.FullMethod, in, fp, nil, answer, spent, true)
 	}
 	sv.setStreamTrailer(ss, in, spent, answer)
 	return answer
