@@ -215,11 +215,18 @@ func (s *server) count(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 }
 
 // countTap counts the refusals of the admission tap, which answer before any
-// interceptor runs.
+// interceptor runs and before the controller's observer hears of them: each
+// is an arrival decided.
 func (s *server) countTap(next tap.ServerInHandle) tap.ServerInHandle {
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
 		ctx, err := next(ctx, info)
-		s.noteRefusal(err)
+		if err != nil {
+			s.noteRefusal(err)
+			s.mu.Lock()
+			s.decided++
+			s.cond.Broadcast()
+			s.mu.Unlock()
+		}
 		return ctx, err
 	}
 }
