@@ -63,6 +63,7 @@ type clientConfig struct {
 	noRetryBudget  bool
 	grace          time.Duration
 	strict         bool
+	serviceConfig  string
 	hopMargin      time.Duration
 	minTryTime     time.Duration
 	tracer         trace.TracerProvider
@@ -163,6 +164,17 @@ func WithoutRetryBudget() ClientOption {
 // Default DefaultResolutionGrace (1 s).
 func WithResolutionGrace(d time.Duration) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.grace = d })
+}
+
+// WithDefaultServiceConfig passes a default service config (JSON) to the
+// connection, as grpc.WithDefaultServiceConfig does, and checks it: a
+// retryPolicy or hedgingPolicy would be a second retry loop beside tollgate's
+// owner, so DialOptions keeps grpc-go's retry disabled (it ignores them) and
+// logs a warning through grpclog naming what it ignores. Service configs a
+// name resolver supplies are not seen by tollgate; they are ignored the same
+// way, without a warning.
+func WithDefaultServiceConfig(json string) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.serviceConfig = json })
 }
 
 // WithStrictAccounting asks every callee to report the units it spent even

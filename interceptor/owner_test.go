@@ -11,6 +11,8 @@ import (
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
 	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
 )
 
 // arrivals records when each call reached a handler, and the attempt
@@ -118,4 +120,23 @@ func TestThreeTiersOfRetriesShareOneAllowance(t *testing.T) {
 	require.LessOrEqual(t, below, int64(allowance), "RPCs below the origin never exceed the allowance")
 	require.Less(t, dep.Calls("Get"), int64(27))
 	require.Positive(t, dep.Calls("Get"))
+}
+
+// TestServiceConfigRetryIsNotASecondLoop: a service config with a retry
+// policy beside tollgate's owner would multiply tries; DialOptions keeps
+// grpc-go's retry disabled, so the server sees only the owner's tries.
+func TestServiceConfigRetryIsNotASecondLoop(t *testing.T) {
+	svc := &testsvc.Service{GetFunc: func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		return nil, grpcstatus.Error(codes.Unavailable, "down")
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	const sc = `{"methodConfig":[{"name":[{"service":"tollgate.testing.v1.TestService"}],
+		"retryPolicy":{"maxAttempts":5,"initialBackoff":"0.001s","maxBackoff":"0.001s","backoffMultiplier":1,"retryableStatusCodes":["UNAVAILABLE"]}}]}`
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithDefaultServiceConfig(sc),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+	)...))
+	_, err := client.Get(t.Context(), &testingv1.GetRequest{})
+	require.Equal(t, codes.Unknown, grpcstatus.Code(err), "an UNAVAILABLE answer without a detail is UNKNOWN, never sent as UNAVAILABLE")
+	require.Equal(t, int64(2), svc.Calls("Get"), "two tries of tollgate's owner, not 2 × 5")
 }

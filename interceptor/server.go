@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tollgate-go/tollgate/admission"
@@ -16,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/grpclog"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/proto"
@@ -433,12 +435,31 @@ func NewDialOptions(opts ...ClientOption) ([]grpc.DialOption, error) {
 		return nil, fmt.Errorf("interceptor: client telemetry: %w", err)
 	}
 	c := &client{cfg: cfg, tel: tel, statsInstalled: true}
-	return []grpc.DialOption{
+	out := []grpc.DialOption{
 		grpc.WithChainUnaryInterceptor(c.unary),
 		grpc.WithChainStreamInterceptor(c.stream),
 		grpc.WithStatsHandler(statsHandler{}),
 		grpc.WithDisableRetry(),
-	}, nil
+	}
+	if cfg.serviceConfig != "" {
+		if loops := secondRetryLoops(cfg.serviceConfig); len(loops) > 0 {
+			grpclog.Component("tollgate").Warningf("interceptor: the service config's %s would repeat calls beside tollgate's owner; grpc-go's retry stays disabled and ignores it",
+				strings.Join(loops, " and "))
+		}
+		out = append(out, grpc.WithDefaultServiceConfig(cfg.serviceConfig))
+	}
+	return out, nil
+}
+
+// secondRetryLoops names the retry mechanisms a service config declares.
+func secondRetryLoops(serviceConfig string) []string {
+	var loops []string
+	for _, key := range []string{"retryPolicy", "hedgingPolicy"} {
+		if strings.Contains(serviceConfig, `"`+key+`"`) {
+			loops = append(loops, key)
+		}
+	}
+	return loops
 }
 
 // DialOptions is NewDialOptions for static configuration: it panics on an
