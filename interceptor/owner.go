@@ -148,6 +148,9 @@ func (w *owner) run(ctx context.Context, req, reply any, opts []grpc.CallOption)
 					AttemptID: s.ID, Call: key, Try: n, Final: true,
 					Message: "interceptor: the callee cannot vouch for this attempt"})
 			}
+			if o.Final() {
+				return n, err // the callee says no query or repeat can help
+			}
 			if w.info.Level == methodinfo.NoSideEffects {
 				break // repeats freely, below
 			}

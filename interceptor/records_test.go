@@ -242,3 +242,38 @@ func TestUnknownWithoutAttemptServiceStops(t *testing.T) {
 	require.Equal(t, "v", resp.GetValue())
 	require.Equal(t, int64(2), puts.Load(), "an IDEMPOTENT method repeats at a callee without records")
 }
+
+// TestUnverifiableFirstTryIsNotAdmitted: a store built after the attempt
+// began (here: within the clock skew of it) cannot vouch for the attempt's
+// earlier tries. The server answers UNKNOWN, ATTEMPT_UNVERIFIABLE, final,
+// without running the handler; the owner of a per-run key knows nobody else
+// can have sent its first try, so the call ends NOT_ADMITTED, final.
+func TestUnverifiableFirstTryIsNotAdmitted(t *testing.T) {
+	ledger := newLedger(nil)
+	store, err := idempotency.NewMemoryStore(idempotency.SingleReplica) // default skew: 500 ms
+	require.NoError(t, err)
+	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
+		ledger.Register(s)
+		tollgatev1.RegisterAttemptServiceServer(s, idempotency.NewAttemptService(store))
+	}, interceptor.ServerOptions(interceptor.WithTrustedPeer(interceptor.TrustAll), interceptor.WithAttemptStore(store))...)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions()...))
+
+	_, err = client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "acct", Amount: 1})
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
+	require.Equal(t, status.ReasonAttemptUnverifiable, o.Reason)
+	require.True(t, o.Final())
+	require.Zero(t, ledger.effects.Load(), "the handler never ran")
+
+	// Raw: a later try of the same attempt is UNKNOWN (someone may have sent
+	// try 1), final.
+	id, _ := interceptor.StartAttempt(t.Context(), 0, 5*time.Second)
+	a, _ := interceptor.AttemptFromContext(id)
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "tollgate", "a="+a.ID+";t=2;d="+itoa(a.Deadline.UnixMilli()))
+	_, err = testingv1.NewTestServiceClient(end.DialT(t)).Apply(ctx, &testingv1.ApplyRequest{Key: "acct", Amount: 1})
+	o = status.OutcomeOf(err)
+	require.Equal(t, status.KindUnknown, o.Kind)
+	require.Equal(t, status.ReasonAttemptUnverifiable, o.Reason)
+	require.True(t, o.Final())
+	require.Zero(t, ledger.effects.Load())
+}
