@@ -285,6 +285,9 @@ func endSpan(span trace.Span, s *attemptState, n uint32, o status.Outcome) {
 		if o.Reason != status.ReasonUnspecified {
 			span.SetAttributes(attrReason.String(status.ReasonName(o.Reason)))
 		}
+		if class := o.Detail.GetWorkloadClass(); class != "" {
+			span.SetAttributes(attrClass.String(class))
+		}
 	}
 	span.End()
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/tollgate-go/tollgate/status"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/grpclog"
@@ -114,9 +115,13 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 	return in, nil
 }
 
-// admit asks the admission controller, if any, for a permit.
+// admit asks the admission controller, if any, for a permit, and records
+// the decision as a tollgate.admission event on the request's span (when a
+// server span is recording, e.g. with otelgrpc): decision, class, and the
+// requests waiting in the class's queue when this one arrived.
 func (sv *server) admit(ctx context.Context, method string, in *inbound, req any) (*admission.Permit, error) {
-	if sv.cfg.admission == nil {
+	ctrl := sv.cfg.admission
+	if ctrl == nil {
 		return nil, nil
 	}
 	size := -1
@@ -127,7 +132,22 @@ func (sv *server) admit(ctx context.Context, method string, in *inbound, req any
 	if in != nil {
 		tenant, deadline = in.s.Tenant, in.until
 	}
-	p, err := sv.cfg.admission.Admit(ctx, admission.Request{Method: method, Tenant: tenant, Size: size, Deadline: deadline})
+	span := trace.SpanFromContext(ctx)
+	var before admission.Stats
+	if span.IsRecording() {
+		before = ctrl.Stats()
+	}
+	p, err := ctrl.Admit(ctx, admission.Request{Method: method, Tenant: tenant, Size: size, Deadline: deadline})
+	if span.IsRecording() {
+		decision, class := "admitted", p.Class()
+		if err != nil {
+			o := status.OutcomeOf(err)
+			decision, class = "refused:"+status.ReasonName(o.Reason), o.Detail.GetWorkloadClass()
+		}
+		cs, _ := before.Class(class)
+		span.AddEvent(eventAdmission, trace.WithAttributes(attrDecision.String(decision),
+			attrEventClass.String(class), attrQueuedAhead.Int64(int64(cs.Queued))))
+	}
 	if err != nil {
 		if in != nil {
 			err = status.With(err, status.WithAttempt(in.s.ID, in.s.Call, in.s.Try))

@@ -26,12 +26,13 @@ const (
 	eventQuery     = "tollgate.attempt.query"
 	eventAdmission = "tollgate.admission"
 
-	attrUnits     = attribute.Key("units")
-	attrRemaining = attribute.Key("remaining")
-	attrDelay     = attribute.Key("delay_ms")
-	attrState     = attribute.Key("state")
-	attrDecision  = attribute.Key("decision")
-	attrSide      = attribute.Key("side")
+	attrUnits       = attribute.Key("units")
+	attrRemaining   = attribute.Key("remaining")
+	attrDelay       = attribute.Key("delay_ms")
+	attrState       = attribute.Key("state")
+	attrDecision    = attribute.Key("decision")
+	attrQueuedAhead = attribute.Key("queued_ahead")
+	attrEventClass  = attribute.Key("class")
 )
 
 // clientTelemetry is what the client interceptors record with, built once.

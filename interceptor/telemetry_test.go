@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
@@ -15,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	grpcstatus "google.golang.org/grpc/status"
@@ -118,4 +120,41 @@ func TestMalformedHeaderIsCounted(t *testing.T) {
 	var rm metricdata.ResourceMetrics
 	require.NoError(t, reader.Collect(t.Context(), &rm))
 	require.Equal(t, int64(5), counter(rm, "tollgate.metadata.malformed"))
+}
+
+// TestAdmissionEventOnTheServerSpan: with a recording server span in the
+// request's context (as otelgrpc's server handler makes), each admission
+// decision is a tollgate.admission event with its class.
+func TestAdmissionEventOnTheServerSpan(t *testing.T) {
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 2, QueueItems: 2}), admission.WithDefaultClass("work"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	withSpan := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		ctx, span := tp.Tracer("test").Start(ctx, info.FullMethod)
+		defer span.End()
+		return h(ctx, req)
+	})
+	svc := &testsvc.Service{GetFunc: okGet}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, append([]grpc.ServerOption{withSpan}, serverOpts(interceptor.WithAdmission(ctrl))...)...)
+	_, err = testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions()...)).Get(t.Context(), &testingv1.GetRequest{})
+	require.NoError(t, err)
+	var found bool
+	for _, s := range spans.GetSpans() {
+		for _, e := range s.Events {
+			if e.Name == "tollgate.admission" {
+				found = true
+				d, _ := attr(e.Attributes, "decision")
+				c, _ := attr(e.Attributes, "class")
+				q, ok := attr(e.Attributes, "queued_ahead")
+				require.Equal(t, "admitted", d.AsString())
+				require.Equal(t, "work", c.AsString())
+				require.True(t, ok)
+				require.Zero(t, q.AsInt64())
+			}
+		}
+	}
+	require.True(t, found)
 }
