@@ -69,15 +69,26 @@ import (
 )
 
 type config struct {
-	Tries          int           `json:"tries"`
-	PerTry         time.Duration `json:"per_try_timeout_ns"`
-	RestartPerTry  time.Duration `json:"restart_per_try_timeout_ns"`
-	AttemptTimeout time.Duration `json:"attempt_timeout_ns"`
-	Allowance      int64         `json:"allowance"`
-	Skew           time.Duration `json:"clock_skew_ns"`
-	MaxBackoff     time.Duration `json:"max_backoff_ns"`
-	Amount         int64         `json:"amount"`
-	RedisAddr      string        `json:"redis_addr"`
+	Tries          int
+	PerTry         time.Duration
+	RestartPerTry  time.Duration
+	AttemptTimeout time.Duration
+	Allowance      int64
+	Skew           time.Duration
+	InitialBackoff time.Duration
+	MaxBackoff     time.Duration
+	Amount         int64
+	RedisAddr      string
+}
+
+// MarshalJSON writes durations as Go duration strings ("50ms").
+func (c config) MarshalJSON() ([]byte, error) {
+	return json.Marshal(map[string]any{
+		"tries": c.Tries, "per_try_timeout": c.PerTry.String(), "restart_per_try_timeout": c.RestartPerTry.String(),
+		"attempt_timeout": c.AttemptTimeout.String(), "allowance": c.Allowance, "clock_skew": c.Skew.String(),
+		"initial_backoff": c.InitialBackoff.String(), "max_backoff": c.MaxBackoff.String(),
+		"amount": c.Amount, "redis_addr": c.RedisAddr,
+	})
 }
 
 // units is an attempt's ledger as the origin saw it when its calls ended.
@@ -150,7 +161,7 @@ func defaultConfig() config {
 		addr = "127.0.0.1:6379"
 	}
 	return config{Tries: 3, PerTry: 50 * time.Millisecond, AttemptTimeout: 500 * time.Millisecond,
-		Allowance: 4, MaxBackoff: 20 * time.Millisecond, Amount: 10, RedisAddr: addr}
+		Allowance: 4, InitialBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond, Amount: 10, RedisAddr: addr}
 }
 
 func main() {
@@ -161,6 +172,7 @@ func main() {
 	flag.DurationVar(&cfg.AttemptTimeout, "attempt-timeout", cfg.AttemptTimeout, "each attempt's one deadline, from its start")
 	flag.Int64Var(&cfg.Allowance, "allowance", cfg.Allowance, "units each attempt lets the layers below its origin spend")
 	flag.DurationVar(&cfg.Skew, "skew", cfg.Skew, "clock skew assumed by the servers and their stores (one host: 0)")
+	flag.DurationVar(&cfg.InitialBackoff, "initial-backoff", cfg.InitialBackoff, "upper bound of the first jittered wait between tries and between polls")
 	flag.DurationVar(&cfg.MaxBackoff, "max-backoff", cfg.MaxBackoff, "cap of the jittered wait between tries and between polls")
 	flag.Int64Var(&cfg.Amount, "amount", cfg.Amount, "amount each Apply adds")
 	flag.StringVar(&cfg.RedisAddr, "redis", cfg.RedisAddr, "Redis address for the Redis scenario (default $TOLLGATE_REDIS_ADDR or 127.0.0.1:6379)")
@@ -186,8 +198,8 @@ func main() {
 func report(w io.Writer, r *result) {
 	c := r.Config
 	fmt.Fprintf(w, "ledger: a state-changing Apply over loopback TCP behind tollgate, with faults injected after the effect\n")
-	fmt.Fprintf(w, "configured: tries=%d per-try=%v restart-per-try=%v attempt-timeout=%v allowance=%d skew=%v max-backoff=%v\n\n",
-		c.Tries, c.PerTry, c.RestartPerTry, c.AttemptTimeout, c.Allowance, c.Skew, c.MaxBackoff)
+	fmt.Fprintf(w, "configured: tries=%d per-try=%v restart-per-try=%v attempt-timeout=%v allowance=%d skew=%v backoff=%v..%v amount=%d\n\n",
+		c.Tries, c.PerTry, c.RestartPerTry, c.AttemptTimeout, c.Allowance, c.Skew, c.InitialBackoff, c.MaxBackoff, c.Amount)
 	for _, s := range r.Scenarios {
 		if s.Skipped {
 			fmt.Fprintf(w, "%-21s [%s] SKIPPED: %s\n\n", s.Name, s.Store, s.SkipReason)
@@ -237,8 +249,8 @@ func describe(c *callResult, ledgerCall bool) string {
 
 func run(ctx context.Context, cfg config) (*result, error) {
 	if cfg.Tries < 1 || cfg.Tries > interceptor.MaxTriesCap || cfg.PerTry <= 0 || cfg.RestartPerTry < 0 ||
-		cfg.AttemptTimeout <= 0 || cfg.Allowance < 0 || cfg.Skew < 0 || cfg.MaxBackoff < time.Millisecond {
-		return nil, fmt.Errorf("tries must be in [1, %d]; per-try and attempt-timeout positive; allowance, skew and restart-per-try ≥ 0; max-backoff ≥ 1ms", interceptor.MaxTriesCap)
+		cfg.AttemptTimeout <= 0 || cfg.Allowance < 0 || cfg.Skew < 0 || cfg.InitialBackoff <= 0 || cfg.MaxBackoff < cfg.InitialBackoff {
+		return nil, fmt.Errorf("tries must be in [1, %d]; per-try, attempt-timeout and initial-backoff positive; allowance, skew and restart-per-try ≥ 0; max-backoff ≥ initial-backoff", interceptor.MaxTriesCap)
 	}
 	res := &result{Config: cfg, Skipped: []string{}}
 	scenarios := []func(context.Context, config) (*scenarioResult, error){
@@ -453,7 +465,7 @@ func (in *instance) stop() {
 
 func (cfg config) policy(perTry time.Duration) interceptor.RetryPolicy {
 	return interceptor.RetryPolicy{MaxTries: cfg.Tries, PerTryTimeout: perTry,
-		InitialBackoff: time.Millisecond, MaxBackoff: cfg.MaxBackoff}
+		InitialBackoff: cfg.InitialBackoff, MaxBackoff: cfg.MaxBackoff}
 }
 
 func memoryStore(cfg config) (*idempotency.MemoryStore, error) {
