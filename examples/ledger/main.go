@@ -125,21 +125,26 @@ type callResult struct {
 }
 
 type scenarioResult struct {
-	Name            string       `json:"name"`
-	Store           string       `json:"store"`
-	Skipped         bool         `json:"skipped"`
-	SkipReason      string       `json:"skip_reason,omitempty"`
-	IntendedEffects int          `json:"intended_effects"`
-	ExecutedEffects int          `json:"executed_effects"`
-	Duplicates      int          `json:"duplicates"`
-	Lost            int          `json:"lost"`
-	UnknownReported int          `json:"unknown_reported"`
-	Queries         int64        `json:"queries"`
-	Restarts        int          `json:"restarts"`
-	Units           units        `json:"units"`
-	UnitsLeft       int64        `json:"units_left"`
-	Origin          *callResult  `json:"origin_call,omitempty"`
-	Calls           []callResult `json:"calls"`
+	Name            string `json:"name"`
+	Store           string `json:"store"`
+	Skipped         bool   `json:"skipped"`
+	SkipReason      string `json:"skip_reason,omitempty"`
+	IntendedEffects int    `json:"intended_effects"`
+	ExecutedEffects int    `json:"executed_effects"`
+	Duplicates      int    `json:"duplicates"`
+	Lost            int    `json:"lost"`
+	UnknownReported int    `json:"unknown_reported"`
+	Queries         int64  `json:"queries"`
+	Restarts        int    `json:"restarts"`
+	// ReplacementRecord is the state in which the replacement server's
+	// store holds the call's record after the run, read directly: UNKNOWN
+	// when it cannot vouch for the attempt (a new memory store), the
+	// surviving record's state otherwise (Redis).
+	ReplacementRecord string       `json:"replacement_record,omitempty"`
+	Units             units        `json:"units"`
+	UnitsLeft         int64        `json:"units_left"`
+	Origin            *callResult  `json:"origin_call,omitempty"`
+	Calls             []callResult `json:"calls"`
 }
 
 type result struct {
@@ -160,7 +165,7 @@ func defaultConfig() config {
 	if addr == "" {
 		addr = "127.0.0.1:6379"
 	}
-	return config{Tries: 3, PerTry: 50 * time.Millisecond, AttemptTimeout: 500 * time.Millisecond,
+	return config{Tries: 3, PerTry: 50 * time.Millisecond, RestartPerTry: 500 * time.Millisecond, AttemptTimeout: 500 * time.Millisecond,
 		Allowance: 4, InitialBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond, Amount: 10, RedisAddr: addr}
 }
 
@@ -168,7 +173,7 @@ func main() {
 	cfg := defaultConfig()
 	flag.IntVar(&cfg.Tries, "tries", cfg.Tries, "tries each owner may make of a call (first included)")
 	flag.DurationVar(&cfg.PerTry, "per-try", cfg.PerTry, "how long a client waits for one try (scenarios 1, 2, 5)")
-	flag.DurationVar(&cfg.RestartPerTry, "restart-per-try", cfg.RestartPerTry, "per-try timeout in the restart scenarios; 0: tollgate's default share of the remaining time")
+	flag.DurationVar(&cfg.RestartPerTry, "restart-per-try", cfg.RestartPerTry, "per-try timeout in the restart scenarios (long enough for the restart to happen while the try waits); 0: tollgate's default share of the remaining time")
 	flag.DurationVar(&cfg.AttemptTimeout, "attempt-timeout", cfg.AttemptTimeout, "each attempt's one deadline, from its start")
 	flag.Int64Var(&cfg.Allowance, "allowance", cfg.Allowance, "units each attempt lets the layers below its origin spend")
 	flag.DurationVar(&cfg.Skew, "skew", cfg.Skew, "clock skew assumed by the servers and their stores (one host: 0)")
@@ -207,6 +212,9 @@ func report(w io.Writer, r *result) {
 		}
 		fmt.Fprintf(w, "%-21s [%s] intended=%d executed=%d duplicates=%d lost=%d unknown-reported=%d queries=%d restarts=%d\n",
 			s.Name, s.Store, s.IntendedEffects, s.ExecutedEffects, s.Duplicates, s.Lost, s.UnknownReported, s.Queries, s.Restarts)
+		if s.ReplacementRecord != "" {
+			fmt.Fprintf(w, "  the replacement server's store holds the call's record as %s\n", s.ReplacementRecord)
+		}
 		if s.Origin != nil {
 			fmt.Fprintf(w, "  origin call: %s\n", describe(s.Origin, false))
 		}
@@ -731,6 +739,11 @@ func restart(ctx context.Context, cfg config, name, kind string, newStore storeM
 		killHandler()
 		<-handlerDone
 		ans = <-answered
+		rec, err := store2.Get(ctx, idempotency.Key{AttemptID: id, Call: "0", Method: testingv1.TestService_Apply_FullMethodName})
+		if err != nil {
+			return nil, err
+		}
+		s.ReplacementRecord = strings.TrimPrefix(rec.GetState().String(), "ATTEMPT_STATE_")
 	}
 	c := callResult{Account: name, AttemptID: id}
 	outcome(&c, ans.resp, ans.err)
