@@ -401,13 +401,18 @@ func (l *ledger) outer(f *faults) grpc.UnaryServerInterceptor {
 			}
 			return h(ctx, req)
 		}
+		r, _ := req.(*testingv1.ApplyRequest)
+		p := f.dropAccount.Load()
+		if r == nil || p == nil || *p != r.GetKey() {
+			return h(ctx, req)
+		}
+		// This call's answer will be lost (and, if so configured, nobody
+		// can ask about it), from before the handler runs.
+		k := headerKey(ctx)
+		f.dropped.Store(&k)
 		resp, err := h(ctx, req)
-		if r, ok := req.(*testingv1.ApplyRequest); ok && err == nil {
-			if p := f.dropAccount.Load(); p != nil && *p == r.GetKey() && f.dropAccount.CompareAndSwap(p, nil) {
-				k := headerKey(ctx)
-				f.dropped.Store(&k)
-				return nil, grpcstatus.Error(codes.Unavailable, "ledger: connection reset before the response was sent")
-			}
+		if err == nil && f.dropAccount.CompareAndSwap(p, nil) {
+			return nil, grpcstatus.Error(codes.Unavailable, "ledger: connection reset before the response was sent")
 		}
 		return resp, err
 	}
