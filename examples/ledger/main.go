@@ -14,13 +14,16 @@
 //  1. dropped-response: the ledger commits, then the response is lost
 //     (UNAVAILABLE instead of the answer); the owner fences the try and
 //     returns the stored response.
-//  2. timeout-after-commit: the ledger commits and stays busy past the
-//     client's per-try timeout; the owner fences, polls while IN_PROGRESS and
+//  2. timeout-after-commit: the ledger commits and stays busy until the
+//     client, past its per-try timeout, asks about the try (so the order does
+//     not depend on timing); the owner fences, polls while IN_PROGRESS and
 //     returns the stored response.
-//  3. restart-memory: the ledger commits, then its server is replaced by a
-//     new one with a NEW memory store before it answers; the new store's
-//     horizon began after the attempt was minted, so it cannot vouch: the
-//     call ends UNKNOWN with its attempt ID and is never run again.
+//  3. restart-memory: the ledger commits and hangs; a new server with a NEW
+//     memory store binds the same address, then the old one dies (its
+//     connection resets, its handler never answers). The client asks the
+//     new server, whose store's horizon began after the attempt was minted,
+//     so it cannot vouch: the call ends UNKNOWN with its attempt ID and is
+//     never run again.
 //  4. restart-redis: the same with the Redis store (TOLLGATE_REDIS_ADDR): the
 //     record survives the restart, reads IN_PROGRESS until its lease runs
 //     out, then ABANDONED: UNKNOWN with the attempt ID, never run twice.
