@@ -95,6 +95,10 @@ type owner struct {
 	// queries counts the resolution queries sent; the first one of the call
 	// spends its retry-budget token.
 	queries int
+	// queryOpts are the call options resolution queries carry: the caller's
+	// (with the dial's defaults, which grpc-go merged in before the
+	// interceptor) less those that report on the caller's own call.
+	queryOpts []grpc.CallOption
 }
 
 // unary is the unary client interceptor.
@@ -110,6 +114,7 @@ func (c *client) unary(ctx context.Context, method string, req, reply any, cc *g
 	w := &owner{c: c, cl: cl, method: method, info: methodinfo.Of(method), p: c.policy(method),
 		tgt: c.target(cc), cc: cc, invoker: invoker, explicit: named}
 	ctx, span := c.startSpan(ctx, cl.s, cl.key)
+	w.queryOpts = queryOptions(opts)
 	n, err := w.run(ctx, req, reply, opts)
 	endSpan(span, cl.s, n, status.OutcomeOf(err))
 	return err
@@ -143,7 +148,10 @@ func (w *owner) run(ctx context.Context, req, reply any, opts []grpc.CallOption)
 			return n, err
 		case status.KindUnknown:
 			if o.Reason == status.ReasonAttemptUnverifiable && n == 1 && !w.explicit && !w.doubt {
-				// Nobody else can have sent the first try of a per-run key.
+				// Nobody else can have sent the first try of a per-run key,
+				// and the server refused it before running anything: the
+				// grant it held comes back.
+				budget.ReconcileCall(0, w.loans...)
 				return n, status.NotAdmitted(status.ReasonAttemptUnverifiable, status.Fields{
 					AttemptID: s.ID, Call: key, Try: n, Final: true,
 					Message: "interceptor: the callee cannot vouch for this attempt"})
@@ -246,7 +254,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 	req := &tollgatev1.FenceAttemptRequest{AttemptId: s.ID, Call: w.cl.key, Method: w.method, FenceThroughTry: n}
 	for poll := 1; ; poll++ {
 		rec := &tollgatev1.AttemptRecord{}
-		err := w.invoker(qctx, fenceMethod, req, rec, w.cc)
+		err := w.invoker(qctx, fenceMethod, req, rec, w.cc, w.queryOpts...)
 		state := rec.GetState()
 		if span := trace.SpanFromContext(ctx); span.IsRecording() {
 			span.AddEvent(eventQuery, trace.WithAttributes(attrTry.Int64(int64(n)), attrState.String(stateName(state, err))))
@@ -293,6 +301,22 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 }
 
 const fenceMethod = "/tollgate.v1.AttemptService/FenceAttempt"
+
+// queryOptions keeps the call options a resolution query needs (credentials,
+// wait-for-ready, size limits, compression…) and drops those that report on
+// the caller's own call (its header, trailer, peer, finish callback), which
+// a query must not overwrite.
+func queryOptions(opts []grpc.CallOption) []grpc.CallOption {
+	var out []grpc.CallOption
+	for _, o := range opts {
+		switch o.(type) {
+		case grpc.HeaderCallOption, grpc.TrailerCallOption, grpc.PeerCallOption, grpc.OnFinishCallOption:
+			continue
+		}
+		out = append(out, o)
+	}
+	return out
+}
 
 // reconcile settles the call's held grants from a finished record.
 func (w *owner) reconcile(rec *tollgatev1.AttemptRecord) {
