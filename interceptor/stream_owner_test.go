@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/stats"
 	grpcstatus "google.golang.org/grpc/status"
 )
 
@@ -166,10 +167,14 @@ func (r *recorder) all() [][]string {
 }
 
 // uploadService refuses (without effect) the first run of Upload after it
-// read refuseAfter messages, and counts the messages of the others.
+// read refuseAfter messages (0: at once; -1: all of them), and counts the
+// messages of the others.
 func uploadService(rec *recorder, refuseAfter int) *testsvc.Service {
 	return &testsvc.Service{UploadFunc: func(st grpc.ClientStreamingServer[testingv1.UploadRequest, testingv1.UploadResponse]) error {
 		run := rec.start()
+		if run == 0 && refuseAfter == 0 {
+			return shed()
+		}
 		var n int32
 		for {
 			m, err := st.Recv()
@@ -466,4 +471,138 @@ func TestStreamRepeatsSpendTheRetryBudget(t *testing.T) {
 		require.Equal(t, status.ReasonRetryBudgetExhausted, o.Reason, "stream %d", i)
 		require.Equal(t, wantCalls, svc.Calls("Watch"), "stream %d", i)
 	}
+}
+
+// trailerSignal is a client stats handler that closes its channel when the
+// first try's status arrives.
+type trailerSignal struct {
+	once sync.Once
+	c    chan struct{}
+}
+
+func (s *trailerSignal) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+func (s *trailerSignal) HandleRPC(_ context.Context, st stats.RPCStats) {
+	if _, ok := st.(*stats.InTrailer); ok {
+		s.once.Do(func() { close(s.c) })
+	}
+}
+func (s *trailerSignal) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return ctx
+}
+func (s *trailerSignal) HandleConn(context.Context, stats.ConnStats) {}
+
+// TestStreamSendMsgRepeatsATryThatEnded: the caller goes on sending after
+// its first try was refused; SendMsg finds the try ended, repeats it, and
+// the second try receives every message.
+func TestStreamSendMsgRepeatsATryThatEnded(t *testing.T) {
+	rec := &recorder{}
+	svc := uploadService(rec, 0) // refuses its first run before reading
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	sig := &trailerSignal{c: make(chan struct{})}
+	client := testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(fastRetry(3)),
+		grpc.WithStatsHandler(sig))...))
+
+	st, err := client.Upload(t.Context())
+	require.NoError(t, err)
+	require.NotNil(t, st.Context())
+	want := values("u", 6)
+	require.NoError(t, st.Send(&testingv1.UploadRequest{Value: want[0]}))
+	<-sig.c // try 1's refusal arrived
+	for _, v := range want[1:] {
+		require.NoError(t, st.Send(&testingv1.UploadRequest{Value: v}), "the repeat is transparent")
+	}
+	resp, err := st.CloseAndRecv()
+	require.NoError(t, err)
+	require.Equal(t, int32(len(want)), resp.GetCount())
+	runs := rec.all()
+	require.Len(t, runs, 2)
+	require.Equal(t, want, runs[1])
+}
+
+// TestStreamHeaderRepeatsATryThatEnded: Header waits for the response
+// header; when the try ends without one it is repeated, and Header answers
+// with the new try's.
+func TestStreamHeaderRepeatsATryThatEnded(t *testing.T) {
+	var runs atomic.Int64
+	svc := &testsvc.Service{WatchFunc: func(r *testingv1.WatchRequest, st grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
+		n := runs.Add(1)
+		if n == 1 {
+			return status.NotAdmitted(status.ReasonShed)
+		}
+		if err := st.SendHeader(metadata.Pairs("run", strconv.FormatInt(n, 10))); err != nil {
+			return err
+		}
+		return sendWatch(st, r.GetCount())
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3))...))
+
+	st, err := client.Watch(t.Context(), &testingv1.WatchRequest{Count: 2})
+	require.NoError(t, err)
+	md, err := st.Header()
+	require.NoError(t, err)
+	require.Equal(t, []string{"2"}, md.Get("run"))
+	got, err := recvAll(st)
+	require.NoError(t, err)
+	require.Equal(t, []string{"0", "1"}, got)
+}
+
+// TestStreamChatSenderAndReceiverApart: one goroutine sends, another
+// receives (grpc.ClientStream's concurrency contract) while the first try
+// is refused after two messages: every answer arrives once, in order.
+func TestStreamChatSenderAndReceiverApart(t *testing.T) {
+	rec := &recorder{}
+	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+		run := rec.start()
+		for {
+			m, err := st.Recv()
+			if err == io.EOF {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			rec.add(run, m.GetValue())
+			if run == 0 {
+				if len(rec.all()[0]) == 2 {
+					return shed()
+				}
+				continue // answers nothing: the first response would commit the try
+			}
+			if err := st.Send(&testingv1.ChatResponse{Value: m.GetValue()}); err != nil {
+				return err
+			}
+		}
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3))...))
+
+	st, err := client.Chat(t.Context())
+	require.NoError(t, err)
+	want := values("c", 20)
+	var wg sync.WaitGroup
+	var sendErr error
+	wg.Go(func() {
+		for _, v := range want {
+			if sendErr = st.Send(&testingv1.ChatRequest{Value: v}); sendErr != nil {
+				return
+			}
+		}
+		sendErr = st.CloseSend()
+	})
+	var got []string
+	for {
+		m, err := st.Recv()
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err)
+		got = append(got, m.GetValue())
+	}
+	wg.Wait()
+	require.NoError(t, sendErr)
+	require.Equal(t, want, got)
+	runs := rec.all()
+	require.Len(t, runs, 2)
+	require.Equal(t, want, runs[1])
 }
