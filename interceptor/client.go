@@ -325,6 +325,7 @@ func (c *client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	if !cs.tryFromLocked(1) {
 		return nil, cs.final
 	}
+	cs.stop = context.AfterFunc(ctx, cs.abandon)
 	return cs, nil
 }
 
@@ -383,4 +384,6 @@ type clientStream struct {
 	pending any
 	done    bool
 	final   error // the stream's result once done (io.EOF for OK)
+	// stop unregisters abandon from the caller's context.
+	stop func() bool
 }

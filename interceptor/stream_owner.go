@@ -181,8 +181,26 @@ func (cs *clientStream) endLocked(n uint32, result error) {
 		cs.final = io.EOF
 	}
 	cs.buf = nil
+	if cs.stop != nil {
+		cs.stop()
+	}
 	endSpan(cs.span, cs.w.cl.s, n, status.OutcomeOf(result))
 	cs.cond.Broadcast()
+}
+
+// abandon ends the stream when the caller's context ends and no RecvMsg is
+// under way to see it: grpc-go lets a caller release a stream by cancelling
+// its context, and the try's grant and the span must not stay open. The try
+// may have been sent: its grant is held, as for a lost call.
+func (cs *clientStream) abandon() {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.done || cs.receiving {
+		return // ended, or RecvMsg will see the context's end
+	}
+	err := grpcstatus.FromContextError(cs.ctx.Err()).Err()
+	cs.finishLocked(err)
+	cs.endLocked(cs.n, err)
 }
 
 // settleLocked ends the current try with err (nil or io.EOF: OK) and either

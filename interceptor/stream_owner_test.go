@@ -606,3 +606,31 @@ func TestStreamChatSenderAndReceiverApart(t *testing.T) {
 	require.Len(t, runs, 2)
 	require.Equal(t, want, runs[1])
 }
+
+// TestStreamAbandonedByCancelSettlesItsTry: a caller that cancels its
+// context instead of reading the stream to its end releases the try: its
+// grant is no longer reserved, and later calls see the stream ended.
+func TestStreamAbandonedByCancelSettlesItsTry(t *testing.T) {
+	started := make(chan struct{})
+	svc := &testsvc.Service{WatchFunc: func(_ *testingv1.WatchRequest, st grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
+		close(started)
+		<-st.Context().Done()
+		return st.Context().Err()
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3))...))
+	actx, err := interceptor.StartAttempt(t.Context(), 4, 5*time.Second)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(actx)
+
+	st, err := client.Watch(ctx, &testingv1.WatchRequest{Count: 1})
+	require.NoError(t, err)
+	<-started
+	ledger, _ := budget.FromContext(actx)
+	require.Equal(t, int64(4), ledger.Snapshot().Reserved, "the try's grant is lent")
+	cancel()
+	_, err = st.Recv()
+	require.Equal(t, codes.Canceled, grpcstatus.Code(err))
+	require.Zero(t, ledger.Snapshot().Reserved, "the abandoned try was settled")
+	require.Equal(t, int64(1), svc.Calls("Watch"), "never repeated after the caller left")
+}
