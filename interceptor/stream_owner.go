@@ -139,9 +139,12 @@ func (cs *clientStream) replayable() bool {
 	return !cs.message && !cs.overflow && !(cs.header && cs.headerCommits)
 }
 
-// sawHeaderLocked notes a response header.
+// sawHeaderLocked notes a response header of the current try. A try
+// answered with a header was sent, whatever the stats handler saw: it is
+// settled and classified as one that may have had an effect.
 func (cs *clientStream) sawHeaderLocked() {
 	cs.header = true
+	cs.t.delivery.outHeader.Store(true)
 	if cs.headerCommits {
 		cs.buf = nil
 	}
