@@ -634,3 +634,24 @@ func TestStreamAbandonedByCancelSettlesItsTry(t *testing.T) {
 	require.Zero(t, ledger.Snapshot().Reserved, "the abandoned try was settled")
 	require.Equal(t, int64(1), svc.Calls("Watch"), "never repeated after the caller left")
 }
+
+// TestStreamUnknownWithoutAttemptServiceIsNotReplayed: a callee that keeps
+// no records cannot be queried: an Upload whose try's outcome is unknown
+// ends UNKNOWN with its attempt ID and is never replayed blindly.
+func TestStreamUnknownWithoutAttemptServiceIsNotReplayed(t *testing.T) {
+	rec := &recorder{}
+	svc := uploadService(rec, -1)
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, append([]grpc.ServerOption{dropper(false)}, serverOpts()...)...)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3))...))
+
+	st, err := client.Upload(t.Context())
+	require.NoError(t, err)
+	for _, v := range values("u", 3) {
+		require.NoError(t, st.Send(&testingv1.UploadRequest{Value: v}))
+	}
+	_, err = st.CloseAndRecv()
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindUnknown, o.Kind, "%v", err)
+	require.NotEmpty(t, o.Detail.GetAttemptId(), "UNKNOWN names its attempt")
+	require.Empty(t, rec.all(), "never replayed")
+}
