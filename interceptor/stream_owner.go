@@ -490,7 +490,7 @@ func (cs *clientStream) Header() (metadata.MD, error) {
 		md, err := cur.Header()
 		cs.mu.Lock()
 		if md != nil || err != nil {
-			if gen == cs.gen {
+			if md != nil && gen == cs.gen && !cs.done {
 				cs.sawHeaderLocked()
 			}
 			return md, err
