@@ -2,9 +2,8 @@ package interceptor
 
 import (
 	"context"
-	"errors"
-	"io"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tollgate-go/tollgate/budget"
@@ -309,8 +308,10 @@ func (c *client) result(s *attemptState, key string, n uint32, err error, o stat
 	})
 }
 
-// stream is the stream client interceptor. A stream is sent once (no
-// repeats yet): it is granted units like a unary try and settled when it ends.
+// stream is the stream client interceptor: the owner of a stream call, as
+// unary is of a unary one (DESIGN.md §3.4, §3.5). It sends the stream's first
+// try and returns a clientStream that repeats it, transparently, while no
+// response commits it; stream_owner.go says when.
 func (c *client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 	if isControl(method) {
 		return streamer(ctx, desc, cc, method, opts...)
@@ -319,20 +320,16 @@ func (c *client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	if err != nil {
 		return nil, err
 	}
-	s, key := cl.s, cl.key
-	ctx, span := c.startSpan(ctx, s, key)
-	p := RetryPolicy{MaxTries: 1}
-	tctx, t, err := c.prepare(ctx, cl, 1, &p)
-	if err != nil {
-		endSpan(span, s, 1, status.OutcomeOf(err))
-		return nil, err
+	cs := newClientStream(ctx, c, cl, desc, cc, method, streamer, opts)
+	ctx, cs.span = c.startSpan(ctx, cl.s, cl.key)
+	cs.ctx = ctx
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if !cs.tryFromLocked(1) {
+		return nil, cs.final
 	}
-	cs, err := streamer(tctx, desc, cc, method, opts...)
-	if err != nil {
-		c.end(ctx, span, s, key, t, err)
-		return nil, err
-	}
-	return &clientStream{ClientStream: cs, c: c, ctx: ctx, span: span, s: s, key: key, t: t, unaryResponse: !desc.ServerStreams}, nil
+	cs.stop = context.AfterFunc(ctx, cs.abandon)
+	return cs, nil
 }
 
 func (c *client) end(ctx context.Context, span trace.Span, s *attemptState, key string, t *try, err error) {
@@ -341,33 +338,55 @@ func (c *client) end(ctx context.Context, span trace.Span, s *attemptState, key 
 	endSpan(span, s, t.n, o)
 }
 
-// clientStream settles the stream's grant when the stream ends: RecvMsg
-// returns an error (io.EOF for OK) or a unary-response stream's final
-// message arrives.
+// clientStream is the stream the caller sees: one stream over the tries of
+// its call. It keeps what the caller sent (within StreamReplayLimit) so that
+// a try that fails before a response commits it is repeated and replayed
+// inside RecvMsg, SendMsg or Header; each try's grant is settled when the
+// try ends, the span when the stream does. Its methods follow
+// grpc.ClientStream's concurrency rules (one goroutine sending, one
+// receiving); they are in stream_owner.go.
 type clientStream struct {
-	grpc.ClientStream
-	c    *client
-	ctx  context.Context
-	span trace.Span
-	s    *attemptState
-	key  string
-	t    *try
+	w        *owner // the call's owner: classification, resolution, budget
+	ctx      context.Context
+	span     trace.Span
+	desc     *grpc.StreamDesc
+	streamer grpc.Streamer
+	opts     []grpc.CallOption
+	// p is the call's retry policy, its per-try timeout lifted (a stream's
+	// length is the caller's).
+	p RetryPolicy
+	// headerCommits: a response header ends replay (client and bidi
+	// streaming, unless the method is NO_SIDE_EFFECTS).
+	headerCommits bool
 	// unaryResponse is true for client-streaming calls: their one response
 	// message ends the stream (grpc-go reads the status before returning it).
 	unaryResponse bool
-	done          bool
-}
 
-func (cs *clientStream) RecvMsg(m any) error {
-	err := cs.ClientStream.RecvMsg(m)
-	if cs.done || (err == nil && !cs.unaryResponse) {
-		return err
-	}
-	cs.done = true
-	final := err
-	if errors.Is(final, io.EOF) {
-		final = nil
-	}
-	cs.c.end(cs.ctx, cs.span, cs.s, cs.key, cs.t, final)
-	return err
+	mu   sync.Mutex
+	cond sync.Cond // L is &mu; broadcast when receiving stops or a try ends
+	// The current try: its stream, its state, its number, a generation
+	// counted per try sent.
+	cur     grpc.ClientStream
+	t       *try
+	n       uint32
+	gen     uint64
+	counted int // tries counted against the policy (fence jumps are not)
+	// What the caller sent, for replay: clones of its messages, their size,
+	// whether it closed its side. overflow: replay is off for good (the
+	// limit was passed or a message could not be kept).
+	buf      []any
+	bufBytes int
+	overflow bool
+	closed   bool
+	// header and message: a response header or message arrived on some try.
+	header, message bool
+	// receiving is true while RecvMsg waits on cur without the lock: only
+	// it may then read cur's status.
+	receiving bool
+	// pending is a response message a probe read on the caller's behalf.
+	pending any
+	done    bool
+	final   error // the stream's result once done (io.EOF for OK)
+	// stop unregisters abandon from the caller's context.
+	stop func() bool
 }

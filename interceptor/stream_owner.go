@@ -1,0 +1,543 @@
+package interceptor
+
+import (
+	"context"
+	"io"
+	"math"
+
+	"github.com/tollgate-go/tollgate/internal/methodinfo"
+	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/emptypb"
+)
+
+// StreamReplayLimit is how many bytes (proto.Size) of the messages a caller
+// sends on a client- or bidi-streaming call the client interceptor keeps, as
+// copies, to replay them on a repeat. Past it, replay is off for the rest of
+// the stream: a failure is resolved with the callee's AttemptService, never
+// replayed.
+//
+// How a stream is repeated (DESIGN.md §3.4, §3.5; the RetryPolicy, retry
+// budget, allowance and deadline of unary calls apply, each try spends a unit
+// and is settled as a unary try is):
+//
+//   - a server-streaming call is repeated only while no response message
+//     arrived (a header alone does not commit it);
+//   - a client- or bidi-streaming call is repeated only while no response
+//     header or message arrived and what the caller sent fits
+//     StreamReplayLimit; the repeat replays it (and CloseSend, if the caller
+//     closed its side);
+//   - a NO_SIDE_EFFECTS stream is repeated while no response message
+//     arrived, whatever its kind;
+//   - a try is repeated only when its outcome allows it, as for unary
+//     calls: NOT_ADMITTED and not final, never sent, or UNKNOWN resolved
+//     FENCED by the query (NO_SIDE_EFFECTS: freely);
+//   - once committed, a failure is final for the stream: UNKNOWN is resolved
+//     with the query for a method with side effects and ends COMMITTED (the
+//     stored record cannot replay a stream), FAILED or UNKNOWN.
+//
+// Repeats happen inside RecvMsg, SendMsg and Header: the caller sees one
+// stream. A RetryPolicy's PerTryTimeout does not apply to streams: a stream's
+// try may last until the attempt's deadline.
+const StreamReplayLimit = 256 << 10
+
+// unaryStreamDesc describes a unary call sent as a stream (the resolution
+// query, through the streamer).
+var unaryStreamDesc = &grpc.StreamDesc{}
+
+// streamInvoker sends unary calls through streamer, as grpc-go's own invoke
+// does: the stream interceptor's queries go to what lies below it, never
+// back through the chain (DESIGN.md §3.4).
+func streamInvoker(streamer grpc.Streamer) grpc.UnaryInvoker {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, opts ...grpc.CallOption) error {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		st, err := streamer(ctx, unaryStreamDesc, cc, method, opts...)
+		if err != nil {
+			return err
+		}
+		if err := st.SendMsg(req); err != nil {
+			return err
+		}
+		return st.RecvMsg(reply)
+	}
+}
+
+// newClientStream returns the stream of call cl, before its first try.
+func newClientStream(ctx context.Context, c *client, cl *call, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts []grpc.CallOption) *clientStream {
+	_, named := ctx.Value(callNameKey{}).(string)
+	info := methodinfo.Of(method)
+	cs := &clientStream{
+		desc:          desc,
+		streamer:      streamer,
+		opts:          opts,
+		p:             *c.policy(method),
+		headerCommits: desc.ClientStreams && info.Level != methodinfo.NoSideEffects,
+		unaryResponse: !desc.ServerStreams,
+	}
+	cs.p.PerTryTimeout = math.MaxInt64 // each try may last until the deadline
+	cs.w = &owner{c: c, cl: cl, method: method, info: info, p: &cs.p, tgt: c.target(cc), cc: cc,
+		invoker: streamInvoker(streamer), explicit: named}
+	cs.cond.L = &cs.mu
+	return cs
+}
+
+// tryFromLocked sends tries from try n until one is under way (true), or
+// the stream ended instead (false; cs.final holds its result).
+func (cs *clientStream) tryFromLocked(n uint32) bool {
+	w, c := cs.w, cs.w.c
+	for {
+		cs.counted++
+		// A fresh call per try, so that a late stats event of an earlier
+		// try cannot mark this one's delivery record.
+		tcl := &call{s: w.cl.s, key: w.cl.key}
+		tctx, t, err := c.prepare(cs.ctx, tcl, n, &cs.p)
+		if err != nil {
+			cs.endLocked(n, w.conclude(n, err))
+			return false
+		}
+		if n == 1 && w.tgt.budget != nil {
+			w.tgt.budget.Deposit()
+		}
+		cs.t, cs.n = t, n
+		cs.gen++
+		st, err := cs.streamer(tctx, cs.desc, w.cc, w.method, cs.opts...)
+		if err == nil {
+			cs.cur = st
+			cs.replayLocked(st)
+			return true
+		}
+		next, result, repeat := cs.afterTryLocked(err)
+		if !repeat {
+			cs.endLocked(cs.n, result)
+			return false
+		}
+		n = next
+	}
+}
+
+// replayLocked sends what the caller sent so far on a new try's stream. A
+// failure shows on the stream itself, where the caller's next operation
+// finds it.
+func (cs *clientStream) replayLocked(st grpc.ClientStream) {
+	for _, m := range cs.buf {
+		if err := st.SendMsg(m); err != nil {
+			return
+		}
+	}
+	if cs.closed {
+		_ = st.CloseSend()
+	}
+}
+
+// replayable reports whether the current try may still be repeated.
+func (cs *clientStream) replayable() bool {
+	return !cs.message && !cs.overflow && !(cs.header && cs.headerCommits)
+}
+
+// sawHeaderLocked notes a response header of the current try. A try
+// answered with a header was sent, whatever the stats handler saw: it is
+// settled and classified as one that may have had an effect.
+func (cs *clientStream) sawHeaderLocked() {
+	cs.header = true
+	cs.t.delivery.outHeader.Store(true)
+	if cs.headerCommits {
+		cs.buf = nil
+	}
+}
+
+// sawMessageLocked notes a response message: the stream is committed.
+func (cs *clientStream) sawMessageLocked() {
+	cs.message = true
+	cs.buf = nil
+}
+
+// keepLocked keeps a copy of m for replay while the stream may be repeated.
+func (cs *clientStream) keepLocked(m any) {
+	if !cs.replayable() {
+		return
+	}
+	pm, ok := m.(proto.Message)
+	size := 0
+	if ok {
+		size = proto.Size(pm)
+	}
+	// A server-streaming call's one request is kept whatever its size.
+	if !ok || (cs.desc.ClientStreams && cs.bufBytes+size > StreamReplayLimit) {
+		cs.overflow = true
+		cs.buf = nil
+		return
+	}
+	cs.buf = append(cs.buf, proto.Clone(pm))
+	cs.bufBytes += size
+}
+
+// endLocked ends the stream after try n with result (nil: OK).
+func (cs *clientStream) endLocked(n uint32, result error) {
+	cs.done = true
+	cs.final = result
+	if result == nil {
+		cs.final = io.EOF
+	}
+	cs.buf = nil
+	if cs.stop != nil {
+		cs.stop()
+	}
+	endSpan(cs.span, cs.w.cl.s, n, status.OutcomeOf(result))
+	cs.cond.Broadcast()
+}
+
+// abandon ends the stream when the caller's context ends and no RecvMsg is
+// under way to see it: grpc-go lets a caller release a stream by cancelling
+// its context, and the try's grant and the span must not stay open. The try
+// may have been sent: its grant is held, as for a lost call.
+func (cs *clientStream) abandon() {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.done || cs.receiving {
+		return // ended, or RecvMsg will see the context's end
+	}
+	err := grpcstatus.FromContextError(cs.ctx.Err()).Err()
+	cs.finishLocked(err)
+	cs.endLocked(cs.n, err)
+}
+
+// settleLocked ends the current try with err (nil or io.EOF: OK) and either
+// starts the next try or ends the stream.
+func (cs *clientStream) settleLocked(err error) {
+	if err == io.EOF {
+		err = nil
+	}
+	next, result, repeat := cs.afterTryLocked(err)
+	if !repeat {
+		cs.endLocked(cs.n, result)
+		return
+	}
+	cs.tryFromLocked(next)
+}
+
+// afterTryLocked settles the current try, which ended with err (nil: OK),
+// and decides, as owner.run does for a unary call, whether the stream
+// repeats (at try next) or ends with result.
+func (cs *clientStream) afterTryLocked(err error) (next uint32, result error, repeat bool) {
+	w, c, n := cs.w, cs.w.c, cs.n
+	s, key := w.cl.s, w.cl.key
+	o := cs.finishLocked(err)
+	if !cs.replayable() {
+		return n, cs.committedResult(n, err, o), false
+	}
+	switch o.Kind {
+	case status.KindOK, status.KindFailed, status.KindCommitted:
+		return n, err, false
+	case status.KindUnknown:
+		if o.Reason == status.ReasonAttemptUnverifiable && n == 1 && !w.explicit && !w.doubt {
+			return n, status.NotAdmitted(status.ReasonAttemptUnverifiable, status.Fields{
+				AttemptID: s.ID, Call: key, Try: n, Final: true,
+				Message: "interceptor: the callee cannot vouch for this attempt"}), false
+		}
+		if w.info.Level == methodinfo.NoSideEffects {
+			break
+		}
+		w.doubt = true
+		if w.info.Level == methodinfo.Idempotent && c.recordless(w.tgt) {
+			break
+		}
+		nx, res, done := w.resolve(cs.ctx, n, err, nil)
+		if done {
+			return n, res, false
+		}
+		err, n = res, nx-1
+	case status.KindNotAdmitted:
+		switch o.Reason {
+		case status.ReasonAttemptFenced:
+			w.doubt = true
+			if f := o.Detail.GetFencedThroughTry(); f >= n {
+				n = f
+				if w.explicit {
+					cs.counted--
+				}
+			}
+		case status.ReasonAttemptInProgress:
+			w.doubt = true
+			nx, res, done := w.resolve(cs.ctx, n, err, nil)
+			if done {
+				return n, res, false
+			}
+			err, n = res, nx-1
+		}
+		if o.Final() {
+			return n, w.conclude(n, err), false
+		}
+	}
+	if cs.counted >= cs.p.MaxTries {
+		return n, w.conclude(n, err), false
+	}
+	if cs.ctx.Err() != nil {
+		return n, w.conclude(n, err), false
+	}
+	if w.tgt.budget != nil && !w.tgt.budget.Withdraw() {
+		return n, w.budgetExhausted(cs.ctx, n, err), false
+	}
+	if !c.wait(cs.ctx, s, &cs.p, cs.counted+1, err) {
+		return n, w.conclude(n, err), false
+	}
+	return n + 1, nil, true
+}
+
+// finishLocked settles the current try, which ended with err (nil: OK), as
+// a unary try is settled, counts it in tollgate.client.tries, and returns
+// its outcome.
+func (cs *clientStream) finishLocked(err error) status.Outcome {
+	w, c := cs.w, cs.w.c
+	d := c.finish(w.cl.s, w.cl.key, cs.t, err)
+	if cs.t.loan != nil {
+		w.loans = append(w.loans, cs.t.loan)
+	}
+	o := status.OutcomeOfCall(err, d)
+	c.record(cs.ctx, o)
+	return o
+}
+
+// committedResult is the result of a stream whose try n failed (or ended)
+// when it could no longer be repeated: definite outcomes as they are;
+// UNKNOWN resolved with the query for a method with side effects, which
+// ends COMMITTED, FAILED or UNKNOWN — and NOT_ADMITTED only when nothing of
+// the try was seen and the record was fenced, so it never ran.
+func (cs *clientStream) committedResult(n uint32, err error, o status.Outcome) error {
+	w := cs.w
+	switch {
+	case o.Kind == status.KindUnknown,
+		o.Kind == status.KindNotAdmitted && o.Reason == status.ReasonAttemptInProgress:
+	case o.Kind == status.KindNotAdmitted && o.Reason == status.ReasonAttemptFenced:
+		w.doubt = true
+		return w.conclude(n, err)
+	case o.Kind == status.KindNotAdmitted:
+		return w.conclude(n, err)
+	default:
+		return err
+	}
+	if w.info.Level == methodinfo.NoSideEffects {
+		return err
+	}
+	w.doubt = true
+	if w.info.Level == methodinfo.Idempotent && w.c.recordless(w.tgt) {
+		return w.conclude(n, err)
+	}
+	_, res, done := w.resolve(cs.ctx, n, err, nil)
+	if done {
+		return res
+	}
+	if status.OutcomeOf(res).Kind == status.KindNotAdmitted && !cs.header && !cs.message {
+		return res // fenced: no try ran; what was sent cannot be replayed
+	}
+	if status.OutcomeOf(res).Kind == status.KindNotAdmitted {
+		return status.OutcomeUnknown(err, status.WithAttempt(w.cl.s.ID, w.cl.key, n),
+			status.WithMessage("interceptor: the callee answered the stream, yet its record says the try never ran"))
+	}
+	return w.conclude(n, res)
+}
+
+// probeLocked learns how the current try ended when its stream reported the
+// end (SendMsg's io.EOF) or no header (Header), and no RecvMsg is under way:
+// a header commits it (client and bidi streaming); otherwise the status is
+// read, and the try settled, unless a message came first, which is kept for
+// the caller's next RecvMsg.
+func (cs *clientStream) probeLocked() {
+	cur := cs.cur
+	if md, _ := cur.Header(); md != nil {
+		cs.sawHeaderLocked()
+		if !cs.replayable() {
+			return
+		}
+	}
+	var scratch proto.Message = &emptypb.Empty{}
+	if out := cs.w.info.Output; out != nil {
+		scratch = out.New().Interface()
+	}
+	err := cur.RecvMsg(scratch)
+	if err == nil {
+		cs.pending = scratch
+		cs.sawMessageLocked()
+		if cs.unaryResponse {
+			cs.settleLocked(nil)
+		}
+		return
+	}
+	cs.settleLocked(err)
+}
+
+// deliverPending copies the message a probe read into the caller's m.
+func deliverPending(m, pending any) error {
+	pm, ok := m.(proto.Message)
+	pp, _ := pending.(proto.Message)
+	if !ok || pp == nil {
+		return grpcstatus.Error(codes.Internal, "interceptor: a response message could not be handed over")
+	}
+	b, err := proto.Marshal(pp)
+	if err == nil {
+		err = proto.Unmarshal(b, pm)
+	}
+	if err != nil {
+		return grpcstatus.Errorf(codes.Internal, "interceptor: a response message could not be handed over: %v", err)
+	}
+	return nil
+}
+
+// SendMsg sends m on the current try, keeping a copy for replay. When the
+// try has ended before a response committed the stream, it learns why and
+// repeats the stream (m is replayed) before returning nil; io.EOF, as
+// grpc-go's, says the stream ended and RecvMsg returns its status.
+func (cs *clientStream) SendMsg(m any) error {
+	cs.mu.Lock()
+	if cs.done {
+		cs.mu.Unlock()
+		return io.EOF
+	}
+	cs.keepLocked(m)
+	cur, gen := cs.cur, cs.gen
+	cs.mu.Unlock()
+	err := cur.SendMsg(m)
+	if err == nil {
+		return nil
+	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if err != io.EOF {
+		// A local error (m cannot be marshalled, or is too large): grpc-go
+		// ended the stream with it.
+		if gen == cs.gen && !cs.done {
+			cs.finishLocked(err)
+			cs.endLocked(cs.n, err)
+		}
+		return err
+	}
+	for {
+		switch {
+		case cs.done:
+			return io.EOF
+		case cs.gen != gen:
+			return nil // repeated, m replayed
+		case !cs.replayable():
+			return io.EOF
+		case cs.receiving:
+			cs.cond.Wait()
+		default:
+			cs.probeLocked()
+		}
+	}
+}
+
+// RecvMsg receives the next response message. A try that ends before the
+// stream is committed is repeated here, and the caller goes on receiving
+// from the new try.
+func (cs *clientStream) RecvMsg(m any) error {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for {
+		if cs.pending != nil {
+			p := cs.pending
+			cs.pending = nil
+			return deliverPending(m, p)
+		}
+		if cs.done {
+			return cs.final
+		}
+		cur, gen := cs.cur, cs.gen
+		watch := cs.headerCommits && !cs.header
+		cs.receiving = true
+		cs.mu.Unlock()
+		var md metadata.MD
+		if watch {
+			md, _ = cur.Header()
+		}
+		err := cur.RecvMsg(m)
+		cs.mu.Lock()
+		cs.receiving = false
+		cs.cond.Broadcast()
+		if gen != cs.gen || cs.done {
+			continue
+		}
+		if md != nil {
+			cs.sawHeaderLocked()
+		}
+		if err == nil {
+			cs.sawMessageLocked()
+			if cs.unaryResponse {
+				cs.settleLocked(nil)
+			}
+			return nil
+		}
+		cs.settleLocked(err)
+	}
+}
+
+// Header returns the current try's response header, waiting for it. When
+// the try ended without one, before the stream was committed, it learns why
+// and repeats the stream, then waits for the new try's header.
+func (cs *clientStream) Header() (metadata.MD, error) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for {
+		cur, gen := cs.cur, cs.gen
+		if cs.done {
+			return cur.Header()
+		}
+		cs.mu.Unlock()
+		md, err := cur.Header()
+		cs.mu.Lock()
+		if md != nil || err != nil {
+			if md != nil && gen == cs.gen && !cs.done {
+				cs.sawHeaderLocked()
+			}
+			return md, err
+		}
+		// No header: the try ended. Its status is RecvMsg's to read.
+		for gen == cs.gen && !cs.done && cs.receiving {
+			cs.cond.Wait()
+		}
+		switch {
+		case gen != cs.gen:
+			continue
+		case cs.done || !cs.replayable():
+			return nil, nil
+		}
+		cs.probeLocked()
+		if gen == cs.gen && !cs.done {
+			return nil, nil // a message came before the status: it is the caller's
+		}
+	}
+}
+
+// CloseSend closes the caller's side of the current try, and of every
+// repeat.
+func (cs *clientStream) CloseSend() error {
+	cs.mu.Lock()
+	if cs.done {
+		cs.mu.Unlock()
+		return nil
+	}
+	cs.closed = true
+	cur := cs.cur
+	cs.mu.Unlock()
+	return cur.CloseSend()
+}
+
+// Trailer returns the trailer of the last try.
+func (cs *clientStream) Trailer() metadata.MD {
+	cs.mu.Lock()
+	cur := cs.cur
+	cs.mu.Unlock()
+	return cur.Trailer()
+}
+
+// Context returns the current try's stream context.
+func (cs *clientStream) Context() context.Context {
+	cs.mu.Lock()
+	cur := cs.cur
+	cs.mu.Unlock()
+	return cur.Context()
+}
