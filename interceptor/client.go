@@ -332,12 +332,6 @@ func (c *client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	return cs, nil
 }
 
-func (c *client) end(ctx context.Context, span trace.Span, s *attemptState, key string, t *try, err error) {
-	o := status.OutcomeOfCall(err, c.finish(s, key, t, err))
-	c.record(ctx, o)
-	endSpan(span, s, t.n, o)
-}
-
 // clientStream is the stream the caller sees: one stream over the tries of
 // its call. It keeps what the caller sent (within StreamReplayLimit) so that
 // a try that fails before a response commits it is repeated and replayed

@@ -28,7 +28,8 @@ type RetryPolicy struct {
 	// server with a record store finishes the try, and the owner learns its
 	// outcome by querying. Default 0: the remaining time divided by the tries
 	// left (the last try gets all of it), which leaves room to resolve and
-	// repeat.
+	// repeat. It does not apply to streams: a stream's try may last until
+	// the attempt's deadline.
 	PerTryTimeout time.Duration
 }
 
