@@ -70,11 +70,24 @@
 // without the trailer. A try that provably never left the client gives its
 // unit back.
 //
-// A call is repeated, under its RetryPolicy, only when its last try is known
-// to have had no effect: NOT_ADMITTED (and not final) or never sent. Waits
-// are exponential with full jitter, never shorter than the peer's retry-after
-// (itself jittered), and never past the deadline. An UNKNOWN outcome is not
-// repeated: the call ends UNKNOWN with its attempt ID. At the origin, a
+// A call is repeated, under its RetryPolicy (WithRetry, WithMethodRetry) and
+// the target's retry budget (WithRetryBudget), only when its last try is
+// known to have had no effect: NOT_ADMITTED (and not final) or never sent.
+// Waits are exponential with full jitter, never shorter than the peer's
+// retry-after (itself jittered), and never past the deadline. A try whose
+// outcome is UNKNOWN is first resolved: the owner sends FenceAttempt(n) to
+// the callee's AttemptService through its invoker (never back through the
+// chain, never charged a unit, on a context detached from the caller's with
+// a grace after the deadline, WithResolutionGrace) and polls while the
+// record is IN_PROGRESS. SUCCEEDED returns the stored response (COMMITTED for
+// a stream or a response not kept), FAILED its definite error, FENCED lets the
+// call repeat as try n+1; ABANDONED, UNKNOWN, a failed query or a callee
+// without an AttemptService end the call UNKNOWN with its attempt ID.
+// IDEMPOTENT methods repeat without the query at a callee without records;
+// NO_SIDE_EFFECTS methods repeat freely. Once a try was UNKNOWN, or met
+// ATTEMPT_IN_PROGRESS or ATTEMPT_FENCED, only a finished record or a FENCED
+// answer can end the call NOT_ADMITTED. Streams are repeated the same way
+// but only before they commit (see StreamReplayLimit). At the origin, a
 // refusal for lack of units once the whole allowance is spent is final.
 //
 // DialOptions also installs the stats handler that tells a try never sent
