@@ -19,7 +19,8 @@
 // defaults (WithDefaultAllowance, WithMaxAttemptTime, WithTenant); a
 // malformed header is counted (tollgate.metadata.malformed) and ignored. A
 // try whose attempt deadline (plus WithClockSkew) has passed is refused,
-// DEADLINE_EXPIRED. The handler runs with a deadline of min(grpc-timeout,
+// DEADLINE_EXPIRED — unless the call keeps records and a record answers it
+// (a finished record answers every later try, even a late one). The handler runs with a deadline of min(grpc-timeout,
 // attempt deadline + skew), its context carrying the attempt
 // (AttemptFromContext) and this tier's ledger (budget.FromContext). When the
 // handler returns the ledger is sealed and the units spent below this server

@@ -435,14 +435,14 @@ func TestKilledServerProcessLeavesCallInProgressThenAbandoned(t *testing.T) {
 	}
 	require.Positive(t, inProgress, "the record was seen IN_PROGRESS before its lease ended")
 
-	// After the lease: the call never runs again. A try with the attempt's
-	// deadline comes after d + skew and is refused DEADLINE_EXPIRED before
-	// the store is asked; a try whose header claims a later deadline reaches
-	// the record, which answers UNKNOWN with the attempt ID.
+	// After the lease: the call never runs again. Even a try that comes
+	// after d + skew is answered by the record (a record answers every later
+	// try, DESIGN.md §3.7), never DEADLINE_EXPIRED, which would claim that
+	// nothing ran; so is a try whose header claims a later deadline.
 	err = sendTry(nextTry+1, a.Deadline)
 	o = status.OutcomeOf(err)
-	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
-	require.Equal(t, status.ReasonDeadlineExpired, o.Reason, "%v", err)
+	require.Equal(t, status.KindUnknown, o.Kind, "%v", err)
+	require.Equal(t, a.ID, o.Detail.GetAttemptId())
 	err = sendTry(nextTry+2, time.Now().Add(5*time.Second))
 	o = status.OutcomeOf(err)
 	require.Equal(t, status.KindUnknown, o.Kind, "%v", err)

@@ -55,6 +55,13 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 			AttemptID: s.ID, Call: s.Call, Try: s.Try, RetryAfter: storeRetryAfter, Message: err.Error()})
 	}
 	if res.Started {
+		if in.expired {
+			// The store started a try the server knows is late (clocks
+			// disagree by more than the skew): end it as a tombstone, unrun.
+			_ = sv.cfg.store.Finish(ctx, idempotency.FinishRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp,
+				State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED})
+			return false, nil, expired(s)
+		}
 		return true, nil, nil
 	}
 	rec := res.Record

@@ -277,3 +277,33 @@ func TestUnverifiableFirstTryIsNotAdmitted(t *testing.T) {
 	require.True(t, o.Final())
 	require.Zero(t, ledger.effects.Load())
 }
+
+// TestALateTryIsAnsweredByItsRecord: a try that comes after the attempt's
+// deadline is answered by a finished record (its stored response), and
+// refused DEADLINE_EXPIRED only when there is none.
+func TestALateTryIsAnsweredByItsRecord(t *testing.T) {
+	ledger := newLedger(nil)
+	end := recordedServer(t, &ledger.Service, memoryStore(t))
+	client := testingv1.NewTestServiceClient(end.DialT(t))
+	id, _ := interceptor.StartAttempt(t.Context(), 0, 5*time.Second)
+	a, _ := interceptor.AttemptFromContext(id)
+	send := func(call string, try, deadline int64) (*testingv1.ApplyResponse, error) {
+		ctx := metadata.AppendToOutgoingContext(t.Context(), "tollgate",
+			"a="+a.ID+";c="+call+";t="+itoa(try)+";d="+itoa(deadline))
+		return client.Apply(ctx, &testingv1.ApplyRequest{Key: "acct", Amount: 4})
+	}
+	later := time.Now().Add(2 * time.Second).UnixMilli()
+	first, err := send("0", 1, later)
+	require.NoError(t, err)
+	past := time.Now().Add(-time.Second).UnixMilli()
+	again, err := send("0", 2, past)
+	require.NoError(t, err, "the late try gets the stored response, not DEADLINE_EXPIRED")
+	require.Equal(t, first.GetTotal(), again.GetTotal())
+	require.Equal(t, int64(1), ledger.effects.Load())
+
+	_, err = send("1", 1, past)
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.ReasonDeadlineExpired, o.Reason, "no record: the late try is refused")
+	require.True(t, o.Final())
+	require.Equal(t, int64(1), ledger.effects.Load())
+}

@@ -43,6 +43,9 @@ type inbound struct {
 	strict bool      // the caller asked for strict accounting (r=1)
 	until  time.Time // the handler's deadline
 	info   methodinfo.Info
+	// expired is set for a recorded call whose try came after the attempt's
+	// deadline plus skew: only its record may answer it.
+	expired bool
 }
 
 // begin reads the request's tollgate header and returns the attempt it runs
@@ -103,10 +106,13 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 		in.until = ctxDeadline
 	}
 	if !now.Before(st.Deadline.Add(sv.cfg.skew)) {
-		return nil, status.NotAdmitted(status.ReasonDeadlineExpired, status.Fields{
-			AttemptID: st.ID, Call: st.Call, Try: st.Try, Final: true,
-			Message: "interceptor: the attempt's deadline has passed",
-		})
+		if !sv.recorded(in) {
+			return nil, expired(st)
+		}
+		// A finished record answers every later try, even a late one
+		// (DESIGN.md §3.7): the store decides, and refuses the late try
+		// itself when it holds no finished record.
+		in.expired = true
 	}
 	st.runStore.Init(st.Call, st.Try)
 	st.run = &st.runStore
@@ -115,14 +121,22 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 	return in, nil
 }
 
+// expired is the refusal of a try that came after its attempt's deadline.
+func expired(s *attemptState) error {
+	return status.NotAdmitted(status.ReasonDeadlineExpired, status.Fields{
+		AttemptID: s.ID, Call: s.Call, Try: s.Try, Final: true,
+		Message: "interceptor: the attempt's deadline has passed",
+	})
+}
+
 // admit asks the admission controller, if any, for a permit, and records
 // the decision as a tollgate.admission event on the request's span (when a
 // server span is recording, e.g. with otelgrpc): decision, class, and the
 // requests waiting in the class's queue when this one arrived.
 func (sv *server) admit(ctx context.Context, method string, in *inbound, req any) (*admission.Permit, error) {
 	ctrl := sv.cfg.admission
-	if ctrl == nil {
-		return nil, nil
+	if ctrl == nil || (in != nil && in.expired) {
+		return nil, nil // a late try only reads its record: it takes no slot
 	}
 	size := -1
 	if m, ok := req.(proto.Message); ok {
