@@ -128,7 +128,7 @@ type callNameKey struct{}
 // WithCallKey names the next calls made with ctx explicitly: their key is
 // the parent's key followed by name ("p.name"), the same on every re-run of
 // the handler, so that the callee's record deduplicates the call across
-// re-runs. name is 1–128 characters of [A-Za-z0-9:-] with at least one
+// re-runs. name is 1–128 characters of [A-Za-z0-9_:-] with at least one
 // non-digit; a bad name makes the call fail locally with MALFORMED_HEADER.
 // A handler of a method declared IDEMPOTENT must name every call it makes to
 // a method not declared NO_SIDE_EFFECTS (DESIGN.md §2.2).

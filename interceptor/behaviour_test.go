@@ -237,3 +237,31 @@ func TestSplitDividesAFanOut(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconvFormat(n) }
+
+// TestUnderscoreIsAHeaderCharacter: DESIGN §2.1's charset [A-Za-z0-9._:-]
+// includes '_': a trusted peer's tenant acme_corp and an explicit key
+// reserve_stock travel.
+func TestUnderscoreIsAHeaderCharacter(t *testing.T) {
+	var got []interceptor.Attempt
+	leaf := &testsvc.Service{ApplyFunc: func(ctx context.Context, _ *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		a, _ := interceptor.AttemptFromContext(ctx)
+		got = append(got, a)
+		return &testingv1.ApplyResponse{}, nil
+	}}
+	origin, _ := twoTier(t, leaf, func(leaf testingv1.TestServiceClient) *testsvc.Service {
+		return &testsvc.Service{ApplyFunc: func(ctx context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+			return leaf.Apply(interceptor.WithCallKey(ctx, "reserve_stock"), r)
+		}}
+	})
+	_, err := origin.Apply(t.Context(), &testingv1.ApplyRequest{})
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.Equal(t, "0.reserve_stock", got[0].Call)
+
+	end := testsvc.StartT(t, testsvc.Bufconn, leaf.Register, serverOpts()...)
+	_, err = testingv1.NewTestServiceClient(end.DialT(t)).Apply(
+		metadata.AppendToOutgoingContext(t.Context(), "tollgate", "a=x_1;n=acme_corp"), &testingv1.ApplyRequest{})
+	require.NoError(t, err)
+	require.Equal(t, "acme_corp", got[1].Tenant)
+	require.Equal(t, "x_1", got[1].ID)
+}

@@ -35,8 +35,8 @@ import (
 var ErrTooLong = errors.New("callkey: key longer than 128 characters")
 
 // ErrBadName is returned for an explicit name that is empty, holds a
-// character outside [A-Za-z0-9:-] (no '.'), or consists of digits only.
-var ErrBadName = errors.New("callkey: explicit name must be 1-128 characters of [A-Za-z0-9:-] with a non-digit")
+// character outside [A-Za-z0-9_:-] (no '.'), or consists of digits only.
+var ErrBadName = errors.New("callkey: explicit name must be 1-128 characters of [A-Za-z0-9_:-] with a non-digit")
 
 // ErrBadKey is returned by [Validate] for a key that is empty or holds a
 // character outside [A-Za-z0-9._:-].

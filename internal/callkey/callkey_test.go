@@ -46,7 +46,7 @@ func TestRun(t *testing.T) {
 
 func TestExplicitNames(t *testing.T) {
 	r := callkey.NewRun("0.1.1", 1)
-	for _, bad := range []string{"", "2", "123", "a.b", "a_b", "a b", "é", strings.Repeat("x", 129)} {
+	for _, bad := range []string{"", "2", "123", "a.b", "a b", "a/b", "é", strings.Repeat("x", 129)} {
 		_, err := r.Explicit(bad)
 		require.ErrorIs(t, err, callkey.ErrBadName, "%q", bad)
 		var o callkey.Origin

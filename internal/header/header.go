@@ -269,7 +269,7 @@ func IsTokenByte(c byte) bool {
 	switch {
 	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
 		return true
-	case c == '.', c == ':', c == '-':
+	case c == '.', c == '_', c == ':', c == '-':
 		return true
 	}
 	return false
