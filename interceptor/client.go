@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tollgate-go/tollgate/budget"
@@ -361,6 +362,7 @@ type clientStream struct {
 	// The current try: its stream, its state, its number, a generation
 	// counted per try sent.
 	cur     grpc.ClientStream
+	curCtx  atomic.Pointer[context.Context] // cur's context, read by Context without the lock
 	t       *try
 	n       uint32
 	gen     uint64

@@ -20,9 +20,12 @@
 // malformed header is counted (tollgate.metadata.malformed) and ignored. A
 // try whose attempt deadline (plus WithClockSkew) has passed is refused,
 // DEADLINE_EXPIRED — unless the call keeps records and a record answers it
-// (a finished record answers every later try, even a late one). The handler runs with a deadline of min(grpc-timeout,
-// attempt deadline + skew), its context carrying the attempt
-// (AttemptFromContext) and this tier's ledger (budget.FromContext). When the
+// (a finished record answers every later try, even a late one). The handler
+// runs with a deadline of min(grpc-timeout, attempt deadline + skew) — with a
+// record store (WithAttemptStore), on a context detached from the client's
+// cancellation with deadline exactly the attempt deadline + skew, so that a
+// try the client stopped waiting for finishes and its record resolves — its
+// context carrying the attempt (AttemptFromContext) and this tier's ledger (budget.FromContext). When the
 // handler returns the ledger is sealed and the units spent below this server
 // are reported in the tollgate-spent trailer (when positive, or always when
 // the caller asked for strict accounting). Streams are handled alike; their

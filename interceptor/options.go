@@ -295,8 +295,11 @@ func WithAdmission(ctrl *admission.Controller) ServerOption {
 // the attempt deadline plus the clock skew, so that a try the client stopped
 // waiting for still finishes and its record resolves. Register
 // idempotency.NewAttemptService(store) on the same server so that owners can
-// query the records. The store's policy should use the same clock skew as
-// WithClockSkew.
+// query the records. The store's policy must use the same clock skew as
+// WithClockSkew (both default to 500 ms): the record's lease lasts until the
+// attempt deadline plus the store's skew and the handler runs until the
+// deadline plus the server's, so a larger server skew lets a record read
+// ABANDONED while its handler still runs (its call then ends UNKNOWN).
 func WithAttemptStore(store idempotency.Store) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.store = store })
 }
@@ -310,7 +313,9 @@ func WithoutAdmissionTap() ServerOption {
 
 // WithTenant sets the function that names the caller's tenant when the
 // caller is not a trusted peer (a trusted peer's header "n" is honoured).
-// Default: every caller is tenant "".
+// Default: every caller is tenant "". A name that is not 1–64 characters of
+// [A-Za-z0-9._:-] (a SPIFFE ID, an e-mail) is used as "h." and 40 hex digits
+// of its SHA-256, so it keeps its records apart and travels in the header.
 func WithTenant(f func(ctx context.Context) string) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.tenant = f })
 }

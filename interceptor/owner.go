@@ -14,7 +14,6 @@ import (
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
@@ -95,6 +94,10 @@ type owner struct {
 	// queries counts the resolution queries sent; the first one of the call
 	// spends its retry-budget token.
 	queries int
+	// verify is set when a resolution found a finished record under an
+	// explicit key: the next try, which the store checks against the
+	// request's fingerprint, learns the answer, and does not count.
+	verify bool
 	// queryOpts are the call options resolution queries carry: the caller's
 	// (with the dial's defaults, which grpc-go merged in before the
 	// interceptor) less those that report on the caller's own call.
@@ -126,11 +129,15 @@ func (w *owner) run(ctx context.Context, req, reply any, opts []grpc.CallOption)
 	c, s, key := w.c, w.cl.s, w.cl.key
 	n := uint32(1)
 	counted := 0 // tries counted against the policy (fence jumps are not)
+	var err error
 	for {
 		counted++
-		tctx, t, err := c.prepare(ctx, w.cl, n, w.p)
-		if err != nil {
-			return n, w.conclude(n, err)
+		if n > header.MaxTry { // a fence jumped past the last try the header can carry
+			return n - 1, w.conclude(n-1, err)
+		}
+		tctx, t, perr := c.prepare(ctx, w.cl, n, w.p)
+		if perr != nil {
+			return n, w.conclude(n, perr)
 		}
 		if n == 1 && w.tgt.budget != nil {
 			w.tgt.budget.Deposit()
@@ -173,11 +180,15 @@ func (w *owner) run(ctx context.Context, req, reply any, opts []grpc.CallOption)
 			}
 			err = result
 			n = next - 1 // the loop below moves to next
+			if w.verify {
+				w.verify = false
+				counted-- // a verifying try does not count against the tries
+			}
 		case status.KindNotAdmitted:
 			switch o.Reason {
 			case status.ReasonAttemptFenced:
 				w.doubt = true
-				if f := o.Detail.GetFencedThroughTry(); f >= n {
+				if f := min(o.Detail.GetFencedThroughTry(), header.MaxTry-1); f >= n {
 					n = f // continue at f+1
 					if w.explicit {
 						counted-- // a ballot jump does not count against the tries
@@ -214,9 +225,15 @@ func (w *owner) run(ctx context.Context, req, reply any, opts []grpc.CallOption)
 // lack of units becomes final once the allowance is spent.
 func (w *owner) conclude(n uint32, err error) error {
 	o := status.OutcomeOf(err)
-	if o.Kind == status.KindNotAdmitted && w.doubt {
+	switch {
+	case o.Kind == status.KindNotAdmitted && w.doubt:
 		return status.OutcomeUnknown(err, status.WithAttempt(w.cl.s.ID, w.cl.key, n),
 			status.WithMessage("interceptor: an earlier try's outcome is not known"))
+	case o.Kind == status.KindUnknown && o.Detail == nil:
+		// A callee that does not speak tollgate (or a transport error)
+		// answered: the caller still gets a typed UNKNOWN naming the attempt,
+		// never a bare UNAVAILABLE a generic policy would repeat.
+		return status.OutcomeUnknown(err, status.WithAttempt(w.cl.s.ID, w.cl.key, n), status.WithReason(o.Reason))
 	}
 	return w.c.result(w.cl.s, w.cl.key, n, err, o)
 }
@@ -243,14 +260,18 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 	unknown := func(why string) error {
 		return status.OutcomeUnknown(last, status.WithAttempt(s.ID, w.cl.key, n), status.WithMessage(why))
 	}
-	if w.queries == 0 && w.tgt.budget != nil && !w.tgt.budget.Withdraw() {
+	// One retry-budget token per resolution, however many polls it takes.
+	if w.tgt.budget != nil && !w.tgt.budget.Withdraw() {
 		return 0, w.budgetExhausted(ctx, n, last), true
 	}
 	w.queries++
 	qctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), s.Deadline.Add(c.cfg.grace))
 	defer cancel()
+	// The query carries the call's own outgoing metadata (a tenant function
+	// may read it) with the tollgate header replaced: the attempt and
+	// tenant, no call key.
 	h := header.Header{Attempt: s.ID, Tenant: s.Tenant}
-	qctx = metadata.NewOutgoingContext(qctx, metadata.Pairs(headerKey, h.String()))
+	qctx = withHeader(qctx, h.String())
 	req := &tollgatev1.FenceAttemptRequest{AttemptId: s.ID, Call: w.cl.key, Method: w.method, FenceThroughTry: n}
 	for poll := 1; ; poll++ {
 		rec := &tollgatev1.AttemptRecord{}
@@ -274,8 +295,20 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 				return 0, unknown("interceptor: the try was still in progress at the deadline"), true
 			}
 			continue
-		case tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED:
+		case tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, tollgatev1.AttemptState_ATTEMPT_STATE_FAILED:
 			w.reconcile(rec)
+			if w.explicit {
+				// An explicit key is shared by every run of the calling
+				// handler, and the query carries no request: the record
+				// may hold another request's result. The next try asks
+				// the store, which checks the fingerprint (a mismatch is
+				// refused, never replayed).
+				w.verify = true
+				return n + 1, last, false
+			}
+			if state == tollgatev1.AttemptState_ATTEMPT_STATE_FAILED {
+				return 0, recordError(rec), true
+			}
 			if rec.GetResponseRetained() && !w.info.Stream {
 				if m, ok := reply.(proto.Message); ok {
 					if err := proto.Unmarshal(rec.GetResponse(), m); err == nil {
@@ -284,17 +317,15 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 				}
 			}
 			return 0, status.Committed(status.WithAttempt(s.ID, w.cl.key, rec.GetTry())), true
-		case tollgatev1.AttemptState_ATTEMPT_STATE_FAILED:
-			w.reconcile(rec)
-			return 0, recordError(rec), true
 		case tollgatev1.AttemptState_ATTEMPT_STATE_FENCED:
 			w.reconcile(rec)
 			w.doubt = false // no try up to the fence ran: no effect
-			f := rec.GetFencedThroughTry()
+			f := min(rec.GetFencedThroughTry(), header.MaxTry)
 			return max(f, n) + 1, status.NotAdmitted(status.ReasonAttemptFenced, status.Fields{
 				AttemptID: s.ID, Call: w.cl.key, Try: n, FencedThroughTry: f,
 				Message: "interceptor: the unknown try was fenced and never ran"}), false
 		default: // ABANDONED, UNKNOWN, UNSEEN (cannot follow a fence) or unknown states
+			w.reconcile(rec) // a record finished UNKNOWN still says what it spent
 			return 0, unknown("interceptor: the try's state is " + stateName(state, nil)), true
 		}
 	}

@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"time"
 
 	"github.com/tollgate-go/tollgate/idempotency"
@@ -48,11 +49,15 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 	res, err := sv.cfg.store.Begin(ctx, idempotency.BeginRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp, Deadline: s.Deadline})
 	if err != nil {
 		if errors.Is(err, idempotency.ErrMalformedKey) {
-			return false, nil, status.NotAdmitted(status.ReasonMalformedHeader, status.Fields{
-				AttemptID: s.ID, Call: s.Call, Try: s.Try, Message: err.Error()})
+			// The header's fields are validated with the key's own rules,
+			// so a malformed key is the server's doing (its method name):
+			// nothing ran, and no repeat can help.
+			return false, nil, status.NotAdmitted(status.ReasonStoreUnavailable, status.Fields{
+				AttemptID: s.ID, Call: s.Call, Try: s.Try, Final: true,
+				Message: "interceptor: the server cannot key this call's record: " + err.Error()})
 		}
 		return false, nil, status.NotAdmitted(status.ReasonStoreUnavailable, status.Fields{
-			AttemptID: s.ID, Call: s.Call, Try: s.Try, RetryAfter: storeRetryAfter, Message: err.Error()})
+			AttemptID: s.ID, Call: s.Call, Try: s.Try, RetryAfter: storeRetryAfter/2 + rand.N(storeRetryAfter), Message: err.Error()})
 	}
 	if res.Started {
 		if in.expired {
@@ -74,6 +79,7 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 		var wait time.Duration
 		if le := rec.GetLeaseExpiresAt(); le != nil {
 			wait = max(le.AsTime().Sub(sv.cfg.now())/8, time.Millisecond)
+			wait = wait/2 + rand.N(wait) // jittered, as every retry-after
 		}
 		return false, nil, status.NotAdmitted(status.ReasonAttemptInProgress, id, status.WithRetryAfter(wait))
 	case idempotency.RefusedAbandoned:
@@ -91,7 +97,9 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 	}
 }
 
-// storeRetryAfter is the delay suggested when the store cannot begin a try.
+// storeRetryAfter is the mean delay suggested when the store cannot begin a
+// try; each refusal draws one in [½, 1½) of it, so refused clients do not
+// return in step.
 const storeRetryAfter = 100 * time.Millisecond
 
 // replay answers a try from a finished record: a SUCCEEDED unary record's

@@ -2,6 +2,8 @@ package interceptor
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strconv"
 	"strings"
@@ -12,6 +14,7 @@ import (
 	"github.com/tollgate-go/tollgate/idempotency"
 	"github.com/tollgate-go/tollgate/internal/header"
 	"github.com/tollgate-go/tollgate/internal/methodinfo"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 	"github.com/tollgate-go/tollgate/status"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -50,8 +53,9 @@ type inbound struct {
 
 // begin reads the request's tollgate header and returns the attempt it runs
 // under: the caller's (trusted peer, well-formed header) or a new one minted
-// here. It refuses a trusted peer's malformed header and a try past the
-// attempt's deadline.
+// here. It refuses a trusted peer's malformed header (nil inbound) and a try
+// past the attempt's deadline (with the inbound, so the refusal still
+// reports tollgate-spent to a strict caller).
 func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 	now := sv.cfg.now()
 	in := &inbound{info: methodinfo.Of(method)}
@@ -83,7 +87,7 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 		}
 		st.Tenant = h.Tenant
 		if st.Tenant == "" {
-			st.Tenant = sv.cfg.tenant(ctx)
+			st.Tenant = sv.tenantOf(ctx)
 		}
 		st.ledgerStore.Init(min(h.Units, sv.cfg.maxAllowance))
 		in.strict = h.Strict
@@ -97,7 +101,7 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 		if hasDeadline && ctxDeadline.Before(latest) {
 			st.Deadline = ctxDeadline
 		}
-		st.Tenant = sv.cfg.tenant(ctx)
+		st.Tenant = sv.tenantOf(ctx)
 		st.ledgerStore.Init(sv.cfg.defaultAllowance, budget.AtOrigin())
 	}
 	st.ledger = &st.ledgerStore
@@ -107,7 +111,8 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 	}
 	if !now.Before(st.Deadline.Add(sv.cfg.skew)) {
 		if !sv.recorded(in) {
-			return nil, expired(st)
+			in.s = st
+			return in, expired(st) // in: the answer still carries tollgate-spent for r=1
 		}
 		// A finished record answers every later try, even a late one
 		// (DESIGN.md §3.7): the store decides, and refuses the late try
@@ -119,6 +124,24 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 	st.idempotent = in.info.Level == methodinfo.Idempotent
 	in.s = st
 	return in, nil
+}
+
+// tenantOf names the caller's tenant with WithTenant's function, as a token
+// the header and record keys can carry (see tenantToken).
+func (sv *server) tenantOf(ctx context.Context) string {
+	return tenantToken(sv.cfg.tenant(ctx))
+}
+
+// tenantToken returns t when it is a valid tenant token (1–64 characters of
+// [A-Za-z0-9._:-]) or empty, and otherwise a stable digest of it, "h." and
+// 40 hex digits of SHA-256, so that any tenant name (a SPIFFE ID, an e-mail)
+// keeps its records apart and can travel in the header.
+func tenantToken(t string) string {
+	if t == "" || header.ValidToken(t, header.MaxTenantLen) == nil {
+		return t
+	}
+	sum := sha256.Sum256([]byte(t))
+	return "h." + hex.EncodeToString(sum[:20])
 }
 
 // expired is the refusal of a try that came after its attempt's deadline.
@@ -244,7 +267,7 @@ func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 	}
 	in, err := sv.begin(ctx, info.FullMethod)
 	if err != nil {
-		sv.setTrailer(ctx, nil, 0, err)
+		sv.setTrailer(ctx, in, 0, err)
 		return nil, err
 	}
 	permit, err := sv.admit(ctx, info.FullMethod, in, req)
@@ -299,18 +322,28 @@ func (sv *server) setTrailer(ctx context.Context, in *inbound, spent int64, err 
 
 // control runs a control-path call (AttemptService, health, reflection):
 // no records, no ledger, admitted through the controller's control class.
+// FenceAttempt from an untrusted peer is answered UNKNOWN (see below).
 // The caller's tenant (a trusted peer's header "n", else WithTenant's) is put
 // in the context for idempotency.AttemptService, so that a query resolves
 // the same tenant as the try it asks about.
 func (sv *server) control(ctx context.Context, method string, req any, f func(context.Context) (any, error)) (any, error) {
+	trusted := sv.cfg.trusted(ctx)
+	if fence, ok := req.(*tollgatev1.FenceAttemptRequest); ok && method == fenceMethod && !trusted {
+		// An untrusted peer's tries are re-minted here under attempt IDs it
+		// never sees, so its ballot can never stop one of them: answering
+		// FENCED would tell its owner that a try which may have run never
+		// did. The honest answer is UNKNOWN, and nothing is fenced.
+		return &tollgatev1.AttemptRecord{AttemptId: fence.GetAttemptId(), Call: fence.GetCall(), Method: fence.GetMethod(),
+			State: tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN}, nil
+	}
 	tenant := ""
-	if vs := metadata.ValueFromIncomingContext(ctx, headerKey); len(vs) > 0 && sv.cfg.trusted(ctx) {
+	if vs := metadata.ValueFromIncomingContext(ctx, headerKey); len(vs) > 0 && trusted {
 		if h, err := header.ParseValues(vs); err == nil {
 			tenant = h.Tenant
 		}
 	}
 	if tenant == "" {
-		tenant = sv.cfg.tenant(ctx)
+		tenant = sv.tenantOf(ctx)
 	}
 	permit, err := sv.admit(ctx, method, nil, req)
 	if err != nil {
@@ -335,7 +368,7 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	}
 	in, err := sv.begin(ctx, info.FullMethod)
 	if err != nil {
-		sv.setStreamTrailer(ss, nil, 0, err)
+		sv.setStreamTrailer(ss, in, 0, err)
 		return err
 	}
 	permit, err := sv.admit(ctx, info.FullMethod, in, nil)

@@ -108,6 +108,8 @@ func (cs *clientStream) tryFromLocked(n uint32) bool {
 		st, err := cs.streamer(tctx, cs.desc, w.cc, w.method, cs.opts...)
 		if err == nil {
 			cs.cur = st
+			stCtx := st.Context()
+			cs.curCtx.Store(&stCtx)
 			cs.replayLocked(st)
 			return true
 		}
@@ -536,8 +538,9 @@ func (cs *clientStream) Trailer() metadata.MD {
 
 // Context returns the current try's stream context.
 func (cs *clientStream) Context() context.Context {
-	cs.mu.Lock()
-	cur := cs.cur
-	cs.mu.Unlock()
-	return cur.Context()
+	// Without the lock: a repeat or a resolution may hold it for long.
+	if p := cs.curCtx.Load(); p != nil {
+		return *p
+	}
+	return cs.ctx
 }
