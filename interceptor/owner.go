@@ -150,73 +150,97 @@ func (w *owner) run(ctx context.Context, req, reply any, opts []grpc.CallOption)
 		o := status.OutcomeOfCall(err, d)
 		c.record(ctx, o)
 
-		switch o.Kind {
-		case status.KindOK, status.KindFailed, status.KindCommitted:
-			return n, err
-		case status.KindUnknown:
-			if o.Reason == status.ReasonAttemptUnverifiable && n == 1 && !w.explicit && !w.doubt {
-				// Nobody else can have sent the first try of a per-run key,
-				// and the server refused it before running anything: the
-				// grant it held comes back.
-				budget.ReconcileCall(0, w.loans...)
-				return n, status.NotAdmitted(status.ReasonAttemptUnverifiable, status.Fields{
-					AttemptID: s.ID, Call: key, Try: n, Final: true,
-					Message: "interceptor: the callee cannot vouch for this attempt"})
-			}
-			if o.Final() {
-				return n, err // the callee says no query or repeat can help
-			}
-			if w.info.Level == methodinfo.NoSideEffects {
-				break // repeats freely, below
-			}
-			if w.info.Level == methodinfo.Idempotent && c.recordless(w.tgt) {
-				w.doubt = true
-				break // an IDEMPOTENT method at a callee without records repeats without the query
-			}
-			w.doubt = true
-			next, result, done := w.resolve(ctx, n, err, reply)
-			if done {
-				return n, result
-			}
-			err = result
-			n = next - 1 // the loop below moves to next
-			if w.verify {
-				w.verify = false
-				counted-- // a verifying try does not count against the tries
-			}
-		case status.KindNotAdmitted:
-			switch o.Reason {
-			case status.ReasonAttemptFenced:
-				w.doubt = true
-				if f := min(o.Detail.GetFencedThroughTry(), header.MaxTry-1); f >= n {
-					n = f // continue at f+1
-					if w.explicit {
-						counted-- // a ballot jump does not count against the tries
-					}
-				}
-			case status.ReasonAttemptInProgress:
-				w.doubt = true
-				next, result, done := w.resolve(ctx, n, err, reply)
-				if done {
-					return n, result
-				}
-				err, n = result, next-1
-			}
-			if o.Final() {
-				return n, w.conclude(n, err)
-			}
+		next, uncounted, result, done := w.decide(ctx, n, err, o, reply)
+		if done {
+			return n, result
 		}
-		if counted >= w.p.MaxTries {
-			return n, w.conclude(n, err)
+		err, n = result, next-1 // the loop below moves to next
+		if uncounted {
+			counted--
 		}
-		if w.tgt.budget != nil && !w.tgt.budget.Withdraw() {
-			return n, w.budgetExhausted(ctx, n, err)
-		}
-		if !c.wait(ctx, s, w.p, counted+1, err) {
-			return n, w.conclude(n, err)
+		if result := w.proceed(ctx, n, counted, err); result != nil {
+			return n, result
 		}
 		n++
 	}
+}
+
+// proceed returns nil when try n+1 may follow try n's failure err, after
+// counted tries that count against the policy, having waited for it
+// (backoff, retry-after) and paid its retry-budget token; otherwise it
+// returns the call's result.
+func (w *owner) proceed(ctx context.Context, n uint32, counted int, err error) error {
+	if counted >= w.p.MaxTries || ctx.Err() != nil {
+		return w.conclude(n, err)
+	}
+	if w.tgt.budget != nil && !w.tgt.budget.Withdraw() {
+		return w.budgetExhausted(ctx, n, err)
+	}
+	if !w.c.wait(ctx, w.cl.s, w.p, counted+1, err) {
+		return w.conclude(n, err)
+	}
+	return nil
+}
+
+// decide applies DESIGN.md §3.5 to try n's outcome o (err): either the
+// call is done with result, or it may go on with try next (uncounted: the
+// jump does not count against the policy's tries), result then being what
+// to report if no further try can be sent. Unary calls and streams share it.
+func (w *owner) decide(ctx context.Context, n uint32, err error, o status.Outcome, reply any) (next uint32, uncounted bool, result error, done bool) {
+	s, key := w.cl.s, w.cl.key
+	switch o.Kind {
+	case status.KindOK, status.KindFailed, status.KindCommitted:
+		return 0, false, err, true
+	case status.KindUnknown:
+		if o.Reason == status.ReasonAttemptUnverifiable && n == 1 && !w.explicit && !w.doubt {
+			// Nobody else can have sent the first try of a per-run key, and
+			// the server refused it before running anything: the grant it
+			// held comes back.
+			budget.ReconcileCall(0, w.loans...)
+			return 0, false, status.NotAdmitted(status.ReasonAttemptUnverifiable, status.Fields{
+				AttemptID: s.ID, Call: key, Try: n, Final: true,
+				Message: "interceptor: the callee cannot vouch for this attempt"}), true
+		}
+		if o.Final() {
+			return 0, false, w.conclude(n, err), true // the callee says no query or repeat can help
+		}
+		if w.info.Level == methodinfo.NoSideEffects {
+			return n + 1, false, err, false // repeats freely
+		}
+		w.doubt = true
+		if w.info.Level == methodinfo.Idempotent && w.c.recordless(w.tgt) {
+			return n + 1, false, err, false // IDEMPOTENT at a callee without records: repeat without the query
+		}
+		next, result, done := w.resolve(ctx, n, err, reply)
+		if done {
+			return 0, false, result, true
+		}
+		verify := w.verify
+		w.verify = false // a verifying try does not count against the tries
+		return next, verify, result, false
+	case status.KindNotAdmitted:
+		next, uncounted := n+1, false
+		switch o.Reason {
+		case status.ReasonAttemptFenced:
+			w.doubt = true
+			if f := min(o.Detail.GetFencedThroughTry(), header.MaxTry-1); f >= n {
+				next = f + 1
+				uncounted = w.explicit // a ballot jump does not count against the tries
+			}
+		case status.ReasonAttemptInProgress:
+			w.doubt = true
+			nx, result, done := w.resolve(ctx, n, err, reply)
+			if done {
+				return 0, false, result, true
+			}
+			err, next = result, nx
+		}
+		if o.Final() {
+			return 0, false, w.conclude(n, err), true
+		}
+		return next, uncounted, err, false
+	}
+	return 0, false, w.conclude(n, err), true
 }
 
 // conclude is the error a call returns after its last try: once the call
@@ -260,6 +284,11 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 	unknown := func(why string) error {
 		return status.OutcomeUnknown(last, status.WithAttempt(s.ID, w.cl.key, n), status.WithMessage(why))
 	}
+	if ctx.Err() != nil {
+		// The caller cancelled: it does not wait for the answer. The query
+		// is exempt from the deadline, not from the caller's will.
+		return 0, unknown("interceptor: the caller stopped waiting before the try's state was known"), true
+	}
 	// One retry-budget token per resolution, however many polls it takes.
 	if w.tgt.budget != nil && !w.tgt.budget.Withdraw() {
 		return 0, w.budgetExhausted(ctx, n, last), true
@@ -273,6 +302,10 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 	h := header.Header{Attempt: s.ID, Tenant: s.Tenant}
 	qctx = withHeader(qctx, h.String())
 	req := &tollgatev1.FenceAttemptRequest{AttemptId: s.ID, Call: w.cl.key, Method: w.method, FenceThroughTry: n}
+	// Polls wait on wctx, which also ends when the caller cancels.
+	wctx, wcancel := context.WithCancel(qctx)
+	defer wcancel()
+	defer context.AfterFunc(ctx, wcancel)()
 	for poll := 1; ; poll++ {
 		rec := &tollgatev1.AttemptRecord{}
 		err := w.invoker(qctx, fenceMethod, req, rec, w.cc, w.queryOpts...)
@@ -291,13 +324,16 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 		}
 		switch state {
 		case tollgatev1.AttemptState_ATTEMPT_STATE_IN_PROGRESS:
-			if !sleep(qctx, w.p.backoff(poll+1, 0)) {
+			if !sleep(wctx, w.p.backoff(poll+1, 0)) {
+				if ctx.Err() != nil {
+					return 0, unknown("interceptor: the caller stopped waiting while the try was in progress"), true
+				}
 				return 0, unknown("interceptor: the try was still in progress at the deadline"), true
 			}
 			continue
 		case tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, tollgatev1.AttemptState_ATTEMPT_STATE_FAILED:
 			w.reconcile(rec)
-			if w.explicit {
+			if w.explicit && !w.info.Stream {
 				// An explicit key is shared by every run of the calling
 				// handler, and the query carries no request: the record
 				// may hold another request's result. The next try asks

@@ -81,7 +81,7 @@ func newClientStream(ctx context.Context, c *client, cl *call, desc *grpc.Stream
 	}
 	cs.p.PerTryTimeout = math.MaxInt64 // each try may last until the deadline
 	cs.w = &owner{c: c, cl: cl, method: method, info: info, p: &cs.p, tgt: c.target(cc), cc: cc,
-		invoker: streamInvoker(streamer), explicit: named}
+		invoker: streamInvoker(streamer), explicit: named, queryOpts: queryOptions(opts)}
 	cs.cond.L = &cs.mu
 	return cs
 }
@@ -226,66 +226,21 @@ func (cs *clientStream) settleLocked(err error) {
 // and decides, as owner.run does for a unary call, whether the stream
 // repeats (at try next) or ends with result.
 func (cs *clientStream) afterTryLocked(err error) (next uint32, result error, repeat bool) {
-	w, c, n := cs.w, cs.w.c, cs.n
-	s, key := w.cl.s, w.cl.key
+	w, n := cs.w, cs.n
 	o := cs.finishLocked(err)
 	if !cs.replayable() {
 		return n, cs.committedResult(n, err, o), false
 	}
-	switch o.Kind {
-	case status.KindOK, status.KindFailed, status.KindCommitted:
-		return n, err, false
-	case status.KindUnknown:
-		if o.Reason == status.ReasonAttemptUnverifiable && n == 1 && !w.explicit && !w.doubt {
-			return n, status.NotAdmitted(status.ReasonAttemptUnverifiable, status.Fields{
-				AttemptID: s.ID, Call: key, Try: n, Final: true,
-				Message: "interceptor: the callee cannot vouch for this attempt"}), false
-		}
-		if w.info.Level == methodinfo.NoSideEffects {
-			break
-		}
-		w.doubt = true
-		if w.info.Level == methodinfo.Idempotent && c.recordless(w.tgt) {
-			break
-		}
-		nx, res, done := w.resolve(cs.ctx, n, err, nil)
-		if done {
-			return n, res, false
-		}
-		err, n = res, nx-1
-	case status.KindNotAdmitted:
-		switch o.Reason {
-		case status.ReasonAttemptFenced:
-			w.doubt = true
-			if f := o.Detail.GetFencedThroughTry(); f >= n {
-				n = f
-				if w.explicit {
-					cs.counted--
-				}
-			}
-		case status.ReasonAttemptInProgress:
-			w.doubt = true
-			nx, res, done := w.resolve(cs.ctx, n, err, nil)
-			if done {
-				return n, res, false
-			}
-			err, n = res, nx-1
-		}
-		if o.Final() {
-			return n, w.conclude(n, err), false
-		}
+	next, uncounted, result, done := w.decide(cs.ctx, n, err, o, nil)
+	if done {
+		return n, result, false
 	}
-	if cs.counted >= cs.p.MaxTries {
-		return n, w.conclude(n, err), false
+	err, n = result, next-1
+	if uncounted {
+		cs.counted--
 	}
-	if cs.ctx.Err() != nil {
-		return n, w.conclude(n, err), false
-	}
-	if w.tgt.budget != nil && !w.tgt.budget.Withdraw() {
-		return n, w.budgetExhausted(cs.ctx, n, err), false
-	}
-	if !c.wait(cs.ctx, s, &cs.p, cs.counted+1, err) {
-		return n, w.conclude(n, err), false
+	if result := w.proceed(cs.ctx, n, cs.counted, err); result != nil {
+		return n, result, false
 	}
 	return n + 1, nil, true
 }
@@ -322,8 +277,8 @@ func (cs *clientStream) committedResult(n uint32, err error, o status.Outcome) e
 	default:
 		return err
 	}
-	if w.info.Level == methodinfo.NoSideEffects {
-		return err
+	if o.Final() || w.info.Level == methodinfo.NoSideEffects {
+		return w.conclude(n, err) // nothing a query could add
 	}
 	w.doubt = true
 	if w.info.Level == methodinfo.Idempotent && w.c.recordless(w.tgt) {
