@@ -13,17 +13,23 @@ var _ tap.ServerInHandle = (*Controller)(nil).TapHandle
 // TapHandle is a [tap.ServerInHandle]: it refuses a new stream early, before
 // its request is read, when the method's class is flagged full (no free slot
 // and the queue at its bound), shed, frozen or draining. It classifies by
-// the method patterns only (not the classifier function), reads one atomic
-// flag and does not allocate when it lets the stream through; the
+// the method patterns only: with a classifier function (WithClassifier),
+// which may route a request elsewhere than its method's class, it refuses
+// nothing but the control path's own flag, and leaves every other decision to
+// Admit. It reads one atomic flag and does not allocate when it lets the
+// stream through; the
 // interceptor still makes the full decision. A refusal is a NOT_ADMITTED
 // status with the class and a jittered retry-after from the class's
 // predicted wait. grpc-go allows one tap per server: compose it with your
 // own by calling it first. Safe for concurrent use.
 func (c *Controller) TapHandle(ctx context.Context, info *tap.Info) (context.Context, error) {
 	var cs *classState
-	if c.control != nil && c.cfg.control && isControl(info.FullMethodName) {
+	switch {
+	case c.control != nil && c.cfg.control && isControl(info.FullMethodName):
 		cs = c.control
-	} else {
+	case c.cfg.classifier != nil:
+		return ctx, nil // the classifier may route the request to another class
+	default:
 		cs = c.classifyMethod(info.FullMethodName)
 	}
 	r := cs.full.Load()

@@ -276,7 +276,7 @@ func (s *MemoryStore) Finish(ctx context.Context, req FinishRequest) error {
 	r.code, r.message, r.details, r.response, r.retained = 0, "", nil, nil, false
 	switch req.State {
 	case tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED:
-		if len(req.Response) <= s.policy.MaxResponseBytes && s.bytes+int64(len(req.Response)) <= s.maxBytes {
+		if !req.Withheld && len(req.Response) <= s.policy.MaxResponseBytes && s.bytes+int64(len(req.Response)) <= s.maxBytes {
 			r.response = append([]byte(nil), req.Response...)
 			r.retained = true
 		}

@@ -128,6 +128,10 @@ type FinishRequest struct {
 	// store has no room for, is not kept: the record is SUCCEEDED with
 	// response_retained false. The store copies it.
 	Response []byte
+	// Withheld says a SUCCEEDED try has no response to keep (a stream's, or
+	// one that could not be serialized): the record reads
+	// response_retained false, so no one mistakes an empty one for it.
+	Withheld bool
 	// Code is the status code a FAILED or UNKNOWN try ended with; not OK.
 	// Ignored for other states.
 	Code codes.Code

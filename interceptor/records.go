@@ -154,9 +154,10 @@ func (sv *server) finishTry(ctx context.Context, method string, in *inbound, fp 
 	switch o.Kind {
 	case status.KindOK:
 		req.State = tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED
+		req.Withheld = true // unless the response serializes, below
 		if m, ok := resp.(proto.Message); ok && !stream {
 			if b, err := deterministic.Marshal(m); err == nil {
-				req.Response = b
+				req.Response, req.Withheld = b, false
 			}
 		}
 	case status.KindFailed:

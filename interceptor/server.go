@@ -46,6 +46,9 @@ type inbound struct {
 	strict bool      // the caller asked for strict accounting (r=1)
 	until  time.Time // the handler's deadline
 	info   methodinfo.Info
+	// unhonored is set when an untrusted caller sent a well-formed header:
+	// its grant is not used here, and the answer reports tollgate-spent 0.
+	unhonored bool
 	// expired is set for a recorded call whose try came after the attempt's
 	// deadline plus skew: only its record may answer it.
 	expired bool
@@ -74,6 +77,12 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 			sv.tel.malformed.Add(ctx, 1, malformedUntrusted)
 		case trusted:
 			h, honored = parsed, true
+		default:
+			// A tollgate caller this server does not trust: none of the
+			// units it lent are used here, so it is told so (spent 0), or
+			// its lenient ledger would hold them with no record to
+			// reconcile them.
+			in.unhonored = true
 		}
 	}
 	ctxDeadline, hasDeadline := ctx.Deadline()
@@ -235,7 +244,10 @@ func (sv *server) answer(in *inbound, err error) error {
 // pushback hint of a NOT_ADMITTED answer.
 func (sv *server) trailer(in *inbound, spent int64, err error) metadata.MD {
 	var md metadata.MD
-	if in != nil && (spent > 0 || in.strict) {
+	switch {
+	case in != nil && in.unhonored:
+		md = metadata.MD{spentTrailerKey: []string{"0"}} // of the caller's grant
+	case in != nil && (spent > 0 || in.strict):
 		md = metadata.MD{spentTrailerKey: []string{strconv.FormatInt(spent, 10)}}
 	}
 	if v, ok := status.Pushback(err); ok {
@@ -323,6 +335,7 @@ func (sv *server) setTrailer(ctx context.Context, in *inbound, spent int64, err 
 // control runs a control-path call (AttemptService, health, reflection):
 // no records, no ledger, admitted through the controller's control class.
 // FenceAttempt from an untrusted peer is answered UNKNOWN (see below).
+// Control streams (req nil) take no admission slot.
 // The caller's tenant (a trusted peer's header "n", else WithTenant's) is put
 // in the context for idempotency.AttemptService, so that a query resolves
 // the same tenant as the try it asks about.
@@ -345,19 +358,32 @@ func (sv *server) control(ctx context.Context, method string, req any, f func(co
 	if tenant == "" {
 		tenant = sv.tenantOf(ctx)
 	}
+	ctx = idempotency.ContextWithTenant(ctx, tenant)
+	if req == nil {
+		// A control stream (a health Watch, a reflection session) lives as
+		// long as its client: it would hold one of the control class's few
+		// slots for that long, and two of them would starve AttemptService
+		// queries. Streams on the control path take no slot.
+		return f(ctx)
+	}
 	permit, err := sv.admit(ctx, method, nil, req)
 	if err != nil {
 		return nil, err
 	}
 	defer permit.Release()
-	return f(idempotency.ContextWithTenant(ctx, tenant))
+	return f(ctx)
 }
+
+// streamFinishTimeout bounds finishing a stream's record after its handler
+// returned, whatever became of the client.
+const streamFinishTimeout = 5 * time.Second
 
 // stream is the stream server interceptor. A stream holds its admission
 // permit for its lifetime; its ledger is sealed and tollgate-spent set when
 // the handler returns. With a store, a stream keeps a record like a unary
 // call (its fingerprint covers the method alone: its requests arrive later),
-// and a finished record answers a later try with COMMITTED or its error.
+// and a finished record answers a later try with COMMITTED or its error;
+// its handler keeps the client's cancellation.
 func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	ctx := ss.Context()
 	if isControl(info.FullMethod) {
@@ -387,15 +413,18 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 			sv.setStreamTrailer(ss, in, 0, err)
 			return err
 		}
-		dctx, dcancel := sv.detach(hctx, in)
-		defer dcancel()
-		hctx = dctx
+		// Unlike a unary handler, a stream's handler keeps the client's
+		// cancellation: it talks to the client, and a cancelled stream must
+		// not hold its slot until the deadline. Its record is finished on a
+		// context of its own, so it resolves all the same.
 	}
 	herr := sv.run(func() error { return handler(srv, &serverStream{ServerStream: ss, ctx: hctx}) })
 	spent := in.s.ledger.Seal()
 	answer := sv.answer(in, herr)
 	if recorded {
-		answer = sv.finishTry(hctx, info.FullMethod, in, fp, nil, answer, spent, true)
+		fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), streamFinishTimeout)
+		answer = sv.finishTry(fctx, info.FullMethod, in, fp, nil, answer, spent, true)
+		fcancel()
 	}
 	sv.setStreamTrailer(ss, in, spent, answer)
 	return answer

@@ -270,7 +270,7 @@ func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest) error
 	p := s.policy
 	var resp []byte
 	retained := 0
-	if req.State == tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED && len(req.Response) <= p.MaxResponseBytes {
+	if req.State == tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED && !req.Withheld && len(req.Response) <= p.MaxResponseBytes {
 		resp, retained = req.Response, 1
 	}
 	var code int
