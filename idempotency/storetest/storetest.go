@@ -621,6 +621,15 @@ func testResponseLimit(e *env) {
 			require.Empty(e.t, rec.GetResponse())
 		}
 	}
+	// A withheld response (a stream's) is not kept, however small: an
+	// empty retained response would replay as an empty success.
+	k := e.key()
+	k.Call = "withheld"
+	e.mustStart(k, 1, e.deadline())
+	e.finish(idempotency.FinishRequest{Key: k, Try: 1, State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Withheld: true})
+	rec := e.get(k)
+	require.Equal(e.t, tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, rec.GetState())
+	require.False(e.t, rec.GetResponseRetained())
 }
 
 func testCallsApart(e *env) {
