@@ -27,6 +27,8 @@ type client struct {
 	// beside the interceptors, so a try without OutHeader was never sent.
 	statsInstalled bool
 	targets        targets
+	// policies are WithMethodRetry's policies, validated, by full method.
+	policies map[string]*RetryPolicy
 }
 
 // isControl reports whether method belongs to the control path (tollgate's
@@ -45,13 +47,15 @@ type call struct {
 	key    string
 	t      try
 	minted attemptState
+	w      owner // the unary owner's state, in the same allocation
+	info   methodinfo.Info
 }
 
 // newCall returns the state of a new call: under the attempt in ctx, or a
 // new attempt minted here, with its key.
 func (c *client) newCall(ctx context.Context, method string) (*call, error) {
 	info := methodinfo.Of(method)
-	cl := &call{s: attemptFrom(ctx)}
+	cl := &call{s: attemptFrom(ctx), info: info}
 	if cl.s == nil {
 		if err := cl.minted.initOrigin(ctx, c.cfg.now(), c.cfg.allowance, c.cfg.attemptTimeout); err != nil {
 			return nil, err

@@ -64,8 +64,8 @@ func (c *client) setRecordless(t *target) {
 }
 
 func (c *client) policy(method string) *RetryPolicy {
-	if p, ok := c.cfg.methodRetry[method]; ok {
-		return &p
+	if p, ok := c.policies[method]; ok {
+		return p
 	}
 	return &c.cfg.retry
 }
@@ -86,7 +86,8 @@ type owner struct {
 	explicit bool
 	// loans are the grants of every try sent, for reconciliation from a
 	// finished record's cumulative units_spent.
-	loans []*budget.Loan
+	loans   []*budget.Loan
+	loanBuf [3]*budget.Loan // backs loans for the first tries, without an allocation
 	// doubt is set once a try was UNKNOWN or met IN_PROGRESS or
 	// ATTEMPT_FENCED: from then on only a finished record or a FENCED
 	// answer may end the call NOT_ADMITTED.
@@ -98,10 +99,11 @@ type owner struct {
 	// explicit key: the next try, which the store checks against the
 	// request's fingerprint, learns the answer, and does not count.
 	verify bool
-	// queryOpts are the call options resolution queries carry: the caller's
-	// (with the dial's defaults, which grpc-go merged in before the
-	// interceptor) less those that report on the caller's own call.
-	queryOpts []grpc.CallOption
+	// callOpts are the caller's call options (with the dial's defaults,
+	// which grpc-go merged in before the interceptor); resolution queries
+	// carry them less those that report on the caller's own call
+	// (queryOptions), computed only when a query is sent.
+	callOpts []grpc.CallOption
 }
 
 // unary is the unary client interceptor.
@@ -114,10 +116,12 @@ func (c *client) unary(ctx context.Context, method string, req, reply any, cc *g
 		return err
 	}
 	_, named := ctx.Value(callNameKey{}).(string)
-	w := &owner{c: c, cl: cl, method: method, info: methodinfo.Of(method), p: c.policy(method),
+	w := &cl.w
+	*w = owner{c: c, cl: cl, method: method, info: cl.info, p: c.policy(method),
 		tgt: c.target(cc), cc: cc, invoker: invoker, explicit: named}
+	w.loans = w.loanBuf[:0]
 	ctx, span := c.startSpan(ctx, cl.s, cl.key)
-	w.queryOpts = queryOptions(opts)
+	w.callOpts = opts
 	n, err := w.run(ctx, req, reply, opts)
 	endSpan(span, cl.s, n, status.OutcomeOf(err))
 	return err
@@ -302,13 +306,14 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 	h := header.Header{Attempt: s.ID, Tenant: s.Tenant}
 	qctx = withHeader(qctx, h.String())
 	req := &tollgatev1.FenceAttemptRequest{AttemptId: s.ID, Call: w.cl.key, Method: w.method, FenceThroughTry: n}
+	queryOpts := queryOptions(w.callOpts)
 	// Polls wait on wctx, which also ends when the caller cancels.
 	wctx, wcancel := context.WithCancel(qctx)
 	defer wcancel()
 	defer context.AfterFunc(ctx, wcancel)()
 	for poll := 1; ; poll++ {
 		rec := &tollgatev1.AttemptRecord{}
-		err := w.invoker(qctx, fenceMethod, req, rec, w.cc, w.queryOpts...)
+		err := w.invoker(qctx, fenceMethod, req, rec, w.cc, queryOpts...)
 		state := rec.GetState()
 		if span := trace.SpanFromContext(ctx); span.IsRecording() {
 			span.AddEvent(eventQuery, trace.WithAttributes(attrTry.Int64(int64(n)), attrState.String(stateName(state, err))))

@@ -140,3 +140,29 @@ func TestServiceConfigRetryIsNotASecondLoop(t *testing.T) {
 	require.Equal(t, codes.Unknown, grpcstatus.Code(err), "an UNAVAILABLE answer without a detail is UNKNOWN, never sent as UNAVAILABLE")
 	require.Equal(t, int64(2), svc.Calls("Get"), "two tries of tollgate's owner, not 2 × 5")
 }
+
+func TestMethodRetryOverridesThePolicy(t *testing.T) {
+	svc := &testsvc.Service{
+		GetFunc: func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+			return nil, status.NotAdmitted(status.ReasonQueueFull)
+		},
+		PutFunc: func(context.Context, *testingv1.PutRequest) (*testingv1.PutResponse, error) {
+			return nil, status.NotAdmitted(status.ReasonQueueFull)
+		},
+	}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	fast := interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithRetry(fast),
+		interceptor.WithMethodRetry(testingv1.TestService_Get_FullMethodName, interceptor.RetryPolicy{MaxTries: 1}),
+	)...))
+	_, err := client.Get(t.Context(), &testingv1.GetRequest{})
+	require.Error(t, err)
+	_, err = client.Put(t.Context(), &testingv1.PutRequest{})
+	require.Error(t, err)
+	require.Equal(t, int64(1), svc.Calls("Get"), "the method's own policy: one try")
+	require.Equal(t, int64(3), svc.Calls("Put"), "the default policy: three tries")
+
+	_, err = interceptor.NewDialOptions(interceptor.WithMethodRetry("/x/y", interceptor.RetryPolicy{MaxTries: 99}))
+	require.ErrorIs(t, err, interceptor.ErrInvalidOption)
+}

@@ -530,7 +530,10 @@ func NewDialOptions(opts ...ClientOption) ([]grpc.DialOption, error) {
 	if err != nil {
 		return nil, fmt.Errorf("interceptor: client telemetry: %w", err)
 	}
-	c := &client{cfg: cfg, tel: tel, statsInstalled: true}
+	c := &client{cfg: cfg, tel: tel, statsInstalled: true, policies: map[string]*RetryPolicy{}}
+	for m, p := range cfg.methodRetry {
+		c.policies[m] = &p
+	}
 	out := []grpc.DialOption{
 		grpc.WithChainUnaryInterceptor(c.unary),
 		grpc.WithChainStreamInterceptor(c.stream),

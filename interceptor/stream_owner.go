@@ -81,7 +81,7 @@ func newClientStream(ctx context.Context, c *client, cl *call, desc *grpc.Stream
 	}
 	cs.p.PerTryTimeout = math.MaxInt64 // each try may last until the deadline
 	cs.w = &owner{c: c, cl: cl, method: method, info: info, p: &cs.p, tgt: c.target(cc), cc: cc,
-		invoker: streamInvoker(streamer), explicit: named, queryOpts: queryOptions(opts)}
+		invoker: streamInvoker(streamer), explicit: named, callOpts: opts}
 	cs.cond.L = &cs.mu
 	return cs
 }

@@ -31,15 +31,28 @@ type Info struct {
 	Stream bool                     // client or server streaming
 }
 
-var cache sync.Map // full method → Info
+// cache maps full method names to their Info. A typed map under a
+// read-write mutex rather than a sync.Map: looking a string up in a sync.Map
+// boxes it, an allocation on every call.
+var cache = struct {
+	mu sync.RWMutex
+	m  map[string]Info
+}{m: map[string]Info{}}
 
-// Of returns the Info of fullMethod ("/pkg.Service/Method").
+// Of returns the Info of fullMethod ("/pkg.Service/Method"). Safe for
+// concurrent use; after the first lookup of a method it costs one read lock
+// and allocates nothing.
 func Of(fullMethod string) Info {
-	if v, ok := cache.Load(fullMethod); ok {
-		return v.(Info)
+	cache.mu.RLock()
+	info, ok := cache.m[fullMethod]
+	cache.mu.RUnlock()
+	if ok {
+		return info
 	}
-	info := lookup(fullMethod)
-	cache.Store(fullMethod, info)
+	info = lookup(fullMethod)
+	cache.mu.Lock()
+	cache.m[fullMethod] = info
+	cache.mu.Unlock()
 	return info
 }
 
