@@ -227,12 +227,13 @@ func withHeader(ctx context.Context, value string) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, headerKey, value)
 }
 
-// wait sleeps before try next, honouring the refusal's retry-after, and
+// wait sleeps before try next, honouring the refusal's retry-after (its
+// RetryInfo or detail, or the grpc-retry-pushback-ms trailer), and
 // reports false when the wait would not leave a useful try before the
 // deadline or ctx ended.
-func (c *client) wait(ctx context.Context, s *attemptState, p *RetryPolicy, next int, err error) bool {
+func (c *client) wait(ctx context.Context, s *attemptState, p *RetryPolicy, next int, err error, pushback time.Duration) bool {
 	retryAfter, _ := status.RetryAfter(err)
-	d := p.backoff(next, retryAfter)
+	d := p.backoff(next, max(retryAfter, pushback))
 	limit := s.Deadline
 	if dl, ok := ctx.Deadline(); ok && dl.Before(limit) {
 		limit = dl

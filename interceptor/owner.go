@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/tollgate-go/tollgate/budget"
 	"github.com/tollgate-go/tollgate/internal/header"
@@ -95,6 +96,8 @@ type owner struct {
 	// queries counts the resolution queries sent; the first one of the call
 	// spends its retry-budget token.
 	queries int
+	// pushback is the last try's grpc-retry-pushback-ms (see delivery).
+	pushback int64
 	// verify is set when a resolution found a finished record under an
 	// explicit key: the next try, which the store checks against the
 	// request's fingerprint, learns the answer, and does not count.
@@ -148,6 +151,7 @@ func (w *owner) run(ctx context.Context, req, reply any, opts []grpc.CallOption)
 		}
 		err = w.invoker(tctx, w.method, req, reply, w.cc, opts...)
 		d := c.finish(s, key, t, err)
+		w.pushback = t.delivery.pushback.Load()
 		if t.loan != nil {
 			w.loans = append(w.loans, t.loan)
 		}
@@ -174,13 +178,13 @@ func (w *owner) run(ctx context.Context, req, reply any, opts []grpc.CallOption)
 // (backoff, retry-after) and paid its retry-budget token; otherwise it
 // returns the call's result.
 func (w *owner) proceed(ctx context.Context, n uint32, counted int, err error) error {
-	if counted >= w.p.MaxTries || ctx.Err() != nil {
-		return w.conclude(n, err)
+	if counted >= w.p.MaxTries || ctx.Err() != nil || w.pushback == stopPushback {
+		return w.conclude(n, err) // out of tries, cancelled, or the callee said not to retry
 	}
 	if w.tgt.budget != nil && !w.tgt.budget.Withdraw() {
 		return w.budgetExhausted(ctx, n, err)
 	}
-	if !w.c.wait(ctx, w.cl.s, w.p, counted+1, err) {
+	if !w.c.wait(ctx, w.cl.s, w.p, counted+1, err, time.Duration(max(w.pushback, 0))*time.Millisecond) {
 		return w.conclude(n, err)
 	}
 	return nil

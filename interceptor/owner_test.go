@@ -11,7 +11,9 @@ import (
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
 	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	grpcstatus "google.golang.org/grpc/status"
 )
 
@@ -165,4 +167,34 @@ func TestMethodRetryOverridesThePolicy(t *testing.T) {
 
 	_, err = interceptor.NewDialOptions(interceptor.WithMethodRetry("/x/y", interceptor.RetryPolicy{MaxTries: 99}))
 	require.ErrorIs(t, err, interceptor.ErrInvalidOption)
+}
+
+// TestPushbackTrailerIsHonoured: a plain gRPC server (no tollgate) answers
+// with grpc-retry-pushback-ms. A positive value is the least wait before the
+// next try; a negative one means "do not retry", as grpc-go reads it.
+func TestPushbackTrailerIsHonoured(t *testing.T) {
+	var got arrivals
+	var pushback string
+	svc := &testsvc.Service{GetFunc: func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		got.note(ctx)
+		_ = grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", pushback))
+		return nil, grpcstatus.Error(codes.ResourceExhausted, "busy")
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register) // no tollgate on the server
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+	)...))
+
+	pushback = "-1"
+	_, err := client.Get(t.Context(), &testingv1.GetRequest{})
+	require.Error(t, err)
+	require.Equal(t, int64(1), svc.Calls("Get"), "a negative pushback stops the repeats")
+
+	pushback = "120"
+	_, err = client.Get(t.Context(), &testingv1.GetRequest{})
+	require.Error(t, err)
+	require.Equal(t, int64(3), svc.Calls("Get"))
+	got.mu.Lock()
+	defer got.mu.Unlock()
+	require.GreaterOrEqual(t, got.at[2].Sub(got.at[1]), 120*time.Millisecond, "the repeat waited at least the pushback")
 }

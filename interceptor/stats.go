@@ -23,7 +23,16 @@ type delivery struct {
 	tracked atomic.Bool
 	// spent is the callee's tollgate-spent trailer, -1 until one arrives.
 	spent atomic.Int64
+	// pushback is the callee's grpc-retry-pushback-ms trailer in ms:
+	// noPushback when absent, stopPushback when it says not to retry
+	// (negative or unparseable, as grpc-go reads it).
+	pushback atomic.Int64
 }
+
+const (
+	noPushback   = -1
+	stopPushback = -2
+)
 
 // reset readies d for a new try.
 func (d *delivery) reset(tracked bool) {
@@ -31,6 +40,7 @@ func (d *delivery) reset(tracked bool) {
 	d.inTrailer.Store(false)
 	d.tracked.Store(tracked)
 	d.spent.Store(-1)
+	d.pushback.Store(noPushback)
 }
 
 // reported returns the units the callee reported spent, and false when it
@@ -73,8 +83,12 @@ func (statsHandler) HandleRPC(ctx context.Context, s stats.RPCStats) {
 		}
 	case *stats.InTrailer:
 		if d, _ := ctx.Value(deliveryKey{}).(*delivery); d != nil {
-			if n, ok := parseSpent(s.(*stats.InTrailer).Trailer.Get(spentTrailerKey)); ok {
+			tr := s.(*stats.InTrailer).Trailer
+			if n, ok := parseSpent(tr.Get(spentTrailerKey)); ok {
 				d.spent.Store(n)
+			}
+			if vs := tr.Get(status.PushbackKey); len(vs) > 0 {
+				d.pushback.Store(parsePushback(vs))
 			}
 			d.inTrailer.Store(true)
 		}
@@ -103,4 +117,21 @@ func parseSpent(vs []string) (int64, bool) {
 		return 0, false
 	}
 	return n, true
+}
+
+// parsePushback reads grpc-retry-pushback-ms as grpc-go does: one
+// non-negative decimal of milliseconds; anything else means "do not retry".
+func parsePushback(vs []string) int64 {
+	if len(vs) != 1 || len(vs[0]) == 0 || len(vs[0]) > 10 {
+		return stopPushback
+	}
+	var n int64
+	for i := 0; i < len(vs[0]); i++ {
+		c := vs[0][i]
+		if c < '0' || c > '9' {
+			return stopPushback
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n
 }

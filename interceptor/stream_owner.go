@@ -251,6 +251,7 @@ func (cs *clientStream) afterTryLocked(err error) (next uint32, result error, re
 func (cs *clientStream) finishLocked(err error) status.Outcome {
 	w, c := cs.w, cs.w.c
 	d := c.finish(w.cl.s, w.cl.key, cs.t, err)
+	w.pushback = cs.t.delivery.pushback.Load()
 	if cs.t.loan != nil {
 		w.loans = append(w.loans, cs.t.loan)
 	}
