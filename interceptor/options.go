@@ -16,18 +16,33 @@ import (
 
 // Defaults of the client and server options.
 const (
-	DefaultAllowance        = 4
-	DefaultAttemptTimeout   = 10 * time.Second
-	DefaultMaxTries         = 3
-	MaxTriesCap             = 10
-	DefaultHopMargin        = 5 * time.Millisecond
-	DefaultMinTryTime       = time.Millisecond
-	DefaultClockSkew        = 500 * time.Millisecond
-	DefaultMaxAttemptTime   = 30 * time.Second
-	DefaultMaxAllowance     = 100
-	DefaultMaxRecvMsgSize   = 4 << 20
-	DefaultMaxStreams       = 1024
-	DefaultResolutionGrace  = time.Second
+	// DefaultAllowance is the units of an attempt minted by a client
+	// (WithAllowance) or a server (WithDefaultAllowance).
+	DefaultAllowance = 4
+	// DefaultAttemptTimeout is an origin's attempt deadline (WithAttemptTimeout).
+	DefaultAttemptTimeout = 10 * time.Second
+	// DefaultMaxTries is a RetryPolicy's tries, the first included.
+	DefaultMaxTries = 3
+	// MaxTriesCap is the most tries a RetryPolicy may allow.
+	MaxTriesCap = 10
+	// DefaultHopMargin is how much earlier each try's deadline is set (WithHopMargin).
+	DefaultHopMargin = 5 * time.Millisecond
+	// DefaultMinTryTime is the least time a try needs to be sent (WithMinTryTime).
+	DefaultMinTryTime = time.Millisecond
+	// DefaultClockSkew is the clock difference assumed between trusted peers (WithClockSkew).
+	DefaultClockSkew = 500 * time.Millisecond
+	// DefaultMaxAttemptTime caps an attempt's deadline at a server (WithMaxAttemptTime).
+	DefaultMaxAttemptTime = 30 * time.Second
+	// DefaultMaxAllowance caps the units a caller may grant a server (WithMaxAllowance).
+	DefaultMaxAllowance = 100
+	// DefaultMaxRecvMsgSize is grpc.MaxRecvMsgSize (WithMaxRecvMsgSize).
+	DefaultMaxRecvMsgSize = 4 << 20
+	// DefaultMaxStreams is grpc.MaxConcurrentStreams (WithMaxConcurrentStreams).
+	DefaultMaxStreams = 1024
+	// DefaultResolutionGrace is how long after the deadline a resolution may
+	// still query (WithResolutionGrace).
+	DefaultResolutionGrace = time.Second
+
 	maxUnitsOnWire          = 1_000_000
 	maxAttemptTimeoutCap    = 24 * time.Hour
 	headerKey               = "tollgate"
