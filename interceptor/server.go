@@ -181,14 +181,16 @@ func (sv *server) admit(ctx context.Context, method string, in *inbound, req any
 	span := trace.SpanFromContext(ctx)
 	var before admission.Stats
 	if span.IsRecording() {
-		before = ctrl.Stats()
+		before = ctrl.Stats() // only for sampled requests: it builds a snapshot
 	}
 	p, err := ctrl.Admit(ctx, admission.Request{Method: method, Tenant: tenant, Size: size, Deadline: deadline})
 	if span.IsRecording() {
-		decision, class := "admitted", p.Class()
+		decision, class := "admitted", ""
 		if err != nil {
 			o := status.OutcomeOf(err)
 			decision, class = "refused:"+status.ReasonName(o.Reason), o.Detail.GetWorkloadClass()
+		} else {
+			class = p.Class()
 		}
 		cs, _ := before.Class(class)
 		span.AddEvent(eventAdmission, trace.WithAttributes(attrDecision.String(decision),
