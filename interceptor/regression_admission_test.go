@@ -48,4 +48,3 @@ func TestRegressionAdmitRefusalWithRecordingSpanDoesNotPanic(t *testing.T) {
 		t.Fatalf("want CONCURRENCY_FULL, got %v", err)
 	}
 }
-
