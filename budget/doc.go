@@ -12,7 +12,9 @@
 // its request was granted (header field u), takes one unit for each RPC its
 // handler sends ([Allowance.Take]), and lends part of what is left to the
 // callee of each RPC ([Allowance.Lend], [Allowance.LendFree]) so that the
-// callee can make calls of its own. Because nobody can spend what it was not
+// callee can make calls of its own. The origin's own tries are not charged:
+// before each it only checks that a unit is free ([Allowance.Check]) and lends
+// every free unit ([Allowance.LendFree] keeping 0). Because nobody can spend what it was not
 // lent, repeats at several layers add up instead of multiplying: three tries
 // at the origin and two per call in the middle tier, with four units, reach
 // the dependency four times, not six.
