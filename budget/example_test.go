@@ -60,15 +60,16 @@ func ExampleSplit() {
 	// backend 2: u=2
 }
 
-// After a first try and a retry spend the initial token, the next retry waits
-// for ten requests' worth of tokens or one second of the floor.
+// A new budget starts with its reserve; once retries spend it, the next one
+// waits for ten requests' worth of tokens or one second of the floor.
 func ExampleRetryBudget() {
-	rb, _ := budget.NewRetryBudget()
+	// A reserve of 2 tokens, refilled at 1 per second, and 10% of requests.
+	rb, _ := budget.NewRetryBudget(budget.WithMaxRetryTokens(2))
 	t0 := time.Unix(1764474000, 0)
 	rb.DepositAt(t0)
-	fmt.Println(rb.WithdrawAt(t0), rb.WithdrawAt(t0))
+	fmt.Println(rb.WithdrawAt(t0), rb.WithdrawAt(t0), rb.WithdrawAt(t0))
 	fmt.Println(rb.WithdrawAt(t0.Add(time.Second)))
 	// Output:
-	// true false
+	// true true false
 	// true
 }
