@@ -110,8 +110,13 @@
 //
 // The client starts a tollgate.call span per call (parent of each try's
 // RPC span) with the attempt ID, call key, try, allowance granted and spent,
-// outcome and reason, and events tollgate.allowance.spend and tollgate.retry.
-// Metrics: tollgate.client.tries{outcome}, tollgate.allowance.exhausted,
-// tollgate.metadata.malformed{trusted}. No tenant or attempt ID is a metric
-// label. Providers come from options, by default the global ones.
+// outcome, reason and refusing class, and events tollgate.allowance.spend
+// (per try: units taken, grant, units remaining), tollgate.retry (try,
+// reason, delay) and tollgate.attempt.query (state). The server adds a
+// tollgate.admission event (decision, class, queued_ahead) to the request's
+// span when one is recording (e.g. otelgrpc's). Metrics:
+// tollgate.client.tries{outcome}, tollgate.allowance.exhausted,
+// tollgate.retry_budget.exhausted, tollgate.metadata.malformed{trusted}, and
+// the admission package's. No tenant or attempt ID is a metric label.
+// Providers come from options, by default the global ones.
 package interceptor
