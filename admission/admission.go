@@ -30,8 +30,11 @@ type Request struct {
 	Deadline time.Time
 }
 
-// Permit is the right to run one admitted request. Release it exactly once,
-// when the work ends; further calls do nothing. A Permit is safe for
+// Permit is the right to run one admitted request. End it exactly once, when
+// the work ends: with [Permit.Release] when the work ran, with
+// [Permit.Abandon] when it did not (a replayed record, a refusal after
+// admission) or when its lifetime is not a service time (a stream). Whichever
+// comes first wins; further calls of either do nothing. A Permit is safe for
 // concurrent use; its zero value is not useful.
 type Permit struct {
 	c        *Controller
@@ -72,8 +75,40 @@ func (p *Permit) ReleaseAt(now time.Time) {
 	c.m.served(p.cs, now.Sub(p.start))
 }
 
-// Class returns the name of the class the permit's request belongs to.
-func (p *Permit) Class() string { return p.cs.cfg.Name }
+// Abandon returns the permit's slot exactly like [Permit.Release] but
+// teaches the class nothing: use it for work that never ran (a try answered
+// from its record, a refusal after admission) and for streams, whose
+// lifetime is not a service time, so that neither instant nor endless
+// permits distort the learned service time. Release and Abandon together
+// end a permit exactly once: whichever comes first wins, later calls do
+// nothing. Abandon on a nil Permit does nothing.
+func (p *Permit) Abandon() {
+	if p == nil || p.c == nil {
+		return
+	}
+	p.AbandonAt(p.c.cfg.now())
+}
+
+// AbandonAt is [Permit.Abandon] at time now (virtual clocks).
+func (p *Permit) AbandonAt(now time.Time) {
+	if p == nil || p.c == nil || !p.released.CompareAndSwap(false, true) {
+		return
+	}
+	c := p.c
+	c.mu.Lock()
+	c.advance(now)
+	c.releaseLocked(p, now, false)
+	c.unlock()
+}
+
+// Class returns the name of the class the permit's request belongs to, or
+// "" for a nil Permit.
+func (p *Permit) Class() string {
+	if p == nil || p.cs == nil {
+		return ""
+	}
+	return p.cs.cfg.Name
+}
 
 // Controller admits requests into workload classes: each class has reserved
 // slots, a bounded queue and per-tenant limits; requests are refused early
@@ -162,7 +197,7 @@ func New(opts ...Option) (*Controller, error) {
 			slotsCap: cl.Slots,
 			queueCap: cl.QueueItems,
 			tenants:  map[string]tenantCount{},
-			est:      newEstimator(cl.ExpectedServiceTime, cl.MaxServiceTime, cfg.alpha),
+			est:      newEstimator(cl.ExpectedServiceTime, cl.maxServiceTime(), cfg.alpha),
 			refused:  map[status.Reason]uint64{},
 		}
 		c.classes = append(c.classes, cs)
@@ -359,10 +394,16 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 			return refuse(status.ReasonDeadlineExpired)
 		}
 		var wait time.Duration
+		svc := cs.est.service()
 		if owner == nil {
 			wait = c.predictedWaitLocked(cs, now)
+		} else if cs.running == 0 && cs.queue.n == 0 {
+			// An idle class probes: only the configured expected service
+			// time counts, so a stale or inflated estimate cannot refuse
+			// every request forever; the probe's completion re-teaches it.
+			svc = min(svc, cs.cfg.ExpectedServiceTime)
 		}
-		if now.Add(wait + cs.est.service() + c.cfg.margin).After(r.Deadline) {
+		if now.Add(wait + svc + c.cfg.margin).After(r.Deadline) {
 			return refuse(status.ReasonDeadlineUnreachable)
 		}
 	}
@@ -506,8 +547,10 @@ func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn 
 }
 
 // releaseLocked returns p's slot and starts waiters that can run. observe
-// is false when the request never ran. It reports whether the request
-// finished after its deadline.
+// is false when the permit was abandoned: the request never ran or its
+// lifetime is no service time, so the estimator learns nothing and no false
+// accept is counted. It reports whether the request finished after its
+// deadline.
 func (c *Controller) releaseLocked(p *Permit, now time.Time, observe bool) (late bool) {
 	cs := p.cs
 	p.owner.used--
@@ -527,8 +570,8 @@ func (c *Controller) releaseLocked(p *Permit, now time.Time, observe bool) (late
 			cs.falseAccepts++
 			late = true
 		}
-		c.emitLocked(Event{Kind: EventReleased, Class: cs.cfg.Name, Tenant: p.tenant, At: now})
 	}
+	c.emitLocked(Event{Kind: EventReleased, Class: cs.cfg.Name, Tenant: p.tenant, At: now})
 	c.pump(now)
 	return late
 }

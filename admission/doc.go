@@ -38,15 +38,23 @@
 // When a slot frees, the next waiting request is re-checked: work that can
 // no longer finish by its deadline is dropped unrun with DEADLINE_EXPIRED,
 // never started. Waiting
-// requests leave the queue when their context ends. Each permit is released
-// exactly once; extra Release calls do nothing. Each stage but the slot and
+// requests leave the queue when their context ends. Each permit ends exactly
+// once, with [Permit.Release] after work that ran or [Permit.Abandon] after
+// work that did not run (a replay, a refusal after admission) or a stream;
+// the first call wins and extra calls do nothing. Each stage but the slot and
 // queue bound can be switched off with [WithStages].
 //
 // # Learning and prediction
 //
 // Each class learns its service time from completed work: an exponentially
-// weighted mean and a streaming p95, seeded by ExpectedServiceTime and
-// capped by MaxServiceTime. The predicted wait of a request that finds no
+// weighted mean and a streaming p95, seeded by ExpectedServiceTime, from
+// permits ended with Release (never Abandon). Each sample is capped by
+// MaxServiceTime (default [DefaultMaxServiceTime]) and, after 20 samples, by
+// 4 × the learned p95, so one hung request cannot lock a class out. A class
+// that is idle (nothing of it running or waiting) admits a request whose
+// deadline leaves room for ExpectedServiceTime (any, when that is 0) even if
+// the learned estimate is larger: the probe re-teaches the estimate, and at
+// most one such request runs at a time. The predicted wait of a request that finds no
 // slot is the learned work queued ahead plus the remaining work of the
 // class's running requests, spread over its slots (seed 004). Requests that
 // were admitted and then finished late are counted as false accepts;

@@ -59,7 +59,8 @@ type Class struct {
 	// first request of the class completes.
 	ExpectedServiceTime time.Duration
 	// MaxServiceTime caps every observed service time and so the learned
-	// estimates. 0: no cap.
+	// estimates. 0: [DefaultMaxServiceTime], or ExpectedServiceTime when
+	// that is larger.
 	MaxServiceTime time.Duration
 	// TenantRunning bounds the requests of one tenant running in this class;
 	// a request over it waits in the queue. 0: no limit.
@@ -71,6 +72,19 @@ type Class struct {
 	// per request) of one tenant's waiting requests, as in seed 004's
 	// tenant_queue_seconds; over it: TENANT_LIMIT. 0: no limit.
 	TenantQueueWork time.Duration
+}
+
+// DefaultMaxServiceTime caps the learned service time of a class whose
+// MaxServiceTime is 0, so that one hung handler cannot inflate the estimate
+// without bound.
+const DefaultMaxServiceTime = time.Minute
+
+// maxServiceTime is the cap in force for the class's learned service time.
+func (cl Class) maxServiceTime() time.Duration {
+	if cl.MaxServiceTime > 0 {
+		return cl.MaxServiceTime
+	}
+	return max(DefaultMaxServiceTime, cl.ExpectedServiceTime)
 }
 
 func (cl Class) validate() error {

@@ -1,0 +1,136 @@
+package admission_test
+
+// Regression tests for the defects of review 3. They run on a virtual clock
+// and assert on decisions and counts, never on elapsed time.
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/tollgate-go/tollgate/admission"
+	"github.com/tollgate-go/tollgate/status"
+)
+
+func newCtl(t *testing.T, clk *clock, opts ...admission.Option) *admission.Controller {
+	t.Helper()
+	c, err := admission.New(append([]admission.Option{admission.WithClock(clk.Now)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// R4 (P0-2): one huge service-time sample (no MaxServiceTime by default) poisons the
+// estimator; with the deadline stage every later request is refused
+// DEADLINE_UNREACHABLE even on an idle class, so nothing ever completes and
+// the estimate never recovers.
+func TestRegressionEstimatorPoisonLocksClassOut(t *testing.T) {
+	clk := newClock()
+	c := newCtl(t, clk, admission.WithClasses(admission.Class{Name: "w", Slots: 8, QueueItems: 8, ExpectedServiceTime: 10 * time.Millisecond}))
+	p, err := c.Admit(context.Background(), work("/s.S/M"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Hour) // e.g. a long-lived stream or a hung handler in the class
+	p.Release()
+	for i := range 1000 {
+		clk.Advance(time.Second)
+		r := work("/s.S/M")
+		r.Deadline = clk.Now().Add(5 * time.Second)
+		p, err := c.Admit(context.Background(), r)
+		if err == nil {
+			clk.Advance(10 * time.Millisecond)
+			p.Release()
+			return
+		}
+		if i == 999 {
+			st, _ := c.Stats().Class("w")
+			t.Fatalf("idle class refuses every 5s-deadline request for 1000s: %v (mean %v p95 %v, running %d)",
+				status.ReasonName(status.OutcomeOf(err).Reason), st.ServiceMean, st.ServiceP95, st.Running)
+		}
+	}
+}
+
+// R8 (P2-9): permits ended without real work (refused/replayed after
+// admission) taught ~0 service time: 20 such releases erased a 1s estimate.
+// Abandon gives the slot back without teaching the estimator.
+func TestRegressionEstimatorPoisonedByInstantReleases(t *testing.T) {
+	clk := newClock()
+	c := newCtl(t, clk, admission.WithClasses(admission.Class{Name: "w", Slots: 8, QueueItems: 8, ExpectedServiceTime: time.Second}))
+	for range 20 {
+		p, _ := c.Admit(context.Background(), work("/s.S/M"))
+		p.Abandon() // e.g. interceptor: beginTry answered from the record after the permit was taken
+	}
+	st, _ := c.Stats().Class("w")
+	if st.ServiceMean < 100*time.Millisecond {
+		t.Fatalf("service mean fell from 1s to %v (p95 %v) with no real work", st.ServiceMean, st.ServiceP95)
+	}
+}
+
+// Abandon and Release end a permit exactly once together, whichever comes
+// first; both are nil-safe, and so is Class.
+func TestRegressionAbandonExactlyOnce(t *testing.T) {
+	clk := newClock()
+	c := newCtl(t, clk, admission.WithClasses(admission.Class{Name: "w", Slots: 1, ExpectedServiceTime: time.Second}))
+	var nilPermit *admission.Permit
+	nilPermit.Abandon()
+	nilPermit.Release()
+	if got := nilPermit.Class(); got != "" {
+		t.Fatalf("nil permit's class %q", got)
+	}
+	for _, abandonFirst := range []bool{true, false} {
+		p, err := c.Admit(context.Background(), work("/s.S/M"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Class() != "w" {
+			t.Fatalf("class %q", p.Class())
+		}
+		clk.Advance(time.Hour)
+		if abandonFirst {
+			p.Abandon()
+			p.Release()
+		} else {
+			p.Release()
+			p.Abandon()
+		}
+		p.Abandon()
+		st, _ := c.Stats().Class("w")
+		if st.UsedSlots != 0 || st.Running != 0 {
+			t.Fatalf("abandonFirst=%v: %d used, %d running after ending twice", abandonFirst, st.UsedSlots, st.Running)
+		}
+		if abandonFirst && st.ServiceMean != time.Second {
+			t.Fatalf("abandoned permit taught the estimator: mean %v", st.ServiceMean)
+		}
+	}
+	// The one Release (an hour, capped at DefaultMaxServiceTime) moved the
+	// estimate by a bounded step.
+	st, _ := c.Stats().Class("w")
+	if st.ServiceMean > admission.DefaultMaxServiceTime || st.ServiceP95 > admission.DefaultMaxServiceTime {
+		t.Fatalf("estimate above the default cap: mean %v p95 %v", st.ServiceMean, st.ServiceP95)
+	}
+}
+
+// One huge sample after many ordinary ones is clipped at 4 × p95.
+func TestRegressionEstimatorClipsOutlier(t *testing.T) {
+	clk := newClock()
+	c := newCtl(t, clk, admission.WithClasses(admission.Class{Name: "w", Slots: 1, ExpectedServiceTime: 100 * time.Millisecond}))
+	for range 30 {
+		p, err := c.Admit(context.Background(), work("/s.S/M"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(100 * time.Millisecond)
+		p.Release()
+	}
+	p, _ := c.Admit(context.Background(), work("/s.S/M"))
+	clk.Advance(50 * time.Second)
+	p.Release()
+	st, _ := c.Stats().Class("w")
+	// Clipped to 400ms: mean ≤ 100ms + 0.2 × 300ms.
+	if st.ServiceMean > 200*time.Millisecond {
+		t.Fatalf("one 50s sample moved the mean to %v", st.ServiceMean)
+	}
+}
