@@ -167,6 +167,12 @@ type classState struct {
 	full atomic.Int32 // reason the tap refuses with; 0: open
 	hint atomic.Int64 // predicted wait (ns) when full, for the tap's retry-after
 
+	// tapRefused counts the tap's refusals by reason (tapReasons), without
+	// the lock; tapFolded (under the lock) is how many of them the
+	// degradation windows have already seen.
+	tapRefused [len(tapReasons)]atomic.Uint64
+	tapFolded  [len(tapReasons)]uint64
+
 	admitted     uint64
 	refused      map[status.Reason]uint64
 	falseAccepts uint64

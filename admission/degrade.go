@@ -65,15 +65,18 @@ func (d *degradeState) started(cs *classState, waited time.Duration) {
 }
 
 // refused counts a refusal of a request of cs.
-func (d *degradeState) refused(cs *classState, reason status.Reason) {
+func (d *degradeState) refused(cs *classState, reason status.Reason) { d.refusedN(cs, reason, 1) }
+
+// refusedN counts n refusals of requests of cs with the same reason.
+func (d *degradeState) refusedN(cs *classState, reason status.Reason, n int) {
 	if cs.cfg.Name == ControlClass {
 		return
 	}
-	d.decisions++
+	d.decisions += n
 	switch reason {
 	case status.ReasonQueueFull, status.ReasonConcurrencyFull,
 		status.ReasonDeadlineUnreachable, status.ReasonDeadlineExpired:
-		d.refusals++
+		d.refusals += n
 	}
 }
 
@@ -121,13 +124,15 @@ func (c *Controller) advance(now time.Time) {
 }
 
 // rollWindows closes every window that ended by now, in order, and moves
-// the state machine. Windows without traffic are healthy unless a request
+// the state machine. The tap's refusals since the last roll count in the
+// first window it closes. Windows without traffic are healthy unless a request
 // has been waiting MaxQueueAge by their end. After enough empty windows to
 // saturate the state machine the rest are skipped at once.
 func (c *Controller) rollWindows(now time.Time) {
 	d := &c.deg
 	w := d.cfg.Window
 	before := c.mode()
+	c.foldTapRefusals()
 	for i := 0; !now.Before(d.winEnd); i++ {
 		overloaded := false
 		if d.cfg.MaxRefusalRatio >= 0 && d.decisions > 0 && d.decisions >= d.cfg.MinDecisions &&

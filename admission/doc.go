@@ -77,7 +77,9 @@
 //
 // [Controller.TapHandle] is a tap.ServerInHandle that refuses new streams of
 // a class whose queue is full by reading one atomic flag, before the request
-// is read. Metrics (DESIGN.md §5) go to the meter provider of
+// is read. It counts its refusals in an atomic counter per class and
+// reason; they count in the degradation windows and in [Controller.Stats]
+// like Admit's. Metrics (DESIGN.md §5) go to the meter provider of
 // [WithMeterProvider]: tollgate.admission.decisions{decision,class,reason},
 // tollgate.queue.estimated_work, tollgate.queue.oldest_age,
 // tollgate.task.start_delay, tollgate.task.service_time,

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/grpc/tap"
 )
 
 func newCtl(t *testing.T, clk *clock, opts ...admission.Option) *admission.Controller {
@@ -132,5 +133,46 @@ func TestRegressionEstimatorClipsOutlier(t *testing.T) {
 	// Clipped to 400ms: mean ≤ 100ms + 0.2 × 300ms.
 	if st.ServiceMean > 200*time.Millisecond {
 		t.Fatalf("one 50s sample moved the mean to %v", st.ServiceMean)
+	}
+}
+
+// R13 (P1-3): refusals made by the tap are invisible to the degradation windows:
+// with the tap installed (interceptor default) a saturated class whose
+// arrivals are all refused early never makes a window overloaded.
+func TestRegressionTapRefusalsInvisibleToDegradation(t *testing.T) {
+	for _, viaTap := range []bool{false, true} {
+		clk := newClock()
+		c := newCtl(t, clk,
+			admission.WithClasses(admission.Class{Name: "main", Slots: 1, QueueItems: 1},
+				admission.Class{Name: "opt", Slots: 8, Optional: true}),
+			admission.WithMethods("opt", "/demo.Opt/"))
+		ctx, cancel := context.WithCancel(context.Background())
+		p, _ := c.Admit(ctx, work("/demo.Main/Do"))
+		go c.Admit(ctx, work("/demo.Main/Do"))
+		for c.Stats().Classes[1].Queued < 1 {
+			time.Sleep(time.Millisecond)
+		}
+		refused := 0
+		for range 100 {
+			var err error
+			if viaTap {
+				_, err = c.TapHandle(ctx, &tap.Info{FullMethodName: "/demo.Main/Do"})
+			} else {
+				_, err = c.Admit(ctx, work("/demo.Main/Do"))
+			}
+			if err != nil {
+				refused++
+			}
+		}
+		clk.Advance(time.Second)
+		t.Logf("viaTap=%v: %d/100 refused QUEUE_FULL, mode after the window: %v", viaTap, refused, c.Mode())
+		if viaTap && c.Mode() == admission.ModeNormal {
+			t.Errorf("100%% of arrivals refused by the tap, mode stays NORMAL")
+		}
+		if st, _ := c.Stats().Class("main"); st.Refused["QUEUE_FULL"] < 100 {
+			t.Errorf("viaTap=%v: Stats counts %d QUEUE_FULL refusals of 100", viaTap, st.Refused["QUEUE_FULL"])
+		}
+		cancel()
+		p.Release()
 	}
 }

@@ -107,7 +107,7 @@ type ClassStats struct {
 	// when no slot is free.
 	PredictedWait time.Duration
 	// Admitted counts requests that got a slot; Refused counts refusals by
-	// reason name ("QUEUE_FULL", ...).
+	// reason name ("QUEUE_FULL", ...), the tap's included.
 	Admitted uint64
 	Refused  map[string]uint64
 	// FalseAccepts counts admitted requests that finished after their
@@ -160,6 +160,11 @@ func (c *Controller) StatsAt(now time.Time) Stats {
 		}
 		for r, n := range cs.refused {
 			st.Refused[status.ReasonName(r)] = n
+		}
+		for i, r := range tapReasons {
+			if n := cs.tapRefused[i].Load(); n > 0 {
+				st.Refused[status.ReasonName(r)] += n
+			}
 		}
 		if len(cs.tenants) > 0 {
 			st.Tenants = map[string]TenantStats{}

@@ -41,6 +41,36 @@ func (c *Controller) TapHandle(ctx context.Context, info *tap.Info) (context.Con
 	if reason != status.ReasonDraining {
 		ra = jitter(time.Duration(cs.hint.Load()))
 	}
+	if i := tapReasonIndex(reason); i >= 0 {
+		cs.tapRefused[i].Add(1)
+	}
 	c.m.tapRefused(ctx, cs, reason)
 	return ctx, refusal(cs, reason, ra, false)
+}
+
+// tapReasons are the reasons the tap refuses with.
+var tapReasons = [...]status.Reason{status.ReasonQueueFull, status.ReasonConcurrencyFull, status.ReasonShed, status.ReasonDraining}
+
+func tapReasonIndex(r status.Reason) int {
+	for i, t := range tapReasons {
+		if t == r {
+			return i
+		}
+	}
+	return -1
+}
+
+// foldTapRefusals counts the tap's refusals made since the last fold into the
+// current degradation window, as if Admit had refused them: a class refused
+// wholesale at the tap is overloaded like one refused by Admit.
+func (c *Controller) foldTapRefusals() {
+	for _, cs := range c.classes {
+		for i := range tapReasons {
+			n := cs.tapRefused[i].Load()
+			if d := n - cs.tapFolded[i]; d > 0 {
+				cs.tapFolded[i] = n
+				c.deg.refusedN(cs, tapReasons[i], int(d))
+			}
+		}
+	}
 }
