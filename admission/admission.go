@@ -356,8 +356,15 @@ func (c *Controller) AdmitAt(ctx context.Context, r Request, now time.Time) (*Pe
 // decideLocked runs the stages after the size check. It returns a permit, a
 // queued waiter, or a refusal reason with its retry-after.
 func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Permit, *waiter, status.Reason, time.Duration) {
+	// callerOnly marks a refusal that says nothing about load: the deadline
+	// had passed on arrival, or could not be met even without waiting.
+	callerOnly := false
 	refuse := func(reason status.Reason) (*Permit, *waiter, status.Reason, time.Duration) {
-		c.countRefusal(cs, reason)
+		if callerOnly {
+			cs.refused[reason]++ // stats only: not an overload signal
+		} else {
+			c.countRefusal(cs, reason)
+		}
 		var ra time.Duration
 		switch reason {
 		case status.ReasonDeadlineExpired, status.ReasonDraining:
@@ -397,6 +404,7 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 	}
 	if c.cfg.stages&StageDeadline != 0 && !r.Deadline.IsZero() {
 		if now.After(r.Deadline) {
+			callerOnly = true
 			return refuse(status.ReasonDeadlineExpired)
 		}
 		var wait time.Duration
@@ -410,6 +418,7 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 			svc = min(svc, cs.cfg.ExpectedServiceTime)
 		}
 		if now.Add(wait + svc + c.cfg.margin).After(r.Deadline) {
+			callerOnly = wait == 0
 			return refuse(status.ReasonDeadlineUnreachable)
 		}
 	}

@@ -64,7 +64,9 @@
 // # Degradation and overrides
 //
 // Time is cut into windows. A window is overloaded when refusals for lack of
-// capacity or time reach a ratio, or a request waited too long. After
+// capacity or time reach a ratio, or a request waited too long. Requests
+// that arrive already expired, or whose deadline is too short even without a
+// wait, are the caller's problem and count in no window. After
 // EnterAfter overloaded windows the controller is Degraded and sheds
 // optional classes; a healthy window makes it Recovering, where optional
 // classes get their slots back in steps; only ExitAfter consecutive healthy

@@ -136,7 +136,9 @@ const (
 // cut into windows of length Window; a window is overloaded when, for the
 // classes other than control, its refusals for lack of capacity or time
 // (QUEUE_FULL, CONCURRENCY_FULL, DEADLINE_UNREACHABLE, DEADLINE_EXPIRED) reach
-// MaxRefusalRatio of at least MinDecisions decisions, or a request waited (or
+// MaxRefusalRatio of at least MinDecisions decisions (requests that arrive
+// with their deadline passed, or too short even without waiting, are the
+// caller's problem: they count in no window), or a request waited (or
 // still waits at the window's end) MaxQueueAge or longer. Zero fields take
 // the defaults named below.
 type Degradation struct {

@@ -176,3 +176,49 @@ func TestRegressionTapRefusalsInvisibleToDegradation(t *testing.T) {
 		p.Release()
 	}
 }
+
+// R11 (P1-4): one tenant sending already-expired (or unreachable) requests to an
+// idle server makes the window "overloaded": the controller degrades and
+// sheds every tenant's optional class, with no capacity pressure at all.
+func TestRegressionExpiredArrivalsDegradeIdleServer(t *testing.T) {
+	clk := newClock()
+	c := newCtl(t, clk,
+		admission.WithClasses(admission.Class{Name: "main", Slots: 8, QueueItems: 8, TenantQueued: 1},
+			admission.Class{Name: "opt", Slots: 8, Optional: true}),
+		admission.WithMethods("opt", "/demo.Opt/"))
+	for range 20 {
+		r := admission.Request{Method: "/demo.Main/Do", Tenant: "evil", Size: -1, Deadline: clk.Now().Add(-time.Millisecond)}
+		_, _ = c.Admit(context.Background(), r)
+	}
+	clk.Advance(time.Second)
+	_, err := c.Admit(context.Background(), admission.Request{Method: "/demo.Opt/Do", Tenant: "good", Size: -1})
+	st, _ := c.Stats().Class("main")
+	t.Logf("main running %d queued %d; mode %v", st.Running, st.Queued, c.Mode())
+	if err != nil {
+		t.Fatalf("idle server sheds tenant good's optional request: %v", err)
+	}
+}
+
+// P1-4: deadlines too short for the service time even without a wait are the
+// caller's problem too; they do not degrade an idle server.
+func TestRegressionUnreachableWithoutWaitDoesNotDegrade(t *testing.T) {
+	clk := newClock()
+	c := newCtl(t, clk,
+		admission.WithClasses(admission.Class{Name: "main", Slots: 8, QueueItems: 8, ExpectedServiceTime: time.Second},
+			admission.Class{Name: "opt", Slots: 8, Optional: true}),
+		admission.WithMethods("opt", "/demo.Opt/"))
+	for range 50 {
+		r := admission.Request{Method: "/demo.Main/Do", Size: -1, Deadline: clk.Now().Add(time.Millisecond)}
+		_, err := c.Admit(context.Background(), r)
+		if o := status.OutcomeOf(err); o.Reason != status.ReasonDeadlineUnreachable {
+			t.Fatalf("reason %v, want DEADLINE_UNREACHABLE", status.ReasonName(o.Reason))
+		}
+	}
+	clk.Advance(time.Second)
+	if m := c.Mode(); m != admission.ModeNormal {
+		t.Fatalf("idle server degraded by short deadlines: %v", m)
+	}
+	if st, _ := c.Stats().Class("main"); st.Refused["DEADLINE_UNREACHABLE"] != 50 {
+		t.Fatalf("stats count %d refusals of 50", st.Refused["DEADLINE_UNREACHABLE"])
+	}
+}
