@@ -137,6 +137,7 @@ type Controller struct {
 	ovr     overrideState
 	pending []Event // observer events to emit after unlocking
 	traces  []traceEvent
+	viol    error // tests: a start over the limits in force (checkStart)
 }
 
 type prefixClass struct {
@@ -523,8 +524,15 @@ func (c *Controller) slots(cs *classState) int {
 
 // acquire returns the class whose slot a request of cs may take now: cs's
 // own, else an idle slot of a class that lends and has no waiters; nil when
-// none is free.
+// none is free. A class whose slots are lowered (override, Recovering) borrows
+// only while fewer of its requests than its lowered slots run.
 func (c *Controller) acquire(cs *classState, slots int) *classState {
+	if slots < cs.cfg.Slots && cs.running >= slots {
+		// Lowered by an override or Recovering's step (or frozen, shed):
+		// neither its own slots freed by borrowers nor borrowing may lift
+		// the class past its lowered limit.
+		return nil
+	}
 	if cs.used < slots {
 		return cs
 	}
@@ -546,6 +554,9 @@ func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn 
 	now = maxTime(now, arrived)
 	owner.used++
 	cs.running++
+	if c.cfg.check != nil {
+		c.checkStart(cs, owner)
+	}
 	off := float64(now.Sub(c.epoch))
 	cs.runStartSum += off
 	if tenantOn {

@@ -222,3 +222,48 @@ func TestRegressionUnreachableWithoutWaitDoesNotDegrade(t *testing.T) {
 		t.Fatalf("stats count %d refusals of 50", st.Refused["DEADLINE_UNREACHABLE"])
 	}
 }
+
+// R3 (P1-5): lending bypasses an override that lowers a class's slots.
+func TestRegressionLendingBypassesSlotOverride(t *testing.T) {
+	clk := newClock()
+	c := newCtl(t, clk,
+		admission.WithClasses(admission.Class{Name: "a", Slots: 4}, admission.Class{Name: "b", Slots: 4, LendIdle: true}),
+		admission.WithMethods("b", "/b.B/"))
+	if _, err := c.SetOverride(context.Background(), admission.Override{Actor: "op", Reason: "lower a", TTL: time.Minute, Class: "a", Slots: 1}); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for range 5 {
+		if p, err := c.Admit(context.Background(), work("/a.A/M")); err == nil {
+			defer p.Release()
+			n++
+		}
+	}
+	if n > 1 {
+		t.Fatalf("class a lowered to 1 slot by the operator runs %d requests", n)
+	}
+}
+
+// R3b (P1-5): in Recovering an optional class borrows lenders' idle slots, bypassing
+// the stepped re-admission (⌈Slots·h/ExitAfter⌉).
+func TestRegressionRecoveringStepBypassedByLending(t *testing.T) {
+	clk := newClock()
+	c := newCtl(t, clk,
+		admission.WithClasses(admission.Class{Name: "main", Slots: 8, LendIdle: true},
+			admission.Class{Name: "opt", Slots: 6, Optional: true}),
+		admission.WithMethods("opt", "/demo.Opt/"))
+	if _, err := c.SetOverride(context.Background(), admission.Override{Actor: "op", Reason: "r", TTL: time.Minute, Mode: admission.ModeRecovering}); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for range 20 {
+		if p, err := c.Admit(context.Background(), work("/demo.Opt/Do")); err == nil {
+			defer p.Release()
+			n++
+		}
+	}
+	st, _ := c.Stats().Class("opt")
+	if n > st.Slots {
+		t.Fatalf("recovering optional class stepped to %d slots runs %d requests", st.Slots, n)
+	}
+}

@@ -178,8 +178,30 @@ func (c *Controller) StatsAt(now time.Time) Stats {
 	return s
 }
 
-// checkInvariants verifies invariant 9's bounds on the locked state.
+// checkStart verifies, for tests, that a request of cs that just started
+// on owner's slot respects the limits in force (a lowered limit leaves the
+// requests already running alone, so only starts are judged by it): the
+// owner's slots in use are within its effective slots, and a class whose
+// slots are lowered runs no more than them, borrowed slots included.
+func (c *Controller) checkStart(cs, owner *classState) {
+	if c.viol != nil {
+		return
+	}
+	if n := c.slots(owner); owner.used > n {
+		c.viol = fmt.Errorf("class %s: start uses %d of %s's slots over the %d in force", cs.cfg.Name, owner.used, owner.cfg.Name, n)
+	}
+	if n := c.slots(cs); n < cs.cfg.Slots && cs.running > n {
+		c.viol = fmt.Errorf("class %s: start runs %d over the %d slots in force", cs.cfg.Name, cs.running, n)
+	}
+}
+
+// checkInvariants verifies invariant 9's bounds on the locked state, the
+// configured ones at every instant and the ones in force at every start.
 func (c *Controller) checkInvariants() error {
+	if err := c.viol; err != nil {
+		c.viol = nil
+		return err
+	}
 	used, running, queued := 0, 0, 0
 	for _, cs := range c.classes {
 		cfg := cs.cfg
