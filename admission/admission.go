@@ -666,8 +666,18 @@ func (c *Controller) removeWaiter(w *waiter) {
 
 // dropWaiter refuses a waiting request without running it.
 func (c *Controller) dropWaiter(w *waiter, reason status.Reason, ra time.Duration, now time.Time) {
+	c.dropWaiterCounted(w, reason, ra, now, true)
+}
+
+// dropWaiterCounted is dropWaiter; overload says whether the refusal counts
+// in the degradation window (false: an operator's doing, not load).
+func (c *Controller) dropWaiterCounted(w *waiter, reason status.Reason, ra time.Duration, now time.Time, overload bool) {
 	c.removeWaiter(w)
-	c.countRefusal(w.cs, reason)
+	if overload {
+		c.countRefusal(w.cs, reason)
+	} else {
+		w.cs.refused[reason]++
+	}
 	final := reason == status.ReasonDeadlineExpired
 	w.reason = reason
 	w.err = refusal(w.cs, reason, ra, final)

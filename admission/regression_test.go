@@ -267,3 +267,32 @@ func TestRegressionRecoveringStepBypassedByLending(t *testing.T) {
 		t.Fatalf("recovering optional class stepped to %d slots runs %d requests", st.Slots, n)
 	}
 }
+
+// R2 (P1-6): an override that lowers QueueItems leaves the queue above the new bound.
+func TestRegressionOverrideLowersQueueBelowQueued(t *testing.T) {
+	clk := newClock()
+	c := newCtl(t, clk, admission.WithClasses(admission.Class{Name: "w", Slots: 1, QueueItems: 4}))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	p, err := c.Admit(ctx, work("/s.S/M"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Release()
+	for range 4 {
+		go c.Admit(ctx, work("/s.S/M"))
+	}
+	for c.Stats().Classes[1].Queued < 4 {
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := c.SetOverride(context.Background(), admission.Override{Actor: "op", Reason: "r", TTL: time.Minute, Class: "w", QueueItems: 1}); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := c.Stats().Class("w")
+	if st.Queued > st.QueueLimit {
+		t.Fatalf("queued %d > effective queue bound %d after override", st.Queued, st.QueueLimit)
+	}
+	if st.Refused["QUEUE_FULL"] != 3 {
+		t.Fatalf("%d waiters refused QUEUE_FULL, want the 3 newest", st.Refused["QUEUE_FULL"])
+	}
+}

@@ -208,8 +208,8 @@ func (c *Controller) checkInvariants() error {
 		if cs.used < 0 || cs.used > cfg.Slots {
 			return fmt.Errorf("class %s: %d slots used of %d", cfg.Name, cs.used, cfg.Slots)
 		}
-		if cs.queue.n > cfg.QueueItems {
-			return fmt.Errorf("class %s: %d queued over %d", cfg.Name, cs.queue.n, cfg.QueueItems)
+		if cs.queue.n > cs.queueCap || cs.queueCap > cfg.QueueItems {
+			return fmt.Errorf("class %s: %d queued over %d in force (%d configured)", cfg.Name, cs.queue.n, cs.queueCap, cfg.QueueItems)
 		}
 		if cfg.QueueBytes > 0 && cs.queuedBytes > cfg.QueueBytes {
 			return fmt.Errorf("class %s: %d bytes queued over %d", cfg.Name, cs.queuedBytes, cfg.QueueBytes)
