@@ -138,6 +138,12 @@ type Controller struct {
 	pending []Event // observer events to emit after unlocking
 	traces  []traceEvent
 	viol    error // tests: a start over the limits in force (checkStart)
+
+	// due is when, in Unix nanoseconds, time alone next changes what the
+	// tap flags say (an override expires; a window ends while not Normal);
+	// 0: never. Past it the tap lets requests through to Admit, which
+	// brings the state up to date.
+	due atomic.Int64
 }
 
 type prefixClass struct {
@@ -771,6 +777,18 @@ func (c *Controller) emitLocked(e Event) {
 func (c *Controller) unlock() {
 	for _, cs := range c.classes {
 		c.refreshFlag(cs)
+	}
+	var due int64
+	if len(c.ovr.list) > 0 {
+		due = c.ovr.nextExpiry.UnixNano()
+	}
+	if c.cfg.stages&StageDegradation != 0 && c.deg.mode != ModeNormal {
+		if w := c.deg.winEnd.UnixNano(); due == 0 || w < due {
+			due = w
+		}
+	}
+	if due != c.due.Load() {
+		c.due.Store(due)
 	}
 	if c.cfg.check != nil {
 		c.cfg.check(c.checkInvariants())

@@ -110,11 +110,14 @@ func (c *Controller) ClearOverride(ctx context.Context, id uint64) bool {
 	return found
 }
 
-// Overrides returns the overrides in force, oldest first.
+// Overrides returns the overrides in force now, oldest first; overrides
+// whose TTL has run out are expired first and not listed.
 func (c *Controller) Overrides() []ActiveOverride {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]ActiveOverride(nil), c.ovr.list...)
+	c.advance(maxTime(c.cfg.now(), c.last))
+	list := append([]ActiveOverride(nil), c.ovr.list...)
+	c.unlock()
+	return list
 }
 
 func (c *Controller) validateOverride(o Override) error {

@@ -296,3 +296,59 @@ func TestRegressionOverrideLowersQueueBelowQueued(t *testing.T) {
 		t.Fatalf("%d waiters refused QUEUE_FULL, want the 3 newest", st.Refused["QUEUE_FULL"])
 	}
 }
+
+// R1 (P2-7): an override that freezes a class is enforced by the tap forever when the
+// class's only traffic is refused at the tap: nothing calls advance, so the
+// override never expires and the tap flag is never refreshed.
+func TestRegressionTapOverrideNeverExpires(t *testing.T) {
+	clk := newClock()
+	c := newCtl(t, clk, admission.WithClasses(admission.Class{Name: "batch", Slots: 2, QueueItems: 2}))
+	if _, err := c.SetOverride(context.Background(), admission.Override{Actor: "op", Reason: "r", TTL: time.Second, Class: "batch", Freeze: true}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Hour) // TTL long gone
+	_, err := c.TapHandle(context.Background(), &tap.Info{FullMethodName: "/svc.S/M"})
+	if err != nil {
+		t.Fatalf("tap still refuses an hour after a 1s override expired: %v", err)
+	}
+	// The request the tap let through reaches Admit, which expires the
+	// override; the tap's flag is then open for good.
+	p, err := c.Admit(context.Background(), work("/svc.S/M"))
+	if err != nil {
+		t.Fatalf("Admit after the override expired: %v", err)
+	}
+	p.Release()
+	if _, err := c.TapHandle(context.Background(), &tap.Info{FullMethodName: "/svc.S/M"}); err != nil {
+		t.Fatalf("tap refuses after Admit expired the override: %v", err)
+	}
+}
+
+// P2-7: while an override is in force the tap refuses; only past its expiry
+// does it let requests through.
+func TestRegressionTapRefusesUntilOverrideExpires(t *testing.T) {
+	clk := newClock()
+	c := newCtl(t, clk, admission.WithClasses(admission.Class{Name: "batch", Slots: 2, QueueItems: 2}))
+	if _, err := c.SetOverride(context.Background(), admission.Override{Actor: "op", Reason: "r", TTL: time.Minute, Class: "batch", Freeze: true}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(59 * time.Second)
+	if _, err := c.TapHandle(context.Background(), &tap.Info{FullMethodName: "/svc.S/M"}); status.OutcomeOf(err).Reason != status.ReasonShed {
+		t.Fatalf("tap during the freeze: %v, want SHED", err)
+	}
+	if n := len(c.Overrides()); n != 1 {
+		t.Fatalf("%d overrides in force, want 1", n)
+	}
+}
+
+// R1b (P2-7): Overrides() reports an expired override as in force.
+func TestRegressionOverridesListsExpired(t *testing.T) {
+	clk := newClock()
+	c := newCtl(t, clk)
+	if _, err := c.SetOverride(context.Background(), admission.Override{Actor: "op", Reason: "r", TTL: time.Second, Class: "default", Slots: 1}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Hour)
+	if n := len(c.Overrides()); n != 0 {
+		t.Fatalf("Overrides() lists %d override(s) an hour after a 1s TTL", n)
+	}
+}

@@ -20,7 +20,10 @@ var _ tap.ServerInHandle = (*Controller)(nil).TapHandle
 // stream through; the
 // interceptor still makes the full decision. A refusal is a NOT_ADMITTED
 // status with the class and a jittered retry-after from the class's
-// predicted wait. grpc-go allows one tap per server: compose it with your
+// predicted wait. Overrides and windows are evaluated lazily: once an
+// override in force may have expired, or a degradation window ended while
+// the controller is not Normal, the tap lets requests through until an
+// Admit call brings the state up to date. grpc-go allows one tap per server: compose it with your
 // own by calling it first. Safe for concurrent use.
 func (c *Controller) TapHandle(ctx context.Context, info *tap.Info) (context.Context, error) {
 	var cs *classState
@@ -34,6 +37,11 @@ func (c *Controller) TapHandle(ctx context.Context, info *tap.Info) (context.Con
 	}
 	r := cs.full.Load()
 	if r == 0 {
+		return ctx, nil
+	}
+	if due := c.due.Load(); due != 0 && c.cfg.now().UnixNano() >= due {
+		// An override may have expired or a window ended since the flag
+		// was set: let Admit, which advances the state, decide.
 		return ctx, nil
 	}
 	reason := status.Reason(r)
