@@ -45,6 +45,8 @@ type Permit struct {
 	startOff float64 // ns since the controller's epoch
 	deadline time.Time
 	released atomic.Bool
+
+	prev, next *Permit // the class's running list; the controller's lock guards them
 }
 
 // Release returns the permit's slot, hands it to the next waiting request
@@ -164,7 +166,7 @@ type classState struct {
 
 	used        int     // this class's slots held, by it or by borrowers
 	running     int     // requests of this class running, wherever
-	runStartSum float64 // sum of running requests' start offsets (ns from epoch); float: no overflow
+	runHead     *Permit // the running requests of this class, newest first
 	queue       waitList
 	queuedBytes int64
 	queuedWork  int64
@@ -564,7 +566,6 @@ func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn 
 		c.checkStart(cs, owner)
 	}
 	off := float64(now.Sub(c.epoch))
-	cs.runStartSum += off
 	if tenantOn {
 		tc := cs.tenants[tenant]
 		tc.running++
@@ -575,7 +576,13 @@ func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn 
 	cs.admitted++
 	c.deg.started(cs, now.Sub(arrived))
 	c.judgeRejects(cs, arrived, now)
-	return &Permit{c: c, cs: cs, owner: owner, tenant: tenant, start: now, startOff: off, deadline: deadline}
+	p := &Permit{c: c, cs: cs, owner: owner, tenant: tenant, start: now, startOff: off, deadline: deadline}
+	p.next = cs.runHead
+	if cs.runHead != nil {
+		cs.runHead.prev = p
+	}
+	cs.runHead = p
+	return p
 }
 
 // releaseLocked returns p's slot and starts waiters that can run. observe
@@ -587,10 +594,15 @@ func (c *Controller) releaseLocked(p *Permit, now time.Time, observe bool) (late
 	cs := p.cs
 	p.owner.used--
 	cs.running--
-	cs.runStartSum -= p.startOff
-	if cs.running == 0 {
-		cs.runStartSum = 0 // no drift survives an idle class
+	if p.prev != nil {
+		p.prev.next = p.next
+	} else {
+		cs.runHead = p.next
 	}
+	if p.next != nil {
+		p.next.prev = p.prev
+	}
+	p.prev, p.next = nil, nil
 	if p.tenant != "" {
 		tc := cs.tenants[p.tenant]
 		tc.running--
@@ -698,14 +710,25 @@ func (c *Controller) countRefusal(cs *classState, reason status.Reason) {
 	c.deg.refused(cs, reason)
 }
 
+// overdueShare is the share of the learned mean a running request that has
+// outrun the mean is still expected to need.
+const overdueShare = 0.1
+
 // predictedWaitLocked is the wait of a request of cs that finds no free
 // slot: the work queued ahead plus what remains of the running work of the
-// class (learned mean minus elapsed, summed), spread over the class's slots.
+// class, spread over the class's slots. Each running request's remainder is
+// clamped on its own: the learned mean minus its elapsed time, but at least
+// overdueShare of the mean, so that an overdue request neither hides the
+// others' remaining work nor makes a full class predict no wait.
 func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Duration {
 	slots := max(c.slots(cs), 1)
-	n := float64(cs.running)
-	remaining := n*cs.est.mean - (n*float64(now.Sub(c.epoch)) - cs.runStartSum)
-	remaining = max(remaining, 0)
+	mean := cs.est.mean
+	floor := mean * overdueShare
+	nowOff := float64(now.Sub(c.epoch))
+	var remaining float64
+	for p := cs.runHead; p != nil; p = p.next {
+		remaining += max(mean-(nowOff-p.startOff), floor)
+	}
 	return time.Duration((float64(cs.queuedWork) + remaining) / float64(slots))
 }
 

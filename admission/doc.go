@@ -56,7 +56,9 @@
 // the learned estimate is larger: the probe re-teaches the estimate, and at
 // most one such request runs at a time. The predicted wait of a request that finds no
 // slot is the learned work queued ahead plus the remaining work of the
-// class's running requests, spread over its slots (seed 004). Requests that
+// class's running requests, spread over its slots (seed 004); each running
+// request counts the learned mean minus its elapsed time, but at least a
+// tenth of the mean, so an overdue request hides no one else's work. Requests that
 // were admitted and then finished late are counted as false accepts;
 // DEADLINE_UNREACHABLE refusals that later starts show to have been
 // avoidable as false rejects.

@@ -352,3 +352,32 @@ func TestRegressionOverridesListsExpired(t *testing.T) {
 		t.Fatalf("Overrides() lists %d override(s) an hour after a 1s TTL", n)
 	}
 }
+
+// R7 (P2-8): the summed remaining-work estimate lets one overdue request cancel the
+// remaining work of the others: a full class predicts a zero wait.
+func TestRegressionPredictedWaitCancelsOut(t *testing.T) {
+	clk := newClock()
+	c := newCtl(t, clk, admission.WithClasses(admission.Class{Name: "w", Slots: 2, QueueItems: 2, ExpectedServiceTime: time.Second}))
+	p1, _ := c.Admit(context.Background(), work("/s.S/M"))
+	defer p1.Release()
+	clk.Advance(10 * time.Second) // p1 overdue by 9s
+	p2, _ := c.Admit(context.Background(), work("/s.S/M"))
+	defer p2.Release()
+	st, _ := c.Stats().Class("w")
+	t.Logf("running %d/%d, predicted wait %v", st.Running, st.Slots, st.PredictedWait)
+	// per-request clamp: (max(1s-10s, 0.1s) + max(1s-0, 0.1s)) / 2 = 550ms
+	if st.PredictedWait != 550*time.Millisecond {
+		t.Fatalf("full class predicts wait %v, want 550ms: p2 alone has 1s left on 2 slots", st.PredictedWait)
+	}
+	r := work("/s.S/M")
+	r.Deadline = clk.Now().Add(1100 * time.Millisecond)
+	_, err := c.Admit(context.Background(), r)
+	if o := status.OutcomeOf(err); o.Reason != status.ReasonDeadlineUnreachable {
+		t.Fatalf("request needing 1s after a 550ms wait with 1.1s left: %v, want DEADLINE_UNREACHABLE", err)
+	}
+	// Both overdue: a full class still predicts a wait.
+	clk.Advance(10 * time.Second)
+	if st, _ := c.Stats().Class("w"); st.PredictedWait <= 0 {
+		t.Fatalf("full class of overdue requests predicts wait %v", st.PredictedWait)
+	}
+}
