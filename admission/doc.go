@@ -72,8 +72,9 @@
 // EnterAfter overloaded windows the controller is Degraded and sheds
 // optional classes; a healthy window makes it Recovering, where optional
 // classes get their slots back in steps; only ExitAfter consecutive healthy
-// windows (default 3) make it Normal again, so an oscillating load cannot
-// make it flap. Operators may freeze a class, lower its limits or force a
+// windows (default 3) make it Normal again, and an overloaded window while
+// Recovering returns it to Degraded for ExitAfter healthy windows, so an
+// oscillating load cannot make it flap. Operators may freeze a class, lower its limits or force a
 // mode with an [Override]: bounded, attributed, emitted as OpenTelemetry
 // events, and expiring by itself.
 //

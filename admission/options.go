@@ -148,7 +148,9 @@ type Degradation struct {
 	// Normal to Degraded. Default 1.
 	EnterAfter int
 	// ExitAfter is the number of consecutive healthy windows that move
-	// Degraded through Recovering back to Normal. Default 3.
+	// Degraded through Recovering back to Normal. Default 3. After falling
+	// back from Recovering to Degraded, the controller stays Degraded for
+	// ExitAfter healthy windows before it recovers again.
 	ExitAfter int
 	// MaxRefusalRatio is the refusal ratio that makes a window overloaded.
 	// Default 0.5; negative: this signal is off.

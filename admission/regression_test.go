@@ -381,3 +381,39 @@ func TestRegressionPredictedWaitCancelsOut(t *testing.T) {
 		t.Fatalf("full class of overdue requests predicts wait %v", st.PredictedWait)
 	}
 }
+
+// R10 (P3-11): under an O,H oscillation the optional class is re-admitted and shed
+// again every window (mode changes every window), flushing its queue each time.
+func TestRegressionDegradedRecoveringFlap(t *testing.T) {
+	h := degradeHarness(t, 1, 3)
+	var modes []string
+	for i := range 12 {
+		modes = append(modes, h.window(i%2 == 0).String())
+	}
+	tr := h.ctrl.Stats().Transitions
+	t.Logf("modes %v, transitions %d in 12 windows", modes, tr)
+	if tr > 12/3+1 {
+		t.Fatalf("optional-class capacity changed %d times in 12 windows (exit period 3)", tr)
+	}
+}
+
+// P3-11: after falling back from Recovering the controller holds Degraded for
+// the exit period, then recovers in steps as usual.
+func TestRegressionDegradedHoldsAfterReentry(t *testing.T) {
+	h := degradeHarness(t, 1, 3)
+	want := []admission.Mode{
+		admission.ModeDegraded,   // O
+		admission.ModeRecovering, // H
+		admission.ModeDegraded,   // O: re-entry
+		admission.ModeDegraded,   // H 1 of 3: held
+		admission.ModeDegraded,   // H 2 of 3: held
+		admission.ModeRecovering, // H 3 of 3: recover in steps
+		admission.ModeRecovering, // H
+		admission.ModeNormal,     // H
+	}
+	for i, w := range want {
+		if m := h.window(i == 0 || i == 2); m != w {
+			t.Fatalf("window %d: mode %v, want %v", i, m, w)
+		}
+	}
+}
