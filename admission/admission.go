@@ -380,6 +380,8 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 		case status.ReasonDeadlineUnreachable:
 			c.rememberReject(cs, r.Deadline, now)
 			ra = c.retryAfterLocked(cs, reason, now)
+		case status.ReasonTenantLimit:
+			ra = jitter(max(c.retryBaseLocked(cs, reason, now), c.tenantWaitLocked(cs, r.Tenant, now)))
 		default:
 			ra = c.retryAfterLocked(cs, reason, now)
 		}
@@ -730,6 +732,28 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 		remaining += max(mean-(nowOff-p.startOff), floor)
 	}
 	return time.Duration((float64(cs.queuedWork) + remaining) / float64(slots))
+}
+
+// tenantWaitLocked is how long until a tenant over its limits in cs is
+// likely to have room again: when the class bounds the tenant's running
+// requests, its oldest waiting request starts only as its running ones end,
+// so the remaining work of the tenant's running requests (clamped as in
+// predictedWaitLocked) spread over its running limit; 0 otherwise (the
+// class's predicted wait covers it).
+func (c *Controller) tenantWaitLocked(cs *classState, tenant string, now time.Time) time.Duration {
+	if cs.cfg.TenantRunning == 0 {
+		return 0
+	}
+	mean := cs.est.mean
+	floor := mean * overdueShare
+	nowOff := float64(now.Sub(c.epoch))
+	var remaining float64
+	for p := cs.runHead; p != nil; p = p.next {
+		if p.tenant == tenant {
+			remaining += max(mean-(nowOff-p.startOff), floor)
+		}
+	}
+	return time.Duration(remaining / float64(cs.cfg.TenantRunning))
 }
 
 // minRetryAfter is the floor of suggested delays when nothing is known.

@@ -22,8 +22,9 @@
 //
 // Admit decides in stages, cheapest first, and refuses with a typed
 // NOT_ADMITTED status (package status) naming the class and, where a repeat
-// can help, a retry-after that reflects the class's queue and is jittered so
-// refused clients do not return together:
+// can help, a retry-after that reflects the class's queue (for TENANT_LIMIT
+// also the tenant's own running work, when the class bounds it) and is
+// jittered so refused clients do not return together:
 //
 //  1. size: larger than the class's MaxRequestBytes → REQUEST_TOO_LARGE;
 //  2. class and tenant: a frozen class or an optional class while degraded

@@ -417,3 +417,30 @@ func TestRegressionDegradedHoldsAfterReentry(t *testing.T) {
 		}
 	}
 }
+
+// R12 (P3-10): TENANT_LIMIT's retry-after reflects the class, not the tenant's own
+// backlog: the tenant cannot be admitted for ~10s but is told ~2.5s.
+func TestRegressionTenantLimitRetryAfter(t *testing.T) {
+	clk := newClock()
+	c := newCtl(t, clk, admission.WithClasses(admission.Class{Name: "w", Slots: 8, QueueItems: 8, TenantRunning: 1, TenantQueued: 1, ExpectedServiceTime: 10 * time.Second}))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a := admission.Request{Method: "/s.S/M", Tenant: "A", Size: -1}
+	p, _ := c.Admit(ctx, a)
+	defer p.Release()
+	go c.Admit(ctx, a)
+	for c.Stats().Classes[1].Queued < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	// The tenant's one running request has 10s left on its running limit
+	// of 1: every retry-after is jittered in [5s, 15s).
+	for range 50 {
+		_, err := c.Admit(ctx, a)
+		if o := status.OutcomeOf(err); o.Reason != status.ReasonTenantLimit {
+			t.Fatalf("reason %v, want TENANT_LIMIT", status.ReasonName(o.Reason))
+		}
+		if ra, _ := status.RetryAfter(err); ra < 5*time.Second || ra >= 15*time.Second {
+			t.Fatalf("TENANT_LIMIT retry-after %v; tenant A's next queue place frees in ~10s", ra)
+		}
+	}
+}
