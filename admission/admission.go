@@ -439,6 +439,12 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 		return p, nil, 0, 0
 	}
 	size := int64(max(r.Size, 0))
+	if cs.queueCap > 0 && (cs.queue.n >= cs.queueCap || (cs.cfg.QueueBytes > 0 && cs.queuedBytes+size > cs.cfg.QueueBytes)) {
+		// Before refusing for a full queue, drop waiters that can no longer
+		// finish in time: no timer does, and they must not hold places
+		// that useful work could take.
+		c.dropExpiredLocked(cs, now)
+	}
 	switch {
 	case cs.queueCap == 0:
 		return refuse(status.ReasonConcurrencyFull)
@@ -641,15 +647,10 @@ func (c *Controller) pump(now time.Time) {
 	for _, cs := range c.classes {
 		for w := cs.queue.head; w != nil; {
 			next := w.next
-			if c.cfg.stages&StageDequeue != 0 && !w.deadline.IsZero() {
-				// Expired for its purpose: past its deadline, or unable to
-				// finish by it (a job that would finish exactly at its
-				// deadline still starts).
-				if now.Add(cs.est.service()).After(w.deadline) {
-					c.dropWaiter(w, status.ReasonDeadlineExpired, 0, now)
-					w = next
-					continue
-				}
+			if c.expiredLocked(cs, w, now) {
+				c.dropWaiter(w, status.ReasonDeadlineExpired, 0, now)
+				w = next
+				continue
 			}
 			if w.tenantOn && cs.cfg.TenantRunning > 0 && cs.tenants[w.tenant].running >= cs.cfg.TenantRunning {
 				w = next
@@ -666,6 +667,25 @@ func (c *Controller) pump(now time.Time) {
 			c.emitLocked(Event{Kind: EventStarted, Class: cs.cfg.Name, Tenant: w.tenant, At: now, Deadline: w.deadline, Waited: now.Sub(w.enq)})
 			w = next
 		}
+	}
+}
+
+// expiredLocked reports whether waiter w of cs is expired for its purpose
+// (with the dequeue stage on): past its deadline, or unable to finish by it
+// (a job that would finish exactly at its deadline still starts).
+func (c *Controller) expiredLocked(cs *classState, w *waiter, now time.Time) bool {
+	return c.cfg.stages&StageDequeue != 0 && !w.deadline.IsZero() && now.Add(cs.est.service()).After(w.deadline)
+}
+
+// dropExpiredLocked drops, unrun with DEADLINE_EXPIRED, the waiters of cs
+// that are expired for their purpose.
+func (c *Controller) dropExpiredLocked(cs *classState, now time.Time) {
+	for w := cs.queue.head; w != nil; {
+		next := w.next
+		if c.expiredLocked(cs, w, now) {
+			c.dropWaiter(w, status.ReasonDeadlineExpired, 0, now)
+		}
+		w = next
 	}
 }
 

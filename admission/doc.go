@@ -38,7 +38,9 @@
 //
 // When a slot frees, the next waiting request is re-checked: work that can
 // no longer finish by its deadline is dropped unrun with DEADLINE_EXPIRED,
-// never started. Waiting
+// never started; such work is also dropped when a window closes and when a
+// new request finds the queue full, so it never holds a place useful work
+// could take. Waiting
 // requests leave the queue when their context ends. Each permit ends exactly
 // once, with [Permit.Release] after work that ran or [Permit.Abandon] after
 // work that did not run (a replay, a refusal after admission) or a stream;

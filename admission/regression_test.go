@@ -444,3 +444,35 @@ func TestRegressionTenantLimitRetryAfter(t *testing.T) {
 		}
 	}
 }
+
+// R9: a waiter whose deadline passed keeps its queue place (no timer, no
+// sweep on Admit): later useful work is refused QUEUE_FULL.
+func TestRegressionExpiredWaiterHoldsQueue(t *testing.T) {
+	for _, stages := range []admission.Stage{admission.AllStages, admission.AllStages &^ admission.StageDegradation} {
+		expiredWaiterHoldsQueue(t, stages)
+	}
+}
+
+func expiredWaiterHoldsQueue(t *testing.T, stages admission.Stage) {
+	clk := newClock()
+	c := newCtl(t, clk, admission.WithClasses(admission.Class{Name: "w", Slots: 1, QueueItems: 1, ExpectedServiceTime: 10 * time.Millisecond}), admission.WithStages(stages))
+	p, _ := c.Admit(context.Background(), work("/s.S/M"))
+	defer p.Release()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r := work("/s.S/M")
+	r.Deadline = clk.Now().Add(time.Second)
+	go c.Admit(ctx, r)
+	for c.Stats().Classes[1].Queued < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	clk.Advance(time.Hour)
+	r2 := work("/s.S/M")
+	r2.Deadline = clk.Now().Add(time.Hour)
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel2()
+	_, err := c.Admit(ctx2, r2)
+	if o := status.OutcomeOf(err); o.Reason == status.ReasonQueueFull {
+		t.Fatalf("useful request refused QUEUE_FULL: the only queue place is held by a waiter expired 1h ago")
+	}
+}
