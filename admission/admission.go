@@ -444,6 +444,9 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 		// finish in time: no timer does, and they must not hold places
 		// that useful work could take.
 		c.dropExpiredLocked(cs, now)
+		if tenantOn {
+			tc = cs.tenants[r.Tenant] // a dropped waiter may have been the tenant's
+		}
 	}
 	switch {
 	case cs.queueCap == 0:
