@@ -100,7 +100,8 @@
 //
 // The controller reads the wall clock on Admit and Release. Simulations
 // drive it on a virtual clock with [Controller.AdmitAt], [Permit.ReleaseAt],
-// [Controller.ModeAt] and [Controller.StatsAt]; windows and overrides are
+// [Permit.AbandonAt], [Controller.ModeAt], [Controller.StatsAt] and
+// [Controller.OverridesAt]; windows and overrides are
 // evaluated lazily from the times given, so the controller starts no
 // goroutine.
 package admission

@@ -112,9 +112,12 @@ func (c *Controller) ClearOverride(ctx context.Context, id uint64) bool {
 
 // Overrides returns the overrides in force now, oldest first; overrides
 // whose TTL has run out are expired first and not listed.
-func (c *Controller) Overrides() []ActiveOverride {
+func (c *Controller) Overrides() []ActiveOverride { return c.OverridesAt(c.cfg.now()) }
+
+// OverridesAt is [Controller.Overrides] at time now (virtual clocks).
+func (c *Controller) OverridesAt(now time.Time) []ActiveOverride {
 	c.mu.Lock()
-	c.advance(maxTime(c.cfg.now(), c.last))
+	c.advance(now)
 	list := append([]ActiveOverride(nil), c.ovr.list...)
 	c.unlock()
 	return list
