@@ -23,10 +23,11 @@ func newCtl(t *testing.T, clk *clock, opts ...admission.Option) *admission.Contr
 	return c
 }
 
-// R4 (P0-2): one huge service-time sample (no MaxServiceTime by default) poisons the
-// estimator; with the deadline stage every later request is refused
-// DEADLINE_UNREACHABLE even on an idle class, so nothing ever completes and
-// the estimate never recovers.
+// R4 (P0-2): one huge service-time sample (there was no MaxServiceTime by
+// default) poisoned the estimator; with the deadline stage every later request
+// was refused DEADLINE_UNREACHABLE even on an idle class, so nothing ever
+// completed and the estimate never recovered. Now the sample is capped and an
+// idle class admits a probe on ExpectedServiceTime.
 func TestRegressionEstimatorPoisonLocksClassOut(t *testing.T) {
 	clk := newClock()
 	c := newCtl(t, clk, admission.WithClasses(admission.Class{Name: "w", Slots: 8, QueueItems: 8, ExpectedServiceTime: 10 * time.Millisecond}))
