@@ -477,3 +477,39 @@ func expiredWaiterHoldsQueue(t *testing.T, stages admission.Stage) {
 		t.Fatalf("useful request refused QUEUE_FULL: the only queue place is held by a waiter expired 1h ago")
 	}
 }
+
+// P2-7: the tap's SHED for an optional class while Degraded does not outlive
+// the healthy windows that end it when only the tap sees traffic.
+func TestRegressionTapShedEndsWithDegradedWindows(t *testing.T) {
+	clk := newClock()
+	c := newCtl(t, clk,
+		admission.WithClasses(admission.Class{Name: "main", Slots: 1},
+			admission.Class{Name: "opt", Slots: 4, Optional: true}),
+		admission.WithMethods("opt", "/demo.Opt/"),
+		admission.WithDegradation(admission.Degradation{Window: time.Second, MinDecisions: 2}))
+	p, err := c.Admit(context.Background(), work("/demo.Main/Do"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		_, _ = c.Admit(context.Background(), work("/demo.Main/Do")) // CONCURRENCY_FULL
+	}
+	p.Release()
+	clk.Advance(time.Second)
+	if m := c.Mode(); m != admission.ModeDegraded {
+		t.Fatalf("mode %v, want DEGRADED", m)
+	}
+	info := &tap.Info{FullMethodName: "/demo.Opt/Do"}
+	if _, err := c.TapHandle(context.Background(), info); status.OutcomeOf(err).Reason != status.ReasonShed {
+		t.Fatalf("tap while degraded: %v, want SHED", err)
+	}
+	clk.Advance(10 * time.Second) // healthy windows nobody has closed yet
+	if _, err := c.TapHandle(context.Background(), info); err != nil {
+		t.Fatalf("tap still sheds after 10 healthy windows: %v", err)
+	}
+	q, err := c.Admit(context.Background(), work("/demo.Opt/Do"))
+	if err != nil {
+		t.Fatalf("Admit after the healthy windows: %v", err)
+	}
+	q.Release()
+}
