@@ -30,8 +30,11 @@ type Request struct {
 	Deadline time.Time
 }
 
-// Permit is the right to run one admitted request. Release it exactly once,
-// when the work ends; further calls do nothing. A Permit is safe for
+// Permit is the right to run one admitted request. End it exactly once, when
+// the work ends: with [Permit.Release] when the work ran, with
+// [Permit.Abandon] when it did not (a replayed record, a refusal after
+// admission) or when its lifetime is not a service time (a stream). Whichever
+// comes first wins; further calls of either do nothing. A Permit is safe for
 // concurrent use; its zero value is not useful.
 type Permit struct {
 	c        *Controller
@@ -42,6 +45,8 @@ type Permit struct {
 	startOff float64 // ns since the controller's epoch
 	deadline time.Time
 	released atomic.Bool
+
+	prev, next *Permit // the class's running list; the controller's lock guards them
 }
 
 // Release returns the permit's slot, hands it to the next waiting request
@@ -72,8 +77,40 @@ func (p *Permit) ReleaseAt(now time.Time) {
 	c.m.served(p.cs, now.Sub(p.start))
 }
 
-// Class returns the name of the class the permit's request belongs to.
-func (p *Permit) Class() string { return p.cs.cfg.Name }
+// Abandon returns the permit's slot exactly like [Permit.Release] but
+// teaches the class nothing: use it for work that never ran (a try answered
+// from its record, a refusal after admission) and for streams, whose
+// lifetime is not a service time, so that neither instant nor endless
+// permits distort the learned service time. Release and Abandon together
+// end a permit exactly once: whichever comes first wins, later calls do
+// nothing. Abandon on a nil Permit does nothing.
+func (p *Permit) Abandon() {
+	if p == nil || p.c == nil {
+		return
+	}
+	p.AbandonAt(p.c.cfg.now())
+}
+
+// AbandonAt is [Permit.Abandon] at time now (virtual clocks).
+func (p *Permit) AbandonAt(now time.Time) {
+	if p == nil || p.c == nil || !p.released.CompareAndSwap(false, true) {
+		return
+	}
+	c := p.c
+	c.mu.Lock()
+	c.advance(now)
+	c.releaseLocked(p, now, false)
+	c.unlock()
+}
+
+// Class returns the name of the class the permit's request belongs to, or
+// "" for a nil Permit.
+func (p *Permit) Class() string {
+	if p == nil || p.cs == nil {
+		return ""
+	}
+	return p.cs.cfg.Name
+}
 
 // Controller admits requests into workload classes: each class has reserved
 // slots, a bounded queue and per-tenant limits; requests are refused early
@@ -102,6 +139,13 @@ type Controller struct {
 	ovr     overrideState
 	pending []Event // observer events to emit after unlocking
 	traces  []traceEvent
+	viol    error // tests: a start over the limits in force (checkStart)
+
+	// due is when, in Unix nanoseconds, time alone next changes what the
+	// tap flags say (an override expires; a window ends while not Normal);
+	// 0: never. Past it the tap lets requests through to Admit, which
+	// brings the state up to date.
+	due atomic.Int64
 }
 
 type prefixClass struct {
@@ -122,7 +166,7 @@ type classState struct {
 
 	used        int     // this class's slots held, by it or by borrowers
 	running     int     // requests of this class running, wherever
-	runStartSum float64 // sum of running requests' start offsets (ns from epoch); float: no overflow
+	runHead     *Permit // the running requests of this class, newest first
 	queue       waitList
 	queuedBytes int64
 	queuedWork  int64
@@ -131,6 +175,12 @@ type classState struct {
 
 	full atomic.Int32 // reason the tap refuses with; 0: open
 	hint atomic.Int64 // predicted wait (ns) when full, for the tap's retry-after
+
+	// tapRefused counts the tap's refusals by reason (tapReasons), without
+	// the lock; tapFolded (under the lock) is how many of them the
+	// degradation windows have already seen.
+	tapRefused [len(tapReasons)]atomic.Uint64
+	tapFolded  [len(tapReasons)]uint64
 
 	admitted     uint64
 	refused      map[status.Reason]uint64
@@ -162,7 +212,7 @@ func New(opts ...Option) (*Controller, error) {
 			slotsCap: cl.Slots,
 			queueCap: cl.QueueItems,
 			tenants:  map[string]tenantCount{},
-			est:      newEstimator(cl.ExpectedServiceTime, cl.MaxServiceTime, cfg.alpha),
+			est:      newEstimator(cl.ExpectedServiceTime, cl.maxServiceTime(), cfg.alpha),
 			refused:  map[status.Reason]uint64{},
 		}
 		c.classes = append(c.classes, cs)
@@ -315,14 +365,23 @@ func (c *Controller) AdmitAt(ctx context.Context, r Request, now time.Time) (*Pe
 // decideLocked runs the stages after the size check. It returns a permit, a
 // queued waiter, or a refusal reason with its retry-after.
 func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Permit, *waiter, status.Reason, time.Duration) {
+	// callerOnly marks a refusal that says nothing about load: the deadline
+	// had passed on arrival, or could not be met even without waiting.
+	callerOnly := false
 	refuse := func(reason status.Reason) (*Permit, *waiter, status.Reason, time.Duration) {
-		c.countRefusal(cs, reason)
+		if callerOnly {
+			cs.refused[reason]++ // stats only: not an overload signal
+		} else {
+			c.countRefusal(cs, reason)
+		}
 		var ra time.Duration
 		switch reason {
 		case status.ReasonDeadlineExpired, status.ReasonDraining:
 		case status.ReasonDeadlineUnreachable:
 			c.rememberReject(cs, r.Deadline, now)
 			ra = c.retryAfterLocked(cs, reason, now)
+		case status.ReasonTenantLimit:
+			ra = jitter(max(c.retryBaseLocked(cs, reason, now), c.tenantWaitLocked(cs, r.Tenant, now)))
 		default:
 			ra = c.retryAfterLocked(cs, reason, now)
 		}
@@ -356,13 +415,21 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 	}
 	if c.cfg.stages&StageDeadline != 0 && !r.Deadline.IsZero() {
 		if now.After(r.Deadline) {
+			callerOnly = true
 			return refuse(status.ReasonDeadlineExpired)
 		}
 		var wait time.Duration
+		svc := cs.est.service()
 		if owner == nil {
 			wait = c.predictedWaitLocked(cs, now)
+		} else if cs.running == 0 && cs.queue.n == 0 {
+			// An idle class probes: only the configured expected service
+			// time counts, so a stale or inflated estimate cannot refuse
+			// every request forever; the probe's completion re-teaches it.
+			svc = min(svc, cs.cfg.ExpectedServiceTime)
 		}
-		if now.Add(wait + cs.est.service() + c.cfg.margin).After(r.Deadline) {
+		if now.Add(wait + svc + c.cfg.margin).After(r.Deadline) {
+			callerOnly = wait == 0
 			return refuse(status.ReasonDeadlineUnreachable)
 		}
 	}
@@ -372,6 +439,15 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 		return p, nil, 0, 0
 	}
 	size := int64(max(r.Size, 0))
+	if cs.queueCap > 0 && (cs.queue.n >= cs.queueCap || (cs.cfg.QueueBytes > 0 && cs.queuedBytes+size > cs.cfg.QueueBytes)) {
+		// Before refusing for a full queue, drop waiters that can no longer
+		// finish in time: no timer does, and they must not hold places
+		// that useful work could take.
+		c.dropExpiredLocked(cs, now)
+		if tenantOn {
+			tc = cs.tenants[r.Tenant] // a dropped waiter may have been the tenant's
+		}
+	}
 	switch {
 	case cs.queueCap == 0:
 		return refuse(status.ReasonConcurrencyFull)
@@ -467,8 +543,15 @@ func (c *Controller) slots(cs *classState) int {
 
 // acquire returns the class whose slot a request of cs may take now: cs's
 // own, else an idle slot of a class that lends and has no waiters; nil when
-// none is free.
+// none is free. A class whose slots are lowered (override, Recovering) borrows
+// only while fewer of its requests than its lowered slots run.
 func (c *Controller) acquire(cs *classState, slots int) *classState {
+	if slots < cs.cfg.Slots && cs.running >= slots {
+		// Lowered by an override or Recovering's step (or frozen, shed):
+		// neither its own slots freed by borrowers nor borrowing may lift
+		// the class past its lowered limit.
+		return nil
+	}
 	if cs.used < slots {
 		return cs
 	}
@@ -490,8 +573,10 @@ func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn 
 	now = maxTime(now, arrived)
 	owner.used++
 	cs.running++
+	if c.cfg.check != nil {
+		c.checkStart(cs, owner)
+	}
 	off := float64(now.Sub(c.epoch))
-	cs.runStartSum += off
 	if tenantOn {
 		tc := cs.tenants[tenant]
 		tc.running++
@@ -502,20 +587,33 @@ func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn 
 	cs.admitted++
 	c.deg.started(cs, now.Sub(arrived))
 	c.judgeRejects(cs, arrived, now)
-	return &Permit{c: c, cs: cs, owner: owner, tenant: tenant, start: now, startOff: off, deadline: deadline}
+	p := &Permit{c: c, cs: cs, owner: owner, tenant: tenant, start: now, startOff: off, deadline: deadline}
+	p.next = cs.runHead
+	if cs.runHead != nil {
+		cs.runHead.prev = p
+	}
+	cs.runHead = p
+	return p
 }
 
 // releaseLocked returns p's slot and starts waiters that can run. observe
-// is false when the request never ran. It reports whether the request
-// finished after its deadline.
+// is false when the permit was abandoned: the request never ran or its
+// lifetime is no service time, so the estimator learns nothing and no false
+// accept is counted. It reports whether the request finished after its
+// deadline.
 func (c *Controller) releaseLocked(p *Permit, now time.Time, observe bool) (late bool) {
 	cs := p.cs
 	p.owner.used--
 	cs.running--
-	cs.runStartSum -= p.startOff
-	if cs.running == 0 {
-		cs.runStartSum = 0 // no drift survives an idle class
+	if p.prev != nil {
+		p.prev.next = p.next
+	} else {
+		cs.runHead = p.next
 	}
+	if p.next != nil {
+		p.next.prev = p.prev
+	}
+	p.prev, p.next = nil, nil
 	if p.tenant != "" {
 		tc := cs.tenants[p.tenant]
 		tc.running--
@@ -527,8 +625,8 @@ func (c *Controller) releaseLocked(p *Permit, now time.Time, observe bool) (late
 			cs.falseAccepts++
 			late = true
 		}
-		c.emitLocked(Event{Kind: EventReleased, Class: cs.cfg.Name, Tenant: p.tenant, At: now})
 	}
+	c.emitLocked(Event{Kind: EventReleased, Class: cs.cfg.Name, Tenant: p.tenant, At: now})
 	c.pump(now)
 	return late
 }
@@ -552,15 +650,10 @@ func (c *Controller) pump(now time.Time) {
 	for _, cs := range c.classes {
 		for w := cs.queue.head; w != nil; {
 			next := w.next
-			if c.cfg.stages&StageDequeue != 0 && !w.deadline.IsZero() {
-				// Expired for its purpose: past its deadline, or unable to
-				// finish by it (a job that would finish exactly at its
-				// deadline still starts).
-				if now.Add(cs.est.service()).After(w.deadline) {
-					c.dropWaiter(w, status.ReasonDeadlineExpired, 0, now)
-					w = next
-					continue
-				}
+			if c.expiredLocked(cs, w, now) {
+				c.dropWaiter(w, status.ReasonDeadlineExpired, 0, now)
+				w = next
+				continue
 			}
 			if w.tenantOn && cs.cfg.TenantRunning > 0 && cs.tenants[w.tenant].running >= cs.cfg.TenantRunning {
 				w = next
@@ -577,6 +670,25 @@ func (c *Controller) pump(now time.Time) {
 			c.emitLocked(Event{Kind: EventStarted, Class: cs.cfg.Name, Tenant: w.tenant, At: now, Deadline: w.deadline, Waited: now.Sub(w.enq)})
 			w = next
 		}
+	}
+}
+
+// expiredLocked reports whether waiter w of cs is expired for its purpose
+// (with the dequeue stage on): past its deadline, or unable to finish by it
+// (a job that would finish exactly at its deadline still starts).
+func (c *Controller) expiredLocked(cs *classState, w *waiter, now time.Time) bool {
+	return c.cfg.stages&StageDequeue != 0 && !w.deadline.IsZero() && now.Add(cs.est.service()).After(w.deadline)
+}
+
+// dropExpiredLocked drops, unrun with DEADLINE_EXPIRED, the waiters of cs
+// that are expired for their purpose.
+func (c *Controller) dropExpiredLocked(cs *classState, now time.Time) {
+	for w := cs.queue.head; w != nil; {
+		next := w.next
+		if c.expiredLocked(cs, w, now) {
+			c.dropWaiter(w, status.ReasonDeadlineExpired, 0, now)
+		}
+		w = next
 	}
 }
 
@@ -597,8 +709,18 @@ func (c *Controller) removeWaiter(w *waiter) {
 
 // dropWaiter refuses a waiting request without running it.
 func (c *Controller) dropWaiter(w *waiter, reason status.Reason, ra time.Duration, now time.Time) {
+	c.dropWaiterCounted(w, reason, ra, now, true)
+}
+
+// dropWaiterCounted is dropWaiter; overload says whether the refusal counts
+// in the degradation window (false: an operator's doing, not load).
+func (c *Controller) dropWaiterCounted(w *waiter, reason status.Reason, ra time.Duration, now time.Time, overload bool) {
 	c.removeWaiter(w)
-	c.countRefusal(w.cs, reason)
+	if overload {
+		c.countRefusal(w.cs, reason)
+	} else {
+		w.cs.refused[reason]++
+	}
 	final := reason == status.ReasonDeadlineExpired
 	w.reason = reason
 	w.err = refusal(w.cs, reason, ra, final)
@@ -613,15 +735,48 @@ func (c *Controller) countRefusal(cs *classState, reason status.Reason) {
 	c.deg.refused(cs, reason)
 }
 
+// overdueShare is the share of the learned mean a running request that has
+// outrun the mean is still expected to need.
+const overdueShare = 0.1
+
 // predictedWaitLocked is the wait of a request of cs that finds no free
 // slot: the work queued ahead plus what remains of the running work of the
-// class (learned mean minus elapsed, summed), spread over the class's slots.
+// class, spread over the class's slots. Each running request's remainder is
+// clamped on its own: the learned mean minus its elapsed time, but at least
+// overdueShare of the mean, so that an overdue request neither hides the
+// others' remaining work nor makes a full class predict no wait.
 func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Duration {
 	slots := max(c.slots(cs), 1)
-	n := float64(cs.running)
-	remaining := n*cs.est.mean - (n*float64(now.Sub(c.epoch)) - cs.runStartSum)
-	remaining = max(remaining, 0)
+	mean := cs.est.mean
+	floor := mean * overdueShare
+	nowOff := float64(now.Sub(c.epoch))
+	var remaining float64
+	for p := cs.runHead; p != nil; p = p.next {
+		remaining += max(mean-(nowOff-p.startOff), floor)
+	}
 	return time.Duration((float64(cs.queuedWork) + remaining) / float64(slots))
+}
+
+// tenantWaitLocked is how long until a tenant over its limits in cs is
+// likely to have room again: when the class bounds the tenant's running
+// requests, its oldest waiting request starts only as its running ones end,
+// so the remaining work of the tenant's running requests (clamped as in
+// predictedWaitLocked) spread over its running limit; 0 otherwise (the
+// class's predicted wait covers it).
+func (c *Controller) tenantWaitLocked(cs *classState, tenant string, now time.Time) time.Duration {
+	if cs.cfg.TenantRunning == 0 {
+		return 0
+	}
+	mean := cs.est.mean
+	floor := mean * overdueShare
+	nowOff := float64(now.Sub(c.epoch))
+	var remaining float64
+	for p := cs.runHead; p != nil; p = p.next {
+		if p.tenant == tenant {
+			remaining += max(mean-(nowOff-p.startOff), floor)
+		}
+	}
+	return time.Duration(remaining / float64(cs.cfg.TenantRunning))
 }
 
 // minRetryAfter is the floor of suggested delays when nothing is known.
@@ -692,6 +847,18 @@ func (c *Controller) emitLocked(e Event) {
 func (c *Controller) unlock() {
 	for _, cs := range c.classes {
 		c.refreshFlag(cs)
+	}
+	var due int64
+	if len(c.ovr.list) > 0 {
+		due = c.ovr.nextExpiry.UnixNano()
+	}
+	if c.cfg.stages&StageDegradation != 0 && c.deg.mode != ModeNormal {
+		if w := c.deg.winEnd.UnixNano(); due == 0 || w < due {
+			due = w
+		}
+	}
+	if due != c.due.Load() {
+		c.due.Store(due)
 	}
 	if c.cfg.check != nil {
 		c.cfg.check(c.checkInvariants())

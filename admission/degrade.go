@@ -17,7 +17,10 @@ const (
 	ModeDegraded
 	// ModeRecovering re-admits optional classes in steps: after h of the
 	// ExitAfter healthy windows it needs, an optional class may use
-	// ⌈Slots·h/ExitAfter⌉ slots.
+	// ⌈Slots·h/ExitAfter⌉ slots. An overloaded window while Recovering
+	// returns to Degraded, which then holds for ExitAfter consecutive
+	// healthy windows before Recovering starts again, so an oscillating load
+	// changes the optional classes' capacity at most once per exit period.
 	ModeRecovering
 )
 
@@ -41,8 +44,9 @@ type degradeState struct {
 	cfg         Degradation
 	mode        Mode
 	winEnd      time.Time
-	over        int // consecutive overloaded windows (Normal)
-	healthy     int // consecutive healthy windows (Degraded, Recovering)
+	over        int  // consecutive overloaded windows (Normal)
+	healthy     int  // consecutive healthy windows (Degraded, Recovering)
+	hold        bool // re-entered Degraded from Recovering: stay for the exit period
 	decisions   int
 	refusals    int
 	maxWait     time.Duration
@@ -65,15 +69,18 @@ func (d *degradeState) started(cs *classState, waited time.Duration) {
 }
 
 // refused counts a refusal of a request of cs.
-func (d *degradeState) refused(cs *classState, reason status.Reason) {
+func (d *degradeState) refused(cs *classState, reason status.Reason) { d.refusedN(cs, reason, 1) }
+
+// refusedN counts n refusals of requests of cs with the same reason.
+func (d *degradeState) refusedN(cs *classState, reason status.Reason, n int) {
 	if cs.cfg.Name == ControlClass {
 		return
 	}
-	d.decisions++
+	d.decisions += n
 	switch reason {
 	case status.ReasonQueueFull, status.ReasonConcurrencyFull,
 		status.ReasonDeadlineUnreachable, status.ReasonDeadlineExpired:
-		d.refusals++
+		d.refusals += n
 	}
 }
 
@@ -121,13 +128,15 @@ func (c *Controller) advance(now time.Time) {
 }
 
 // rollWindows closes every window that ended by now, in order, and moves
-// the state machine. Windows without traffic are healthy unless a request
+// the state machine. The tap's refusals since the last roll count in the
+// first window it closes. Windows without traffic are healthy unless a request
 // has been waiting MaxQueueAge by their end. After enough empty windows to
 // saturate the state machine the rest are skipped at once.
 func (c *Controller) rollWindows(now time.Time) {
 	d := &c.deg
 	w := d.cfg.Window
 	before := c.mode()
+	c.foldTapRefusals()
 	for i := 0; !now.Before(d.winEnd); i++ {
 		overloaded := false
 		if d.cfg.MaxRefusalRatio >= 0 && d.decisions > 0 && d.decisions >= d.cfg.MinDecisions &&
@@ -176,14 +185,24 @@ func (c *Controller) step(overloaded bool, at time.Time) {
 		}
 		d.over++
 		if d.over >= d.cfg.EnterAfter {
-			d.mode, d.over, d.healthy = ModeDegraded, 0, 0
+			d.mode, d.over, d.healthy, d.hold = ModeDegraded, 0, 0, false
 		}
 	case ModeDegraded, ModeRecovering:
 		if overloaded {
+			// Overloaded again while recovering: stay Degraded for a whole
+			// exit period, so an oscillating load does not re-admit and
+			// shed the optional classes every other window.
+			d.hold = d.hold || d.mode == ModeRecovering
 			d.mode, d.healthy = ModeDegraded, 0
 			break
 		}
 		d.healthy++
+		if d.hold {
+			if d.healthy < x {
+				break // still Degraded
+			}
+			d.hold, d.healthy = false, 1 // the exit period passed: recover in steps
+		}
 		if d.healthy >= x {
 			d.mode, d.healthy = ModeNormal, 0
 		} else {

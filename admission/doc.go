@@ -22,8 +22,9 @@
 //
 // Admit decides in stages, cheapest first, and refuses with a typed
 // NOT_ADMITTED status (package status) naming the class and, where a repeat
-// can help, a retry-after that reflects the class's queue and is jittered so
-// refused clients do not return together:
+// can help, a retry-after that reflects the class's queue (for TENANT_LIMIT
+// also the tenant's own running work, when the class bounds it) and is
+// jittered so refused clients do not return together:
 //
 //  1. size: larger than the class's MaxRequestBytes → REQUEST_TOO_LARGE;
 //  2. class and tenant: a frozen class or an optional class while degraded
@@ -37,18 +38,30 @@
 //
 // When a slot frees, the next waiting request is re-checked: work that can
 // no longer finish by its deadline is dropped unrun with DEADLINE_EXPIRED,
-// never started. Waiting
-// requests leave the queue when their context ends. Each permit is released
-// exactly once; extra Release calls do nothing. Each stage but the slot and
+// never started; such work is also dropped when a window closes and when a
+// new request finds the queue full, so it never holds a place useful work
+// could take. Waiting
+// requests leave the queue when their context ends. Each permit ends exactly
+// once, with [Permit.Release] after work that ran or [Permit.Abandon] after
+// work that did not run (a replay, a refusal after admission) or a stream;
+// the first call wins and extra calls do nothing. Each stage but the slot and
 // queue bound can be switched off with [WithStages].
 //
 // # Learning and prediction
 //
 // Each class learns its service time from completed work: an exponentially
-// weighted mean and a streaming p95, seeded by ExpectedServiceTime and
-// capped by MaxServiceTime. The predicted wait of a request that finds no
+// weighted mean and a streaming p95, seeded by ExpectedServiceTime, from
+// permits ended with Release (never Abandon). Each sample is capped by
+// MaxServiceTime (default [DefaultMaxServiceTime]) and, after 20 samples, by
+// 4 × the learned p95, so one hung request cannot lock a class out. A class
+// that is idle (nothing of it running or waiting) admits a request whose
+// deadline leaves room for ExpectedServiceTime (any, when that is 0) even if
+// the learned estimate is larger: the probe re-teaches the estimate, and at
+// most one such request runs at a time. The predicted wait of a request that finds no
 // slot is the learned work queued ahead plus the remaining work of the
-// class's running requests, spread over its slots (seed 004). Requests that
+// class's running requests, spread over its slots (seed 004); each running
+// request counts the learned mean minus its elapsed time, but at least a
+// tenth of the mean, so an overdue request hides no one else's work. Requests that
 // were admitted and then finished late are counted as false accepts;
 // DEADLINE_UNREACHABLE refusals that later starts show to have been
 // avoidable as false rejects.
@@ -56,12 +69,15 @@
 // # Degradation and overrides
 //
 // Time is cut into windows. A window is overloaded when refusals for lack of
-// capacity or time reach a ratio, or a request waited too long. After
+// capacity or time reach a ratio, or a request waited too long. Requests
+// that arrive already expired, or whose deadline is too short even without a
+// wait, are the caller's problem and count in no window. After
 // EnterAfter overloaded windows the controller is Degraded and sheds
 // optional classes; a healthy window makes it Recovering, where optional
 // classes get their slots back in steps; only ExitAfter consecutive healthy
-// windows (default 3) make it Normal again, so an oscillating load cannot
-// make it flap. Operators may freeze a class, lower its limits or force a
+// windows (default 3) make it Normal again, and an overloaded window while
+// Recovering returns it to Degraded for ExitAfter healthy windows, so an
+// oscillating load cannot make it flap. Operators may freeze a class, lower its limits or force a
 // mode with an [Override]: bounded, attributed, emitted as OpenTelemetry
 // events, and expiring by itself.
 //
@@ -69,7 +85,9 @@
 //
 // [Controller.TapHandle] is a tap.ServerInHandle that refuses new streams of
 // a class whose queue is full by reading one atomic flag, before the request
-// is read. Metrics (DESIGN.md §5) go to the meter provider of
+// is read. It counts its refusals in an atomic counter per class and
+// reason; they count in the degradation windows and in [Controller.Stats]
+// like Admit's. Metrics (DESIGN.md §5) go to the meter provider of
 // [WithMeterProvider]: tollgate.admission.decisions{decision,class,reason},
 // tollgate.queue.estimated_work, tollgate.queue.oldest_age,
 // tollgate.task.start_delay, tollgate.task.service_time,
@@ -82,7 +100,8 @@
 //
 // The controller reads the wall clock on Admit and Release. Simulations
 // drive it on a virtual clock with [Controller.AdmitAt], [Permit.ReleaseAt],
-// [Controller.ModeAt] and [Controller.StatsAt]; windows and overrides are
+// [Permit.AbandonAt], [Controller.ModeAt], [Controller.StatsAt] and
+// [Controller.OverridesAt]; windows and overrides are
 // evaluated lazily from the times given, so the controller starts no
 // goroutine.
 package admission

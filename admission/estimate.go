@@ -6,7 +6,10 @@ import "time"
 // and a streaming p95 (a frugal quantile estimate: it moves up by 0.95 of a
 // step on an observation above it and down by 0.05 of a step below it, so it
 // settles where 5% of observations lie above). Both start from the class's
-// ExpectedServiceTime and every observation is capped at MaxServiceTime.
+// ExpectedServiceTime. Every observation is capped at MaxServiceTime (default
+// DefaultMaxServiceTime) and, once clipMinSamples observations were made, at
+// clipFactor times the current p95, so one huge sample (a hung handler) moves
+// the estimate by a bounded step instead of locking the class out.
 // Not safe for concurrent use: the controller's lock guards it.
 type estimator struct {
 	mean, p95 float64 // nanoseconds
@@ -14,6 +17,11 @@ type estimator struct {
 	alpha     float64
 	cap       float64
 }
+
+const (
+	clipMinSamples = 20
+	clipFactor     = 4
+)
 
 func newEstimator(seed, capd time.Duration, alpha float64) estimator {
 	return estimator{mean: float64(seed), p95: float64(seed), alpha: alpha, cap: float64(capd)}
@@ -23,6 +31,9 @@ func (e *estimator) observe(d time.Duration) {
 	x := float64(max(d, 0))
 	if e.cap > 0 && x > e.cap {
 		x = e.cap
+	}
+	if e.n >= clipMinSamples && e.p95 > 0 && x > clipFactor*e.p95 {
+		x = clipFactor * e.p95
 	}
 	e.n++
 	if e.n == 1 && e.mean == 0 {

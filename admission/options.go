@@ -59,7 +59,8 @@ type Class struct {
 	// first request of the class completes.
 	ExpectedServiceTime time.Duration
 	// MaxServiceTime caps every observed service time and so the learned
-	// estimates. 0: no cap.
+	// estimates. 0: [DefaultMaxServiceTime], or ExpectedServiceTime when
+	// that is larger.
 	MaxServiceTime time.Duration
 	// TenantRunning bounds the requests of one tenant running in this class;
 	// a request over it waits in the queue. 0: no limit.
@@ -71,6 +72,19 @@ type Class struct {
 	// per request) of one tenant's waiting requests, as in seed 004's
 	// tenant_queue_seconds; over it: TENANT_LIMIT. 0: no limit.
 	TenantQueueWork time.Duration
+}
+
+// DefaultMaxServiceTime caps the learned service time of a class whose
+// MaxServiceTime is 0, so that one hung handler cannot inflate the estimate
+// without bound.
+const DefaultMaxServiceTime = time.Minute
+
+// maxServiceTime is the cap in force for the class's learned service time.
+func (cl Class) maxServiceTime() time.Duration {
+	if cl.MaxServiceTime > 0 {
+		return cl.MaxServiceTime
+	}
+	return max(DefaultMaxServiceTime, cl.ExpectedServiceTime)
 }
 
 func (cl Class) validate() error {
@@ -122,7 +136,9 @@ const (
 // cut into windows of length Window; a window is overloaded when, for the
 // classes other than control, its refusals for lack of capacity or time
 // (QUEUE_FULL, CONCURRENCY_FULL, DEADLINE_UNREACHABLE, DEADLINE_EXPIRED) reach
-// MaxRefusalRatio of at least MinDecisions decisions, or a request waited (or
+// MaxRefusalRatio of at least MinDecisions decisions (requests that arrive
+// with their deadline passed, or too short even without waiting, are the
+// caller's problem: they count in no window), or a request waited (or
 // still waits at the window's end) MaxQueueAge or longer. Zero fields take
 // the defaults named below.
 type Degradation struct {
@@ -132,7 +148,9 @@ type Degradation struct {
 	// Normal to Degraded. Default 1.
 	EnterAfter int
 	// ExitAfter is the number of consecutive healthy windows that move
-	// Degraded through Recovering back to Normal. Default 3.
+	// Degraded through Recovering back to Normal. Default 3. After falling
+	// back from Recovering to Degraded, the controller stays Degraded for
+	// ExitAfter healthy windows before it recovers again.
 	ExitAfter int
 	// MaxRefusalRatio is the refusal ratio that makes a window overloaded.
 	// Default 0.5; negative: this signal is off.

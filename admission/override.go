@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/tollgate-go/tollgate/status"
 )
 
 // Override is an operator's temporary change to admission: freeze a class,
@@ -30,7 +32,8 @@ type Override struct {
 	// configured slots).
 	Slots int
 	// QueueItems, when positive, lowers Class's queue bound to it (at most
-	// the configured bound; use Freeze to refuse everything).
+	// the configured bound; use Freeze to refuse everything). The newest
+	// waiters beyond the lowered bound are refused with QUEUE_FULL.
 	QueueItems int
 	// Mode, when set, forces the controller's mode. The state machine keeps
 	// observing underneath and takes over again when the override ends.
@@ -107,11 +110,17 @@ func (c *Controller) ClearOverride(ctx context.Context, id uint64) bool {
 	return found
 }
 
-// Overrides returns the overrides in force, oldest first.
-func (c *Controller) Overrides() []ActiveOverride {
+// Overrides returns the overrides in force now, oldest first; overrides
+// whose TTL has run out are expired first and not listed.
+func (c *Controller) Overrides() []ActiveOverride { return c.OverridesAt(c.cfg.now()) }
+
+// OverridesAt is [Controller.Overrides] at time now (virtual clocks).
+func (c *Controller) OverridesAt(now time.Time) []ActiveOverride {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]ActiveOverride(nil), c.ovr.list...)
+	c.advance(now)
+	list := append([]ActiveOverride(nil), c.ovr.list...)
+	c.unlock()
+	return list
 }
 
 func (c *Controller) validateOverride(o Override) error {
@@ -190,4 +199,18 @@ func (c *Controller) applyOverrides(now time.Time) {
 	}
 	c.shedQueued(now)
 	c.pump(now)
+	c.trimQueues(now)
+}
+
+// trimQueues refuses, with QUEUE_FULL, the newest waiters of every class
+// whose queue holds more than the bound in force (an override lowered it).
+// They never held a permit, so permits still balance. The refusals count in
+// the class's stats, not in the degradation window: the operator, not the
+// load, made them.
+func (c *Controller) trimQueues(now time.Time) {
+	for _, cs := range c.classes {
+		for cs.queue.n > cs.queueCap {
+			c.dropWaiterCounted(cs.queue.tail, status.ReasonQueueFull, c.retryAfterLocked(cs, status.ReasonQueueFull, now), now, false)
+		}
+	}
 }

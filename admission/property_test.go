@@ -15,11 +15,13 @@ import (
 // TestPropertyBoundedAdmission drives controllers with random classes and
 // random arrival sequences (seeded) and checks invariant 9 at every instant
 // (after every change of state, under the controller's lock: slots, queue
-// items and bytes, tenant limits, accounts), that no request starts after its
+// items and bytes, tenant limits, accounts; the queue bound in force at every
+// instant and the slots in force at every start, overrides and degradation
+// included), that no request starts after its
 // deadline, that every Admit call ends exactly once, and that permits balance
 // once everything is released.
 func TestPropertyBoundedAdmission(t *testing.T) {
-	for seed := range uint64(12) {
+	for seed := range uint64(100) {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 0x7011))
 			var classes []admission.Class
@@ -113,22 +115,34 @@ func TestPropertyBoundedAdmission(t *testing.T) {
 						delete(running, id)
 						ended[id] = true
 						releases++
-						settle(h.release(p))
+						if rng.IntN(4) == 0 {
+							p.Abandon() // work that never ran: the slot comes back all the same
+							settle(h.drain())
+						} else {
+							settle(h.release(p))
+						}
 						if rng.IntN(5) == 0 {
-							p.Release() // a second release does nothing
+							p.Release() // a second end does nothing
+							p.Abandon()
 							settle(h.drain())
 						}
 					}
 				case op < 9 && rng.IntN(4) == 0:
-					// An operator override: freeze or lower a random class, or
-					// force a mode, for a short while.
+					// An operator override: freeze a random class, lower its
+					// slots or queue bound, or force a mode, for a short while.
 					cl := classes[rng.IntN(len(classes))]
 					o := admission.Override{Actor: "prop", Reason: "random", TTL: time.Duration(1+rng.IntN(60)) * time.Millisecond, Class: cl.Name}
-					switch rng.IntN(3) {
+					switch rng.IntN(4) {
 					case 0:
 						o.Freeze = true
 					case 1:
 						o.Slots = 1 + rng.IntN(cl.Slots)
+					case 2:
+						if cl.QueueItems == 0 {
+							o.Freeze = true
+							break
+						}
+						o.QueueItems = 1 + rng.IntN(cl.QueueItems)
 					default:
 						o.Class, o.Mode = "", admission.Mode(1+rng.IntN(3))
 					}

@@ -107,7 +107,7 @@ type ClassStats struct {
 	// when no slot is free.
 	PredictedWait time.Duration
 	// Admitted counts requests that got a slot; Refused counts refusals by
-	// reason name ("QUEUE_FULL", ...).
+	// reason name ("QUEUE_FULL", ...), the tap's included.
 	Admitted uint64
 	Refused  map[string]uint64
 	// FalseAccepts counts admitted requests that finished after their
@@ -161,6 +161,11 @@ func (c *Controller) StatsAt(now time.Time) Stats {
 		for r, n := range cs.refused {
 			st.Refused[status.ReasonName(r)] = n
 		}
+		for i, r := range tapReasons {
+			if n := cs.tapRefused[i].Load(); n > 0 {
+				st.Refused[status.ReasonName(r)] += n
+			}
+		}
 		if len(cs.tenants) > 0 {
 			st.Tenants = map[string]TenantStats{}
 			for t, tc := range cs.tenants {
@@ -173,16 +178,38 @@ func (c *Controller) StatsAt(now time.Time) Stats {
 	return s
 }
 
-// checkInvariants verifies invariant 9's bounds on the locked state.
+// checkStart verifies, for tests, that a request of cs that just started
+// on owner's slot respects the limits in force (a lowered limit leaves the
+// requests already running alone, so only starts are judged by it): the
+// owner's slots in use are within its effective slots, and a class whose
+// slots are lowered runs no more than them, borrowed slots included.
+func (c *Controller) checkStart(cs, owner *classState) {
+	if c.viol != nil {
+		return
+	}
+	if n := c.slots(owner); owner.used > n {
+		c.viol = fmt.Errorf("class %s: start uses %d of %s's slots over the %d in force", cs.cfg.Name, owner.used, owner.cfg.Name, n)
+	}
+	if n := c.slots(cs); n < cs.cfg.Slots && cs.running > n {
+		c.viol = fmt.Errorf("class %s: start runs %d over the %d slots in force", cs.cfg.Name, cs.running, n)
+	}
+}
+
+// checkInvariants verifies invariant 9's bounds on the locked state, the
+// configured ones at every instant and the ones in force at every start.
 func (c *Controller) checkInvariants() error {
+	if err := c.viol; err != nil {
+		c.viol = nil
+		return err
+	}
 	used, running, queued := 0, 0, 0
 	for _, cs := range c.classes {
 		cfg := cs.cfg
 		if cs.used < 0 || cs.used > cfg.Slots {
 			return fmt.Errorf("class %s: %d slots used of %d", cfg.Name, cs.used, cfg.Slots)
 		}
-		if cs.queue.n > cfg.QueueItems {
-			return fmt.Errorf("class %s: %d queued over %d", cfg.Name, cs.queue.n, cfg.QueueItems)
+		if cs.queue.n > cs.queueCap || cs.queueCap > cfg.QueueItems {
+			return fmt.Errorf("class %s: %d queued over %d in force (%d configured)", cfg.Name, cs.queue.n, cs.queueCap, cfg.QueueItems)
 		}
 		if cfg.QueueBytes > 0 && cs.queuedBytes > cfg.QueueBytes {
 			return fmt.Errorf("class %s: %d bytes queued over %d", cfg.Name, cs.queuedBytes, cfg.QueueBytes)

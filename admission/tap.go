@@ -20,7 +20,10 @@ var _ tap.ServerInHandle = (*Controller)(nil).TapHandle
 // stream through; the
 // interceptor still makes the full decision. A refusal is a NOT_ADMITTED
 // status with the class and a jittered retry-after from the class's
-// predicted wait. grpc-go allows one tap per server: compose it with your
+// predicted wait. Overrides and windows are evaluated lazily: once an
+// override in force may have expired, or a degradation window ended while
+// the controller is not Normal, the tap lets requests through until an
+// Admit call brings the state up to date. grpc-go allows one tap per server: compose it with your
 // own by calling it first. Safe for concurrent use.
 func (c *Controller) TapHandle(ctx context.Context, info *tap.Info) (context.Context, error) {
 	var cs *classState
@@ -36,11 +39,46 @@ func (c *Controller) TapHandle(ctx context.Context, info *tap.Info) (context.Con
 	if r == 0 {
 		return ctx, nil
 	}
+	if due := c.due.Load(); due != 0 && c.cfg.now().UnixNano() >= due {
+		// An override may have expired or a window ended since the flag
+		// was set: let Admit, which advances the state, decide.
+		return ctx, nil
+	}
 	reason := status.Reason(r)
 	var ra time.Duration
 	if reason != status.ReasonDraining {
 		ra = jitter(time.Duration(cs.hint.Load()))
 	}
+	if i := tapReasonIndex(reason); i >= 0 {
+		cs.tapRefused[i].Add(1)
+	}
 	c.m.tapRefused(ctx, cs, reason)
 	return ctx, refusal(cs, reason, ra, false)
+}
+
+// tapReasons are the reasons the tap refuses with.
+var tapReasons = [...]status.Reason{status.ReasonQueueFull, status.ReasonConcurrencyFull, status.ReasonShed, status.ReasonDraining}
+
+func tapReasonIndex(r status.Reason) int {
+	for i, t := range tapReasons {
+		if t == r {
+			return i
+		}
+	}
+	return -1
+}
+
+// foldTapRefusals counts the tap's refusals made since the last fold into the
+// current degradation window, as if Admit had refused them: a class refused
+// wholesale at the tap is overloaded like one refused by Admit.
+func (c *Controller) foldTapRefusals() {
+	for _, cs := range c.classes {
+		for i := range tapReasons {
+			n := cs.tapRefused[i].Load()
+			if d := n - cs.tapFolded[i]; d > 0 {
+				cs.tapFolded[i] = n
+				c.deg.refusedN(cs, tapReasons[i], int(d))
+			}
+		}
+	}
 }
