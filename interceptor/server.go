@@ -289,7 +289,11 @@ func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 		sv.setTrailer(ctx, in, 0, err)
 		return nil, err
 	}
-	defer permit.Release()
+	// A permit whose handler never ran (a record answered, the store
+	// refused, a panic went up) is abandoned: its time is not a service time
+	// and must not teach admission's estimate. Release, below, wins when the
+	// handler ran.
+	defer permit.Abandon()
 
 	recorded := sv.recorded(in)
 	var fp idempotency.Digest
@@ -316,6 +320,7 @@ func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 		resp, err = handler(hctx, req)
 		return err
 	})
+	permit.Release()
 	spent := in.s.ledger.Seal()
 	answer := sv.answer(in, herr)
 	if recorded {
@@ -404,7 +409,9 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 		sv.setStreamTrailer(ss, in, 0, err)
 		return err
 	}
-	defer permit.Release()
+	// A stream holds its slot for its lifetime, which is not a service time:
+	// it gives the slot back without teaching admission's estimate.
+	defer permit.Abandon()
 	hctx, cancel := sv.handlerContext(ctx, in)
 	defer cancel()
 	recorded := sv.recorded(in)
