@@ -149,7 +149,7 @@ func (c *Controller) rollWindows(now time.Time) {
 		c.step(overloaded, d.winEnd)
 		d.decisions, d.refusals, d.maxWait = 0, 0, 0
 		d.winEnd = d.winEnd.Add(w)
-		if i > d.cfg.EnterAfter+d.cfg.ExitAfter+2 && !now.Before(d.winEnd) {
+		if i > d.cfg.EnterAfter+2*d.cfg.ExitAfter+2 && !now.Before(d.winEnd) {
 			d.winEnd = d.winEnd.Add((now.Sub(d.winEnd)/w + 1) * w)
 		}
 	}

@@ -317,7 +317,10 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 	defer context.AfterFunc(ctx, wcancel)()
 	for poll := 1; ; poll++ {
 		rec := &tollgatev1.AttemptRecord{}
-		err := w.invoker(qctx, fenceMethod, req, rec, w.cc, queryOpts...)
+		err := w.invoker(wctx, fenceMethod, req, rec, w.cc, queryOpts...)
+		if err != nil && ctx.Err() != nil {
+			return 0, unknown("interceptor: the caller stopped waiting before the try's state was known"), true
+		}
 		state := rec.GetState()
 		if span := trace.SpanFromContext(ctx); span.IsRecording() {
 			span.AddEvent(eventQuery, trace.WithAttributes(attrTry.Int64(int64(n)), attrState.String(stateName(state, err))))

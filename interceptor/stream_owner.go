@@ -5,6 +5,7 @@ import (
 	"io"
 	"math"
 
+	"github.com/tollgate-go/tollgate/internal/header"
 	"github.com/tollgate-go/tollgate/internal/methodinfo"
 	"github.com/tollgate-go/tollgate/status"
 	"google.golang.org/grpc"
@@ -238,6 +239,9 @@ func (cs *clientStream) afterTryLocked(err error) (next uint32, result error, re
 	err, n = result, next-1
 	if uncounted {
 		cs.counted--
+	}
+	if n+1 > header.MaxTry { // a fence jumped past the last try the header can carry
+		return n, w.conclude(n, err), false
 	}
 	if result := w.proceed(cs.ctx, n, cs.counted, err); result != nil {
 		return n, result, false
