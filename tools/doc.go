@@ -3,5 +3,6 @@
 //
 //	go tool -modfile=tools/go.mod buf ...
 //
-// from the repository root (see .ci/run and the Makefile-free scripts there).
+// from the repository root, as .ci/run and scripts/generate.sh do. benchstat
+// is pinned here too, for the README's benchmark commands.
 package tools
