@@ -92,6 +92,17 @@ func TestLocalRefusalsAreTyped(t *testing.T) {
 	require.True(t, o.Final())
 	require.Zero(t, svc.Calls("Get"))
 
+	// A call whose context was cancelled before it was sent is NOT_SENT:
+	// nothing reached the server.
+	cctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	_, err = testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions()...)).Get(cctx, &testingv1.GetRequest{})
+	o = status.OutcomeOf(err)
+	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
+	require.Equal(t, status.ReasonNotSent, o.Reason)
+	require.NotEmpty(t, o.Detail.GetAttemptId())
+	require.Zero(t, svc.Calls("Get"))
+
 	// A call made under an attempt with no units left below the origin is
 	// refused locally, and only the origin's refusal can be final.
 	ctx, err := interceptor.StartAttempt(t.Context(), 0, time.Second)

@@ -27,6 +27,9 @@ type client struct {
 	// beside the interceptors, so a try without OutHeader was never sent.
 	statsInstalled bool
 	targets        targets
+	// statsSeen is set once the stats handler was seen at work for one of
+	// this client's tries (see delivery.seen).
+	statsSeen atomic.Bool
 	// policies are WithMethodRetry's policies, validated, by full method.
 	policies map[string]*RetryPolicy
 }
@@ -106,7 +109,7 @@ func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy
 	}
 	t := &cl.t
 	t.n, t.charged, t.loan = n, false, nil
-	t.delivery.reset(c.statsInstalled)
+	t.delivery.reset(c.statsInstalled, &c.statsSeen)
 	if s.Origin {
 		// The origin's own tries are not charged; a repeat is pointless once
 		// the callee can never be lent a unit again.

@@ -156,6 +156,7 @@ func (w *owner) run(ctx context.Context, req, reply any, opts []grpc.CallOption)
 			w.loans = append(w.loans, t.loan)
 		}
 		o := status.OutcomeOfCall(err, d)
+		err = w.typed(n, err, o)
 		c.record(ctx, o)
 
 		next, uncounted, result, done := w.decide(ctx, n, err, o, reply)
@@ -171,6 +172,23 @@ func (w *owner) run(ctx context.Context, req, reply any, opts []grpc.CallOption)
 		}
 		n++
 	}
+}
+
+// typed gives an error the client classified from the try's delivery (not
+// from a tollgate detail) the detail that says so, naming the attempt, call
+// and try: NOT_SENT and CALL_LOST are known only here, and every later step
+// (decide, conclude, the caller) must see the same classification.
+func (w *owner) typed(n uint32, err error, o status.Outcome) error {
+	if err == nil || o.Detail != nil {
+		return err
+	}
+	switch o.Kind {
+	case status.KindNotAdmitted:
+		return status.NotAdmitted(o.Reason, status.WithAttempt(w.cl.s.ID, w.cl.key, n), status.WithMessage(err.Error()))
+	case status.KindUnknown:
+		return status.OutcomeUnknown(err, status.WithAttempt(w.cl.s.ID, w.cl.key, n), status.WithReason(o.Reason))
+	}
+	return err
 }
 
 // proceed returns nil when try n+1 may follow try n's failure err, after

@@ -482,20 +482,11 @@ func AdmissionTap(ctrl *admission.Controller) tap.ServerInHandle {
 // run). The returned options are built once and safe for concurrent use. An
 // invalid option is an error wrapping ErrInvalidOption.
 func NewServerOptions(opts ...ServerOption) ([]grpc.ServerOption, error) {
-	cfg := defaultServerConfig()
-	for _, o := range opts {
-		if o != nil {
-			o.applyServer(&cfg)
-		}
-	}
-	if err := cfg.validate(); err != nil {
+	sv, err := newServer(opts)
+	if err != nil {
 		return nil, err
 	}
-	tel, err := newServerTelemetry(&cfg)
-	if err != nil {
-		return nil, fmt.Errorf("interceptor: server telemetry: %w", err)
-	}
-	sv := &server{cfg: cfg, tel: tel}
+	cfg := &sv.cfg
 	out := []grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(sv.unary),
 		grpc.ChainStreamInterceptor(sv.stream),
@@ -526,23 +517,11 @@ func ServerOptions(opts ...ServerOption) []grpc.ServerOption {
 // options are safe for concurrent use. An invalid option is an error
 // wrapping ErrInvalidOption.
 func NewDialOptions(opts ...ClientOption) ([]grpc.DialOption, error) {
-	cfg := defaultClientConfig()
-	for _, o := range opts {
-		if o != nil {
-			o.applyClient(&cfg)
-		}
-	}
-	if err := cfg.validate(); err != nil {
+	c, err := newClient(opts, true)
+	if err != nil {
 		return nil, err
 	}
-	tel, err := newClientTelemetry(&cfg)
-	if err != nil {
-		return nil, fmt.Errorf("interceptor: client telemetry: %w", err)
-	}
-	c := &client{cfg: cfg, tel: tel, statsInstalled: true, policies: map[string]*RetryPolicy{}}
-	for m, p := range cfg.methodRetry {
-		c.policies[m] = &p
-	}
+	cfg := &c.cfg
 	out := []grpc.DialOption{
 		grpc.WithChainUnaryInterceptor(c.unary),
 		grpc.WithChainStreamInterceptor(c.stream),

@@ -23,6 +23,10 @@ type delivery struct {
 	tracked atomic.Bool
 	// spent is the callee's tollgate-spent trailer, -1 until one arrives.
 	spent atomic.Int64
+	// seen is the client's flag that its stats handler was seen at work
+	// (TagRPC of an earlier try): once set, the handler is known to be
+	// installed even for a try that failed before reaching it.
+	seen *atomic.Bool
 	// pushback is the callee's grpc-retry-pushback-ms trailer in ms:
 	// noPushback when absent, stopPushback when it says not to retry
 	// (negative or unparseable, as grpc-go reads it).
@@ -35,10 +39,11 @@ const (
 )
 
 // reset readies d for a new try.
-func (d *delivery) reset(tracked bool) {
+func (d *delivery) reset(tracked bool, seen *atomic.Bool) {
 	d.outHeader.Store(false)
 	d.inTrailer.Store(false)
-	d.tracked.Store(tracked)
+	d.tracked.Store(tracked || seen.Load())
+	d.seen = seen
 	d.spent.Store(-1)
 	d.pushback.Store(noPushback)
 }
@@ -71,6 +76,9 @@ type statsHandler struct{}
 func (statsHandler) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
 	if d, _ := ctx.Value(deliveryKey{}).(*delivery); d != nil {
 		d.tracked.Store(true)
+		if d.seen != nil && !d.seen.Load() {
+			d.seen.Store(true)
+		}
 	}
 	return ctx
 }

@@ -229,6 +229,7 @@ func (cs *clientStream) settleLocked(err error) {
 func (cs *clientStream) afterTryLocked(err error) (next uint32, result error, repeat bool) {
 	w, n := cs.w, cs.n
 	o := cs.finishLocked(err)
+	err = w.typed(n, err, o)
 	if !cs.replayable() {
 		return n, cs.committedResult(n, err, o), false
 	}
