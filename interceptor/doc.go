@@ -103,7 +103,10 @@
 // ServerOptions and DialOptions install their interceptors with
 // grpc.ChainUnaryInterceptor / WithChainUnaryInterceptor (and the stream
 // equivalents): they compose with the server's and client's own
-// interceptors in the order the options are given. The returned functions
+// interceptors in the order the options are given. To place them elsewhere
+// in a chain, NewServerInterceptors and NewClientInterceptors return them as
+// plain grpc types (install StatsHandler, grpc.WithDisableRetry and, on a
+// server, AdmissionTap and the size limits yourself). The returned functions
 // are built once and are safe for concurrent use.
 //
 // # Observability
