@@ -484,6 +484,25 @@ func (cfg config) policy(perTry time.Duration) interceptor.RetryPolicy {
 		InitialBackoff: cfg.InitialBackoff, MaxBackoff: cfg.MaxBackoff}
 }
 
+// serveMemory serves svc behind outer with a fresh memory store on a free
+// loopback port and dials it as an origin; the caller stops and closes both.
+func serveMemory(ctx context.Context, cfg config, outer grpc.UnaryServerInterceptor, svc *testsvc.Service) (*instance, *grpc.ClientConn, error) {
+	store, err := memoryStore(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	srv, err := serve("127.0.0.1:0", cfg, store, outer, svc)
+	if err != nil {
+		return nil, nil, err
+	}
+	conn, err := dial(ctx, srv.addr, cfg, cfg.PerTry)
+	if err != nil {
+		srv.stop()
+		return nil, nil, err
+	}
+	return srv, conn, nil
+}
+
 func memoryStore(cfg config) (*idempotency.MemoryStore, error) {
 	p := idempotency.DefaultPolicy()
 	p.Skew = cfg.Skew
@@ -605,19 +624,11 @@ func startAttempt(ctx context.Context, cfg config) (context.Context, string, *bu
 func oneCall(ctx context.Context, cfg config, name string, prepare func(l *ledger, f *faults)) (*scenarioResult, error) {
 	l, f := newLedger(), newFaults()
 	prepare(l, f)
-	store, err := memoryStore(cfg)
-	if err != nil {
-		return nil, err
-	}
-	srv, err := serve("127.0.0.1:0", cfg, store, l.outer(f), &testsvc.Service{ApplyFunc: l.apply})
+	srv, conn, err := serveMemory(ctx, cfg, l.outer(f), &testsvc.Service{ApplyFunc: l.apply})
 	if err != nil {
 		return nil, err
 	}
 	defer srv.stop()
-	conn, err := dial(ctx, srv.addr, cfg, cfg.PerTry)
-	if err != nil {
-		return nil, err
-	}
 	defer conn.Close()
 	settle(cfg)
 	actx, id, led, err := startAttempt(ctx, cfg)
@@ -858,19 +869,11 @@ func unknownSecondCall(ctx context.Context, cfg config) (*scenarioResult, error)
 	second := name + "-2"
 	f.dropAccount.Store(&second)
 	f.unreachable.Store(true)
-	ledgerStore, err := memoryStore(cfg)
-	if err != nil {
-		return nil, err
-	}
-	ledgerSrv, err := serve("127.0.0.1:0", cfg, ledgerStore, l.outer(f), &testsvc.Service{ApplyFunc: l.apply})
+	ledgerSrv, down, err := serveMemory(ctx, cfg, l.outer(f), &testsvc.Service{ApplyFunc: l.apply})
 	if err != nil {
 		return nil, err
 	}
 	defer ledgerSrv.stop()
-	down, err := dial(ctx, ledgerSrv.addr, cfg, cfg.PerTry)
-	if err != nil {
-		return nil, err
-	}
 	defer down.Close()
 	ledgerClient := testingv1.NewTestServiceClient(down)
 
@@ -895,19 +898,11 @@ func unknownSecondCall(ctx context.Context, cfg config) (*scenarioResult, error)
 		}
 		return resp, nil
 	}}
-	frontStore, err := memoryStore(cfg)
-	if err != nil {
-		return nil, err
-	}
-	frontSrv, err := serve("127.0.0.1:0", cfg, frontStore, l.outer(newFaults()), frontend)
+	frontSrv, conn, err := serveMemory(ctx, cfg, l.outer(newFaults()), frontend)
 	if err != nil {
 		return nil, err
 	}
 	defer frontSrv.stop()
-	conn, err := dial(ctx, frontSrv.addr, cfg, cfg.PerTry)
-	if err != nil {
-		return nil, err
-	}
 	defer conn.Close()
 	settle(cfg)
 	actx, id, led, err := startAttempt(ctx, cfg)
