@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync/atomic"
 
+	"github.com/tollgate-go/tollgate/internal/header"
 	"github.com/tollgate-go/tollgate/status"
 	"google.golang.org/grpc/stats"
 )
@@ -110,21 +111,11 @@ func (statsHandler) HandleConn(context.Context, stats.ConnStats)                
 // [0, 1,000,000]. Anything else is ignored, as if the trailer were absent
 // (the grant is then held, the safe side).
 func parseSpent(vs []string) (int64, bool) {
-	if len(vs) != 1 || len(vs[0]) == 0 || len(vs[0]) > 7 {
+	if len(vs) != 1 {
 		return 0, false
 	}
-	var n int64
-	for i := 0; i < len(vs[0]); i++ {
-		c := vs[0][i]
-		if c < '0' || c > '9' || (i == 0 && c == '0' && len(vs[0]) > 1) {
-			return 0, false
-		}
-		n = n*10 + int64(c-'0')
-	}
-	if n > maxUnitsOnWire {
-		return 0, false
-	}
-	return n, true
+	n, err := header.Decimal(vs[0], 0, maxUnitsOnWire)
+	return int64(n), err == nil
 }
 
 // parsePushback reads grpc-retry-pushback-ms as grpc-go does: one

@@ -185,17 +185,17 @@ func Parse(v string) (Header, error) {
 		case 't':
 			bit = seenT
 			var n uint64
-			n, err = decimal(val, 1, MaxTry)
+			n, err = Decimal(val, 1, MaxTry)
 			h.Try = uint32(n)
 		case 'd':
 			bit = seenD
 			var n uint64
-			n, err = decimal(val, 1, MaxDeadline)
+			n, err = Decimal(val, 1, MaxDeadline)
 			h.Deadline = int64(n)
 		case 'u':
 			bit = seenU
 			var n uint64
-			n, err = decimal(val, 0, MaxUnits)
+			n, err = Decimal(val, 0, MaxUnits)
 			h.Units = int64(n)
 		case 'n':
 			bit = seenN
@@ -275,9 +275,11 @@ func IsTokenByte(c byte) bool {
 	return false
 }
 
-// decimal parses a strict decimal in [lo, hi]: digits only, no leading zero
-// (except "0" itself), no overflow.
-func decimal(v string, lo, hi uint64) (uint64, error) {
+// Decimal parses v as a strict decimal in [lo, hi]: digits only, no sign, no
+// leading zero (except "0" itself), no overflow; hi must be below 2^63. The
+// error is ErrNumber or ErrRange. The header's numbers and the tollgate-spent
+// trailer are spelled this way.
+func Decimal(v string, lo, hi uint64) (uint64, error) {
 	if v == "" {
 		return 0, ErrNumber
 	}
