@@ -17,8 +17,8 @@ const MaxUnits = 1_000_000
 // The zero value is a non-origin ledger of 0 units: it refuses every take and
 // lends nothing. An Allowance is safe for concurrent use; every method takes
 // one uncontended mutex and allocates nothing, except that [Allowance.Lend]
-// and [Allowance.LendFree] allocate the [Loan] of a non-empty grant and a
-// refusal allocates its error.
+// and [Allowance.LendFree] allocate the [Loan] of every non-empty grant after
+// the ledger's first, and a refusal allocates its error.
 type Allowance struct {
 	mu       sync.Mutex
 	total    int64
@@ -28,6 +28,9 @@ type Allowance struct {
 	spent    int64
 	origin   bool
 	sealed   bool
+	// first is the storage of the ledger's first Loan: most ledgers lend
+	// once (one call, one try), which then allocates nothing.
+	first Loan
 }
 
 // AllowanceOption configures a ledger built by [NewAllowance].
@@ -135,6 +138,10 @@ func (a *Allowance) lendLocked(units int64) *Loan {
 	}
 	a.free -= units
 	a.reserved += units
+	if a.first.a == nil {
+		a.first = Loan{a: a, units: units, state: loanReserved}
+		return &a.first
+	}
 	return &Loan{a: a, units: units, state: loanReserved}
 }
 

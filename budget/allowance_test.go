@@ -336,3 +336,36 @@ func TestSplit(t *testing.T) {
 	require.Equal(t, int64(10), total)
 	require.Equal(t, int64(0), a.Free())
 }
+
+var loanSink *budget.Loan
+
+// The ledger's first loan lives in the ledger itself: lending once costs no
+// allocation beyond the ledger's, and each later loan costs one. The loans
+// stay independent whichever of them is ended first.
+func TestFirstLoanIsStoredInTheLedger(t *testing.T) {
+	ledgerOnly := testing.AllocsPerRun(200, func() {
+		a := budget.NewAllowance(10)
+		loanSink = a.Lend(0) // a nil loan: nothing reserved
+	})
+	oneLoan := testing.AllocsPerRun(200, func() {
+		loanSink = budget.NewAllowance(10).Lend(3)
+	})
+	twoLoans := testing.AllocsPerRun(200, func() {
+		a := budget.NewAllowance(10)
+		a.Lend(3)
+		loanSink = a.Lend(3)
+	})
+	require.Equal(t, ledgerOnly, oneLoan, "the first loan allocates nothing")
+	require.Equal(t, oneLoan+1, twoLoans, "a second loan allocates once")
+
+	a := budget.NewAllowance(10)
+	first, second := a.Lend(3), a.Lend(4)
+	require.Equal(t, snap(10, 3, 7, 0, 0), a.Snapshot())
+	second.Settle(1)
+	require.Equal(t, snap(10, 6, 3, 0, 1), a.Snapshot())
+	first.Hold()
+	require.Equal(t, snap(10, 6, 0, 3, 1), a.Snapshot())
+	third := a.Lend(2)
+	require.Equal(t, int64(2), third.Units())
+	require.Equal(t, int64(3), first.Units(), "a later loan leaves the first one as it was")
+}
