@@ -1,8 +1,14 @@
 package budget
 
-import "context"
+import (
+	"context"
 
-type allowanceKey struct{}
+	"github.com/tollgate-go/tollgate/internal/ctxkey"
+)
+
+// allowanceKey is shared with the interceptors, whose handler context answers
+// it without a context value of its own.
+type allowanceKey = ctxkey.Allowance
 
 type grantKey struct{}
 

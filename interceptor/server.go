@@ -12,6 +12,7 @@ import (
 	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/budget"
 	"github.com/tollgate-go/tollgate/idempotency"
+	"github.com/tollgate-go/tollgate/internal/ctxkey"
 	"github.com/tollgate-go/tollgate/internal/header"
 	"github.com/tollgate-go/tollgate/internal/methodinfo"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
@@ -52,6 +53,8 @@ type inbound struct {
 	// expired is set for a recorded call whose try came after the attempt's
 	// deadline plus skew: only its record may answer it.
 	expired bool
+	// hctx is the storage of the handler's context (handlerContext).
+	hctx handlerCtx
 }
 
 // begin reads the request's tollgate header and returns the attempt it runs
@@ -212,8 +215,27 @@ func (sv *server) handlerContext(ctx context.Context, in *inbound) (context.Cont
 	if d, ok := ctx.Deadline(); !ok || in.until.Before(d) {
 		ctx, cancel = context.WithDeadline(ctx, in.until)
 	}
-	ctx = context.WithValue(ctx, attemptKey{}, in.s)
-	return budget.NewContext(ctx, in.s.ledger), cancel
+	in.hctx = handlerCtx{Context: ctx, s: in.s}
+	return &in.hctx, cancel
+}
+
+// handlerCtx is a handler's context: its parent with the attempt state and
+// the state's ledger (budget.FromContext), carried without allocations of
+// their own since it lives in the inbound. It is written once, before the
+// handler runs, and only read after.
+type handlerCtx struct {
+	context.Context
+	s *attemptState
+}
+
+func (c *handlerCtx) Value(key any) any {
+	switch key.(type) {
+	case attemptKey:
+		return c.s
+	case ctxkey.Allowance:
+		return c.s.ledger
+	}
+	return c.Context.Value(key)
 }
 
 // answer turns the handler's error into the answer this server sends for
