@@ -27,6 +27,7 @@ type client struct {
 	// beside the interceptors, so a try without OutHeader was never sent.
 	statsInstalled bool
 	targets        targets
+	lastTarget     atomic.Pointer[lastTarget]
 	// statsSeen is set once the stats handler was seen at work for one of
 	// this client's tries (see delivery.seen).
 	statsSeen atomic.Bool
@@ -52,6 +53,26 @@ type call struct {
 	minted attemptState
 	w      owner // the unary owner's state, in the same allocation
 	info   methodinfo.Info
+	// tryBase is the parent of every try's context: the ctx the call's
+	// tries are prepared with (always the same one: the unary owner's, or a
+	// stream try's own call) and the delivery record of t, which the stats
+	// handler looks up. Written by the first prepare, before anything is
+	// sent, and only read after.
+	tryBase deliveryCtx
+}
+
+// deliveryCtx is a context that carries a try's delivery record for the
+// stats handler without an allocation of its own: it lives in the call.
+type deliveryCtx struct {
+	context.Context
+	d *delivery
+}
+
+func (c *deliveryCtx) Value(key any) any {
+	if _, ok := key.(deliveryKey); ok {
+		return c.d
+	}
+	return c.Context.Value(key)
 }
 
 // newCall returns the state of a new call: under the attempt in ctx, or a
@@ -145,9 +166,11 @@ func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy
 	if wait := p.perTry(int(n), remaining); wait < remaining {
 		deadline = now.Add(wait)
 	}
-	tctx, cancel := context.WithDeadline(ctx, deadline)
+	if cl.tryBase.Context == nil {
+		cl.tryBase = deliveryCtx{Context: ctx, d: &t.delivery}
+	}
+	tctx, cancel := context.WithDeadline(&cl.tryBase, deadline)
 	t.cancel = cancel
-	tctx = context.WithValue(tctx, deliveryKey{}, &t.delivery)
 	tctx = withHeader(tctx, h.String())
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		span.AddEvent(eventSpend, trace.WithAttributes(

@@ -31,7 +31,24 @@ type target struct {
 	recordless bool                // guarded by targets.mu
 }
 
+// lastTarget remembers the connection a client's calls went through last
+// and its target, so that the common case (one connection per DialOptions)
+// finds its retry budget without the mutex and the map.
+type lastTarget struct {
+	cc *grpc.ClientConn
+	t  *target
+}
+
 func (c *client) target(cc *grpc.ClientConn) *target {
+	if last := c.lastTarget.Load(); last != nil && last.cc == cc {
+		return last.t
+	}
+	t := c.targetOf(cc)
+	c.lastTarget.Store(&lastTarget{cc: cc, t: t})
+	return t
+}
+
+func (c *client) targetOf(cc *grpc.ClientConn) *target {
 	name := ""
 	if cc != nil {
 		name = cc.Target()
