@@ -50,10 +50,10 @@ func floorServer(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler 
 
 // BenchmarkPropagation compares, side by side in one run, a unary round trip
 // over bufconn and loopback TCP: bare grpc-go; the floor; the floor with a
-// deadline and a no-op client stats handler (the two costs every tollgate call
-// carries by design); tollgate for a leaf call (nothing spent, no trailer);
-// tollgate for a call whose handler spends one unit (trailer sent, grant
-// settled).
+// deadline, with a no-op client stats handler, and with both (the two costs
+// every tollgate call carries by design, measured apart and together);
+// tollgate for a leaf call (nothing spent, no trailer); tollgate for a call
+// whose handler spends one unit (trailer sent, grant settled).
 //
 //	go test -run '^$' -bench Propagation -benchmem -count 10 ./interceptor/ | tee new.txt
 //	benchstat new.txt
@@ -76,6 +76,10 @@ func BenchmarkPropagation(b *testing.B) {
 	}{
 		{"bare", leaf, nil, nil},
 		{"floor", leaf, []grpc.ServerOption{grpc.UnaryInterceptor(floorServer)}, []grpc.DialOption{grpc.WithUnaryInterceptor(floorClient)}},
+		{"floor-deadline", leaf, []grpc.ServerOption{grpc.UnaryInterceptor(floorServer)},
+			[]grpc.DialOption{grpc.WithUnaryInterceptor(floorDeadlineClient)}},
+		{"floor-stats", leaf, []grpc.ServerOption{grpc.UnaryInterceptor(floorServer)},
+			[]grpc.DialOption{grpc.WithUnaryInterceptor(floorClient), grpc.WithStatsHandler(noopStats{})}},
 		{"floor-deadline-stats", leaf, []grpc.ServerOption{grpc.UnaryInterceptor(floorServer)},
 			[]grpc.DialOption{grpc.WithUnaryInterceptor(floorDeadlineClient), grpc.WithStatsHandler(noopStats{})}},
 		{"tollgate-leaf", leaf, interceptor.ServerOptions(trusting...), interceptor.DialOptions()},
