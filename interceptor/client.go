@@ -398,13 +398,15 @@ type clientStream struct {
 	n       uint32
 	gen     uint64
 	counted int // tries counted against the policy (fence jumps are not)
-	// What the caller sent, for replay: clones of its messages, their size,
-	// whether it closed its side. overflow: replay is off for good (the
-	// limit was passed or a message could not be kept).
+	// What the caller sent, for replay: clones of its messages, their size.
+	// overflow: replay is off for good (the limit was passed or a message
+	// could not be kept).
 	buf      []any
 	bufBytes int
 	overflow bool
-	closed   bool
+	// side is whether the caller closed its side, and the stream CloseSend
+	// and Trailer act on, under a lock of its own (stream_owner.go).
+	side streamSide
 	// header and message: a response header or message arrived on some try.
 	header, message bool
 	// receiving is true while RecvMsg waits on cur without the lock: only

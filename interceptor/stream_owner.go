@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"math"
+	"sync"
 
 	"github.com/tollgate-go/tollgate/internal/header"
 	"github.com/tollgate-go/tollgate/internal/methodinfo"
@@ -123,18 +124,74 @@ func (cs *clientStream) tryFromLocked(n uint32) bool {
 	}
 }
 
-// replayLocked sends what the caller sent so far on a new try's stream. A
-// failure shows on the stream itself, where the caller's next operation
-// finds it.
+// replayLocked sends what the caller sent so far on a new try's stream,
+// then hands the stream to CloseSend and Trailer, and closes its side if the
+// caller closed its own. A failure shows on the stream itself, where the
+// caller's next operation finds it.
 func (cs *clientStream) replayLocked(st grpc.ClientStream) {
+	var err error
 	for _, m := range cs.buf {
-		if err := st.SendMsg(m); err != nil {
-			return
+		if err = st.SendMsg(m); err != nil {
+			break
 		}
 	}
-	if cs.closed {
+	// Only now may CloseSend reach st: grpc-go forbids calling CloseSend
+	// concurrently with SendMsg.
+	if cs.side.open(st) && err == nil {
 		_ = st.CloseSend()
 	}
+}
+
+// streamSide is what CloseSend and Trailer need of a clientStream: the
+// stream they act on and whether the caller closed its side. Its lock is
+// its own, not clientStream.mu, which the owner holds while it resolves and
+// repeats a try (queries that may poll until the deadline): neither
+// CloseSend nor Trailer waits for that. The lock is held only to read or
+// write these fields, never across a call on a stream; the order is
+// clientStream.mu, then streamSide.mu. The zero value has no stream and is
+// open.
+//
+// cur changes to a new try's stream only once what the caller sent was
+// replayed on it, under the lock that also reads closed: a CloseSend is
+// ordered either before (it closed an earlier stream, and open tells the
+// owner to close this one) or after (it finds this one). So the caller's
+// half-close reaches every try that follows it, each stream is closed by
+// one of them at most (grpc-go's CloseSend must not run twice at once), and
+// never while the owner still replays on it.
+type streamSide struct {
+	mu     sync.Mutex
+	cur    grpc.ClientStream // the latest try's stream, replayed
+	closed bool              // the caller called CloseSend
+}
+
+// open makes st, a new try's stream on which what the caller sent was
+// replayed, the one CloseSend and Trailer act on. It reports whether the
+// caller has closed its side: the owner must then close st's.
+func (s *streamSide) open(st grpc.ClientStream) (closed bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cur = st
+	return s.closed
+}
+
+// close notes that the caller closed its side and returns the stream to
+// close: nil when the caller had closed it already (the owner closes every
+// stream opened since).
+func (s *streamSide) close() grpc.ClientStream {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	return s.cur
+}
+
+// stream returns the latest try's stream (nil before the first).
+func (s *streamSide) stream() grpc.ClientStream {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur
 }
 
 // replayable reports whether the current try may still be repeated.
@@ -476,24 +533,25 @@ func (cs *clientStream) Header() (metadata.MD, error) {
 }
 
 // CloseSend closes the caller's side of the current try, and of every
-// repeat.
+// repeat. It does not wait for a resolution or repeat under way: a repeat
+// that opens later is closed by the owner once it replayed what was sent.
+// Like grpc-go's, it returns nil.
 func (cs *clientStream) CloseSend() error {
-	cs.mu.Lock()
-	if cs.done {
-		cs.mu.Unlock()
-		return nil
+	if cur := cs.side.close(); cur != nil {
+		return cur.CloseSend()
 	}
-	cs.closed = true
-	cur := cs.cur
-	cs.mu.Unlock()
-	return cur.CloseSend()
+	return nil
 }
 
-// Trailer returns the trailer of the last try.
+// Trailer returns the trailer of the latest try. It does not wait for a
+// resolution or repeat under way: while one is, it returns the trailer of
+// the try being resolved (once a repeat is sent, that one's, empty until it
+// ends).
 func (cs *clientStream) Trailer() metadata.MD {
-	cs.mu.Lock()
-	cur := cs.cur
-	cs.mu.Unlock()
+	cur := cs.side.stream()
+	if cur == nil {
+		return nil
+	}
 	return cur.Trailer()
 }
 
