@@ -44,6 +44,7 @@ type Permit struct {
 	start    time.Time
 	startOff float64 // ns since the controller's epoch
 	deadline time.Time
+	ahead    int // requests of its class waiting ahead of it when decided
 	released atomic.Bool
 
 	prev, next *Permit // the class's running list; the controller's lock guards them
@@ -110,6 +111,40 @@ func (p *Permit) Class() string {
 		return ""
 	}
 	return p.cs.cfg.Name
+}
+
+// QueuedAhead returns how many requests of the permit's class were waiting
+// ahead of its request when the controller decided it: for a request that
+// waited, the requests in the queue when it joined it; 0 for one that got a
+// slot on arrival, and for a nil Permit. It is the [Decision.QueuedAhead] of
+// the admission, counted under the controller's lock as it decided, so
+// reading it costs nothing.
+func (p *Permit) QueuedAhead() int {
+	if p == nil {
+		return 0
+	}
+	return p.ahead
+}
+
+// Decision is what the controller saw when it decided one request, taken
+// under its lock at the moment of the decision (no snapshot, no race with
+// other requests). [Controller.AdmitDecision] returns it with the permit or
+// the refusal, for per-request telemetry: a refusal's detail does not carry
+// the queue (its wire format is fixed), and [Controller.Stats] is a
+// snapshot of every class, taken at another moment.
+type Decision struct {
+	// Class is the name of the class the request was classified into; ""
+	// when ctx had ended before the request was looked at.
+	Class string
+	// QueuedAhead is how many requests of Class were waiting ahead of this
+	// one: for a request that joined the queue, those in it when it joined,
+	// whether it later started or left unrun (the count its EventQueued
+	// carries); for a refusal on arrival, those in the queue it was refused
+	// at, after waiters that could no longer finish in time were dropped
+	// (the count its EventRefused carries); 0 for a request that got a slot
+	// on arrival, which waited behind no one even when requests held back by
+	// their tenant's running limit were waiting.
+	QueuedAhead int
 }
 
 // Controller admits requests into workload classes: each class has reserved
@@ -322,7 +357,8 @@ func (c *Controller) classifyMethod(m string) *classState {
 // it is looked at), a NOT_ADMITTED error that also wraps ctx's error
 // (errors.Is(err, context.Canceled) holds).
 func (c *Controller) Admit(ctx context.Context, r Request) (*Permit, error) {
-	return c.AdmitAt(ctx, r, c.cfg.now())
+	p, _, err := c.admit(ctx, r, c.cfg.now())
+	return p, err
 }
 
 // AdmitAt is [Controller.Admit] at time now. Simulations drive the
@@ -330,45 +366,67 @@ func (c *Controller) Admit(ctx context.Context, r Request) (*Permit, error) {
 // times given must not go backwards by more than the caller can tolerate
 // (windows and overrides only move forward).
 func (c *Controller) AdmitAt(ctx context.Context, r Request, now time.Time) (*Permit, error) {
+	p, _, err := c.admit(ctx, r, now)
+	return p, err
+}
+
+// AdmitDecision is [Controller.Admit] that also returns the [Decision]: the
+// class the request was classified into and how many requests of it were
+// queued ahead, as the controller saw them when it decided, whether it
+// admitted or refused. It decides, waits and fails exactly as Admit does,
+// and costs no more: the decision is read under the lock Admit takes anyway,
+// and returning it allocates nothing.
+func (c *Controller) AdmitDecision(ctx context.Context, r Request) (*Permit, Decision, error) {
+	return c.admit(ctx, r, c.cfg.now())
+}
+
+// admit is AdmitDecision at time now.
+func (c *Controller) admit(ctx context.Context, r Request, now time.Time) (*Permit, Decision, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, waitEnded(status.ReasonUnspecified, nil, err)
+		return nil, Decision{}, waitEnded(status.ReasonUnspecified, nil, err)
 	}
 	cs := c.classify(ctx, r)
+	d := Decision{Class: cs.cfg.Name}
 	if c.cfg.stages&StageSize != 0 && cs.cfg.MaxRequestBytes > 0 && r.Size > cs.cfg.MaxRequestBytes {
 		// The cheapest stage needs no state; the lock only counts it.
 		c.mu.Lock()
 		c.advance(now)
+		d.QueuedAhead = cs.queue.n
 		c.countRefusal(cs, status.ReasonRequestTooLarge)
-		c.emitLocked(Event{Kind: EventRefused, Class: cs.cfg.Name, Tenant: r.Tenant, Reason: status.ReasonRequestTooLarge, At: now})
+		c.emitLocked(Event{Kind: EventRefused, Class: cs.cfg.Name, Tenant: r.Tenant, Reason: status.ReasonRequestTooLarge, At: now, QueuedAhead: d.QueuedAhead})
 		c.unlock()
 		c.m.refused(ctx, cs, status.ReasonRequestTooLarge)
-		return nil, refusal(cs, status.ReasonRequestTooLarge, 0, true)
+		return nil, d, refusal(cs, status.ReasonRequestTooLarge, 0, true)
 	}
 	c.mu.Lock()
 	c.advance(now)
-	p, w, reason, ra := c.decideLocked(r, cs, now)
+	p, w, reason, ra, ahead := c.decideLocked(r, cs, now)
 	c.unlock()
+	d.QueuedAhead = ahead
 	switch {
 	case p != nil:
 		c.m.admitted(ctx, cs, 0)
-		return p, nil
+		return p, d, nil
 	case w == nil:
 		if reason == status.ReasonDeadlineExpired {
 			c.m.missAdmissionAdd()
 		}
 		c.m.refused(ctx, cs, reason)
-		return nil, refusal(cs, reason, ra, reason == status.ReasonDeadlineExpired)
+		return nil, d, refusal(cs, reason, ra, reason == status.ReasonDeadlineExpired)
 	}
-	return c.wait(ctx, w)
+	p, err := c.wait(ctx, w)
+	return p, d, err
 }
 
 // decideLocked runs the stages after the size check. It returns a permit, a
-// queued waiter, or a refusal reason with its retry-after.
-func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Permit, *waiter, status.Reason, time.Duration) {
+// queued waiter, or a refusal reason with its retry-after; and the requests
+// of cs queued ahead of this one (0 for a permit, the queue it joined for a
+// waiter, the queue it was refused at for a refusal).
+func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Permit, *waiter, status.Reason, time.Duration, int) {
 	// callerOnly marks a refusal that says nothing about load: the deadline
 	// had passed on arrival, or could not be met even without waiting.
 	callerOnly := false
-	refuse := func(reason status.Reason) (*Permit, *waiter, status.Reason, time.Duration) {
+	refuse := func(reason status.Reason) (*Permit, *waiter, status.Reason, time.Duration, int) {
 		if callerOnly {
 			cs.refused[reason]++ // stats only: not an overload signal
 		} else {
@@ -385,8 +443,9 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 		default:
 			ra = c.retryAfterLocked(cs, reason, now)
 		}
-		c.emitLocked(Event{Kind: EventRefused, Class: cs.cfg.Name, Tenant: r.Tenant, Reason: reason, At: now, QueuedAhead: cs.queue.n})
-		return nil, nil, reason, ra
+		ahead := cs.queue.n
+		c.emitLocked(Event{Kind: EventRefused, Class: cs.cfg.Name, Tenant: r.Tenant, Reason: reason, At: now, QueuedAhead: ahead})
+		return nil, nil, reason, ra, ahead
 	}
 	if c.closed {
 		return refuse(status.ReasonDraining)
@@ -434,9 +493,9 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 		}
 	}
 	if owner != nil {
-		p := c.startLocked(cs, owner, r.Tenant, tenantOn, r.Deadline, now, now)
+		p := c.startLocked(cs, owner, r.Tenant, tenantOn, r.Deadline, now, now, 0)
 		c.emitLocked(Event{Kind: EventAdmitted, Class: cs.cfg.Name, Tenant: r.Tenant, At: now, Deadline: r.Deadline})
-		return p, nil, 0, 0
+		return p, nil, 0, 0, 0
 	}
 	size := int64(max(r.Size, 0))
 	if cs.queueCap > 0 && (cs.queue.n >= cs.queueCap || (cs.cfg.QueueBytes > 0 && cs.queuedBytes+size > cs.cfg.QueueBytes)) {
@@ -459,9 +518,8 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 	w := &waiter{
 		cs: cs, tenant: r.Tenant, tenantOn: tenantOn, size: size, work: work,
 		deadline: r.Deadline, enq: now, ready: make(chan struct{}),
-		predicted: c.predictedWaitLocked(cs, now),
+		predicted: c.predictedWaitLocked(cs, now), ahead: cs.queue.n,
 	}
-	ahead := cs.queue.n
 	cs.queue.push(w)
 	cs.queuedBytes += size
 	cs.queuedWork += work
@@ -471,8 +529,8 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 		tc.work += work
 		cs.tenants[r.Tenant] = tc
 	}
-	c.emitLocked(Event{Kind: EventQueued, Class: cs.cfg.Name, Tenant: r.Tenant, At: now, QueuedAhead: ahead})
-	return nil, w, 0, 0
+	c.emitLocked(Event{Kind: EventQueued, Class: cs.cfg.Name, Tenant: r.Tenant, At: now, QueuedAhead: w.ahead})
+	return nil, w, 0, 0, w.ahead
 }
 
 // wait blocks until w is granted or dropped, or ctx ends.
@@ -566,8 +624,9 @@ func (c *Controller) acquire(cs *classState, slots int) *classState {
 	return nil
 }
 
-// startLocked accounts a request that starts running now.
-func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn bool, deadline, arrived, now time.Time) *Permit {
+// startLocked accounts a request that starts running now; ahead is the
+// requests of cs that were queued ahead of it when it was decided.
+func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn bool, deadline, arrived, now time.Time, ahead int) *Permit {
 	// Callers read the clock before taking the lock, so a releaser's time
 	// may precede the arrival it starts: never start before arriving.
 	now = maxTime(now, arrived)
@@ -587,7 +646,7 @@ func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn 
 	cs.admitted++
 	c.deg.started(cs, now.Sub(arrived))
 	c.judgeRejects(cs, arrived, now)
-	p := &Permit{c: c, cs: cs, owner: owner, tenant: tenant, start: now, startOff: off, deadline: deadline}
+	p := &Permit{c: c, cs: cs, owner: owner, tenant: tenant, start: now, startOff: off, deadline: deadline, ahead: ahead}
 	p.next = cs.runHead
 	if cs.runHead != nil {
 		cs.runHead.prev = p
@@ -664,7 +723,7 @@ func (c *Controller) pump(now time.Time) {
 				break
 			}
 			c.removeWaiter(w)
-			w.permit = c.startLocked(cs, owner, w.tenant, w.tenantOn, w.deadline, w.enq, now)
+			w.permit = c.startLocked(cs, owner, w.tenant, w.tenantOn, w.deadline, w.enq, now, w.ahead)
 			w.decided = true
 			close(w.ready)
 			c.emitLocked(Event{Kind: EventStarted, Class: cs.cfg.Name, Tenant: w.tenant, At: now, Deadline: w.deadline, Waited: now.Sub(w.enq)})

@@ -87,7 +87,11 @@
 // a class whose queue is full by reading one atomic flag, before the request
 // is read. It counts its refusals in an atomic counter per class and
 // reason; they count in the degradation windows and in [Controller.Stats]
-// like Admit's. Metrics (DESIGN.md §5) go to the meter provider of
+// like Admit's. [Controller.AdmitDecision] is Admit that also returns a
+// [Decision]: the request's class and how many requests of it were queued
+// ahead, counted under the lock as the controller decides (also on the
+// permit: [Permit.QueuedAhead]), so per-request telemetry needs no
+// [Controller.Stats] snapshot. Metrics (DESIGN.md §5) go to the meter provider of
 // [WithMeterProvider]: tollgate.admission.decisions{decision,class,reason},
 // tollgate.queue.estimated_work, tollgate.queue.oldest_age,
 // tollgate.task.start_delay, tollgate.task.service_time,

@@ -70,3 +70,49 @@ func ExampleController_SetOverride() {
 	// SHED
 	// admission: invalid override: slots 16 above the configured 4
 }
+
+// AdmitDecision reports, with the permit or the refusal, how many requests
+// were queued ahead of the request when the controller decided: here one
+// slot and one place; the third request finds the one waiting request ahead
+// of it and is refused.
+func ExampleController_AdmitDecision() {
+	queued := make(chan struct{}, 1)
+	ctrl, err := admission.New(
+		admission.WithClasses(admission.Class{Name: "batch", Slots: 1, QueueItems: 1}),
+		admission.WithDefaultClass("batch"),
+		admission.WithObserver(func(e admission.Event) {
+			if e.Kind == admission.EventQueued {
+				queued <- struct{}{}
+			}
+		}),
+	)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer ctrl.Close()
+	ctx := context.Background()
+	r := admission.Request{Method: "/batch.Jobs/Run", Size: -1}
+
+	running, d, _ := ctrl.AdmitDecision(ctx, r)
+	fmt.Println("admitted into", d.Class, "behind", d.QueuedAhead)
+
+	waiting := make(chan *admission.Permit)
+	go func() {
+		p, _ := ctrl.Admit(ctx, r)
+		waiting <- p
+	}()
+	<-queued
+
+	_, d, err = ctrl.AdmitDecision(ctx, r)
+	fmt.Println(status.ReasonName(status.OutcomeOf(err).Reason), "behind", d.QueuedAhead)
+
+	running.Release()
+	p := <-waiting
+	fmt.Println("the waiter started; it had joined the queue behind", p.QueuedAhead())
+	p.Release()
+	// Output:
+	// admitted into batch behind 0
+	// QUEUE_FULL behind 1
+	// the waiter started; it had joined the queue behind 0
+}

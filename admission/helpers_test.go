@@ -38,11 +38,12 @@ func (c *clock) Advance(d time.Duration) time.Time {
 	return c.t
 }
 
-// result is what one Admit call returned.
+// result is what one AdmitDecision call returned.
 type result struct {
-	id     int
-	permit *admission.Permit
-	err    error
+	id       int
+	permit   *admission.Permit
+	decision admission.Decision
+	err      error
 }
 
 // harness drives a controller on a virtual clock, one operation at a time,
@@ -57,7 +58,8 @@ type harness struct {
 	wg      sync.WaitGroup
 	nextID  int
 	cancels map[int]context.CancelFunc
-	done    map[int]result // results not yet collected by the test
+	decided map[int]admission.Event // each request's decision event
+	done    map[int]result          // results not yet collected by the test
 	log     []admission.Event
 	mu      sync.Mutex
 	viol    []error
@@ -70,6 +72,7 @@ func newHarness(t testing.TB, opts ...admission.Option) *harness {
 		events:  make(chan admission.Event, 1<<14),
 		results: make(chan result, 1<<12),
 		cancels: map[int]context.CancelFunc{},
+		decided: map[int]admission.Event{},
 		done:    map[int]result{},
 	}
 	opts = append([]admission.Option{
@@ -108,10 +111,20 @@ func settles(e admission.Event) int {
 	return 0
 }
 
-// collect reads n results into h.done.
+// collect reads n results into h.done, and checks that each result's
+// Decision agrees with the request's decision event (the controller's own
+// account of the same moment) and with its permit.
 func (h *harness) collect(n int) {
+	h.t.Helper()
 	for range n {
 		r := <-h.results
+		e := h.decided[r.id]
+		require.Equal(h.t, e.Class, r.decision.Class, "request %d: decision's class", r.id)
+		require.Equal(h.t, e.QueuedAhead, r.decision.QueuedAhead, "request %d: decision's queued-ahead", r.id)
+		if r.permit != nil {
+			require.Equal(h.t, r.decision.QueuedAhead, r.permit.QueuedAhead(), "request %d: permit's queued-ahead", r.id)
+			require.Equal(h.t, r.decision.Class, r.permit.Class(), "request %d: permit's class", r.id)
+		}
 		h.done[r.id] = r
 	}
 }
@@ -136,7 +149,7 @@ func (h *harness) drain() []admission.Event {
 	}
 }
 
-// arrive starts Admit for r at the clock's time and returns once the
+// arrive starts AdmitDecision for r at the clock's time and returns once the
 // controller decided (admitted, queued or refused), with the request's id
 // and the decision event.
 func (h *harness) arrive(r admission.Request) (int, admission.Event) {
@@ -147,14 +160,15 @@ func (h *harness) arrive(r admission.Request) (int, admission.Event) {
 	h.wg.Add(1)
 	go func() {
 		defer h.wg.Done()
-		p, err := h.ctrl.Admit(ctx, r)
-		h.results <- result{id: id, permit: p, err: err}
+		p, d, err := h.ctrl.AdmitDecision(ctx, r)
+		h.results <- result{id: id, permit: p, decision: d, err: err}
 	}()
 	var evs []admission.Event
 	for {
 		e := <-h.events
 		evs = append(evs, e)
 		if e.Kind == admission.EventAdmitted || e.Kind == admission.EventQueued || e.Kind == admission.EventRefused {
+			h.decided[id] = e
 			n := 0
 			for _, e := range evs {
 				n += settles(e)

@@ -18,6 +18,7 @@ type waiter struct {
 	deadline   time.Time
 	enq        time.Time
 	predicted  time.Duration // the wait predicted when it was queued
+	ahead      int           // requests of its class queued ahead of it when it joined
 	ready      chan struct{}
 	decided    bool
 	permit     *Permit

@@ -167,7 +167,9 @@ func expired(s *attemptState) error {
 // admit asks the admission controller, if any, for a permit, and records
 // the decision as a tollgate.admission event on the request's span (when a
 // server span is recording, e.g. with otelgrpc): decision, class, and the
-// requests waiting in the class's queue when this one arrived.
+// requests queued ahead of this one in its class, as the controller counted
+// them under its lock when it decided (admission.Decision), so the event
+// costs no snapshot and no second look at the queue.
 func (sv *server) admit(ctx context.Context, method string, in *inbound, req any) (*admission.Permit, error) {
 	ctrl := sv.cfg.admission
 	if ctrl == nil || (in != nil && in.expired) {
@@ -181,23 +183,14 @@ func (sv *server) admit(ctx context.Context, method string, in *inbound, req any
 	if in != nil {
 		tenant, deadline = in.s.Tenant, in.until
 	}
-	span := trace.SpanFromContext(ctx)
-	var before admission.Stats
-	if span.IsRecording() {
-		before = ctrl.Stats() // only for sampled requests: it builds a snapshot
-	}
-	p, err := ctrl.Admit(ctx, admission.Request{Method: method, Tenant: tenant, Size: size, Deadline: deadline})
-	if span.IsRecording() {
-		decision, class := "admitted", ""
+	p, d, err := ctrl.AdmitDecision(ctx, admission.Request{Method: method, Tenant: tenant, Size: size, Deadline: deadline})
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		decision := "admitted"
 		if err != nil {
-			o := status.OutcomeOf(err)
-			decision, class = "refused:"+status.ReasonName(o.Reason), o.Detail.GetWorkloadClass()
-		} else {
-			class = p.Class()
+			decision = "refused:" + status.ReasonName(status.OutcomeOf(err).Reason)
 		}
-		cs, _ := before.Class(class)
 		span.AddEvent(eventAdmission, trace.WithAttributes(attrDecision.String(decision),
-			attrEventClass.String(class), attrQueuedAhead.Int64(int64(cs.Queued))))
+			attrEventClass.String(d.Class), attrQueuedAhead.Int64(int64(d.QueuedAhead))))
 	}
 	if err != nil {
 		if in != nil {

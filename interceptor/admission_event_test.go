@@ -1,0 +1,152 @@
+package interceptor_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/admission"
+	"github.com/tollgate-go/tollgate/interceptor"
+	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
+	"github.com/tollgate-go/tollgate/internal/testsvc"
+	"github.com/tollgate-go/tollgate/status"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"google.golang.org/grpc"
+)
+
+// deadlockBound bounds every wait of the admission event test: it only
+// turns a deadlock into a failure, it asserts nothing about speed.
+const deadlockBound = 30 * time.Second
+
+// within returns the next value of ch, failing the test if none comes
+// within deadlockBound.
+func within[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	timer := time.NewTimer(deadlockBound)
+	defer timer.Stop()
+	select {
+	case v := <-ch:
+		return v
+	case <-timer.C:
+		t.Fatalf("deadlock: no %s within %v", what, deadlockBound)
+		panic("unreachable")
+	}
+}
+
+// TestAdmissionEventQueuedAheadCountsTheRequestsActuallyQueued: one slot,
+// three places. A handler holds the slot on a channel; three requests are
+// sent one at a time, each only once the one before it is in the queue (the
+// controller's observer says so, and a snapshot confirms the queue's
+// length); a fifth finds the queue full (the tap is off, so the
+// interceptor's admission step refuses it). Each request's
+// tollgate.admission event carries the number of requests that were
+// actually queued ahead of it: 0 for the holder, 0, 1 and 2 for the waiters
+// (reported when they start, after the holder is released), 3 for the
+// refusal.
+func TestAdmissionEventQueuedAheadCountsTheRequestsActuallyQueued(t *testing.T) {
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+
+	events := make(chan admission.Event, 64)
+	ctrl, err := admission.New(
+		admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 3}),
+		admission.WithDefaultClass("work"),
+		admission.WithObserver(func(e admission.Event) { events <- e }),
+	)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	awaitEvent := func(kind admission.EventKind) admission.Event {
+		t.Helper()
+		for {
+			if e := within(t, events, kind.String()+" event"); e.Kind == kind {
+				return e
+			}
+		}
+	}
+	queued := func() int {
+		st, _ := ctrl.Stats().Class("work")
+		return st.Queued
+	}
+
+	// The server span stands for otelgrpc's; it names the request's key.
+	withSpan := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		ctx, span := tp.Tracer("test").Start(ctx, info.FullMethod)
+		defer span.End()
+		span.SetAttributes(attribute.String("key", req.(*testingv1.GetRequest).GetKey()))
+		return h(ctx, req)
+	})
+	holding, release := make(chan struct{}), make(chan struct{})
+	svc := &testsvc.Service{GetFunc: func(_ context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		if r.GetKey() == "hold" {
+			close(holding)
+			<-release
+		}
+		return &testingv1.GetResponse{}, nil
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register,
+		append([]grpc.ServerOption{withSpan}, serverOpts(interceptor.WithAdmission(ctrl), interceptor.WithoutAdmissionTap())...)...)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1}))...))
+
+	done := make(chan error, 4)
+	send := func(key string) {
+		go func() {
+			_, err := client.Get(t.Context(), &testingv1.GetRequest{Key: key})
+			done <- err
+		}()
+	}
+	send("hold")
+	within(t, holding, "held handler")
+	awaitEvent(admission.EventAdmitted)
+
+	waiters := []string{"q0", "q1", "q2"}
+	for i, key := range waiters {
+		require.Equal(t, i, queued(), "requests queued before %s is sent", key)
+		send(key)
+		awaitEvent(admission.EventQueued)
+	}
+	require.Equal(t, 3, queued())
+
+	_, err = client.Get(t.Context(), &testingv1.GetRequest{Key: "full"})
+	require.Equal(t, status.ReasonQueueFull, status.OutcomeOf(err).Reason, "%v", err)
+
+	close(release)
+	for range 1 + len(waiters) {
+		require.NoError(t, within(t, done, "answer"))
+	}
+
+	type seen struct {
+		decision, class string
+		ahead           int64
+	}
+	got := map[string]seen{}
+	for _, s := range spans.Ended() {
+		key, ok := attr(s.Attributes(), "key")
+		if !ok {
+			continue
+		}
+		for _, e := range s.Events() {
+			if e.Name != "tollgate.admission" {
+				continue
+			}
+			d, _ := attr(e.Attributes, "decision")
+			c, _ := attr(e.Attributes, "class")
+			q, ok := attr(e.Attributes, "queued_ahead")
+			require.True(t, ok, "%s: queued_ahead is set", key.AsString())
+			_, dup := got[key.AsString()]
+			require.False(t, dup, "%s: one admission event", key.AsString())
+			got[key.AsString()] = seen{d.AsString(), c.AsString(), q.AsInt64()}
+		}
+	}
+	require.Equal(t, map[string]seen{
+		"hold": {"admitted", "work", 0},
+		"q0":   {"admitted", "work", 0},
+		"q1":   {"admitted", "work", 1},
+		"q2":   {"admitted", "work", 2},
+		"full": {"refused:QUEUE_FULL", "work", 3},
+	}, got)
+}
