@@ -380,7 +380,13 @@ func (c *Controller) AdmitDecision(ctx context.Context, r Request) (*Permit, Dec
 	return c.admit(ctx, r, c.cfg.now())
 }
 
-// admit is AdmitDecision at time now.
+// AdmitDecisionAt is [Controller.AdmitDecision] at time now, for the
+// virtual clocks [Controller.AdmitAt] serves.
+func (c *Controller) AdmitDecisionAt(ctx context.Context, r Request, now time.Time) (*Permit, Decision, error) {
+	return c.admit(ctx, r, now)
+}
+
+// admit is AdmitDecisionAt.
 func (c *Controller) admit(ctx context.Context, r Request, now time.Time) (*Permit, Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, Decision{}, waitEnded(status.ReasonUnspecified, nil, err)

@@ -3,6 +3,7 @@ package admission_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/admission"
@@ -158,4 +159,25 @@ func BenchmarkAdmitDecision(b *testing.B) {
 		}
 		p.Release()
 	}
+}
+
+// TestAdmitDecisionAtDecidesAtTheGivenTime: AdmitDecisionAt judges the
+// request's deadline against the time it is given, not the wall clock, and
+// reports the decision as AdmitDecision does.
+func TestAdmitDecisionAtDecidesAtTheGivenTime(t *testing.T) {
+	c, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 1}), admission.WithDefaultClass("work"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	now := time.Now()
+	r := work("/demo.Jobs/Run")
+	r.Deadline = now.Add(time.Hour)
+
+	p, d, err := c.AdmitDecisionAt(context.Background(), r, now)
+	require.NoError(t, err)
+	require.Equal(t, admission.Decision{Class: "work"}, d)
+	p.ReleaseAt(now)
+
+	_, d, err = c.AdmitDecisionAt(context.Background(), r, now.Add(2*time.Hour))
+	require.Equal(t, status.ReasonDeadlineExpired, status.OutcomeOf(err).Reason, "two hours on, the hour-long deadline has passed")
+	require.Equal(t, "work", d.Class)
 }

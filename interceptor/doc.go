@@ -116,8 +116,10 @@
 // outcome, reason and refusing class, and events tollgate.allowance.spend
 // (per try: units taken, grant, units remaining), tollgate.retry (try,
 // reason, delay) and tollgate.attempt.query (state). The server adds a
-// tollgate.admission event (decision, class, queued_ahead) to the request's
-// span when one is recording (e.g. otelgrpc's). Metrics:
+// tollgate.admission event (decision, class, queued_ahead: the requests of
+// the class queued ahead of this one when the controller decided, from
+// admission.Controller.AdmitDecision) to the request's span when one is
+// recording (e.g. otelgrpc's). Metrics:
 // tollgate.client.tries{outcome}, tollgate.allowance.exhausted,
 // tollgate.retry_budget.exhausted, tollgate.metadata.malformed{trusted}, and
 // the admission package's. No tenant or attempt ID is a metric label.
