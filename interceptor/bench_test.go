@@ -2,6 +2,9 @@ package interceptor_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,8 +23,43 @@ import (
 // response, through the plain grpc-go API, with no logic. tollgate's
 // propagation is measured against it.
 func floorClient(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	ctx = metadata.AppendToOutgoingContext(ctx, "tollgate", "a=0190a5b2-7c3e-7def-8123-456789abcdef;c=0.2.1;t=1;d=1764474000123;u=4")
+	ctx = metadata.AppendToOutgoingContext(ctx, "tollgate", constantHeader)
 	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+const constantHeader = "a=0190a5b2-7c3e-7def-8123-456789abcdef;c=0.2.1;t=1;d=1764474000123;u=4"
+
+// uniqueHeaders are distinct header values of constantHeader's length. A
+// propagation header is unique per attempt (it carries the attempt's ID);
+// a constant one is entered in HPACK's dynamic table by the first call and
+// sent as a one-byte index after that, so a floor that sends a constant
+// never pays the Huffman coding on both ends that every real attempt pays.
+// The values are built once, before any benchmark loop: the floor keeps no
+// logic of its own.
+var uniqueHeaders = sync.OnceValue(func() []string {
+	out := make([]string, 1<<16)
+	for i := range out {
+		out[i] = fmt.Sprintf("a=0190a5b2-7c3e-7def-8123-%012x;c=0.2.1;t=1;d=1764474000123;u=4", i)
+	}
+	return out
+})
+
+var uniqueNext atomic.Uint64
+
+// uniqueFloorClient is floorClient with a header value unique per call
+// (cycling through 65,536, far more than HPACK's table holds).
+func uniqueFloorClient(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	hs := uniqueHeaders()
+	ctx = metadata.AppendToOutgoingContext(ctx, "tollgate", hs[uniqueNext.Add(1)%uint64(len(hs))])
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// uniqueFloorDeadlineClient is uniqueFloorClient with floorDeadlineClient's
+// deadline.
+func uniqueFloorDeadlineClient(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return uniqueFloorClient(ctx, method, req, reply, cc, invoker, opts...)
 }
 
 // floorDeadlineClient is the floor plus what DESIGN.md requires of every
@@ -82,6 +120,9 @@ func BenchmarkPropagation(b *testing.B) {
 			[]grpc.DialOption{grpc.WithUnaryInterceptor(floorClient), grpc.WithStatsHandler(noopStats{})}},
 		{"floor-deadline-stats", leaf, []grpc.ServerOption{grpc.UnaryInterceptor(floorServer)},
 			[]grpc.DialOption{grpc.WithUnaryInterceptor(floorDeadlineClient), grpc.WithStatsHandler(noopStats{})}},
+		{"unique-floor", leaf, []grpc.ServerOption{grpc.UnaryInterceptor(floorServer)}, []grpc.DialOption{grpc.WithUnaryInterceptor(uniqueFloorClient)}},
+		{"unique-floor-deadline-stats", leaf, []grpc.ServerOption{grpc.UnaryInterceptor(floorServer)},
+			[]grpc.DialOption{grpc.WithUnaryInterceptor(uniqueFloorDeadlineClient), grpc.WithStatsHandler(noopStats{})}},
 		{"tollgate-leaf", leaf, interceptor.ServerOptions(trusting...), interceptor.DialOptions()},
 		{"tollgate-spend", spend, interceptor.ServerOptions(trusting...), interceptor.DialOptions()},
 	}
