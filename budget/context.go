@@ -13,8 +13,9 @@ type allowanceKey = ctxkey.Allowance
 type grantKey struct{}
 
 // NewContext returns a copy of ctx that carries a, the ledger of the handler
-// run the context belongs to. The server interceptor calls it; handlers find
-// the ledger with [FromContext].
+// run the context belongs to; [FromContext] finds it. The server
+// interceptor's handler contexts carry their ledger without it (they answer
+// the same key); interceptor.StartAttempt and tests use it.
 func NewContext(ctx context.Context, a *Allowance) context.Context {
 	return context.WithValue(ctx, allowanceKey{}, a)
 }

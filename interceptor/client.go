@@ -53,12 +53,22 @@ type call struct {
 	minted attemptState
 	w      owner // the unary owner's state, in the same allocation
 	info   methodinfo.Info
-	// tryBase is the parent of every try's context: the ctx the call's
-	// tries are prepared with (always the same one: the unary owner's, or a
-	// stream try's own call) and the delivery record of t, which the stats
-	// handler looks up. Written by the first prepare, before anything is
-	// sent, and only read after.
+	method string // the call's full method
+	// tryBase is the parent of the first try's context: the ctx the try is
+	// prepared with and the delivery record of t, which the stats handler
+	// looks up. Written by the first prepare, before anything is sent, and
+	// only read after. Every repeat gets a repeatTry of its own, so that a
+	// late stats event of an earlier try (the transport reader may deliver
+	// its InTrailer after the owner stopped waiting for it) never marks a
+	// later try's record.
 	tryBase deliveryCtx
+}
+
+// repeatTry is the storage of a repeat's try and its context base: one
+// allocation per repeat, none for a call's first try.
+type repeatTry struct {
+	t    try
+	base deliveryCtx
 }
 
 // deliveryCtx is a context that carries a try's delivery record for the
@@ -79,7 +89,7 @@ func (c *deliveryCtx) Value(key any) any {
 // new attempt minted here, with its key.
 func (c *client) newCall(ctx context.Context, method string) (*call, error) {
 	info := methodinfo.Of(method)
-	cl := &call{s: attemptFrom(ctx), info: info}
+	cl := &call{s: attemptFrom(ctx), info: info, method: method}
 	if cl.s == nil {
 		if err := cl.minted.initOrigin(ctx, c.cfg.now(), c.cfg.allowance, c.cfg.attemptTimeout); err != nil {
 			return nil, err
@@ -128,9 +138,17 @@ func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy
 			Message: "interceptor: the attempt's deadline leaves no time for a try",
 		})
 	}
-	t := &cl.t
+	// The first try uses the call's own storage; a repeat gets a record of
+	// its own, so that a late stats event of an earlier try (the transport
+	// reader delivers InTrailer after the client may have stopped waiting)
+	// cannot mark it.
+	t, base := &cl.t, &cl.tryBase
+	if base.Context != nil {
+		r := new(repeatTry)
+		t, base = &r.t, &r.base
+	}
 	t.n, t.charged, t.loan = n, false, nil
-	t.delivery.reset(c.statsInstalled, &c.statsSeen)
+	t.delivery.reset(cl.method, c.statsInstalled, &c.statsSeen)
 	if s.Origin {
 		// The origin's own tries are not charged; a repeat is pointless once
 		// the callee can never be lent a unit again.
@@ -166,10 +184,8 @@ func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy
 	if wait := p.perTry(int(n), remaining); wait < remaining {
 		deadline = now.Add(wait)
 	}
-	if cl.tryBase.Context == nil {
-		cl.tryBase = deliveryCtx{Context: ctx, d: &t.delivery}
-	}
-	tctx, cancel := context.WithDeadline(&cl.tryBase, deadline)
+	*base = deliveryCtx{Context: ctx, d: &t.delivery}
+	tctx, cancel := context.WithDeadline(base, deadline)
 	t.cancel = cancel
 	tctx = withHeader(tctx, h.String())
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {

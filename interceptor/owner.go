@@ -31,28 +31,29 @@ type target struct {
 	recordless bool                // guarded by targets.mu
 }
 
-// lastTarget remembers the connection a client's calls went through last
-// and its target, so that the common case (one connection per DialOptions)
-// finds its retry budget without the mutex and the map.
+// lastTarget remembers the target a client's calls went through last, by
+// name (as targets keys them), so that the common case (one target per
+// DialOptions) finds its retry budget without the mutex and the map, and no
+// ClientConn is kept alive by the cache.
 type lastTarget struct {
-	cc *grpc.ClientConn
-	t  *target
+	name string
+	t    *target
 }
 
 func (c *client) target(cc *grpc.ClientConn) *target {
-	if last := c.lastTarget.Load(); last != nil && last.cc == cc {
-		return last.t
-	}
-	t := c.targetOf(cc)
-	c.lastTarget.Store(&lastTarget{cc: cc, t: t})
-	return t
-}
-
-func (c *client) targetOf(cc *grpc.ClientConn) *target {
 	name := ""
 	if cc != nil {
 		name = cc.Target()
 	}
+	if last := c.lastTarget.Load(); last != nil && last.name == name {
+		return last.t
+	}
+	t := c.targetOf(name)
+	c.lastTarget.Store(&lastTarget{name: name, t: t})
+	return t
+}
+
+func (c *client) targetOf(name string) *target {
 	c.targets.mu.Lock()
 	defer c.targets.mu.Unlock()
 	if t := c.targets.m[name]; t != nil {

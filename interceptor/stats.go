@@ -15,6 +15,9 @@ import (
 // try's context; the stats handler finds it there (proven in
 // internal/grpcfacts).
 type delivery struct {
+	// method is the full method of the try; an RPC of another method made
+	// with the try's context is not the try (see statsHandler.TagRPC).
+	method    string
 	outHeader atomic.Bool
 	inTrailer atomic.Bool
 	// tracked is true when the stats handler is known to watch this try:
@@ -40,7 +43,8 @@ const (
 )
 
 // reset readies d for a new try.
-func (d *delivery) reset(tracked bool, seen *atomic.Bool) {
+func (d *delivery) reset(method string, tracked bool, seen *atomic.Bool) {
+	d.method = method
 	d.outHeader.Store(false)
 	d.inTrailer.Store(false)
 	d.tracked.Store(tracked || seen.Load())
@@ -74,8 +78,17 @@ func (d *delivery) state() status.Delivery {
 // try's delivery record and does nothing for calls without one.
 type statsHandler struct{}
 
-func (statsHandler) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
+// TagRPC claims the try's delivery record for the RPC being started, unless
+// the RPC is of another method: an interceptor below tollgate's that makes
+// a side RPC with the try's context (fetching a token, say) must not have
+// that RPC's events booked to the try, or a try it then fails before
+// sending would look sent. The side RPC gets a context that hides the
+// record (its only allocation).
+func (statsHandler) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
 	if d, _ := ctx.Value(deliveryKey{}).(*delivery); d != nil {
+		if info != nil && info.FullMethodName != d.method {
+			return context.WithValue(ctx, deliveryKey{}, (*delivery)(nil))
+		}
 		d.tracked.Store(true)
 		if d.seen != nil && !d.seen.Load() {
 			d.seen.Store(true)
