@@ -1,12 +1,13 @@
 // Package methodinfo reads what tollgate needs to know of a gRPC method from
 // the protobuf registry: its declared idempotency_level and, for replaying a
 // stored unary response, its output message type. Lookups are cached per
-// full method name, so the hot path pays one sync.Map load.
+// full method name, so the hot path pays one atomic load and a map read.
 package methodinfo
 
 import (
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
@@ -31,44 +32,73 @@ type Info struct {
 	Stream bool                     // client or server streaming
 }
 
-// cache maps full method names to their Info. A typed map under a
-// read-write mutex rather than a sync.Map: looking a string up in a sync.Map
-// boxes it, an allocation on every call.
-var cache = struct {
-	mu sync.RWMutex
-	m  map[string]Info
-}{m: map[string]Info{}}
+// maxUnknown bounds the names cached that the registry does not know. Every
+// method a process serves or calls through generated code is registered, a
+// finite set, and cached; but a server whose stream interceptor runs for an
+// UnknownServiceHandler (a proxy) sees any name a peer cares to send, and
+// caching those without a bound would let a peer grow the process's memory.
+// Beyond the bound, unknown names are looked up on every call.
+const maxUnknown = 256
+
+// cache maps full method names to their Info: a map that is never modified
+// once published (copy on write), so readers take no lock and contend on
+// nothing; mu orders the writers. Looking a string up in a sync.Map would
+// box it, an allocation on every call.
+var cache struct {
+	mu      sync.Mutex
+	m       atomic.Pointer[map[string]Info]
+	unknown int // names cached that the registry does not know; guarded by mu
+}
 
 // Of returns the Info of fullMethod ("/pkg.Service/Method"). Safe for
-// concurrent use; after the first lookup of a method it costs one read lock
-// and allocates nothing.
+// concurrent use; once a method is cached it costs an atomic load and a map
+// read, and allocates nothing.
 func Of(fullMethod string) Info {
-	cache.mu.RLock()
-	info, ok := cache.m[fullMethod]
-	cache.mu.RUnlock()
-	if ok {
+	if m := cache.m.Load(); m != nil {
+		if info, ok := (*m)[fullMethod]; ok {
+			return info
+		}
+	}
+	info, known := lookup(fullMethod)
+	cache.mu.Lock()
+	defer cache.mu.Unlock()
+	if !known && cache.unknown >= maxUnknown {
 		return info
 	}
-	info = lookup(fullMethod)
-	cache.mu.Lock()
-	cache.m[fullMethod] = info
-	cache.mu.Unlock()
+	var old map[string]Info
+	if m := cache.m.Load(); m != nil {
+		old = *m
+	}
+	if _, ok := old[fullMethod]; ok {
+		return info
+	}
+	next := make(map[string]Info, len(old)+1)
+	for k, v := range old {
+		next[k] = v
+	}
+	next[fullMethod] = info
+	cache.m.Store(&next)
+	if !known {
+		cache.unknown++
+	}
 	return info
 }
 
-func lookup(fullMethod string) Info {
+// lookup reads fullMethod's Info from the registry, and whether the registry
+// knows the method.
+func lookup(fullMethod string) (Info, bool) {
 	name := strings.TrimPrefix(fullMethod, "/")
 	i := strings.LastIndexByte(name, '/')
 	if i <= 0 || i == len(name)-1 {
-		return Info{}
+		return Info{}, false
 	}
 	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(name[:i] + "." + name[i+1:]))
 	if err != nil {
-		return Info{}
+		return Info{}, false
 	}
 	md, ok := d.(protoreflect.MethodDescriptor)
 	if !ok {
-		return Info{}
+		return Info{}, false
 	}
 	info := Info{Stream: md.IsStreamingClient() || md.IsStreamingServer()}
 	if opts, ok := md.Options().(*descriptorpb.MethodOptions); ok && opts != nil {
@@ -77,5 +107,5 @@ func lookup(fullMethod string) Info {
 	if mt, err := protoregistry.GlobalTypes.FindMessageByName(md.Output().FullName()); err == nil {
 		info.Output = mt
 	}
-	return info
+	return info, true
 }
