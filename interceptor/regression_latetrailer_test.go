@@ -17,17 +17,17 @@ import (
 	"google.golang.org/grpc/stats"
 )
 
-// reviewDeadlock bounds every wait: it only turns a deadlock into a failure.
-const reviewDeadlock = 30 * time.Second
+// gateDeadlock bounds every wait: it only turns a deadlock into a failure.
+const gateDeadlock = 30 * time.Second
 
-func reviewWait(t *testing.T, ch <-chan struct{}, what string) {
+func gateWait(t *testing.T, ch <-chan struct{}, what string) {
 	t.Helper()
-	timer := time.NewTimer(reviewDeadlock)
+	timer := time.NewTimer(gateDeadlock)
 	defer timer.Stop()
 	select {
 	case <-ch:
 	case <-timer.C:
-		t.Fatalf("deadlock: no %s within %v", what, reviewDeadlock)
+		t.Fatalf("deadlock: no %s within %v", what, gateDeadlock)
 	}
 }
 
@@ -36,15 +36,16 @@ func reviewWait(t *testing.T, ch <-chan struct{}, what string) {
 // header's default), "" without a header.
 func tryOf(ctx context.Context) string {
 	md, _ := metadata.FromOutgoingContext(ctx)
-	for _, v := range md.Get("tollgate") {
-		for _, f := range strings.Split(v, ";") {
-			if strings.HasPrefix(f, "t=") {
-				return f[2:]
-			}
-		}
-		return "1"
+	vs := md.Get("tollgate")
+	if len(vs) == 0 {
+		return ""
 	}
-	return ""
+	for _, f := range strings.Split(vs[0], ";") {
+		if strings.HasPrefix(f, "t=") {
+			return f[2:]
+		}
+	}
+	return "1"
 }
 
 // trailerGate is a client stats handler. Installed before tollgate's, it
@@ -55,7 +56,6 @@ func tryOf(ctx context.Context) string {
 type trailerGate struct {
 	open  chan struct{} // nil: do not hold
 	seen  chan struct{} // nil: do not report
-	once  sync.Once
 	fired sync.Once
 }
 
@@ -131,11 +131,11 @@ func TestLateTrailerOfAnEarlierTryDoesNotMarkTheNext(t *testing.T) {
 	// Try 1 answered, but its trailer is held in the reader; the client's
 	// per-try timeout ends it (no InTrailer seen: its grant of 3 is held)
 	// and the owner sends try 2 (Get is NO_SIDE_EFFECTS).
-	reviewWait(t, try2, "try 2 at the server")
+	gateWait(t, try2, "try 2 at the server")
 	openGate() // the reader now delivers try 1's trailer
-	reviewWait(t, after.seen, "try 1's InTrailer at tollgate's stats handler")
+	gateWait(t, after.seen, "try 1's InTrailer at tollgate's stats handler")
 	cancel() // try 2 never gets an answer
-	reviewWait(t, done, "the call's end")
+	gateWait(t, done, "the call's end")
 	require.Error(t, callErr)
 
 	snap := ledger.Snapshot()
