@@ -138,10 +138,8 @@ func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy
 			Message: "interceptor: the attempt's deadline leaves no time for a try",
 		})
 	}
-	// The first try uses the call's own storage; a repeat gets a record of
-	// its own, so that a late stats event of an earlier try (the transport
-	// reader delivers InTrailer after the client may have stopped waiting)
-	// cannot mark it.
+	// The first try uses the call's own storage, a repeat its own (see
+	// call.tryBase).
 	t, base := &cl.t, &cl.tryBase
 	if base.Context != nil {
 		r := new(repeatTry)

@@ -5,6 +5,7 @@
 package methodinfo
 
 import (
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -73,9 +74,7 @@ func Of(fullMethod string) Info {
 		return info
 	}
 	next := make(map[string]Info, len(old)+1)
-	for k, v := range old {
-		next[k] = v
-	}
+	maps.Copy(next, old)
 	next[fullMethod] = info
 	cache.m.Store(&next)
 	if !known {
