@@ -105,11 +105,13 @@ func (statsHandler) HandleRPC(ctx context.Context, s stats.RPCStats) {
 		}
 	case *stats.InTrailer:
 		if d, _ := ctx.Value(deliveryKey{}).(*delivery); d != nil {
+			// grpc-go's trailer keys are lower case, as both keys are:
+			// index the map rather than MD.Get, which lowers the key.
 			tr := s.(*stats.InTrailer).Trailer
-			if n, ok := parseSpent(tr.Get(spentTrailerKey)); ok {
+			if n, ok := parseSpent(tr[spentTrailerKey]); ok {
 				d.spent.Store(n)
 			}
-			if vs := tr.Get(status.PushbackKey); len(vs) > 0 {
+			if vs := tr[status.PushbackKey]; len(vs) > 0 {
 				d.pushback.Store(parsePushback(vs))
 			}
 			d.inTrailer.Store(true)

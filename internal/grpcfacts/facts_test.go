@@ -3,6 +3,7 @@ package grpcfacts_test
 import (
 	"context"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 
@@ -179,4 +180,38 @@ func TestTrailerSetAfterHandlerError(t *testing.T) {
 	err := call(t.Context(), conn, &seen{}, grpc.Trailer(&md))
 	require.Equal(t, codes.NotFound, grpcstatus.Code(err))
 	require.Equal(t, []string{"3"}, md.Get("tollgate-spent"))
+}
+
+// The keys of the trailer a client receives are lower case (HTTP/2 header
+// names are lower case on the wire), so a client may index the trailer map
+// with a lower-case key instead of MD.Get, which lowers the key on every
+// call. A trailer a server names in upper case never arrives under that key:
+// the client's framer refuses the name, and the call ends INTERNAL.
+func TestTrailerKeysArriveLowerCase(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		trailer metadata.MD
+		code    codes.Code
+	}{
+		{"lower case", metadata.MD{"tollgate-spent": {"3"}}, codes.OK},
+		{"upper case", metadata.MD{"Tollgate-Spent": {"3"}}, codes.Internal},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			icpt := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+				resp, err := h(ctx, req)
+				_ = grpc.SetTrailer(ctx, tc.trailer)
+				return resp, err
+			}
+			conn := serve(t, func(context.Context) (*emptypb.Empty, error) { return &emptypb.Empty{}, nil }, grpc.UnaryInterceptor(icpt))
+			var md metadata.MD
+			err := call(t.Context(), conn, &seen{}, grpc.Trailer(&md))
+			require.Equal(t, tc.code, grpcstatus.Code(err), "%v", err)
+			for k := range md {
+				require.Equal(t, strings.ToLower(k), k, "trailer key %q", k)
+			}
+			if tc.code == codes.OK {
+				require.Equal(t, []string{"3"}, md["tollgate-spent"])
+			}
+		})
+	}
 }
