@@ -55,6 +55,10 @@ type inbound struct {
 	expired bool
 	// hctx is the storage of the handler's context (handlerContext).
 	hctx handlerCtx
+	// spentValue is the storage of the tollgate-spent trailer's value
+	// slice: grpc-go copies a trailer when it is set, and nothing writes
+	// the slice after.
+	spentValue [1]string
 }
 
 // begin reads the request's tollgate header and returns the attempt it runs
@@ -265,7 +269,8 @@ func (sv *server) trailer(in *inbound, spent int64, err error) metadata.MD {
 	case in != nil && in.unhonored:
 		md = metadata.MD{spentTrailerKey: []string{"0"}} // of the caller's grant
 	case in != nil && (spent > 0 || in.strict):
-		md = metadata.MD{spentTrailerKey: []string{strconv.FormatInt(spent, 10)}}
+		in.spentValue[0] = strconv.FormatInt(spent, 10)
+		md = metadata.MD{spentTrailerKey: in.spentValue[:]}
 	}
 	if v, ok := status.Pushback(err); ok {
 		if md == nil {
