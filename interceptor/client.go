@@ -86,12 +86,12 @@ func (c *deliveryCtx) Value(key any) any {
 }
 
 // newCall returns the state of a new call: under the attempt in ctx, or a
-// new attempt minted here, with its key.
-func (c *client) newCall(ctx context.Context, method string) (*call, error) {
+// new attempt minted here at now, with its key.
+func (c *client) newCall(ctx context.Context, method string, now time.Time) (*call, error) {
 	info := methodinfo.Of(method)
 	cl := &call{s: attemptFrom(ctx), info: info, method: method}
 	if cl.s == nil {
-		if err := cl.minted.initOrigin(ctx, c.cfg.now(), c.cfg.allowance, c.cfg.attemptTimeout); err != nil {
+		if err := cl.minted.initOrigin(ctx, now, c.cfg.allowance, c.cfg.attemptTimeout); err != nil {
 			return nil, err
 		}
 		cl.s = &cl.minted
@@ -123,9 +123,10 @@ type try struct {
 // deadline, takes its unit (below the origin), lends its callee's grant, and
 // returns the try's context carrying the tollgate header, the shrunk
 // deadline and the delivery record. A refusal is local: nothing was sent.
-func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy) (context.Context, *try, error) {
+// now is the time the try is prepared at (the call's start for its first
+// try, which saves reading the clock twice).
+func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy, now time.Time) (context.Context, *try, error) {
 	s, key := cl.s, cl.key
-	now := c.cfg.now()
 	limit := s.Deadline
 	if d, ok := ctx.Deadline(); ok && d.Before(limit) {
 		limit = d
@@ -260,7 +261,10 @@ func spentNothing(err error, attempt, key string, n uint32) bool {
 // any value already there (a gateway that forwards incoming metadata must not
 // produce two).
 func withHeader(ctx context.Context, value string) context.Context {
-	if md, ok := metadata.FromOutgoingContext(ctx); ok && len(md.Get(headerKey)) > 0 {
+	// ValueFromOutgoingContext looks without copying the caller's metadata;
+	// only a context that already carries a header pays for the copy.
+	if len(metadata.ValueFromOutgoingContext(ctx, headerKey)) > 0 {
+		md, _ := metadata.FromOutgoingContext(ctx)
 		md.Set(headerKey, value) // FromOutgoingContext returned a copy
 		return metadata.NewOutgoingContext(ctx, md)
 	}
@@ -362,7 +366,7 @@ func (c *client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	if isControl(method) {
 		return streamer(ctx, desc, cc, method, opts...)
 	}
-	cl, err := c.newCall(ctx, method)
+	cl, err := c.newCall(ctx, method, c.cfg.now())
 	if err != nil {
 		return nil, err
 	}

@@ -132,7 +132,8 @@ func (c *client) unary(ctx context.Context, method string, req, reply any, cc *g
 	if isControl(method) {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
-	cl, err := c.newCall(ctx, method)
+	start := c.cfg.now()
+	cl, err := c.newCall(ctx, method, start)
 	if err != nil {
 		return err
 	}
@@ -143,24 +144,30 @@ func (c *client) unary(ctx context.Context, method string, req, reply any, cc *g
 	w.loans = w.loanBuf[:0]
 	ctx, span := c.startSpan(ctx, cl.s, cl.key)
 	w.callOpts = opts
-	n, err := w.run(ctx, req, reply, opts)
+	n, err := w.run(ctx, start, req, reply, opts)
 	endSpan(span, cl.s, n, status.OutcomeOf(err))
 	return err
 }
 
 // run sends tries until the call has an answer; it returns the number of the
-// last try and the call's result.
-func (w *owner) run(ctx context.Context, req, reply any, opts []grpc.CallOption) (uint32, error) {
+// last try and the call's result. start is when the call began.
+func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts []grpc.CallOption) (uint32, error) {
 	c, s, key := w.c, w.cl.s, w.cl.key
 	n := uint32(1)
 	counted := 0 // tries counted against the policy (fence jumps are not)
+	first := true
 	var err error
 	for {
 		counted++
 		if n > header.MaxTry { // a fence jumped past the last try the header can carry
 			return n - 1, w.conclude(n-1, err)
 		}
-		tctx, t, perr := c.prepare(ctx, w.cl, n, w.p)
+		now := start
+		if !first {
+			now = c.cfg.now()
+		}
+		first = false
+		tctx, t, perr := c.prepare(ctx, w.cl, n, w.p, now)
 		if perr != nil {
 			return n, w.conclude(n, perr)
 		}

@@ -169,11 +169,18 @@ func TestClientReplacesAForwardedHeader(t *testing.T) {
 	}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions()...))
-	ctx := metadata.NewOutgoingContext(t.Context(), metadata.Pairs("tollgate", "a=forwarded", "other", "x"))
-	_, err := client.Get(ctx, &testingv1.GetRequest{})
-	require.NoError(t, err)
-	require.Len(t, values, 1, "exactly one tollgate header")
-	require.NotContains(t, values[0], "a=forwarded")
+	for name, ctx := range map[string]context.Context{
+		"new":    metadata.NewOutgoingContext(t.Context(), metadata.Pairs("tollgate", "a=forwarded", "other", "x")),
+		"append": metadata.AppendToOutgoingContext(t.Context(), "Tollgate", "a=forwarded", "other", "x"),
+		"both": metadata.AppendToOutgoingContext(metadata.NewOutgoingContext(t.Context(), metadata.Pairs("tollgate", "a=forwarded")),
+			"tollgate", "a=forwarded-too"),
+	} {
+		values = nil
+		_, err := client.Get(ctx, &testingv1.GetRequest{})
+		require.NoError(t, err, name)
+		require.Len(t, values, 1, "%s: exactly one tollgate header", name)
+		require.NotContains(t, values[0], "a=forwarded", name)
+	}
 }
 
 func TestStrictAccountingReportsZeroSpent(t *testing.T) {

@@ -97,7 +97,7 @@ func (cs *clientStream) tryFromLocked(n uint32) bool {
 		// A fresh call per try, so that a late stats event of an earlier
 		// try cannot mark this one's delivery record.
 		tcl := &call{s: w.cl.s, key: w.cl.key, method: w.method}
-		tctx, t, err := c.prepare(cs.ctx, tcl, n, &cs.p)
+		tctx, t, err := c.prepare(cs.ctx, tcl, n, &cs.p, c.cfg.now())
 		if err != nil {
 			cs.endLocked(n, w.conclude(n, err))
 			return false
