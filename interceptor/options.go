@@ -196,6 +196,9 @@ func WithDefaultServiceConfig(json string) ClientOption {
 // when none (the header's r=1), and counts a completed call without that
 // report as having spent its whole grant until reconciled (DESIGN.md §2.3).
 // Use it when a hop between two tollgate peers may be a proxy that retries.
+// A refusal by a callee's admission tap (AdmissionTap) carries no trailer,
+// so a strict caller holds the grant it lent to the refused try, which a
+// lenient caller refunds.
 func WithStrictAccounting() ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.strict = true })
 }
