@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/tollgate-go/tollgate/idempotency"
@@ -28,9 +29,11 @@ func (in *inbound) key(method string) idempotency.Key {
 
 var deterministic = proto.MarshalOptions{Deterministic: true}
 
-// fingerprint is the 128-bit fingerprint of (method, request bytes). A
-// stream's requests arrive after the handler starts: its fingerprint covers
-// the method alone.
+// fingerprint is the 128-bit fingerprint of (method, request bytes): of a
+// unary call's request, and of a server-streaming call's one request when
+// its handler receives it (recordedStream). A request that is not a proto
+// message is fingerprinted by its method alone, as are client-streaming and
+// bidi streams, whose requests arrive while the handler runs.
 func fingerprint(method string, req any) (idempotency.Digest, error) {
 	var b []byte
 	if m, ok := req.(proto.Message); ok {
@@ -186,4 +189,128 @@ func (sv *server) finishTry(ctx context.Context, method string, in *inbound, fp 
 // so that a slow state-changing try finishes and its record resolves.
 func (sv *server) detach(ctx context.Context, in *inbound) (context.Context, context.CancelFunc) {
 	return context.WithDeadline(context.WithoutCancel(ctx), in.s.Deadline.Add(sv.cfg.skew))
+}
+
+// recordedStream is the stream a recorded server-streaming handler gets. Its
+// one request arrives after the handler starts, so the try is begun at the
+// handler's first RecvMsg, with the fingerprint of (method, request): the same
+// call key with another request is refused ATTEMPT_REQUEST_MISMATCH
+// (DESIGN.md §2.2). grpc-go's generated handler receives the request before
+// it calls the method, so the method runs only once the store started the
+// try; when the store answers instead (a finished record, a try in progress,
+// a tombstone, a mismatch, the store unavailable), RecvMsg returns that answer,
+// the generated handler returns it without calling the method, and no record
+// is finished for it.
+//
+// A hand-written handler that sends a message before it received its
+// request, or returns without receiving it, acted before its record could be
+// begun: its SendMsg sends nothing and fails, a later RecvMsg fails too, and
+// the try ends UNKNOWN, final (escapedRun), recorded so where the store still
+// lets it begin. A handler whose first receive fails (no request came) never
+// got to the method and keeps no record.
+//
+// RecvMsg is called by one goroutine at a time, as grpc-go requires, and may
+// run beside one calling SendMsg; end is called after the handler returned.
+type recordedStream struct {
+	serverStream
+	sv     *server
+	in     *inbound
+	ctx    context.Context // the stream's own context, on which the try is begun
+	method string
+	// state is the phase and the escaped bit. The phase leaves phaseIdle once,
+	// in RecvMsg, after fp or refusal is written; SendMsg may set escaped.
+	state   atomic.Uint32
+	fp      idempotency.Digest // of the begun try (phaseBegun)
+	refusal error              // the store's answer instead of a start (phaseRefused)
+}
+
+const (
+	phaseIdle    = iota // the request is not received yet
+	phaseBegun          // received, and the store started the try
+	phaseRefused        // received, and the store answered instead
+	phaseLost           // the first receive failed: no request, no record
+	phaseMask    = 3
+	escapedBit   = 4 // the handler sent before the try was begun
+)
+
+// RecvMsg receives the request and begins the try with its fingerprint, or
+// returns the store's answer instead.
+func (rs *recordedStream) RecvMsg(m any) error {
+	switch st := rs.state.Load(); {
+	case st&phaseMask == phaseBegun || st&phaseMask == phaseLost:
+		return rs.ServerStream.RecvMsg(m)
+	case st&phaseMask == phaseRefused:
+		return rs.refusal
+	case st&escapedBit != 0:
+		return escapedRun(rs.in.s) // it acted first: the request is not read outside a record
+	}
+	if err := rs.ServerStream.RecvMsg(m); err != nil {
+		rs.state.Add(phaseLost)
+		return err
+	}
+	s := rs.in.s
+	fp, err := fingerprint(rs.method, m)
+	started := false
+	if err != nil {
+		err = status.NotAdmitted(status.ReasonRequestTooLarge, status.WithAttempt(s.ID, s.Call, s.Try),
+			status.WithMessage("interceptor: request cannot be marshalled: "+err.Error()))
+	} else {
+		started, _, err = rs.sv.beginTry(rs.ctx, rs.method, rs.in, fp, true)
+	}
+	if started {
+		rs.fp = fp
+		rs.state.Add(phaseBegun)
+		return nil
+	}
+	// The method does not run: nothing may be spent for it.
+	s.ledger.Seal()
+	rs.refusal = err
+	rs.state.Add(phaseRefused)
+	return err
+}
+
+// SendMsg sends m once the try is begun, and otherwise refuses to.
+func (rs *recordedStream) SendMsg(m any) error {
+	if rs.state.Load()&phaseMask != phaseBegun {
+		// Marked escaped unless RecvMsg began the try meanwhile (then the
+		// mark is moot: end looks at a begun try's phase alone).
+		if old := rs.state.Or(escapedBit); old&phaseMask != phaseBegun {
+			return escapedRun(rs.in.s)
+		}
+	}
+	return rs.ServerStream.SendMsg(m)
+}
+
+// end returns, once the handler returned with answer, whether the try has a
+// record to finish (and its fingerprint) and the answer to send: the
+// handler's for a begun try, the store's for a refused one (no record of its
+// own), the handler's for a try whose request never came (no record), and
+// UNKNOWN, final, for a handler that acted before its try was begun. Such a
+// try is begun then, with the fingerprint of the method alone, so that the
+// store does not read the run as absent; it is finished UNKNOWN.
+func (rs *recordedStream) end(answer error) (recorded bool, fp idempotency.Digest, _ error) {
+	st := rs.state.Load()
+	switch {
+	case st&phaseMask == phaseBegun:
+		return true, rs.fp, answer
+	case st&escapedBit == 0 && st&phaseMask == phaseRefused:
+		return false, fp, rs.refusal
+	case st&escapedBit == 0 && st&phaseMask == phaseLost:
+		return false, fp, answer
+	}
+	fp = idempotency.Fingerprint(rs.method, nil)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(rs.ctx), streamFinishTimeout)
+	defer cancel()
+	started, _, _ := rs.sv.beginTry(ctx, rs.method, rs.in, fp, true)
+	return started, fp, escapedRun(rs.in.s)
+}
+
+// escapedRun is the answer of a recorded server-streaming try whose handler
+// sent before it received its request, or returned without receiving it: it
+// ran before its record could be begun, so what it did is unknown, and no
+// query or repeat can tell (final). grpc-go's generated handlers never do
+// this.
+func escapedRun(s *attemptState) error {
+	return status.OutcomeUnknown(nil, status.WithAttempt(s.ID, s.Call, s.Try), status.WithCode(codes.Internal), status.Final(),
+		status.WithMessage("interceptor: a recorded server-streaming handler must receive its request before it sends or returns"))
 }

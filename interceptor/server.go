@@ -408,9 +408,13 @@ const streamFinishTimeout = 5 * time.Second
 // stream is the stream server interceptor. A stream holds its admission
 // permit for its lifetime; its ledger is sealed and tollgate-spent set when
 // the handler returns. With a store, a stream keeps a record like a unary
-// call (its fingerprint covers the method alone: its requests arrive later),
-// and a finished record answers a later try with COMMITTED or its error;
-// its handler keeps the client's cancellation.
+// call, and a finished record answers a later try with COMMITTED or its
+// error; its handler keeps the client's cancellation. A server-streaming
+// call's record is begun when its handler receives the one request, with the
+// fingerprint of (method, request), so that its call key reused with another
+// request is a mismatch (recordedStream); a client-streaming or bidi
+// stream's requests arrive while its handler runs, so its record is begun
+// before the handler, with a fingerprint of the method alone.
 func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	ctx := ss.Context()
 	if isControl(info.FullMethod) {
@@ -436,20 +440,33 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	defer cancel()
 	recorded := sv.recorded(in)
 	fp := idempotency.Fingerprint(info.FullMethod, nil)
-	if recorded {
+	var rs *recordedStream
+	if recorded && info.IsServerStream && !info.IsClientStream {
+		// Begun when the handler receives the request, which grpc-go's
+		// generated handler does before it calls the method.
+		rs = &recordedStream{serverStream: serverStream{ServerStream: ss, ctx: hctx}, sv: sv, in: in, ctx: ctx, method: info.FullMethod}
+	} else if recorded {
 		started, _, err := sv.beginTry(ctx, info.FullMethod, in, fp, true)
 		if !started {
 			sv.setStreamTrailer(ss, in, 0, err)
 			return err
 		}
-		// Unlike a unary handler, a stream's handler keeps the client's
-		// cancellation: it talks to the client, and a cancelled stream must
-		// not hold its slot until the deadline. Its record is finished on a
-		// context of its own, so it resolves all the same.
 	}
-	herr := sv.run(func() error { return handler(srv, &serverStream{ServerStream: ss, ctx: hctx}) })
+	// Unlike a unary handler, a stream's handler keeps the client's
+	// cancellation: it talks to the client, and a cancelled stream must not
+	// hold its slot until the deadline. Its record is finished on a context
+	// of its own, so it resolves all the same.
+	herr := sv.run(func() error {
+		if rs != nil {
+			return handler(srv, rs)
+		}
+		return handler(srv, &serverStream{ServerStream: ss, ctx: hctx})
+	})
 	spent := in.s.ledger.Seal()
 	answer := sv.answer(in, herr)
+	if rs != nil {
+		recorded, fp, answer = rs.end(answer)
+	}
 	if recorded {
 		fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), streamFinishTimeout)
 		answer = sv.finishTry(fctx, info.FullMethod, in, fp, nil, answer, spent, true)
