@@ -29,7 +29,8 @@
 //     rather than wrong, but a primary cut off from its replicas may keep
 //     accepting tries that the promoted replica never sees. WithReplicas(n)
 //     sends WAIT n after each Begin and Fence, on the same connection and in
-//     the same round trip, and answers ErrStoreUnavailable when fewer than n
+//     the same round trip (on a Cluster, the connection to the primary of
+//     the tenant's slot), and answers ErrStoreUnavailable when fewer than n
 //     replicas acknowledged in time, so that a minority primary cannot start
 //     tries or cast ballots on its own.
 //
@@ -177,17 +178,35 @@ func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []str
 		}
 		return v, -1, nil
 	}
+	var client redis.UniversalClient = s.client
+	cluster, _ := s.client.(*redis.ClusterClient)
+	if cluster != nil {
+		// A ClusterClient sends a command without keys, as WAIT is, to any
+		// primary, where it would count the replicas of another
+		// connection's writes: send the pipeline to the keys' primary.
+		node, err := cluster.MasterForKey(ctx, keys[0])
+		if err != nil {
+			return nil, -1, storeErr(err)
+		}
+		client = node
+	}
 	for attempt := 0; ; attempt++ {
-		pipe := s.client.Pipeline()
+		pipe := client.Pipeline()
 		res := sc.EvalSha(ctx, pipe, keys, args...)
 		waited := pipe.Do(ctx, "WAIT", s.replicas, s.waitTimeout.Milliseconds())
 		_, _ = pipe.Exec(ctx)
 		v, err := res.Slice()
 		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") && attempt == 0 {
-			if err := sc.Load(ctx, s.client).Err(); err != nil {
+			if err := sc.Load(ctx, client).Err(); err != nil {
 				return nil, -1, storeErr(err)
 			}
 			continue
+		}
+		if err != nil && cluster != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) {
+			// The slot moved since the client last read the Cluster's map
+			// (the script did not run): answer unavailable, and have the
+			// map read again for the next call.
+			cluster.ReloadState(ctx)
 		}
 		if err != nil {
 			return nil, -1, storeErr(err)

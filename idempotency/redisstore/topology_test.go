@@ -322,6 +322,68 @@ func TestRedisClusterTenantsSpreadOverNodes(t *testing.T) {
 	require.ErrorContains(t, err, "CROSSSLOT", "a script over two tenants' keys")
 }
 
+// WAIT counts the replicas that hold the writes of the connection it is
+// sent on, so the store must send it to the primary that ran the script.
+// In the test Cluster the first primary has a replica and the others have
+// none: a tenant on the first is acknowledged, a tenant on another is not.
+// Several calls per tenant, since a Cluster client spreads commands without
+// keys over the primaries.
+func TestRedisClusterWaitForReplicas(t *testing.T) {
+	c, prefix := newClusterClient(t)
+	clock := storetest.NewClock(time.Now())
+	p := storetest.Policy()
+	ctx := context.Background()
+	var with, without []string // tenants on a primary with a replica online, and on one without
+	for i := 0; (len(with) < 2 || len(without) < 2) && i < 1000; i++ {
+		tenant := fmt.Sprintf("tenant-%d", i)
+		_, sh := shardOf(t, c, horizonKey(prefix, tenant))
+		switch {
+		case sh.replicas == 0 && len(without) < 2:
+			without = append(without, tenant)
+		case sh.replicas > 0 && len(with) < 2:
+			with = append(with, tenant)
+		}
+	}
+	if len(with) == 0 || len(without) == 0 {
+		skipOrFail(t, "the test Cluster needs a primary with a replica online and one without ("+topologyHint+")")
+	}
+	// A replica acknowledges within a round trip; the long timeout is a bound.
+	acked := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithReplicas(1, 2*time.Second))
+	// No replica can acknowledge: the time WAIT waits in vain is all this sets.
+	short := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithReplicas(1, 20*time.Millisecond))
+	plain := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
+	for _, tenant := range append(append([]string{}, with...), without...) {
+		_, err := plain.Get(ctx, idempotency.Key{Tenant: tenant, AttemptID: storetest.AttemptIDAt(clock.Now()), Call: "0", Method: "/x.Y/Z"})
+		require.NoError(t, err)
+	}
+	clock.Advance(p.Skew)
+	id := storetest.AttemptIDAt(clock.Now())
+	for round := range 3 {
+		for _, tenant := range with {
+			k := idempotency.Key{Tenant: tenant, AttemptID: id, Call: fmt.Sprint(round), Method: "/x.Y/Z"}
+			res, err := acked.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
+			require.NoError(t, err, "tenant %s, whose primary has a replica", tenant)
+			require.True(t, res.Started)
+			k.Call += ".f"
+			rec, err := acked.Fence(ctx, k, 1)
+			require.NoError(t, err, "tenant %s, whose primary has a replica", tenant)
+			require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState())
+		}
+		for _, tenant := range without {
+			k := idempotency.Key{Tenant: tenant, AttemptID: id, Call: fmt.Sprint(round), Method: "/x.Y/Z"}
+			_, err := short.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
+			require.ErrorIs(t, err, idempotency.ErrStoreUnavailable, "tenant %s, whose primary has no replica", tenant)
+			require.ErrorContains(t, err, "0 of 1 replicas")
+			rec, err := plain.Get(ctx, k)
+			require.NoError(t, err)
+			require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState(), "the try that fell short is fenced")
+			k.Call += ".f"
+			_, err = short.Fence(ctx, k, 1)
+			require.ErrorIs(t, err, idempotency.ErrStoreUnavailable, "tenant %s, whose primary has no replica", tenant)
+		}
+	}
+}
+
 // With a live replica, WithReplicas(1) Begin and Fence answer, and when they
 // do the replica already holds what they wrote (TestRedisWaitForReplicas is
 // the contrast: the lone Redis has no replica and they are refused).
