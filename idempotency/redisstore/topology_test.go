@@ -384,6 +384,37 @@ func TestRedisClusterWaitForReplicas(t *testing.T) {
 	}
 }
 
+// New checks maxmemory-policy on every node of a Cluster, replicas
+// included (a replica becomes a primary in a failover), not on whichever
+// node a command without keys reaches.
+func TestRedisClusterNewChecksEveryNode(t *testing.T) {
+	c, _ := newClusterClient(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	var addrs []string
+	require.NoError(t, c.ForEachShard(ctx, func(_ context.Context, n *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		addrs = append(addrs, n.Options().Addr)
+		return nil
+	}))
+	for _, addr := range addrs {
+		t.Run(addr, func(t *testing.T) {
+			n := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+			defer n.Close()
+			require.NoError(t, n.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err())
+			defer func() { require.NoError(t, n.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err()) }()
+			for range len(addrs) { // every node in turn may answer a command without keys
+				_, err := redisstore.New(ctx, c)
+				require.ErrorContains(t, err, "noeviction")
+				require.ErrorContains(t, err, addr)
+			}
+		})
+	}
+	_, err := redisstore.New(ctx, c)
+	require.NoError(t, err)
+}
+
 // With a live replica, WithReplicas(1) Begin and Fence answer, and when they
 // do the replica already holds what they wrote (TestRedisWaitForReplicas is
 // the contrast: the lone Redis has no replica and they are refused).
