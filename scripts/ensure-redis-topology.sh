@@ -104,8 +104,12 @@ echo "redis primary at 127.0.0.1:${primary}, its replica at 127.0.0.1:${replica}
 
 # --- the Cluster ------------------------------------------------------------
 
+# A Cluster node leaves a replica out of CLUSTER SLOTS, where clients learn
+# the topology, while the replica's replication offset is 0; a primary's ping
+# every second moves it soon after the replica attaches.
 for p in "${primaries[@]}" "$cluster_replica"; do
-  start "$p" --cluster-enabled yes --cluster-config-file "$run_dir/$p/nodes.conf" --cluster-node-timeout 5000
+  start "$p" --cluster-enabled yes --cluster-config-file "$run_dir/$p/nodes.conf" --cluster-node-timeout 5000 \
+    --repl-ping-replica-period 1
   [[ "$(info "$p" server redis_mode)" == cluster ]] || die "127.0.0.1:${p} answers but is not in cluster mode"
 done
 
@@ -118,9 +122,10 @@ healthy() {
       "$(info "$p" replication role)" == master ]] || return 1
   done
   [[ "$(cinfo "$cluster_replica" cluster_state)" == ok ]] && in_sync "$cluster_replica" "${primaries[0]}" || return 1
-  # Every primary's view (clients read the topology from any) knows the replica.
-  for p in "${primaries[@]}"; do
-    cli "$p" CLUSTER NODES | grep -q "^[0-9a-f]* 127.0.0.1:${cluster_replica}@[0-9]* slave " || return 1
+  # Every node's view (clients read the topology from any) has the replica.
+  for p in "${primaries[@]}" "$cluster_replica"; do
+    cli "$p" CLUSTER NODES | grep -q "^[0-9a-f]* 127.0.0.1:${cluster_replica}@[0-9]* \(myself,\)\?slave " || return 1
+    cli "$p" CLUSTER SLOTS | grep -qx "$cluster_replica" || return 1
   done
 }
 
