@@ -185,40 +185,28 @@ func recordKey(prefix string, k idempotency.Key) string {
 	return prefix + "{t:" + k.Tenant + "}:r|" + k.AttemptID + "|" + k.Call + "|" + k.Method
 }
 
-// shard is one shard of the Cluster: the address of its primary and how
-// many of its replicas are online.
-type shard struct {
-	primary  string
-	replicas int
-}
-
-// shardOf returns the slot of key, as the Cluster computes it, and the shard
-// that serves it.
-func shardOf(t testing.TB, c *redis.ClusterClient, key string) (int64, shard) {
+// primaryOf returns the slot of key, as the Cluster computes it, and the
+// address of the primary that serves it.
+func primaryOf(t testing.TB, c *redis.ClusterClient, key string) (int64, string) {
 	t.Helper()
 	ctx := context.Background()
 	slot, err := c.ClusterKeySlot(ctx, key).Result()
 	require.NoError(t, err)
 	shards, err := c.ClusterShards(ctx).Result()
 	require.NoError(t, err)
-	for _, cs := range shards {
-		for _, r := range cs.Slots {
+	for _, sh := range shards {
+		for _, r := range sh.Slots {
 			if r.Start <= slot && slot <= r.End {
-				var sh shard
-				for _, n := range cs.Nodes {
-					switch {
-					case n.Role == "master":
-						sh.primary = net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
-					case n.Health == "online":
-						sh.replicas++
+				for _, n := range sh.Nodes {
+					if n.Role == "master" {
+						return slot, net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
 					}
 				}
-				return slot, sh
 			}
 		}
 	}
-	t.Fatalf("no shard serves slot %d", slot)
-	return 0, shard{}
+	t.Fatalf("no primary serves slot %d", slot)
+	return 0, ""
 }
 
 // primaries returns a client of each of the Cluster's primaries by address;
@@ -264,9 +252,9 @@ func TestRedisClusterTenantsSpreadOverNodes(t *testing.T) {
 	tenantOn := map[string]string{} // primary address → a tenant whose slot it owns
 	for i := 0; len(tenantOn) < len(nodes) && i < 1000; i++ {
 		tenant := fmt.Sprintf("tenant-%d", i)
-		_, sh := shardOf(t, c, horizonKey(prefix, tenant))
-		if _, ok := tenantOn[sh.primary]; !ok {
-			tenantOn[sh.primary] = tenant
+		_, primary := primaryOf(t, c, horizonKey(prefix, tenant))
+		if _, ok := tenantOn[primary]; !ok {
+			tenantOn[primary] = tenant
 		}
 	}
 	require.Len(t, tenantOn, len(nodes), "some tenant lands on each primary")
@@ -281,10 +269,10 @@ func TestRedisClusterTenantsSpreadOverNodes(t *testing.T) {
 		k := idempotency.Key{Tenant: tenant, AttemptID: storetest.AttemptIDAt(clock.Now()), Call: "0", Method: "/x.Y/Z"}
 		keys[tenant] = k
 		hk, rk := horizonKey(prefix, tenant), recordKey(prefix, k)
-		hSlot, sh := shardOf(t, c, hk)
-		rSlot, _ := shardOf(t, c, rk)
+		hSlot, primary := primaryOf(t, c, hk)
+		rSlot, _ := primaryOf(t, c, rk)
 		require.Equal(t, hSlot, rSlot, "tenant %s: horizon and record share a slot", tenant)
-		require.Equal(t, addr, sh.primary)
+		require.Equal(t, addr, primary)
 
 		res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
 		require.NoError(t, err)
@@ -333,19 +321,25 @@ func TestRedisClusterWaitForReplicas(t *testing.T) {
 	clock := storetest.NewClock(time.Now())
 	p := storetest.Policy()
 	ctx := context.Background()
-	var with, without []string // tenants on a primary with a replica online, and on one without
+	nodes := primaries(t, c)
+	var with, without []string // tenants on a primary with a replica attached, and on one without
 	for i := 0; (len(with) < 2 || len(without) < 2) && i < 1000; i++ {
 		tenant := fmt.Sprintf("tenant-%d", i)
-		_, sh := shardOf(t, c, horizonKey(prefix, tenant))
-		switch {
-		case sh.replicas == 0 && len(without) < 2:
-			without = append(without, tenant)
-		case sh.replicas > 0 && len(with) < 2:
-			with = append(with, tenant)
+		_, primary := primaryOf(t, c, horizonKey(prefix, tenant))
+		// What WAIT counts: the replicas attached to the primary.
+		switch mustInfo(t, nodes[primary], "replication", "connected_slaves") {
+		case "0":
+			if len(without) < 2 {
+				without = append(without, tenant)
+			}
+		default:
+			if len(with) < 2 {
+				with = append(with, tenant)
+			}
 		}
 	}
 	if len(with) == 0 || len(without) == 0 {
-		skipOrFail(t, "the test Cluster needs a primary with a replica online and one without ("+topologyHint+")")
+		skipOrFail(t, "the test Cluster needs a primary with a replica and one without ("+topologyHint+")")
 	}
 	// A replica acknowledges within a round trip; the long timeout is a bound.
 	acked := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithReplicas(1, 2*time.Second))
