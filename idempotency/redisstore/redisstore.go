@@ -29,7 +29,8 @@
 //     rather than wrong, but a primary cut off from its replicas may keep
 //     accepting tries that the promoted replica never sees. WithReplicas(n)
 //     sends WAIT n after each Begin and Fence, on the same connection and in
-//     the same round trip, and answers ErrStoreUnavailable when fewer than n
+//     the same round trip (on a Cluster, the connection to the primary of
+//     the tenant's slot), and answers ErrStoreUnavailable when fewer than n
 //     replicas acknowledged in time, so that a minority primary cannot start
 //     tries or cast ballots on its own.
 //
@@ -102,7 +103,8 @@ type Store struct {
 // (a *redis.Client or a *redis.ClusterClient). The client must be built with
 // ContextTimeoutEnabled: true, so that a context's deadline bounds every
 // store call (go-redis ignores deadlines otherwise). New checks that, that
-// Redis answers, and that its maxmemory-policy is noeviction, and loads the
+// Redis answers, and that its maxmemory-policy is noeviction (on a Cluster,
+// on every node the client knows of, replicas included), and loads the
 // scripts. It returns an error wrapping idempotency.ErrStoreUnavailable when
 // Redis cannot be reached and an error naming the problem for a wrong
 // setting or option.
@@ -126,12 +128,8 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 	if s.replicas < 0 || (s.replicas > 0 && s.waitTimeout <= 0) {
 		return nil, errors.New("redisstore: WithReplicas needs n ≥ 0 and, for n > 0, a positive timeout")
 	}
-	cfg, err := client.ConfigGet(ctx, "maxmemory-policy").Result()
-	if err != nil {
-		return nil, fmt.Errorf("%w: redisstore: reading maxmemory-policy: %w", idempotency.ErrStoreUnavailable, err)
-	}
-	if p := cfg["maxmemory-policy"]; p != "noeviction" {
-		return nil, fmt.Errorf("redisstore: Redis maxmemory-policy is %q; it must be noeviction, or Redis may evict records and a repeated try would run again", p)
+	if err := checkNoEviction(ctx, client); err != nil {
+		return nil, err
 	}
 	for _, sc := range []*redis.Script{beginScript, finishScript, getScript, fenceScript} {
 		if err := sc.Load(ctx, client).Err(); err != nil {
@@ -139,6 +137,29 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 		}
 	}
 	return s, nil
+}
+
+// checkNoEviction checks that Redis's maxmemory-policy is noeviction: on a
+// Cluster, on every node it knows, replicas included (a replica becomes a
+// primary in a failover). A ClusterClient would send CONFIG GET to one
+// primary only.
+func checkNoEviction(ctx context.Context, client redis.UniversalClient) error {
+	check := func(ctx context.Context, c redis.UniversalClient, where string) error {
+		cfg, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+		if err != nil {
+			return fmt.Errorf("%w: redisstore: reading maxmemory-policy%s: %w", idempotency.ErrStoreUnavailable, where, err)
+		}
+		if p := cfg["maxmemory-policy"]; p != "noeviction" {
+			return fmt.Errorf("redisstore: Redis maxmemory-policy%s is %q; it must be noeviction, or Redis may evict records and a repeated try would run again", where, p)
+		}
+		return nil
+	}
+	if cluster, ok := client.(*redis.ClusterClient); ok {
+		return cluster.ForEachShard(ctx, func(ctx context.Context, node *redis.Client) error {
+			return check(ctx, node, " at "+node.Options().Addr)
+		})
+	}
+	return check(ctx, client, "")
 }
 
 func honoursDeadlines(c redis.UniversalClient) bool {
@@ -177,17 +198,35 @@ func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []str
 		}
 		return v, -1, nil
 	}
+	var client redis.UniversalClient = s.client
+	cluster, _ := s.client.(*redis.ClusterClient)
+	if cluster != nil {
+		// A ClusterClient sends a command without keys, as WAIT is, to any
+		// primary, where it would count the replicas of another
+		// connection's writes: send the pipeline to the keys' primary.
+		node, err := cluster.MasterForKey(ctx, keys[0])
+		if err != nil {
+			return nil, -1, storeErr(err)
+		}
+		client = node
+	}
 	for attempt := 0; ; attempt++ {
-		pipe := s.client.Pipeline()
+		pipe := client.Pipeline()
 		res := sc.EvalSha(ctx, pipe, keys, args...)
 		waited := pipe.Do(ctx, "WAIT", s.replicas, s.waitTimeout.Milliseconds())
 		_, _ = pipe.Exec(ctx)
 		v, err := res.Slice()
 		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") && attempt == 0 {
-			if err := sc.Load(ctx, s.client).Err(); err != nil {
+			if err := sc.Load(ctx, client).Err(); err != nil {
 				return nil, -1, storeErr(err)
 			}
 			continue
+		}
+		if err != nil && cluster != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) {
+			// The slot moved since the client last read the Cluster's map
+			// (the script did not run): answer unavailable, and have the
+			// map read again for the next call.
+			cluster.ReloadState(ctx)
 		}
 		if err != nil {
 			return nil, -1, storeErr(err)
