@@ -41,6 +41,7 @@ package redisstore
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"strconv"
@@ -256,7 +257,7 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 	p := s.policy
 	v, acked, err := s.run(ctx, true, beginScript, s.keys(req.Key),
 		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
-		req.Try, req.Fingerprint[:], req.Deadline.UnixMilli())
+		req.Try, req.Fingerprint[:], req.Deadline.UnixMilli(), callToken())
 	if err != nil {
 		return idempotency.BeginResult{}, err
 	}
@@ -290,6 +291,16 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 		return idempotency.BeginResult{Refusal: idempotency.RefusedUnverifiable, Record: idempotency.UnknownRecord(req.Key)}, nil
 	}
 	return idempotency.BeginResult{}, fmt.Errorf("%w: redisstore: unexpected begin reply %d", idempotency.ErrStoreUnavailable, kind)
+}
+
+// callToken returns a random token naming one Begin or Finish call. go-redis
+// sends a command again when its reply is lost (an EOF, a reset connection,
+// a read timeout), although Redis may have run it: the script stores the
+// token, and a second run that finds it knows it is the same call.
+func callToken() []byte {
+	tok := make([]byte, 16)
+	_, _ = rand.Read(tok) // never fails (crypto/rand)
+	return tok
 }
 
 func (s *Store) short(acked int) error {

@@ -154,12 +154,49 @@ func newLossyStore(t *testing.T, c redis.UniversalClient, d *lossyDialer, prefix
 
 var lossyFingerprint = idempotency.Fingerprint("/x.Y/Z", []byte("charge card"))
 
+func (l lossyStore) begin(t *testing.T) idempotency.BeginRequest {
+	return idempotency.BeginRequest{Key: l.key, Try: 1, Fingerprint: lossyFingerprint, Deadline: l.clock.Now().Add(5 * time.Second)}
+}
+
 // requireRetried checks that go-redis sent the script a second time after
 // its first reply was lost: what makes these tests mean anything.
 func requireRetried(t *testing.T, d *lossyDialer) {
 	t.Helper()
 	require.Equal(t, int32(1), d.lost.Load(), "the first reply was lost")
 	require.Equal(t, int32(2), d.evalsha.Load(), "go-redis ran the script again after its reply was lost")
+}
+
+// beginLostReply is the test of a Begin whose first reply is lost: the
+// script runs twice for one Begin call, and the try must start. A
+// duplicated delivery of the same try (another Begin call) is still refused.
+func beginLostReply(t *testing.T, l lossyStore) {
+	ctx := context.Background()
+	req := l.begin(t)
+	l.d.arm()
+	res, err := l.s.Begin(ctx, req)
+	require.NoError(t, err)
+	requireRetried(t, l.d)
+	require.True(t, res.Started, "the store refused its own try: %v, record %v", res.Refusal, res.Record)
+
+	dup, err := l.s.Begin(ctx, req)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.RefusedInProgress, dup.Refusal, "a duplicated delivery of the try is another call")
+
+	require.NoError(t, l.s.Finish(ctx, idempotency.FinishRequest{Key: l.key, Try: 1, Fingerprint: lossyFingerprint,
+		State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("ok")}))
+	rec, err := l.s.Get(ctx, l.key)
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, rec.GetState())
+}
+
+func TestRedisBeginReplyLost(t *testing.T) {
+	for _, mode := range []loss{lossEOF, lossTimeout} {
+		t.Run(mode.String(), func(t *testing.T) {
+			_, prefix := newClient(t)
+			c, d := newLossyClient(t, redisAddr(), mode)
+			beginLostReply(t, newLossyStore(t, c, d, prefix))
+		})
+	}
 }
 
 // A Fence whose first reply is lost runs twice: the second run finds the
@@ -184,5 +221,62 @@ func TestRedisFenceReplyLost(t *testing.T) {
 			require.NoError(t, err)
 			require.True(t, res.Started)
 		})
+	}
+}
+
+// On a Cluster the ClusterClient retries (up to MaxRedirects times) what
+// its node's client does not: the script runs twice as well.
+func TestRedisClusterBeginReplyLost(t *testing.T) {
+	for _, mode := range []loss{lossEOF, lossTimeout} {
+		t.Run(mode.String(), func(t *testing.T) {
+			_, prefix := newClusterClient(t)
+			d := &lossyDialer{mode: mode}
+			opts := &redis.ClusterOptions{Addrs: clusterAddrs(), ContextTimeoutEnabled: true, Dialer: d.dial}
+			if mode == lossTimeout {
+				opts.ReadTimeout = lossyReadTimeout
+			}
+			c := redis.NewClusterClient(opts)
+			t.Cleanup(func() { _ = c.Close() })
+			beginLostReply(t, newLossyStore(t, c, d, prefix))
+		})
+	}
+}
+
+// With WithReplicas, Begin's script and WAIT go as one pipeline, which
+// go-redis retries as a whole: the script runs twice, then WAIT counts the
+// replica.
+func TestRedisReplicatedBeginReplyLost(t *testing.T) {
+	for _, mode := range []loss{lossEOF, lossTimeout} {
+		t.Run(mode.String(), func(t *testing.T) {
+			_, _, prefix := newReplicatedClients(t)
+			c, d := newLossyClient(t, replicatedAddr(), mode)
+			beginLostReply(t, newLossyStore(t, c, d, prefix, redisstore.WithReplicas(1, 2*time.Second)))
+		})
+	}
+}
+
+// A record IN_PROGRESS written by the scripts before Begin carried a token
+// (it has no "tok" field) is never taken for the Begin call that sees it:
+// the try is refused, whether go-redis ran the script once or twice.
+func TestRedisBeginRecordWithoutToken(t *testing.T) {
+	plain, prefix := newClient(t)
+	c, d := newLossyClient(t, redisAddr(), lossEOF)
+	l := newLossyStore(t, c, d, prefix)
+	ctx := context.Background()
+	req := l.begin(t)
+	res, err := l.s.Begin(ctx, req)
+	require.NoError(t, err)
+	require.True(t, res.Started)
+	require.Equal(t, int64(1), plain.HDel(ctx, recordKey(prefix, l.key), "tok").Val())
+	for _, lose := range []bool{false, true} {
+		if lose {
+			d.arm()
+		}
+		res, err = l.s.Begin(ctx, req)
+		require.NoError(t, err)
+		require.Equal(t, idempotency.RefusedInProgress, res.Refusal)
+		if lose {
+			requireRetried(t, d)
+		}
 	}
 }

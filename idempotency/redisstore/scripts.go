@@ -30,7 +30,7 @@ const (
 )
 
 const prelude = `
-local FIELDS = {'st','fp','try','fen','code','msg','det','resp','ret','units','sa','fa','lease','dl','exp'}
+local FIELDS = {'st','fp','try','fen','code','msg','det','resp','ret','units','sa','fa','lease','dl','exp','tok'}
 local IN_PROGRESS, FENCED, ABANDONED = 2, 5, 6
 
 local function n(x) return string.format('%d', x) end
@@ -80,10 +80,15 @@ local function expire(rk, now, exp)
 end
 `
 
-// begin: KEYS horizon, record. ARGV now, skew, ttl, grace, ts, try, fp, dl.
+// begin: KEYS horizon, record. ARGV now, skew, ttl, grace, ts, try, fp, dl,
+// tok. tok is random, one per Begin call: a record IN_PROGRESS for the same
+// try with the same tok was started by this very call, whose script runs
+// again when the client resends it after losing its reply, and answers
+// "started" again. Any other Begin of the try (a duplicated delivery) finds
+// another tok, or none in a record that older scripts wrote, and is refused.
 var beginScript = redis.NewScript(prelude + `
 local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local ts, try, fp, dl = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
+local ts, try, fp, dl, tok = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8]), ARGV[9]
 local hz = horizon(KEYS[1], now)
 if not inside(ts, hz, now, skew) then return {7} end
 local v = load(KEYS[2], now)
@@ -91,7 +96,10 @@ local units, fen = '0', '0'
 if v then
   if v[2] ~= '' and v[2] ~= fp then return reply(5, v, now) end
   local st = view(v, now)
-  if st == IN_PROGRESS then return reply(2, v, now) end
+  if st == IN_PROGRESS then
+    if v[16] == tok and tonumber(v[3]) == try then return {0} end
+    return reply(2, v, now)
+  end
   if st == ABANDONED then return reply(3, v, now) end
   if st ~= FENCED then return reply(1, v, now) end
   if try <= tonumber(v[4]) then return reply(4, v, now) end
@@ -102,7 +110,7 @@ if not v and now >= ts - skew + ttl then return {7} end
 local exp = math.max(now + ttl, dl + skew + grace)
 redis.call('HSET', KEYS[2], 'st', IN_PROGRESS, 'fp', fp, 'try', n(try), 'fen', fen, 'code', '0', 'msg', '',
   'det', '', 'resp', '', 'ret', '0', 'units', units, 'sa', n(now), 'fa', '0', 'lease', n(dl + skew),
-  'dl', n(dl), 'exp', n(exp))
+  'dl', n(dl), 'exp', n(exp), 'tok', tok)
 expire(KEYS[2], now, exp)
 return {0}
 `)
