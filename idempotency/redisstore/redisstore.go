@@ -338,7 +338,7 @@ func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest) error
 	}
 	v, _, err := s.run(ctx, false, finishScript, s.keys(req.Key),
 		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
-		req.Try, req.Fingerprint[:], int(req.State), code, msg, det, resp, retained, req.UnitsSpent)
+		req.Try, req.Fingerprint[:], int(req.State), code, msg, det, resp, retained, req.UnitsSpent, callToken())
 	if err != nil {
 		return err
 	}

@@ -199,6 +199,37 @@ func TestRedisBeginReplyLost(t *testing.T) {
 	}
 }
 
+// A Finish whose first reply is lost runs twice; the second run must not
+// turn a finish that took place into ErrNotRunning, nor count the try's
+// units twice. Another Finish of the same try is still refused.
+func TestRedisFinishReplyLost(t *testing.T) {
+	for _, mode := range []loss{lossEOF, lossTimeout} {
+		t.Run(mode.String(), func(t *testing.T) {
+			_, prefix := newClient(t)
+			c, d := newLossyClient(t, redisAddr(), mode)
+			l := newLossyStore(t, c, d, prefix)
+			ctx := context.Background()
+			res, err := l.s.Begin(ctx, l.begin(t))
+			require.NoError(t, err)
+			require.True(t, res.Started)
+			fin := idempotency.FinishRequest{Key: l.key, Try: 1, Fingerprint: lossyFingerprint,
+				State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("ok"), UnitsSpent: 2}
+			d.arm()
+			err = l.s.Finish(ctx, fin)
+			requireRetried(t, d)
+			require.NoError(t, err, "the finish took place")
+			rec, err := l.s.Get(ctx, l.key)
+			require.NoError(t, err)
+			require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, rec.GetState())
+			require.Equal(t, []byte("ok"), rec.GetResponse())
+			require.Equal(t, int64(2), rec.GetUnitsSpent(), "the units are counted once")
+
+			fin.State, fin.Response = tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, nil
+			require.ErrorIs(t, l.s.Finish(ctx, fin), idempotency.ErrNotRunning, "another finish of the try")
+		})
+	}
+}
+
 // A Fence whose first reply is lost runs twice: the second run finds the
 // tombstone the first one wrote (or raised) and answers it, as a repeated
 // FenceAttempt would.
