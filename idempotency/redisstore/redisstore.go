@@ -37,6 +37,23 @@
 // Times come from the calling server's clock; servers' clocks are assumed to
 // agree within the policy's skew. The horizon keys (one small hash per tenant
 // and prefix) have no TTL; records do.
+//
+// # A script that runs twice
+//
+// go-redis sends a command again when it lost its reply to an EOF, a reset
+// connection or a ReadTimeout (up to Options.MaxRetries times; on a Cluster,
+// MaxRedirects), although Redis may already have run it: one Begin, Finish
+// or Fence call may run its script twice. Each Begin and each Finish call
+// sends a random token that its script keeps in the record; a second run
+// that finds its own token answers as the first run did (the try started,
+// the finish took place) and writes nothing, while any other call — a
+// duplicated delivery of the same try, a second Finish — is refused as
+// before. A second run of a Fence answers the record as it stands — the
+// tombstone the first run wrote or raised, unless another call changed it
+// since — as a repeated FenceAttempt would; Get changes no record. A reply
+// lost when the context's deadline ends the call is not asked for again:
+// the call fails with ErrStoreUnavailable, and a try that Redis did begin
+// reads IN_PROGRESS until its lease ends, then ABANDONED.
 package redisstore
 
 import (
