@@ -114,7 +114,7 @@ func (c *lossyConn) Read(b []byte) (int, error) {
 
 // The read timeout of lossy clients in lossTimeout mode: short, so that the
 // lost reply is given up soon; long enough for a loaded test machine.
-const lossyReadTimeout = 300 * time.Millisecond
+const lossyReadTimeout = 500 * time.Millisecond
 
 // newLossyClient returns a client of the test Redis as the store is used
 // with (ContextTimeoutEnabled, go-redis's default retries), whose
@@ -154,7 +154,7 @@ func newLossyStore(t *testing.T, c redis.UniversalClient, d *lossyDialer, prefix
 
 var lossyFingerprint = idempotency.Fingerprint("/x.Y/Z", []byte("charge card"))
 
-func (l lossyStore) begin(t *testing.T) idempotency.BeginRequest {
+func (l lossyStore) begin() idempotency.BeginRequest {
 	return idempotency.BeginRequest{Key: l.key, Try: 1, Fingerprint: lossyFingerprint, Deadline: l.clock.Now().Add(5 * time.Second)}
 }
 
@@ -171,7 +171,7 @@ func requireRetried(t *testing.T, d *lossyDialer) {
 // duplicated delivery of the same try (another Begin call) is still refused.
 func beginLostReply(t *testing.T, l lossyStore) {
 	ctx := context.Background()
-	req := l.begin(t)
+	req := l.begin()
 	l.d.arm()
 	res, err := l.s.Begin(ctx, req)
 	require.NoError(t, err)
@@ -209,7 +209,7 @@ func TestRedisFinishReplyLost(t *testing.T) {
 			c, d := newLossyClient(t, redisAddr(), mode)
 			l := newLossyStore(t, c, d, prefix)
 			ctx := context.Background()
-			res, err := l.s.Begin(ctx, l.begin(t))
+			res, err := l.s.Begin(ctx, l.begin())
 			require.NoError(t, err)
 			require.True(t, res.Started)
 			fin := idempotency.FinishRequest{Key: l.key, Try: 1, Fingerprint: lossyFingerprint,
@@ -294,7 +294,7 @@ func TestRedisBeginRecordWithoutToken(t *testing.T) {
 	c, d := newLossyClient(t, redisAddr(), lossEOF)
 	l := newLossyStore(t, c, d, prefix)
 	ctx := context.Background()
-	req := l.begin(t)
+	req := l.begin()
 	res, err := l.s.Begin(ctx, req)
 	require.NoError(t, err)
 	require.True(t, res.Started)
