@@ -37,10 +37,28 @@
 // Times come from the calling server's clock; servers' clocks are assumed to
 // agree within the policy's skew. The horizon keys (one small hash per tenant
 // and prefix) have no TTL; records do.
+//
+// # A script that runs twice
+//
+// go-redis sends a command again when it lost its reply to an EOF, a reset
+// connection or a ReadTimeout (up to Options.MaxRetries times; on a Cluster,
+// MaxRedirects), although Redis may already have run it: one Begin, Finish
+// or Fence call may run its script twice. Each Begin and each Finish call
+// sends a random token that its script keeps in the record; a second run
+// that finds its own token answers as the first run did (the try started,
+// the finish took place) and writes nothing, while any other call — a
+// duplicated delivery of the same try, a second Finish — is refused as
+// before. A second run of a Fence answers the record as it stands — the
+// tombstone the first run wrote or raised, unless another call changed it
+// since — as a repeated FenceAttempt would; Get changes no record. A reply
+// lost when the context's deadline ends the call is not asked for again:
+// the call fails with ErrStoreUnavailable, and a try that Redis did begin
+// reads IN_PROGRESS until its lease ends, then ABANDONED.
 package redisstore
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"strconv"
@@ -256,7 +274,7 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 	p := s.policy
 	v, acked, err := s.run(ctx, true, beginScript, s.keys(req.Key),
 		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
-		req.Try, req.Fingerprint[:], req.Deadline.UnixMilli())
+		req.Try, req.Fingerprint[:], req.Deadline.UnixMilli(), callToken())
 	if err != nil {
 		return idempotency.BeginResult{}, err
 	}
@@ -290,6 +308,16 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 		return idempotency.BeginResult{Refusal: idempotency.RefusedUnverifiable, Record: idempotency.UnknownRecord(req.Key)}, nil
 	}
 	return idempotency.BeginResult{}, fmt.Errorf("%w: redisstore: unexpected begin reply %d", idempotency.ErrStoreUnavailable, kind)
+}
+
+// callToken returns a random token naming one Begin or Finish call. go-redis
+// sends a command again when its reply is lost (an EOF, a reset connection,
+// a read timeout), although Redis may have run it: the script stores the
+// token, and a second run that finds it knows it is the same call.
+func callToken() []byte {
+	tok := make([]byte, 16)
+	_, _ = rand.Read(tok) // never fails (crypto/rand)
+	return tok
 }
 
 func (s *Store) short(acked int) error {
@@ -327,7 +355,7 @@ func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest) error
 	}
 	v, _, err := s.run(ctx, false, finishScript, s.keys(req.Key),
 		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
-		req.Try, req.Fingerprint[:], int(req.State), code, msg, det, resp, retained, req.UnitsSpent)
+		req.Try, req.Fingerprint[:], int(req.State), code, msg, det, resp, retained, req.UnitsSpent, callToken())
 	if err != nil {
 		return err
 	}

@@ -30,7 +30,7 @@ const (
 )
 
 const prelude = `
-local FIELDS = {'st','fp','try','fen','code','msg','det','resp','ret','units','sa','fa','lease','dl','exp'}
+local FIELDS = {'st','fp','try','fen','code','msg','det','resp','ret','units','sa','fa','lease','dl','exp','tok','ftok'}
 local IN_PROGRESS, FENCED, ABANDONED = 2, 5, 6
 
 local function n(x) return string.format('%d', x) end
@@ -80,10 +80,15 @@ local function expire(rk, now, exp)
 end
 `
 
-// begin: KEYS horizon, record. ARGV now, skew, ttl, grace, ts, try, fp, dl.
+// begin: KEYS horizon, record. ARGV now, skew, ttl, grace, ts, try, fp, dl,
+// tok. tok is random, one per Begin call: a record IN_PROGRESS for the same
+// try with the same tok was started by this very call, whose script runs
+// again when the client resends it after losing its reply, and answers
+// "started" again. Any other Begin of the try (a duplicated delivery) finds
+// another tok, or none in a record that older scripts wrote, and is refused.
 var beginScript = redis.NewScript(prelude + `
 local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local ts, try, fp, dl = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
+local ts, try, fp, dl, tok = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8]), ARGV[9]
 local hz = horizon(KEYS[1], now)
 if not inside(ts, hz, now, skew) then return {7} end
 local v = load(KEYS[2], now)
@@ -91,7 +96,10 @@ local units, fen = '0', '0'
 if v then
   if v[2] ~= '' and v[2] ~= fp then return reply(5, v, now) end
   local st = view(v, now)
-  if st == IN_PROGRESS then return reply(2, v, now) end
+  if st == IN_PROGRESS then
+    if v[16] == tok and tonumber(v[3]) == try then return {0} end
+    return reply(2, v, now)
+  end
   if st == ABANDONED then return reply(3, v, now) end
   if st ~= FENCED then return reply(1, v, now) end
   if try <= tonumber(v[4]) then return reply(4, v, now) end
@@ -102,13 +110,18 @@ if not v and now >= ts - skew + ttl then return {7} end
 local exp = math.max(now + ttl, dl + skew + grace)
 redis.call('HSET', KEYS[2], 'st', IN_PROGRESS, 'fp', fp, 'try', n(try), 'fen', fen, 'code', '0', 'msg', '',
   'det', '', 'resp', '', 'ret', '0', 'units', units, 'sa', n(now), 'fa', '0', 'lease', n(dl + skew),
-  'dl', n(dl), 'exp', n(exp))
+  'dl', n(dl), 'exp', n(exp), 'tok', tok, 'ftok', '')
 expire(KEYS[2], now, exp)
 return {0}
 `)
 
 // finish: KEYS horizon, record. ARGV now, skew, ttl, grace, ts, try, fp,
-// state, code, msg, det, resp, ret, units.
+// state, code, msg, det, resp, ret, units, ftok. ftok is random, one per
+// Finish call, and stored with the finish: a record of the same try whose
+// ftok is this one was finished by this very call, whose script runs again
+// when the client resends it after losing its reply; it answers "finished"
+// again and changes nothing (the units are not added twice). Any other
+// Finish of the try is refused as before.
 var finishScript = redis.NewScript(prelude + `
 local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ts, try, fp, st = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
@@ -116,13 +129,14 @@ local hz = horizon(KEYS[1], now)
 if not inside(ts, hz, now, skew) then return {8} end
 local v = load(KEYS[2], now)
 if not v then return {8} end
+if v[17] == ARGV[15] and tonumber(v[3]) == try and v[2] == fp then return {12} end
 if view(v, now) ~= IN_PROGRESS or tonumber(v[3]) ~= try or v[2] ~= fp then return reply(8, v, now) end
 local fen = tonumber(v[4])
 if st == FENCED and try > fen then fen = try end
 local units = tonumber(v[10]) + tonumber(ARGV[14])
 local exp = math.max(now + ttl, tonumber(v[14]) + skew + grace)
 redis.call('HSET', KEYS[2], 'st', n(st), 'fen', n(fen), 'code', ARGV[9], 'msg', ARGV[10], 'det', ARGV[11],
-  'resp', ARGV[12], 'ret', ARGV[13], 'units', n(units), 'fa', n(now), 'exp', n(exp))
+  'resp', ARGV[12], 'ret', ARGV[13], 'units', n(units), 'fa', n(now), 'exp', n(exp), 'ftok', ARGV[15])
 expire(KEYS[2], now, exp)
 return {12}
 `)

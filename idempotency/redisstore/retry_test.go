@@ -1,0 +1,313 @@
+package redisstore_test
+
+// go-redis (v9.23) retries a command after some network errors even when
+// the command was already written (shouldRetry in its error.go): after an
+// EOF, after any other net.Error from the read (a reset connection), and
+// after a read timeout set by ReadTimeout (default 3 s) — not once the
+// context's deadline passed, which ends the call. A Client retries
+// Options.MaxRetries times (default 3), a pipeline too; a ClusterClient up
+// to MaxRedirects times (default 3). A script whose reply was lost
+// therefore runs again. These tests lose the reply of one script run on a
+// real connection to the real Redis and check that the store answers the
+// second run as the first one deserved.
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/idempotency"
+	"github.com/tollgate-go/tollgate/idempotency/redisstore"
+	"github.com/tollgate-go/tollgate/idempotency/storetest"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+)
+
+// How a lossyConn loses a reply.
+type loss int
+
+const (
+	// lossEOF: Redis ran the command, then the connection ended before its
+	// reply reached the client (io.EOF).
+	lossEOF loss = iota
+	// lossTimeout: Redis ran the command, and its reply comes later than
+	// the client's read deadline (a real i/o timeout of the connection).
+	lossTimeout
+)
+
+func (l loss) String() string {
+	if l == lossEOF {
+		return "EOF"
+	}
+	return "ReadTimeout"
+}
+
+// lossyDialer dials real connections to Redis whose one reply can be lost:
+// once armed, the first command written that contains "evalsha" runs in
+// Redis, and its reply, read from the connection, never reaches go-redis.
+type lossyDialer struct {
+	mode    loss
+	armed   atomic.Bool
+	evalsha atomic.Int32 // EVALSHA commands written, on any connection
+	lost    atomic.Int32 // replies lost
+}
+
+// arm makes the next EVALSHA's reply get lost and starts counting anew.
+func (d *lossyDialer) arm() {
+	d.evalsha.Store(0)
+	d.lost.Store(0)
+	d.armed.Store(true)
+}
+
+func (d *lossyDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var nd net.Dialer
+	c, err := nd.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &lossyConn{Conn: c, d: d}, nil
+}
+
+type lossyConn struct {
+	net.Conn
+	d       *lossyDialer
+	pending atomic.Bool // the reply to lose is on its way
+}
+
+func (c *lossyConn) Write(b []byte) (int, error) {
+	if bytes.Contains(bytes.ToLower(b), []byte("evalsha")) {
+		c.d.evalsha.Add(1)
+		if c.d.armed.CompareAndSwap(true, false) {
+			c.pending.Store(true)
+		}
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *lossyConn) Read(b []byte) (int, error) {
+	if !c.pending.CompareAndSwap(true, false) {
+		return c.Conn.Read(b)
+	}
+	// Wait for the reply to begin: once it does, Redis ran the script
+	// (a script is atomic, its reply comes after it). Then lose it.
+	if _, err := c.Conn.Read(b); err != nil {
+		return 0, err
+	}
+	c.d.lost.Add(1)
+	if c.d.mode == lossEOF {
+		_ = c.Conn.Close()
+		return 0, io.EOF
+	}
+	// Lose the rest too (a pipeline's later replies): the read deadline
+	// go-redis set ends this with a real timeout.
+	for {
+		if _, err := c.Conn.Read(b); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// The read timeout of lossy clients in lossTimeout mode: short, so that the
+// lost reply is given up soon; long enough for a loaded test machine.
+const lossyReadTimeout = 500 * time.Millisecond
+
+// newLossyClient returns a client of the test Redis as the store is used
+// with (ContextTimeoutEnabled, go-redis's default retries), whose
+// connections lose a reply when the dialer is armed.
+func newLossyClient(t testing.TB, addr string, mode loss) (*redis.Client, *lossyDialer) {
+	t.Helper()
+	d := &lossyDialer{mode: mode}
+	opts := &redis.Options{Addr: addr, ContextTimeoutEnabled: true, Dialer: d.dial}
+	if mode == lossTimeout {
+		opts.ReadTimeout = lossyReadTimeout
+	}
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	return c, d
+}
+
+// lossyStore is a store on a lossy client, with a started horizon, a manual
+// clock, and a key inside the horizon.
+type lossyStore struct {
+	s     *redisstore.Store
+	d     *lossyDialer
+	clock *storetest.Clock
+	key   idempotency.Key
+}
+
+func newLossyStore(t *testing.T, c redis.UniversalClient, d *lossyDialer, prefix string, opts ...redisstore.Option) lossyStore {
+	t.Helper()
+	clock := storetest.NewClock(time.Now())
+	p := storetest.Policy()
+	s := newStore(t, c, prefix, append([]redisstore.Option{redisstore.WithPolicy(p), clockOption(clock)}, opts...)...)
+	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
+	_, err := s.Get(context.Background(), k) // the horizon starts
+	require.NoError(t, err)
+	clock.Advance(p.Skew)
+	return lossyStore{s: s, d: d, clock: clock, key: k}
+}
+
+var lossyFingerprint = idempotency.Fingerprint("/x.Y/Z", []byte("charge card"))
+
+func (l lossyStore) begin() idempotency.BeginRequest {
+	return idempotency.BeginRequest{Key: l.key, Try: 1, Fingerprint: lossyFingerprint, Deadline: l.clock.Now().Add(5 * time.Second)}
+}
+
+// requireRetried checks that go-redis sent the script a second time after
+// its first reply was lost: what makes these tests mean anything.
+func requireRetried(t *testing.T, d *lossyDialer) {
+	t.Helper()
+	require.Equal(t, int32(1), d.lost.Load(), "the first reply was lost")
+	require.Equal(t, int32(2), d.evalsha.Load(), "go-redis ran the script again after its reply was lost")
+}
+
+// beginLostReply is the test of a Begin whose first reply is lost: the
+// script runs twice for one Begin call, and the try must start. A
+// duplicated delivery of the same try (another Begin call) is still refused.
+func beginLostReply(t *testing.T, l lossyStore) {
+	ctx := context.Background()
+	req := l.begin()
+	l.d.arm()
+	res, err := l.s.Begin(ctx, req)
+	require.NoError(t, err)
+	requireRetried(t, l.d)
+	require.True(t, res.Started, "the store refused its own try: %v, record %v", res.Refusal, res.Record)
+
+	dup, err := l.s.Begin(ctx, req)
+	require.NoError(t, err)
+	require.Equal(t, idempotency.RefusedInProgress, dup.Refusal, "a duplicated delivery of the try is another call")
+
+	require.NoError(t, l.s.Finish(ctx, idempotency.FinishRequest{Key: l.key, Try: 1, Fingerprint: lossyFingerprint,
+		State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("ok")}))
+	rec, err := l.s.Get(ctx, l.key)
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, rec.GetState())
+}
+
+func TestRedisBeginReplyLost(t *testing.T) {
+	for _, mode := range []loss{lossEOF, lossTimeout} {
+		t.Run(mode.String(), func(t *testing.T) {
+			_, prefix := newClient(t)
+			c, d := newLossyClient(t, redisAddr(), mode)
+			beginLostReply(t, newLossyStore(t, c, d, prefix))
+		})
+	}
+}
+
+// A Finish whose first reply is lost runs twice; the second run must not
+// turn a finish that took place into ErrNotRunning, nor count the try's
+// units twice. Another Finish of the same try is still refused.
+func TestRedisFinishReplyLost(t *testing.T) {
+	for _, mode := range []loss{lossEOF, lossTimeout} {
+		t.Run(mode.String(), func(t *testing.T) {
+			_, prefix := newClient(t)
+			c, d := newLossyClient(t, redisAddr(), mode)
+			l := newLossyStore(t, c, d, prefix)
+			ctx := context.Background()
+			res, err := l.s.Begin(ctx, l.begin())
+			require.NoError(t, err)
+			require.True(t, res.Started)
+			fin := idempotency.FinishRequest{Key: l.key, Try: 1, Fingerprint: lossyFingerprint,
+				State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("ok"), UnitsSpent: 2}
+			d.arm()
+			err = l.s.Finish(ctx, fin)
+			requireRetried(t, d)
+			require.NoError(t, err, "the finish took place")
+			rec, err := l.s.Get(ctx, l.key)
+			require.NoError(t, err)
+			require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, rec.GetState())
+			require.Equal(t, []byte("ok"), rec.GetResponse())
+			require.Equal(t, int64(2), rec.GetUnitsSpent(), "the units are counted once")
+
+			fin.State, fin.Response = tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, nil
+			require.ErrorIs(t, l.s.Finish(ctx, fin), idempotency.ErrNotRunning, "another finish of the try")
+		})
+	}
+}
+
+// A Fence whose first reply is lost runs twice: the second run finds the
+// tombstone the first one wrote (or raised) and answers it, as a repeated
+// FenceAttempt would.
+func TestRedisFenceReplyLost(t *testing.T) {
+	for _, mode := range []loss{lossEOF, lossTimeout} {
+		t.Run(mode.String(), func(t *testing.T) {
+			_, prefix := newClient(t)
+			c, d := newLossyClient(t, redisAddr(), mode)
+			l := newLossyStore(t, c, d, prefix)
+			ctx := context.Background()
+			for _, through := range []uint32{1, 3} { // an absent record, then a tombstone raised
+				d.arm()
+				rec, err := l.s.Fence(ctx, l.key, through)
+				require.NoError(t, err)
+				requireRetried(t, d)
+				require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState())
+				require.Equal(t, through, rec.GetFencedThroughTry())
+			}
+			res, err := l.s.Begin(ctx, idempotency.BeginRequest{Key: l.key, Try: 4, Fingerprint: lossyFingerprint, Deadline: l.clock.Now().Add(time.Second)})
+			require.NoError(t, err)
+			require.True(t, res.Started)
+		})
+	}
+}
+
+// On a Cluster the ClusterClient retries (up to MaxRedirects times) what
+// its node's client does not: the script runs twice as well.
+func TestRedisClusterBeginReplyLost(t *testing.T) {
+	for _, mode := range []loss{lossEOF, lossTimeout} {
+		t.Run(mode.String(), func(t *testing.T) {
+			_, prefix := newClusterClient(t)
+			d := &lossyDialer{mode: mode}
+			opts := &redis.ClusterOptions{Addrs: clusterAddrs(), ContextTimeoutEnabled: true, Dialer: d.dial}
+			if mode == lossTimeout {
+				opts.ReadTimeout = lossyReadTimeout
+			}
+			c := redis.NewClusterClient(opts)
+			t.Cleanup(func() { _ = c.Close() })
+			beginLostReply(t, newLossyStore(t, c, d, prefix))
+		})
+	}
+}
+
+// With WithReplicas, Begin's script and WAIT go as one pipeline, which
+// go-redis retries as a whole: the script runs twice, then WAIT counts the
+// replica.
+func TestRedisReplicatedBeginReplyLost(t *testing.T) {
+	for _, mode := range []loss{lossEOF, lossTimeout} {
+		t.Run(mode.String(), func(t *testing.T) {
+			_, _, prefix := newReplicatedClients(t)
+			c, d := newLossyClient(t, replicatedAddr(), mode)
+			beginLostReply(t, newLossyStore(t, c, d, prefix, redisstore.WithReplicas(1, 2*time.Second)))
+		})
+	}
+}
+
+// A record IN_PROGRESS written by the scripts before Begin carried a token
+// (it has no "tok" field) is never taken for the Begin call that sees it:
+// the try is refused, whether go-redis ran the script once or twice.
+func TestRedisBeginRecordWithoutToken(t *testing.T) {
+	plain, prefix := newClient(t)
+	c, d := newLossyClient(t, redisAddr(), lossEOF)
+	l := newLossyStore(t, c, d, prefix)
+	ctx := context.Background()
+	req := l.begin()
+	res, err := l.s.Begin(ctx, req)
+	require.NoError(t, err)
+	require.True(t, res.Started)
+	require.Equal(t, int64(1), plain.HDel(ctx, recordKey(prefix, l.key), "tok").Val())
+	for _, lose := range []bool{false, true} {
+		if lose {
+			d.arm()
+		}
+		res, err = l.s.Begin(ctx, req)
+		require.NoError(t, err)
+		require.Equal(t, idempotency.RefusedInProgress, res.Refusal)
+		if lose {
+			requireRetried(t, d)
+		}
+	}
+}
