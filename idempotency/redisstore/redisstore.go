@@ -93,6 +93,14 @@ func WithPolicy(p idempotency.Policy) Option { return optionFunc(func(s *Store) 
 // acknowledged their write, at most timeout, and fail with
 // idempotency.ErrStoreUnavailable when fewer did. A try whose begin fell
 // short is fenced again at once (best effort), so its next try can start.
+// A call waits at most half the time its context has left, so that WAIT's
+// count, and the fence after a shortfall, arrive before the context ends.
+// timeout must be at most half the Redis client's ReadTimeout: go-redis
+// takes a longer silence for a lost reply and sends the script again.
+// On a Cluster, Begin and Fence are then sent through the client of the
+// tenant's primary (WAIT counts the writes of its own connection), which
+// runs the hooks added per node (ClusterOptions.OnNewNode, as redisotel
+// does) but not those added with ClusterClient.AddHook.
 // Use a majority of the replicas. Default 0: no waiting.
 func WithReplicas(n int, timeout time.Duration) Option {
 	return optionFunc(func(s *Store) { s.replicas, s.waitTimeout = n, timeout })
@@ -146,6 +154,10 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 	if s.replicas < 0 || (s.replicas > 0 && s.waitTimeout <= 0) {
 		return nil, errors.New("redisstore: WithReplicas needs n ≥ 0 and, for n > 0, a positive timeout")
 	}
+	if rt := readTimeout(client); s.replicas > 0 && rt > 0 && s.waitTimeout > rt/2 {
+		return nil, fmt.Errorf("redisstore: the WithReplicas timeout %v must be at most half the Redis client's ReadTimeout %v, or go-redis takes a WAIT still waiting for a lost reply and sends the script again",
+			s.waitTimeout, rt)
+	}
 	if err := checkNoEviction(ctx, client); err != nil {
 		return nil, err
 	}
@@ -190,6 +202,19 @@ func honoursDeadlines(c redis.UniversalClient) bool {
 	return true // other clients: the caller's responsibility
 }
 
+// readTimeout returns the client's socket read timeout, 0 when reads have
+// none (or the client is of another kind).
+func readTimeout(c redis.UniversalClient) time.Duration {
+	var rt time.Duration
+	switch c := c.(type) {
+	case *redis.Client:
+		rt = c.Options().ReadTimeout
+	case *redis.ClusterClient:
+		rt = c.Options().ReadTimeout
+	}
+	return max(rt, 0)
+}
+
 func (s *Store) keys(k idempotency.Key) []string {
 	tag := s.prefix + "{t:" + k.Tenant + "}:"
 	return []string{tag + "h", tag + "r|" + k.AttemptID + "|" + k.Call + "|" + k.Method}
@@ -228,10 +253,20 @@ func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []str
 		}
 		client = node
 	}
+	// WAIT answers its count when the timeout ends; a context that ended
+	// first would lose the count and the script's reply with it, and leave
+	// a begun try that no handler runs and no fence ends. WAIT gets half of
+	// what the context has left; the other half carries the reply and, on a
+	// shortfall, the fence.
+	timeout := s.waitTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(dl)/2)
+	}
+	waitMillis := max(timeout.Milliseconds(), 1) // WAIT 0 would wait for ever
 	for attempt := 0; ; attempt++ {
 		pipe := client.Pipeline()
 		res := sc.EvalSha(ctx, pipe, keys, args...)
-		waited := pipe.Do(ctx, "WAIT", s.replicas, s.waitTimeout.Milliseconds())
+		waited := pipe.Do(ctx, "WAIT", s.replicas, waitMillis)
 		_, _ = pipe.Exec(ctx)
 		v, err := res.Slice()
 		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") && attempt == 0 {
@@ -321,8 +356,8 @@ func callToken() []byte {
 }
 
 func (s *Store) short(acked int) error {
-	return fmt.Errorf("%w: redisstore: %d of %d replicas acknowledged within %v",
-		idempotency.ErrStoreUnavailable, acked, s.replicas, s.waitTimeout)
+	return fmt.Errorf("%w: redisstore: %d of %d replicas acknowledged in time",
+		idempotency.ErrStoreUnavailable, acked, s.replicas)
 }
 
 // Finish implements idempotency.Store.

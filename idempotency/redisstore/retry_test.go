@@ -281,7 +281,7 @@ func TestRedisReplicatedBeginReplyLost(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			_, _, prefix := newReplicatedClients(t)
 			c, d := newLossyClient(t, replicatedAddr(), mode)
-			beginLostReply(t, newLossyStore(t, c, d, prefix, redisstore.WithReplicas(1, 2*time.Second)))
+			beginLostReply(t, newLossyStore(t, c, d, prefix, redisstore.WithReplicas(1, lossyReadTimeout/2)))
 		})
 	}
 }
