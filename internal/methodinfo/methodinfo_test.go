@@ -23,6 +23,7 @@ func TestOf(t *testing.T) {
 		{testingv1.TestService_Apply_FullMethodName, methodinfo.Unknown, &testingv1.ApplyRequest{}, &testingv1.ApplyResponse{}, false},
 		{testingv1.TestService_Watch_FullMethodName, methodinfo.NoSideEffects, &testingv1.WatchRequest{}, &testingv1.WatchResponse{}, true},
 		{testingv1.TestService_Chat_FullMethodName, methodinfo.Unknown, &testingv1.ChatRequest{}, &testingv1.ChatResponse{}, true},
+		{testingv1.TestService_Consume_FullMethodName, methodinfo.Unknown, &testingv1.ConsumeRequest{}, &testingv1.ConsumeResponse{}, true},
 		{tollgatev1.AttemptService_GetAttempt_FullMethodName, methodinfo.NoSideEffects, &tollgatev1.GetAttemptRequest{}, &tollgatev1.AttemptRecord{}, false},
 		{tollgatev1.AttemptService_FenceAttempt_FullMethodName, methodinfo.Idempotent, &tollgatev1.FenceAttemptRequest{}, &tollgatev1.AttemptRecord{}, false},
 	} {
