@@ -492,7 +492,8 @@ func (v *validating) RecvMsg(m any) error {
 // A hand-written server-streaming handler needs no rule of its own: its try
 // is begun before it runs, whether tollgate received its request first (the
 // registry knows the method) or not, so it may send before it receives, or
-// never receive, and its record is finished as any other. Where tollgate
+// never receive, or send from one goroutine while another receives, and its
+// record is finished as any other. Where tollgate
 // received the request, the handler's first RecvMsg gets a copy of it (into
 // a message of the request's type, reset first), a second one io.EOF, as from
 // grpc-go; a message of another type gets INTERNAL, and the try ends UNKNOWN.
@@ -523,6 +524,19 @@ func TestHandWrittenServerStreamRunsUnderItsRecord(t *testing.T) {
 				return err
 			}
 			return receive(ss, new(testingv1.ConsumeRequest))
+		}, false, []string{"early", "k/0"}, codes.OK, tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED},
+		{"sends while it receives", func(ss grpc.ServerStream) error {
+			sent := make(chan error, 1)
+			go func() { sent <- ss.SendMsg(&testingv1.ConsumeResponse{Value: "early"}) }()
+			m := new(testingv1.ConsumeRequest)
+			err := ss.RecvMsg(m)
+			if serr := <-sent; serr != nil {
+				return serr
+			}
+			if err != nil {
+				return err
+			}
+			return ss.SendMsg(&testingv1.ConsumeResponse{Value: m.GetKey() + "/" + strconv.Itoa(int(m.GetCount()))})
 		}, false, []string{"early", "k/0"}, codes.OK, tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED},
 		{"returns without receiving", func(ss grpc.ServerStream) error {
 			return ss.SendMsg(&testingv1.ConsumeResponse{Value: "early"})
