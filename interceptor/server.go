@@ -450,7 +450,7 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	defer cancel()
 	recorded := sv.recorded(in)
 	var (
-		hss grpc.ServerStream = &serverStream{ServerStream: ss, ctx: hctx}
+		hss grpc.ServerStream // the handler's stream
 		fp  idempotency.Digest
 	)
 	if recorded {
@@ -480,6 +480,9 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 			sv.setStreamTrailer(ss, in, 0, err)
 			return err
 		}
+	}
+	if hss == nil {
+		hss = &serverStream{ServerStream: ss, ctx: hctx}
 	}
 	// Unlike a unary handler, a stream's handler keeps the client's
 	// cancellation: it talks to the client, and a cancelled stream must not
