@@ -29,14 +29,19 @@
 // handler returns the ledger is sealed and the units spent below this server
 // are reported in the tollgate-spent trailer (when positive, or always when
 // the caller asked for strict accounting). Streams are handled alike; their
-// trailer is set when the handler returns. With a record store, a
-// server-streaming call's record is begun when its handler receives the one
-// request (grpc-go's generated handlers do so before they call the method),
-// with the fingerprint of (method, request), so that its call key reused with
-// another request is refused ATTEMPT_REQUEST_MISMATCH; a hand-written
-// server-streaming handler must receive its request before it sends or
-// returns, or its try ends UNKNOWN, final. Client-streaming and bidi streams
-// are begun before the handler runs, with a fingerprint of the method alone.
+// trailer is set when the handler returns. With a record store, a try is
+// begun before its handler runs and before every interceptor chained inside
+// tollgate's, for streams as for unary calls, so none of them runs for a try
+// the store refuses. A server-streaming call of a method whose request type
+// the protobuf registry knows (generated code registers it) is received by
+// the interceptor first: its one request is fingerprinted with the method, so
+// that its call key reused with another request is refused
+// ATTEMPT_REQUEST_MISMATCH, and the handler's first RecvMsg gets a copy of it
+// (a later one io.EOF, as from grpc-go). A call whose request never comes
+// ends with the receive's error, runs nothing and keeps no record.
+// Client-streaming and bidi streams, whose requests arrive while the handler
+// runs, and server-streaming methods the registry does not know are
+// fingerprinted by the method alone.
 //
 // The handler's error is answered by its meaning (DESIGN.md §3.6): a
 // refusal from below stays NOT_ADMITTED (re-addressed to the call this server

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"sync/atomic"
 	"time"
 
 	"github.com/tollgate-go/tollgate/idempotency"
@@ -30,10 +29,12 @@ func (in *inbound) key(method string) idempotency.Key {
 var deterministic = proto.MarshalOptions{Deterministic: true}
 
 // fingerprint is the 128-bit fingerprint of (method, request bytes): of a
-// unary call's request, and of a server-streaming call's one request when
-// its handler receives it (recordedStream). A request that is not a proto
-// message is fingerprinted by its method alone, as are client-streaming and
-// bidi streams, whose requests arrive while the handler runs.
+// unary call's request, and of a server-streaming call's one request, which
+// the stream interceptor receives before the handler chain runs when the
+// protobuf registry knows the method's request type. A request that is not a
+// proto message (nil included) is fingerprinted by its method alone, as are
+// client-streaming and bidi streams, whose requests arrive while the handler
+// runs, and server-streaming calls of methods the registry does not know.
 func fingerprint(method string, req any) (idempotency.Digest, error) {
 	var b []byte
 	if m, ok := req.(proto.Message); ok {
@@ -191,126 +192,34 @@ func (sv *server) detach(ctx context.Context, in *inbound) (context.Context, con
 	return context.WithDeadline(context.WithoutCancel(ctx), in.s.Deadline.Add(sv.cfg.skew))
 }
 
-// recordedStream is the stream a recorded server-streaming handler gets. Its
-// one request arrives after the handler starts, so the try is begun at the
-// handler's first RecvMsg, with the fingerprint of (method, request): the same
-// call key with another request is refused ATTEMPT_REQUEST_MISMATCH
-// (DESIGN.md §2.2). grpc-go's generated handler receives the request before
-// it calls the method, so the method runs only once the store started the
-// try; when the store answers instead (a finished record, a try in progress,
-// a tombstone, a mismatch, the store unavailable), RecvMsg returns that answer,
-// the generated handler returns it without calling the method, and no record
-// is finished for it.
+// preReceived is the stream a recorded server-streaming handler gets when
+// the stream interceptor received the call's one request before the handler
+// chain ran (server.stream): its first RecvMsg hands that request over, and
+// later ones receive from the client's stream, where grpc-go answers io.EOF
+// (the client sends one message). Handing over copies the request into m,
+// which must be a message of the request's own type, as the new(Req) of
+// grpc-go's generated handlers is; any other m gets INTERNAL, and the request
+// is handed over to no later call.
 //
-// A hand-written handler that sends a message before it received its
-// request, or returns without receiving it, acted before its record could be
-// begun: its SendMsg sends nothing and fails, a later RecvMsg fails too, and
-// the try ends UNKNOWN, final (escapedRun), recorded so where the store still
-// lets it begin. A handler whose first receive fails (no request came) never
-// got to the method and keeps no record.
-//
-// RecvMsg is called by one goroutine at a time, as grpc-go requires, and may
-// run beside one calling SendMsg; end is called after the handler returned.
-type recordedStream struct {
+// RecvMsg is called by one goroutine at a time, as grpc-go requires of a
+// stream, and SendMsg does not touch req, so req needs no lock.
+type preReceived struct {
 	serverStream
-	sv     *server
-	in     *inbound
-	ctx    context.Context // the stream's own context, on which the try is begun
-	method string
-	// state is the phase and the escaped bit. The phase leaves phaseIdle once,
-	// in RecvMsg, after fp or refusal is written; SendMsg may set escaped.
-	state   atomic.Uint32
-	fp      idempotency.Digest // of the begun try (phaseBegun)
-	refusal error              // the store's answer instead of a start (phaseRefused)
+	req proto.Message // nil once handed over
 }
 
-const (
-	phaseIdle    = iota // the request is not received yet
-	phaseBegun          // received, and the store started the try
-	phaseRefused        // received, and the store answered instead
-	phaseLost           // the first receive failed: no request, no record
-	phaseMask    = 3
-	escapedBit   = 4 // the handler sent before the try was begun
-)
-
-// RecvMsg receives the request and begins the try with its fingerprint, or
-// returns the store's answer instead.
-func (rs *recordedStream) RecvMsg(m any) error {
-	switch st := rs.state.Load(); {
-	case st&phaseMask == phaseBegun || st&phaseMask == phaseLost:
-		return rs.ServerStream.RecvMsg(m)
-	case st&phaseMask == phaseRefused:
-		return rs.refusal
-	case st&escapedBit != 0:
-		return escapedRun(rs.in.s) // it acted first: the request is not read outside a record
+func (s *preReceived) RecvMsg(m any) error {
+	req := s.req
+	if req == nil {
+		return s.ServerStream.RecvMsg(m)
 	}
-	if err := rs.ServerStream.RecvMsg(m); err != nil {
-		rs.state.Add(phaseLost)
-		return err
+	s.req = nil
+	dst, ok := m.(proto.Message)
+	if !ok || dst.ProtoReflect().Descriptor() != req.ProtoReflect().Descriptor() || !dst.ProtoReflect().IsValid() {
+		return grpcstatus.Errorf(codes.Internal, "interceptor: the handler receives its request into a %T, but tollgate received it before the handler ran, as a %s",
+			m, req.ProtoReflect().Descriptor().FullName())
 	}
-	s := rs.in.s
-	fp, err := fingerprint(rs.method, m)
-	started := false
-	if err != nil {
-		err = status.NotAdmitted(status.ReasonRequestTooLarge, status.WithAttempt(s.ID, s.Call, s.Try),
-			status.WithMessage("interceptor: request cannot be marshalled: "+err.Error()))
-	} else {
-		started, _, err = rs.sv.beginTry(rs.ctx, rs.method, rs.in, fp, true)
-	}
-	if started {
-		rs.fp = fp
-		rs.state.Add(phaseBegun)
-		return nil
-	}
-	// The method does not run: nothing may be spent for it.
-	s.ledger.Seal()
-	rs.refusal = err
-	rs.state.Add(phaseRefused)
-	return err
-}
-
-// SendMsg sends m once the try is begun, and otherwise refuses to.
-func (rs *recordedStream) SendMsg(m any) error {
-	if rs.state.Load()&phaseMask != phaseBegun {
-		// Marked escaped unless RecvMsg began the try meanwhile (then the
-		// mark is moot: end looks at a begun try's phase alone).
-		if old := rs.state.Or(escapedBit); old&phaseMask != phaseBegun {
-			return escapedRun(rs.in.s)
-		}
-	}
-	return rs.ServerStream.SendMsg(m)
-}
-
-// end returns, once the handler returned with answer, whether the try has a
-// record to finish (and its fingerprint) and the answer to send: the
-// handler's for a begun try, the store's for a refused one (no record of its
-// own), the handler's for a try whose request never came (no record), and
-// UNKNOWN, final, for a handler that acted before its try was begun. Such a
-// try is begun then, with the fingerprint of the method alone, so that the
-// store does not read the run as absent; it is finished UNKNOWN.
-func (rs *recordedStream) end(answer error) (recorded bool, fp idempotency.Digest, _ error) {
-	st := rs.state.Load()
-	switch {
-	case st&phaseMask == phaseBegun:
-		return true, rs.fp, answer
-	case st&escapedBit == 0 && st&phaseMask == phaseRefused:
-		return false, fp, rs.refusal
-	case st&escapedBit == 0 && st&phaseMask == phaseLost:
-		return false, fp, answer
-	}
-	fp = idempotency.Fingerprint(rs.method, nil)
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(rs.ctx), streamFinishTimeout)
-	defer cancel()
-	started, _, _ := rs.sv.beginTry(ctx, rs.method, rs.in, fp, true)
-	return started, fp, escapedRun(rs.in.s)
-}
-
-// escapedRun is the answer of a recorded server-streaming try whose handler
-// sent before it received its request, or returned without receiving it: it
-// ran before its record could be begun, so what it did is unknown, and no
-// query or repeat can tell (final). grpc-go's generated handlers never do
-// this.
-func escapedRun(s *attemptState) error {
-	return status.OutcomeUnknown(nil, status.WithAttempt(s.ID, s.Call, s.Try), status.WithCode(codes.Internal), status.Final(),
-		status.WithMessage("interceptor: a recorded server-streaming handler must receive its request before it sends or returns"))
+	proto.Reset(dst)
+	proto.Merge(dst, req)
+	return nil
 }

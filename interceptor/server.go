@@ -409,12 +409,22 @@ const streamFinishTimeout = 5 * time.Second
 // permit for its lifetime; its ledger is sealed and tollgate-spent set when
 // the handler returns. With a store, a stream keeps a record like a unary
 // call, and a finished record answers a later try with COMMITTED or its
-// error; its handler keeps the client's cancellation. A server-streaming
-// call's record is begun when its handler receives the one request, with the
-// fingerprint of (method, request), so that its call key reused with another
-// request is a mismatch (recordedStream); a client-streaming or bidi
-// stream's requests arrive while its handler runs, so its record is begun
-// before the handler, with a fingerprint of the method alone.
+// error; its handler keeps the client's cancellation. Its try is begun
+// before the handler chain runs — the handler and every interceptor chained
+// inside this one run only for a try the store started, as for a unary
+// call — and when the store answers instead, that answer is sent and nothing
+// inner runs.
+//
+// A server-streaming call whose request type the protobuf registry knows
+// (methodinfo.Info.Input) is received here first: its one request is read
+// from the client, fingerprinted with the method (so that its call key reused
+// with another request is refused ATTEMPT_REQUEST_MISMATCH), and handed to
+// the handler's first RecvMsg (preReceived). A first receive that fails (the
+// client half-closed without a request, or went away) returns its error, as
+// grpc-go's generated handler would, and nothing is begun or run. A
+// client-streaming or bidi stream, whose requests arrive while its handler
+// runs, and a server-streaming call of a method the registry does not know,
+// are begun with a fingerprint of the method alone.
 func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	ctx := ss.Context()
 	if isControl(info.FullMethod) {
@@ -439,34 +449,48 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	hctx, cancel := sv.handlerContext(ctx, in)
 	defer cancel()
 	recorded := sv.recorded(in)
-	fp := idempotency.Fingerprint(info.FullMethod, nil)
-	var rs *recordedStream
-	if recorded && info.IsServerStream && !info.IsClientStream {
-		// Begun when the handler receives the request, which grpc-go's
-		// generated handler does before it calls the method.
-		rs = &recordedStream{serverStream: serverStream{ServerStream: ss, ctx: hctx}, sv: sv, in: in, ctx: ctx, method: info.FullMethod}
-	} else if recorded {
+	var (
+		hss grpc.ServerStream // the handler's stream
+		fp  idempotency.Digest
+	)
+	if recorded {
+		var req any // nil: the method alone is fingerprinted
+		if input := in.info.Input; input != nil && info.IsServerStream && !info.IsClientStream {
+			m := input.New().Interface()
+			if err := ss.RecvMsg(m); err != nil {
+				// No request: grpc-go's generated handler would return this
+				// error without calling the method. Nothing ran and nothing
+				// is recorded. grpc-go has sent its own status already when
+				// the error is its own, so the trailer goes only where a
+				// wrapping stream failed the receive.
+				sv.setStreamTrailer(ss, in, 0, err)
+				return err
+			}
+			req = m
+			hss = &preReceived{serverStream: serverStream{ServerStream: ss, ctx: hctx}, req: m}
+		}
+		if fp, err = fingerprint(info.FullMethod, req); err != nil {
+			err = status.NotAdmitted(status.ReasonRequestTooLarge, status.WithAttempt(in.s.ID, in.s.Call, in.s.Try),
+				status.WithMessage("interceptor: request cannot be marshalled: "+err.Error()))
+			sv.setStreamTrailer(ss, in, 0, err)
+			return err
+		}
 		started, _, err := sv.beginTry(ctx, info.FullMethod, in, fp, true)
 		if !started {
 			sv.setStreamTrailer(ss, in, 0, err)
 			return err
 		}
 	}
+	if hss == nil {
+		hss = &serverStream{ServerStream: ss, ctx: hctx}
+	}
 	// Unlike a unary handler, a stream's handler keeps the client's
 	// cancellation: it talks to the client, and a cancelled stream must not
 	// hold its slot until the deadline. Its record is finished on a context
 	// of its own, so it resolves all the same.
-	herr := sv.run(func() error {
-		if rs != nil {
-			return handler(srv, rs)
-		}
-		return handler(srv, &serverStream{ServerStream: ss, ctx: hctx})
-	})
+	herr := sv.run(func() error { return handler(srv, hss) })
 	spent := in.s.ledger.Seal()
 	answer := sv.answer(in, herr)
-	if rs != nil {
-		recorded, fp, answer = rs.end(answer)
-	}
 	if recorded {
 		fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), streamFinishTimeout)
 		answer = sv.finishTry(fctx, info.FullMethod, in, fp, nil, answer, spent, true)

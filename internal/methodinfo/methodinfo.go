@@ -1,7 +1,9 @@
 // Package methodinfo reads what tollgate needs to know of a gRPC method from
-// the protobuf registry: its declared idempotency_level and, for replaying a
-// stored unary response, its output message type. Lookups are cached per
-// full method name, so the hot path pays one atomic load and a map read.
+// the protobuf registry: its declared idempotency_level, its input message
+// type (for receiving a server-streaming call's one request before its
+// handler runs, so that the call's record fingerprints it) and its output
+// message type (for replaying a stored unary response). Lookups are cached
+// per full method name, so the hot path pays one atomic load and a map read.
 package methodinfo
 
 import (
@@ -26,9 +28,12 @@ const (
 )
 
 // Info is what the registry says of one method. A method the registry does
-// not know (a hand-written service) has level Unknown and no output type.
+// not know (a hand-written service, or one registered under another name)
+// has level Unknown and no input or output type; so has a known method's
+// input or output when the registry holds no Go type for that message.
 type Info struct {
 	Level  Level
+	Input  protoreflect.MessageType // nil when unknown
 	Output protoreflect.MessageType // nil when unknown
 	Stream bool                     // client or server streaming
 }
@@ -102,6 +107,9 @@ func lookup(fullMethod string) (Info, bool) {
 	info := Info{Stream: md.IsStreamingClient() || md.IsStreamingServer()}
 	if opts, ok := md.Options().(*descriptorpb.MethodOptions); ok && opts != nil {
 		info.Level = opts.GetIdempotencyLevel()
+	}
+	if mt, err := protoregistry.GlobalTypes.FindMessageByName(md.Input().FullName()); err == nil {
+		info.Input = mt
 	}
 	if mt, err := protoregistry.GlobalTypes.FindMessageByName(md.Output().FullName()); err == nil {
 		info.Output = mt
