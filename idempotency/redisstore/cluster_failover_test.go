@@ -170,8 +170,9 @@ func (c clusterPair) takeOver(t testing.TB, to, from string, slot int64) {
 // server's does. go-redis follows the old primary's MOVED for the store
 // that does not wait for replicas; the store that does sends its script
 // and WAIT to the primary its client's map names, gets MOVED (the script
-// did not run), answers ErrStoreUnavailable and has the map read again, so
-// that its next call reaches the new primary. The old primary takes its
+// did not run) or, on a client built with ReadOnly, READONLY (the script
+// stopped at its first write), answers ErrStoreUnavailable and has the map
+// read again, so that its next call reaches the new primary. The old primary takes its
 // slots back at cleanup, leaving the Cluster as the test found it; a run
 // within 20 s of another waits for Redis to hold the election (takeOver).
 func TestRedisClusterFailoverMovesHorizon(t *testing.T) {
@@ -196,12 +197,17 @@ func TestRedisClusterFailoverMovesHorizon(t *testing.T) {
 	c2 := redis.NewClusterClient(&redis.ClusterOptions{Addrs: clusterAddrs(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c2.Close() })
 	plain := newStore(t, c2, prefix, redisstore.WithPolicy(p), clockOption(clock))
+	// A client that reads from replicas sends READONLY on every connection:
+	// on a replica, the script then runs until its first write.
+	c3 := redis.NewClusterClient(&redis.ClusterOptions{Addrs: clusterAddrs(), ContextTimeoutEnabled: true, ReadOnly: true})
+	t.Cleanup(func() { _ = c3.Close() })
+	readOnly := newStore(t, c3, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithReplicas(1, 2*time.Second))
 	stores := []struct {
 		name   string
 		client *redis.ClusterClient
 		s      *redisstore.Store
 		waits  bool // for replicas: its scripts go to the primary its client's map names
-	}{{"WithReplicas", c, waiting, true}, {"plain", c2, plain, false}}
+	}{{"WithReplicas", c, waiting, true}, {"plain", c2, plain, false}, {"WithReplicas, ReadOnly client", c3, readOnly, true}}
 
 	done := idempotency.Key{Tenant: tenant, AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
 	fenced := done
@@ -264,7 +270,7 @@ func TestRedisClusterFailoverMovesHorizon(t *testing.T) {
 			}
 			t.Logf("%s, stale answer %d: %v", st.name, stale, err)
 			_, moved := redis.IsMovedError(err)
-			require.True(t, moved, "%s: a stale map is the only reason to refuse: %v", st.name, err)
+			require.True(t, moved || redis.IsReadOnlyError(err), "%s: a stale map is the only reason to refuse: %v", st.name, err)
 			require.Less(t, stale, 1, "%s answers unavailable after its client read the map again", st.name)
 			waitFor(t, 10*time.Second, st.name+": the client reading the Cluster's map again", func() bool {
 				n, err := st.client.MasterForKey(ctx, hk)
