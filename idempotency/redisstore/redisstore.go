@@ -275,10 +275,15 @@ func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []str
 			}
 			continue
 		}
-		if err != nil && cluster != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) {
+		if err != nil && cluster != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK") ||
+			redis.IsReadOnlyError(err)) {
 			// The slot moved since the client last read the Cluster's map
-			// (the script did not run): answer unavailable, and have the
-			// map read again for the next call.
+			// (the script did not run), or its primary became a replica
+			// in a failover and the connection is in READONLY mode, as a
+			// client built with ReadOnly makes every one (the script
+			// stopped at its first write, which a replica refuses):
+			// answer unavailable, and have the map read again for the
+			// next call.
 			cluster.ReloadState(ctx)
 		}
 		if err != nil {

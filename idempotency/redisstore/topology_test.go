@@ -67,6 +67,14 @@ func mustInfo(t testing.TB, c *redis.Client, section, field string) string {
 // within limit: the state of another process, not a timed assertion.
 func waitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
+	if !eventually(limit, cond) {
+		t.Fatalf("%s: not within %v", what, limit)
+	}
+}
+
+// eventually polls cond until it holds, and tells whether it did within
+// limit.
+func eventually(limit time.Duration, cond func() bool) bool {
 	deadline := time.NewTimer(limit)
 	defer deadline.Stop()
 	tick := time.NewTicker(20 * time.Millisecond)
@@ -74,10 +82,11 @@ func waitFor(t testing.TB, limit time.Duration, what string, cond func() bool) {
 	for !cond() {
 		select {
 		case <-deadline.C:
-			t.Fatalf("%s: not within %v", what, limit)
+			return false
 		case <-tick.C:
 		}
 	}
+	return true
 }
 
 // inSync tells whether replica replicates primary with every write primary
@@ -104,6 +113,26 @@ func inSync(ctx context.Context, primary, replica *redis.Client) bool {
 		f["master_sync_in_progress"] == "0" && got >= want
 }
 
+// onlineReplica returns the address of the first replica that a primary's
+// INFO replication lists as online, or "".
+func onlineReplica(info string) string {
+	for line := range strings.SplitSeq(info, "\r\n") {
+		if !strings.HasPrefix(line, "slave0:") {
+			continue
+		}
+		f := map[string]string{}
+		for kv := range strings.SplitSeq(strings.TrimPrefix(line, "slave0:"), ",") {
+			if k, v, ok := strings.Cut(kv, "="); ok {
+				f[k] = v
+			}
+		}
+		if f["state"] == "online" {
+			return net.JoinHostPort(f["ip"], f["port"])
+		}
+	}
+	return ""
+}
+
 // newReplicatedClients returns clients of the replicated pair's primary and
 // of its replica (found in the primary's INFO), closed at cleanup, and a
 // fresh key prefix whose keys are deleted at cleanup.
@@ -119,21 +148,7 @@ func newReplicatedClients(t testing.TB) (primary, replica *redis.Client, prefix 
 	}
 	info, err := primary.Info(ctx, "replication").Result()
 	require.NoError(t, err)
-	var replicaAddr string
-	for line := range strings.SplitSeq(info, "\r\n") {
-		if !strings.HasPrefix(line, "slave0:") {
-			continue
-		}
-		f := map[string]string{}
-		for kv := range strings.SplitSeq(strings.TrimPrefix(line, "slave0:"), ",") {
-			if k, v, ok := strings.Cut(kv, "="); ok {
-				f[k] = v
-			}
-		}
-		if f["state"] == "online" {
-			replicaAddr = net.JoinHostPort(f["ip"], f["port"])
-		}
-	}
+	replicaAddr := onlineReplica(info)
 	if !strings.Contains(info, "role:master") || replicaAddr == "" {
 		_ = primary.Close()
 		skipOrFail(t, fmt.Sprintf("the Redis at %s is not a primary with a replica online (%s)", addr, topologyHint))
