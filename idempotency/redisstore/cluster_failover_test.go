@@ -213,20 +213,7 @@ func TestRedisClusterFailoverMovesHorizon(t *testing.T) {
 		waits  bool // for replicas: its scripts go to the primary its client's map names
 	}{{"WithReplicas", c, waiting, true}, {"plain", c2, plain, false}, {"WithReplicas, ReadOnly client", c3, readOnly, true}}
 
-	done := idempotency.Key{Tenant: tenant, AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
-	fenced := done
-	fenced.Call = "1"
-	_, err := waiting.Get(ctx, done) // the horizon starts
-	require.NoError(t, err)
-	clock.Advance(p.Skew)
-	res, err := waiting.Begin(ctx, idempotency.BeginRequest{Key: done, Try: 1, Deadline: clock.Now().Add(time.Second)})
-	require.NoError(t, err)
-	require.True(t, res.Started)
-	require.NoError(t, waiting.Finish(ctx, idempotency.FinishRequest{Key: done, Try: 1,
-		State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("ok")}))
-	rec, err := waiting.Fence(ctx, fenced, 1)
-	require.NoError(t, err)
-	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState())
+	done, fenced := finishedAndFenced(t, waiting, clock, p, tenant)
 	for _, st := range stores {
 		rec, err := st.s.Get(ctx, done)
 		require.NoError(t, err, st.name)

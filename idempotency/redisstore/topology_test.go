@@ -482,20 +482,7 @@ func TestRedisFailoverMovesHorizon(t *testing.T) {
 	s := newStore(t, primary, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithReplicas(1, 2*time.Second))
 	ctx := context.Background()
 	tenant := "acme"
-	done := idempotency.Key{Tenant: tenant, AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
-	fenced := done
-	fenced.Call = "1"
-	_, err := s.Get(ctx, done) // the horizon starts
-	require.NoError(t, err)
-	clock.Advance(p.Skew)
-	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: done, Try: 1, Deadline: clock.Now().Add(time.Second)})
-	require.NoError(t, err)
-	require.True(t, res.Started)
-	require.NoError(t, s.Finish(ctx, idempotency.FinishRequest{Key: done, Try: 1,
-		State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("ok")}))
-	rec, err := s.Fence(ctx, fenced, 1)
-	require.NoError(t, err)
-	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState())
+	done, fenced := finishedAndFenced(t, s, clock, p, tenant)
 	// The replica has every write, the finish included.
 	waitFor(t, 10*time.Second, "the replica in sync", func() bool { return inSync(ctx, primary, replica) })
 	require.Equal(t, int64(3), replica.Exists(ctx, horizonKey(prefix, tenant), recordKey(prefix, done), recordKey(prefix, fenced)).Val())
@@ -532,10 +519,33 @@ func TestRedisFailoverMovesHorizon(t *testing.T) {
 
 	clock.Advance(p.Skew)
 	fresh := idempotency.Key{Tenant: tenant, AttemptID: storetest.AttemptIDAt(clock.Now()), Call: "0", Method: "/x.Y/Z"}
-	rec, err = promoted.Get(ctx, fresh)
+	rec, err := promoted.Get(ctx, fresh)
 	require.NoError(t, err)
 	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN, rec.GetState())
-	res, err = promoted.Begin(ctx, idempotency.BeginRequest{Key: fresh, Try: 1, Deadline: clock.Now().Add(time.Second)})
+	res, err := promoted.Begin(ctx, idempotency.BeginRequest{Key: fresh, Try: 1, Deadline: clock.Now().Add(time.Second)})
 	require.NoError(t, err)
 	require.True(t, res.Started)
+}
+
+// finishedAndFenced starts tenant's horizon in s, then writes two calls of
+// one attempt inside it: one begun and finished SUCCEEDED (done), one fenced
+// through try 1 (fenced).
+func finishedAndFenced(t *testing.T, s *redisstore.Store, clock *storetest.Clock, p idempotency.Policy, tenant string) (done, fenced idempotency.Key) {
+	t.Helper()
+	ctx := context.Background()
+	done = idempotency.Key{Tenant: tenant, AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
+	fenced = done
+	fenced.Call = "1"
+	_, err := s.Get(ctx, done) // the horizon starts
+	require.NoError(t, err)
+	clock.Advance(p.Skew)
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: done, Try: 1, Deadline: clock.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.True(t, res.Started)
+	require.NoError(t, s.Finish(ctx, idempotency.FinishRequest{Key: done, Try: 1,
+		State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("ok")}))
+	rec, err := s.Fence(ctx, fenced, 1)
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState())
+	return done, fenced
 }
