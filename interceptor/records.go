@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/protoadapt"
 )
 
 // recorded reports whether calls of the request keep records: a store is
@@ -197,9 +198,9 @@ func (sv *server) detach(ctx context.Context, in *inbound) (context.Context, con
 // chain ran (server.stream): its first RecvMsg hands that request over, and
 // later ones receive from the client's stream, where grpc-go answers io.EOF
 // (the client sends one message). Handing over copies the request into m,
-// which must be a message of the request's own type, as the new(Req) of
-// grpc-go's generated handlers is; any other m gets INTERNAL, and the request
-// is handed over to no later call.
+// which must be the request's own message in any Go form grpc-go's codec
+// takes (handOver), as the new(Req) of generated handlers is; any other m
+// gets INTERNAL, and the request is handed over to no later call.
 //
 // RecvMsg is called by one goroutine at a time, as grpc-go requires of a
 // stream, and SendMsg does not touch req, so req needs no lock.
@@ -214,12 +215,38 @@ func (s *preReceived) RecvMsg(m any) error {
 		return s.ServerStream.RecvMsg(m)
 	}
 	s.req = nil
-	dst, ok := m.(proto.Message)
-	if !ok || dst.ProtoReflect().Descriptor() != req.ProtoReflect().Descriptor() || !dst.ProtoReflect().IsValid() {
+	return handOver(req, m)
+}
+
+// handOver copies req, the request tollgate received, into m, the message
+// the handler receives it into: by merging when both are the same generated
+// type, and through its wire form when m is the same message in another Go
+// form (an APIv1 message, which grpc-go's codec accepts as well, or a
+// dynamic one). A message of another name gets INTERNAL.
+func handOver(req proto.Message, m any) error {
+	var dst proto.Message
+	switch v := m.(type) {
+	case proto.Message:
+		dst = v
+	case protoadapt.MessageV1:
+		dst = protoadapt.MessageV2Of(v)
+	}
+	want := req.ProtoReflect().Descriptor()
+	if dst == nil || !dst.ProtoReflect().IsValid() || dst.ProtoReflect().Descriptor().FullName() != want.FullName() {
 		return grpcstatus.Errorf(codes.Internal, "interceptor: the handler receives its request into a %T, but tollgate received it before the handler ran, as a %s",
-			m, req.ProtoReflect().Descriptor().FullName())
+			m, want.FullName())
 	}
 	proto.Reset(dst)
-	proto.Merge(dst, req)
+	if dst.ProtoReflect().Descriptor() == want {
+		proto.Merge(dst, req)
+		return nil
+	}
+	b, err := proto.Marshal(req)
+	if err == nil {
+		err = proto.Unmarshal(b, dst)
+	}
+	if err != nil {
+		return grpcstatus.Errorf(codes.Internal, "interceptor: handing the request over to the handler's %T: %v", m, err)
+	}
 	return nil
 }
