@@ -416,8 +416,10 @@ const streamFinishTimeout = 5 * time.Second
 // inner runs.
 //
 // A server-streaming call whose request type the protobuf registry knows
-// (methodinfo.Info.Input) is received here first: its one request is read
-// from the client, fingerprinted with the method (so that its call key reused
+// (methodinfo.Info.Input) is received here first, before admission (so a
+// client that opens the stream and sends nothing holds no slot, and a
+// request that comes after the attempt's deadline only reads its record):
+// its one request is read from the client, fingerprinted with the method (so that its call key reused
 // with another request is refused ATTEMPT_REQUEST_MISMATCH), and handed to
 // the handler's first RecvMsg (preReceived). A first receive that fails (the
 // client half-closed without a request, or went away) returns its error, as
@@ -438,7 +440,35 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 		sv.setStreamTrailer(ss, in, 0, err)
 		return err
 	}
-	permit, err := sv.admit(ctx, info.FullMethod, in, nil)
+	recorded := sv.recorded(in)
+	// A server-streaming call's one request is received first when the
+	// registry knows its type, before admission as a unary request is
+	// decoded before it: a client that opens the stream and sends nothing
+	// holds no slot, and the request's size counts as a unary one's does.
+	var pre proto.Message
+	if input := in.info.Input; recorded && input != nil && info.IsServerStream && !info.IsClientStream {
+		m := input.New().Interface()
+		if err := ss.RecvMsg(m); err != nil {
+			// No request: grpc-go's generated handler would return this
+			// error without calling the method. Nothing ran and nothing
+			// is recorded. grpc-go has sent its own status already when
+			// the error is its own, so the trailer goes only where a
+			// wrapping stream failed the receive.
+			sv.setStreamTrailer(ss, in, 0, err)
+			return err
+		}
+		pre = m
+		if !in.expired && !sv.cfg.now().Before(in.s.Deadline.Add(sv.cfg.skew)) {
+			// The request came after the attempt's deadline: as for any
+			// late recorded try, only its record may answer it.
+			in.expired = true
+		}
+	}
+	var admitted any // the request admission weighs, when there is one
+	if pre != nil {
+		admitted = pre
+	}
+	permit, err := sv.admit(ctx, info.FullMethod, in, admitted)
 	if err != nil {
 		sv.setStreamTrailer(ss, in, 0, err)
 		return err
@@ -448,26 +478,15 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	defer permit.Abandon()
 	hctx, cancel := sv.handlerContext(ctx, in)
 	defer cancel()
-	recorded := sv.recorded(in)
 	var (
 		hss grpc.ServerStream // the handler's stream
 		fp  idempotency.Digest
 	)
 	if recorded {
 		var req any // nil: the method alone is fingerprinted
-		if input := in.info.Input; input != nil && info.IsServerStream && !info.IsClientStream {
-			m := input.New().Interface()
-			if err := ss.RecvMsg(m); err != nil {
-				// No request: grpc-go's generated handler would return this
-				// error without calling the method. Nothing ran and nothing
-				// is recorded. grpc-go has sent its own status already when
-				// the error is its own, so the trailer goes only where a
-				// wrapping stream failed the receive.
-				sv.setStreamTrailer(ss, in, 0, err)
-				return err
-			}
-			req = m
-			hss = &preReceived{serverStream: serverStream{ServerStream: ss, ctx: hctx}, req: m}
+		if pre != nil {
+			req = pre
+			hss = &preReceived{serverStream: serverStream{ServerStream: ss, ctx: hctx}, req: pre}
 		}
 		if fp, err = fingerprint(info.FullMethod, req); err != nil {
 			err = status.NotAdmitted(status.ReasonRequestTooLarge, status.WithAttempt(in.s.ID, in.s.Call, in.s.Try),

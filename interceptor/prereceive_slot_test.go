@@ -1,0 +1,58 @@
+package interceptor_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/admission"
+	"github.com/tollgate-go/tollgate/interceptor"
+	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
+	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+)
+
+// A recorded server-streaming call's request is received before admission,
+// as a unary request is decoded before it: a client that opens the stream
+// and sends nothing holds no admission slot (it held one for as long as it
+// liked, so a peer could pin every slot), and a request that comes after
+// the attempt's deadline is answered by the store alone, taking no slot.
+func TestServerStreamWaitingForItsRequestHoldsNoSlot(t *testing.T) {
+	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1}), admission.WithDefaultClass("work"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	running := func() int { cs, _ := ctrl.Stats().Class("work"); return cs.Running }
+	c := newConsumer()
+	end := startRecorded(t, c, memoryStore(t), []interceptor.ServerOption{
+		interceptor.WithAdmission(ctrl), interceptor.WithMaxAttemptTime(300 * time.Millisecond)})
+	conn := end.DialT(t)
+	client := testingv1.NewTestServiceClient(conn)
+
+	// Opened without a deadline or a tollgate header (the server is the
+	// origin and sets d), and no request sent yet.
+	idle, err := conn.NewStream(t.Context(), &testingv1.TestService_ServiceDesc.Streams[3], consumeMethod)
+	require.NoError(t, err)
+	require.Zero(t, running(), "a stream waiting for its request holds no slot")
+
+	// The one slot serves another call meanwhile.
+	st, err := client.Consume(t.Context(), &testingv1.ConsumeRequest{Key: "k", Count: 2})
+	require.NoError(t, err)
+	got, err := recvConsumed(st)
+	require.NoError(t, err)
+	require.Equal(t, []string{"0", "1"}, got)
+	require.Equal(t, int64(1), c.runs.Load())
+
+	// The idle stream's request comes after the server's 300 ms maximum:
+	// the store, holding no record of it, refuses the late try; nothing ran.
+	time.Sleep(400 * time.Millisecond)
+	require.NoError(t, idle.SendMsg(&testingv1.ConsumeRequest{Key: "k", Count: 1}))
+	require.NoError(t, idle.CloseSend())
+	err = idle.RecvMsg(new(testingv1.ConsumeResponse))
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
+	require.Equal(t, status.ReasonDeadlineExpired, o.Reason, "%v", err)
+	require.Equal(t, codes.ResourceExhausted, grpcstatus.Code(err))
+	require.Equal(t, int64(1), c.runs.Load(), "the late request ran nothing")
+	require.Zero(t, running())
+}
