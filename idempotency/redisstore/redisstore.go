@@ -127,19 +127,20 @@ type Store struct {
 
 // New returns a store that keeps its records in the Redis behind client
 // (a *redis.Client or a *redis.ClusterClient). The client must be built with
-// ContextTimeoutEnabled: true, so that a context's deadline bounds every
-// store call (go-redis ignores deadlines otherwise). New checks that, that
-// Redis answers, and that its maxmemory-policy is noeviction (on a Cluster,
-// on every node the client knows of, replicas included), and loads the
-// scripts. It returns an error wrapping idempotency.ErrStoreUnavailable when
+// ContextTimeoutEnabled: true and must not disable socket deadlines
+// (ReadTimeout or WriteTimeout -2), so that a context's deadline bounds
+// every store call (go-redis ignores deadlines otherwise). New checks that,
+// that Redis answers, and that its maxmemory-policy is noeviction (on a
+// Cluster, on every node the client knows of, replicas included), and loads
+// the scripts. It returns an error wrapping idempotency.ErrStoreUnavailable when
 // Redis cannot be reached and an error naming the problem for a wrong
 // setting or option.
 func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: New needs a Redis client")
 	}
-	if !honoursDeadlines(client) {
-		return nil, errors.New("redisstore: the Redis client must be built with ContextTimeoutEnabled: true, or a try's deadline would not bound its store calls")
+	if err := honoursDeadlines(client); err != nil {
+		return nil, err
 	}
 	s := &Store{client: client, prefix: "tollgate:attempt:", policy: idempotency.DefaultPolicy(), now: time.Now}
 	for _, o := range opts {
@@ -192,14 +193,32 @@ func checkNoEviction(ctx context.Context, client redis.UniversalClient) error {
 	return check(ctx, client, "")
 }
 
-func honoursDeadlines(c redis.UniversalClient) bool {
+// honoursDeadlines reports why a context's deadline would not bound the
+// client's calls: go-redis ignores it without ContextTimeoutEnabled, and
+// never sets a socket deadline at all when ReadTimeout or WriteTimeout is
+// -2. After the clients' own normalisation that is -1 on a Client (whose
+// -1, "no timeout", becomes 0 and still follows the context) and -2 on a
+// ClusterClient (whose -1 becomes 0).
+func honoursDeadlines(c redis.UniversalClient) error {
+	var enabled bool
+	var rt, wt time.Duration
 	switch c := c.(type) {
 	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled
+		o := c.Options()
+		enabled, rt, wt = o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout
 	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled
+		o := c.Options()
+		enabled, rt, wt = o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout
+	default:
+		return nil // other clients: the caller's responsibility
 	}
-	return true // other clients: the caller's responsibility
+	if !enabled {
+		return errors.New("redisstore: the Redis client must be built with ContextTimeoutEnabled: true, or a try's deadline would not bound its store calls")
+	}
+	if rt < 0 || wt < 0 {
+		return errors.New("redisstore: the Redis client's ReadTimeout and WriteTimeout must not be -2 (no socket deadlines), or a try's deadline would not bound its store calls")
+	}
+	return nil
 }
 
 // readTimeout returns the client's socket read timeout, 0 when reads have

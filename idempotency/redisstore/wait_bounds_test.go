@@ -69,3 +69,32 @@ func TestRedisWaitTimeoutWithinReadTimeout(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState())
 }
+
+// go-redis sets no socket deadline at all, the context's included, when
+// ReadTimeout or WriteTimeout is -2, even with ContextTimeoutEnabled: a
+// Begin whose reply is lost would block past its try's deadline for as long
+// as the connection lives. New refuses such a client; -1 (no timeout of
+// its own) still follows the context and is accepted.
+func TestRedisNewRefusesClientsWithoutDeadlines(t *testing.T) {
+	ctx := context.Background()
+	for _, o := range []redis.Options{{ReadTimeout: -2}, {WriteTimeout: -2}, {ReadTimeout: -2, WriteTimeout: 5 * time.Second}} {
+		o.Addr, o.ContextTimeoutEnabled = redisAddr(), true
+		c := redis.NewClient(&o)
+		_, err := redisstore.New(ctx, c)
+		_ = c.Close()
+		require.ErrorContains(t, err, "-2", "Client ReadTimeout %v, WriteTimeout %v", o.ReadTimeout, o.WriteTimeout)
+	}
+	for _, o := range []redis.ClusterOptions{{ReadTimeout: -2}, {WriteTimeout: -2}} {
+		o.Addrs, o.ContextTimeoutEnabled = clusterAddrs(), true
+		c := redis.NewClusterClient(&o)
+		_, err := redisstore.New(ctx, c)
+		_ = c.Close()
+		require.ErrorContains(t, err, "-2", "ClusterClient ReadTimeout %v, WriteTimeout %v", o.ReadTimeout, o.WriteTimeout)
+	}
+
+	_, prefix := newClient(t)
+	c := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true, ReadTimeout: -1, WriteTimeout: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	_, err := redisstore.New(ctx, c, redisstore.WithPrefix(prefix))
+	require.NoError(t, err, "ReadTimeout -1: no timeout of its own, but the context's deadline")
+}
