@@ -63,6 +63,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -93,10 +94,19 @@ func WithPolicy(p idempotency.Policy) Option { return optionFunc(func(s *Store) 
 // acknowledged their write, at most timeout, and fail with
 // idempotency.ErrStoreUnavailable when fewer did. A try whose begin fell
 // short is fenced again at once (best effort), so its next try can start.
-// A call waits at most half the time its context has left, so that WAIT's
-// count, and the fence after a shortfall, arrive before the context ends.
-// timeout must be at most half the Redis client's ReadTimeout: go-redis
-// takes a longer silence for a lost reply and sends the script again.
+//
+// Redis times out a blocked WAIT only on its serverCron tick, every 1000/hz
+// ms (hz 10 by default: up to 100 ms late), so New reads hz (on a Cluster,
+// on every node, keeping the longest tick) and WAIT's count is expected up
+// to one tick after its timeout. A call's WAIT gets at most half the time
+// its context has left minus one tick, so that the count arrives with half
+// the time left to spare; a call with too little time left for a WAIT of
+// 1 ms is not sent at all and answers ErrStoreUnavailable (nothing was
+// written). New refuses a timeout unless timeout + tick ≤ ReadTimeout/2 of
+// the Redis client: go-redis takes a longer silence for a lost reply and
+// sends the script again. Redis's dynamic-hz only raises hz, so the
+// configured hz is the slowest tick; hz lowered after New is not seen.
+//
 // On a Cluster, Begin and Fence are then sent through the client of the
 // tenant's primary (WAIT counts the writes of its own connection), which
 // runs the hooks added per node (ClusterOptions.OnNewNode, as redisotel
@@ -122,6 +132,7 @@ type Store struct {
 	policy      idempotency.Policy
 	replicas    int
 	waitTimeout time.Duration
+	tick        time.Duration // Redis's serverCron period (1000/hz ms), read by New when replicas > 0
 	now         func() time.Time
 }
 
@@ -132,9 +143,11 @@ type Store struct {
 // every store call (go-redis ignores deadlines otherwise). New checks that,
 // that Redis answers, and that its maxmemory-policy is noeviction (on a
 // Cluster, on every node the client knows of, replicas included), and loads
-// the scripts. It returns an error wrapping idempotency.ErrStoreUnavailable when
-// Redis cannot be reached and an error naming the problem for a wrong
-// setting or option.
+// the scripts. With [WithReplicas] it also reads Redis's hz (on a Cluster,
+// on every node) and refuses a timeout unless timeout + 1000/hz ms is at
+// most half the client's ReadTimeout (when it has one). It returns an error
+// wrapping idempotency.ErrStoreUnavailable when Redis cannot be reached and
+// an error naming the problem for a wrong setting or option.
 func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: New needs a Redis client")
@@ -155,12 +168,19 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 	if s.replicas < 0 || (s.replicas > 0 && s.waitTimeout <= 0) {
 		return nil, errors.New("redisstore: WithReplicas needs n ≥ 0 and, for n > 0, a positive timeout")
 	}
-	if rt := readTimeout(client); s.replicas > 0 && rt > 0 && s.waitTimeout > rt/2 {
-		return nil, fmt.Errorf("redisstore: the WithReplicas timeout %v must be at most half the Redis client's ReadTimeout %v, or go-redis takes a WAIT still waiting for a lost reply and sends the script again",
-			s.waitTimeout, rt)
-	}
 	if err := checkNoEviction(ctx, client); err != nil {
 		return nil, err
+	}
+	if s.replicas > 0 {
+		hz, err := readHz(ctx, client)
+		if err != nil {
+			return nil, err
+		}
+		s.tick = time.Second / time.Duration(hz)
+		if rt := readTimeout(client); rt > 0 && s.waitTimeout+s.tick > rt/2 {
+			return nil, fmt.Errorf("redisstore: the WithReplicas timeout %v plus Redis's tick %v (hz %d), by which it may answer WAIT late, must be at most half the Redis client's ReadTimeout %v, or go-redis takes a WAIT still waiting for a lost reply and sends the script again",
+				s.waitTimeout, s.tick, hz, rt)
+		}
 	}
 	for _, sc := range []*redis.Script{beginScript, finishScript, getScript, fenceScript} {
 		if err := sc.Load(ctx, client).Err(); err != nil {
@@ -191,6 +211,45 @@ func checkNoEviction(ctx context.Context, client redis.UniversalClient) error {
 		})
 	}
 	return check(ctx, client, "")
+}
+
+// readHz returns Redis's hz: on a Cluster, the lowest of every node's,
+// replicas included (a replica becomes a primary in a failover), whose
+// serverCron tick is the longest.
+func readHz(ctx context.Context, client redis.UniversalClient) (int, error) {
+	read := func(ctx context.Context, c redis.UniversalClient, where string) (int, error) {
+		cfg, err := c.ConfigGet(ctx, "hz").Result()
+		if err != nil {
+			return 0, fmt.Errorf("%w: redisstore: reading hz%s: %w", idempotency.ErrStoreUnavailable, where, err)
+		}
+		hz, err := strconv.Atoi(cfg["hz"])
+		if err != nil || hz <= 0 {
+			return 0, fmt.Errorf("redisstore: Redis hz%s is %q, not a positive number", where, cfg["hz"])
+		}
+		return hz, nil
+	}
+	cluster, ok := client.(*redis.ClusterClient)
+	if !ok {
+		return read(ctx, client, "")
+	}
+	var mu sync.Mutex
+	lowest := 0
+	err := cluster.ForEachShard(ctx, func(ctx context.Context, node *redis.Client) error {
+		hz, err := read(ctx, node, " at "+node.Options().Addr)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if lowest == 0 || hz < lowest {
+			lowest = hz
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return lowest, nil
 }
 
 // honoursDeadlines reports why a context's deadline would not bound the
@@ -272,16 +331,23 @@ func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []str
 		}
 		client = node
 	}
-	// WAIT answers its count when the timeout ends; a context that ended
-	// first would lose the count and the script's reply with it, and leave
-	// a begun try that no handler runs and no fence ends. WAIT gets half of
-	// what the context has left; the other half carries the reply and, on a
-	// shortfall, the fence.
+	// WAIT answers its count at the first serverCron tick after its
+	// timeout; a context that ended first would lose the count and the
+	// script's reply with it, and leave a begun try that no handler runs and
+	// no fence ends. WAIT gets half of what the context has left, less a
+	// tick, so that its count arrives by half the time left; the other half
+	// carries the reply and, on a shortfall, the fence. With too little time
+	// for that, nothing is sent.
 	timeout := s.waitTimeout
 	if dl, ok := ctx.Deadline(); ok {
-		timeout = min(timeout, time.Until(dl)/2)
+		left := time.Until(dl)
+		timeout = min(timeout, left/2-s.tick)
+		if timeout < time.Millisecond { // WAIT 0 would wait for ever
+			return nil, -1, fmt.Errorf("%w: redisstore: %v left is too little to wait for replicas (WAIT may answer up to %v after its timeout)",
+				idempotency.ErrStoreUnavailable, left.Round(time.Millisecond), s.tick)
+		}
 	}
-	waitMillis := max(timeout.Milliseconds(), 1) // WAIT 0 would wait for ever
+	waitMillis := timeout.Milliseconds()
 	for attempt := 0; ; attempt++ {
 		pipe := client.Pipeline()
 		res := sc.EvalSha(ctx, pipe, keys, args...)
