@@ -93,7 +93,9 @@ func WithPolicy(p idempotency.Policy) Option { return optionFunc(func(s *Store) 
 // WithReplicas makes Begin and Fence wait (Redis WAIT) until n replicas
 // acknowledged their write, at most timeout, and fail with
 // idempotency.ErrStoreUnavailable when fewer did. A try whose begin fell
-// short is fenced again at once (best effort), so its next try can start.
+// short is fenced again at once (best effort, on a context of its own
+// bounded by a second, so that it is sent even when the caller's context is
+// about to end), so its next try can start.
 //
 // Redis times out a blocked WAIT only on its serverCron tick, every 1000/hz
 // ms (hz 10 by default: up to 100 ms late), so New reads hz (on a Cluster,
@@ -135,6 +137,10 @@ type Store struct {
 	tick        time.Duration // Redis's serverCron period (1000/hz ms), read by New when replicas > 0
 	now         func() time.Time
 }
+
+// shortfallFenceTimeout bounds the fence Begin sends after a shortfall, on a
+// context detached from the caller's: it is one script without WAIT.
+const shortfallFenceTimeout = time.Second
 
 // New returns a store that keeps its records in the Redis behind client
 // (a *redis.Client or a *redis.ClusterClient). The client must be built with
@@ -336,8 +342,8 @@ func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []str
 	// script's reply with it, and leave a begun try that no handler runs and
 	// no fence ends. WAIT gets half of what the context has left, less a
 	// tick, so that its count arrives by half the time left; the other half
-	// carries the reply and, on a shortfall, the fence. With too little time
-	// for that, nothing is sent.
+	// carries the reply. (The fence after a shortfall has a context of its
+	// own.) With too little time for that, nothing is sent.
 	timeout := s.waitTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		left := time.Until(dl)
@@ -397,9 +403,10 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 		return idempotency.BeginResult{}, err
 	}
 	p := s.policy
+	tok := callToken()
 	v, acked, err := s.run(ctx, true, beginScript, s.keys(req.Key),
 		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
-		req.Try, req.Fingerprint[:], req.Deadline.UnixMilli(), callToken())
+		req.Try, req.Fingerprint[:], req.Deadline.UnixMilli(), tok)
 	if err != nil {
 		return idempotency.BeginResult{}, err
 	}
@@ -411,9 +418,13 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 	case kindStarted:
 		if acked >= 0 && acked < s.replicas {
 			// The handler will not run: make the try a tombstone so its
-			// next try may start.
-			_ = s.finish(ctx, idempotency.FinishRequest{Key: req.Key, Try: req.Try, Fingerprint: req.Fingerprint,
-				State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED})
+			// next try may start. The caller's context may be about to
+			// end, so the fence has its own; it ends only the record this
+			// very call began (its token), never another Begin's.
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shortfallFenceTimeout)
+			_ = s.finish(fctx, idempotency.FinishRequest{Key: req.Key, Try: req.Try, Fingerprint: req.Fingerprint,
+				State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED}, tok)
+			cancel()
 			return idempotency.BeginResult{}, s.short(acked)
 		}
 		return idempotency.BeginResult{Started: true}, nil
@@ -455,10 +466,12 @@ func (s *Store) Finish(ctx context.Context, req idempotency.FinishRequest) error
 	if err := idempotency.ValidateFinish(req); err != nil {
 		return err
 	}
-	return s.finish(ctx, req)
+	return s.finish(ctx, req, nil)
 }
 
-func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest) error {
+// finish finishes req's try; with beginTok, only if the record was begun by
+// the Begin call that sent that token.
+func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest, beginTok []byte) error {
 	p := s.policy
 	var resp []byte
 	retained := 0
@@ -480,7 +493,7 @@ func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest) error
 	}
 	v, _, err := s.run(ctx, false, finishScript, s.keys(req.Key),
 		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
-		req.Try, req.Fingerprint[:], int(req.State), code, msg, det, resp, retained, req.UnitsSpent, callToken())
+		req.Try, req.Fingerprint[:], int(req.State), code, msg, det, resp, retained, req.UnitsSpent, callToken(), beginTok)
 	if err != nil {
 		return err
 	}

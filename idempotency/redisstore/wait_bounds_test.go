@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -108,6 +109,69 @@ func TestRedisWaitShortContextLeavesNoTryInProgress(t *testing.T) {
 			requireNextTryStarts(t, plain, clock, k)
 		})
 	}
+}
+
+// afterWait is a go-redis hook that calls then once a pipeline holding WAIT
+// has returned: between Begin's script and WAIT, and Begin's fence.
+type afterWait struct {
+	once sync.Once
+	then func()
+}
+
+func (h *afterWait) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *afterWait) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *afterWait) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			if strings.EqualFold(cmd.Name(), "wait") {
+				h.once.Do(h.then)
+			}
+		}
+		return err
+	}
+}
+
+// The fence Begin sends after a shortfall is sent even when the caller's
+// context ends as WAIT's count arrives: it has a context of its own.
+func TestRedisWaitShortfallFencedAfterTheContextEnds(t *testing.T) {
+	_, prefix := newClient(t)
+	c := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c.AddHook(&afterWait{then: cancel})
+	waiting, plain, clock, k := waitingStores(t, c, prefix, 20*time.Millisecond)
+
+	_, err := waiting.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
+	require.ErrorContains(t, err, "0 of 1 replicas")
+	require.Error(t, ctx.Err(), "the caller's context ended before the fence")
+	rec, err := plain.Get(context.Background(), k)
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState(), "the try that fell short is fenced")
+	requireNextTryStarts(t, plain, clock, k)
+}
+
+// The fence after a shortfall ends only the try its own Begin call began
+// (the record's Begin token), never a record another Begin call wrote.
+func TestRedisWaitShortfallFencesOnlyItsOwnBegin(t *testing.T) {
+	plainClient, prefix := newClient(t)
+	c := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	var k idempotency.Key
+	c.AddHook(&afterWait{then: func() {
+		// Another Begin call's record of the same try, as far as the token
+		// tells.
+		require.NoError(t, plainClient.HSet(context.Background(), recordKey(prefix, k), "tok", "another call").Err())
+	}})
+	waiting, plain, clock, key := waitingStores(t, c, prefix, 20*time.Millisecond)
+	k = key
+
+	_, err := waiting.Begin(context.Background(), idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
+	require.ErrorContains(t, err, "0 of 1 replicas")
+	rec, err := plain.Get(context.Background(), k)
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_IN_PROGRESS, rec.GetState(), "another call's try is not fenced")
 }
 
 // go-redis takes a read that outlasts its ReadTimeout for a lost reply and
