@@ -63,6 +63,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -92,11 +93,22 @@ func WithPolicy(p idempotency.Policy) Option { return optionFunc(func(s *Store) 
 // WithReplicas makes Begin and Fence wait (Redis WAIT) until n replicas
 // acknowledged their write, at most timeout, and fail with
 // idempotency.ErrStoreUnavailable when fewer did. A try whose begin fell
-// short is fenced again at once (best effort), so its next try can start.
-// A call waits at most half the time its context has left, so that WAIT's
-// count, and the fence after a shortfall, arrive before the context ends.
-// timeout must be at most half the Redis client's ReadTimeout: go-redis
-// takes a longer silence for a lost reply and sends the script again.
+// short is fenced again at once (best effort, on a context of its own
+// bounded by a second, so that it is sent even when the caller's context is
+// about to end), so its next try can start.
+//
+// Redis times out a blocked WAIT only on its serverCron tick, every 1000/hz
+// ms (hz 10 by default: up to 100 ms late), so New reads hz (on a Cluster,
+// on every node, keeping the longest tick) and WAIT's count is expected up
+// to one tick after its timeout. A call's WAIT gets at most half the time
+// its context has left minus one tick, so that the count arrives with half
+// the time left to spare; a call with too little time left for a WAIT of
+// 1 ms is not sent at all and answers ErrStoreUnavailable (nothing was
+// written). New refuses a timeout unless timeout + tick ≤ ReadTimeout/2 of
+// the Redis client: go-redis takes a longer silence for a lost reply and
+// sends the script again. Redis's dynamic-hz only raises hz, so the
+// configured hz is the slowest tick; hz lowered after New is not seen.
+//
 // On a Cluster, Begin and Fence are then sent through the client of the
 // tenant's primary (WAIT counts the writes of its own connection), which
 // runs the hooks added per node (ClusterOptions.OnNewNode, as redisotel
@@ -122,24 +134,32 @@ type Store struct {
 	policy      idempotency.Policy
 	replicas    int
 	waitTimeout time.Duration
+	tick        time.Duration // Redis's serverCron period (1000/hz ms), read by New when replicas > 0
 	now         func() time.Time
 }
 
+// shortfallFenceTimeout bounds the fence Begin sends after a shortfall, on a
+// context detached from the caller's: it is one script without WAIT.
+const shortfallFenceTimeout = time.Second
+
 // New returns a store that keeps its records in the Redis behind client
 // (a *redis.Client or a *redis.ClusterClient). The client must be built with
-// ContextTimeoutEnabled: true, so that a context's deadline bounds every
-// store call (go-redis ignores deadlines otherwise). New checks that, that
-// Redis answers, and that its maxmemory-policy is noeviction (on a Cluster,
-// on every node the client knows of, replicas included), and loads the
-// scripts. It returns an error wrapping idempotency.ErrStoreUnavailable when
-// Redis cannot be reached and an error naming the problem for a wrong
-// setting or option.
+// ContextTimeoutEnabled: true and must not disable socket deadlines
+// (ReadTimeout or WriteTimeout -2), so that a context's deadline bounds
+// every store call (go-redis ignores deadlines otherwise). New checks that,
+// that Redis answers, and that its maxmemory-policy is noeviction (on a
+// Cluster, on every node the client knows of, replicas included), and loads
+// the scripts. With [WithReplicas] it also reads Redis's hz (on a Cluster,
+// on every node) and refuses a timeout unless timeout + 1000/hz ms is at
+// most half the client's ReadTimeout (when it has one). It returns an error
+// wrapping idempotency.ErrStoreUnavailable when Redis cannot be reached and
+// an error naming the problem for a wrong setting or option.
 func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: New needs a Redis client")
 	}
-	if !honoursDeadlines(client) {
-		return nil, errors.New("redisstore: the Redis client must be built with ContextTimeoutEnabled: true, or a try's deadline would not bound its store calls")
+	if err := honoursDeadlines(client); err != nil {
+		return nil, err
 	}
 	s := &Store{client: client, prefix: "tollgate:attempt:", policy: idempotency.DefaultPolicy(), now: time.Now}
 	for _, o := range opts {
@@ -154,12 +174,19 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 	if s.replicas < 0 || (s.replicas > 0 && s.waitTimeout <= 0) {
 		return nil, errors.New("redisstore: WithReplicas needs n ≥ 0 and, for n > 0, a positive timeout")
 	}
-	if rt := readTimeout(client); s.replicas > 0 && rt > 0 && s.waitTimeout > rt/2 {
-		return nil, fmt.Errorf("redisstore: the WithReplicas timeout %v must be at most half the Redis client's ReadTimeout %v, or go-redis takes a WAIT still waiting for a lost reply and sends the script again",
-			s.waitTimeout, rt)
-	}
 	if err := checkNoEviction(ctx, client); err != nil {
 		return nil, err
+	}
+	if s.replicas > 0 {
+		hz, err := readHz(ctx, client)
+		if err != nil {
+			return nil, err
+		}
+		s.tick = time.Second / time.Duration(hz)
+		if rt := readTimeout(client); rt > 0 && s.waitTimeout+s.tick > rt/2 {
+			return nil, fmt.Errorf("redisstore: the WithReplicas timeout %v plus Redis's tick %v (hz %d), by which it may answer WAIT late, must be at most half the Redis client's ReadTimeout %v, or go-redis takes a WAIT still waiting for a lost reply and sends the script again",
+				s.waitTimeout, s.tick, hz, rt)
+		}
 	}
 	for _, sc := range []*redis.Script{beginScript, finishScript, getScript, fenceScript} {
 		if err := sc.Load(ctx, client).Err(); err != nil {
@@ -192,14 +219,71 @@ func checkNoEviction(ctx context.Context, client redis.UniversalClient) error {
 	return check(ctx, client, "")
 }
 
-func honoursDeadlines(c redis.UniversalClient) bool {
+// readHz returns Redis's hz: on a Cluster, the lowest of every node's,
+// replicas included (a replica becomes a primary in a failover), whose
+// serverCron tick is the longest.
+func readHz(ctx context.Context, client redis.UniversalClient) (int, error) {
+	read := func(ctx context.Context, c redis.UniversalClient, where string) (int, error) {
+		cfg, err := c.ConfigGet(ctx, "hz").Result()
+		if err != nil {
+			return 0, fmt.Errorf("%w: redisstore: reading hz%s: %w", idempotency.ErrStoreUnavailable, where, err)
+		}
+		hz, err := strconv.Atoi(cfg["hz"])
+		if err != nil || hz <= 0 {
+			return 0, fmt.Errorf("redisstore: Redis hz%s is %q, not a positive number", where, cfg["hz"])
+		}
+		return hz, nil
+	}
+	cluster, ok := client.(*redis.ClusterClient)
+	if !ok {
+		return read(ctx, client, "")
+	}
+	var mu sync.Mutex
+	lowest := 0
+	err := cluster.ForEachShard(ctx, func(ctx context.Context, node *redis.Client) error {
+		hz, err := read(ctx, node, " at "+node.Options().Addr)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if lowest == 0 || hz < lowest {
+			lowest = hz
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return lowest, nil
+}
+
+// honoursDeadlines reports why a context's deadline would not bound the
+// client's calls: go-redis ignores it without ContextTimeoutEnabled, and
+// never sets a socket deadline at all when ReadTimeout or WriteTimeout is
+// -2. After the clients' own normalisation that is -1 on a Client (whose
+// -1, "no timeout", becomes 0 and still follows the context) and -2 on a
+// ClusterClient (whose -1 becomes 0).
+func honoursDeadlines(c redis.UniversalClient) error {
+	var enabled bool
+	var rt, wt time.Duration
 	switch c := c.(type) {
 	case *redis.Client:
-		return c.Options().ContextTimeoutEnabled
+		o := c.Options()
+		enabled, rt, wt = o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout
 	case *redis.ClusterClient:
-		return c.Options().ContextTimeoutEnabled
+		o := c.Options()
+		enabled, rt, wt = o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout
+	default:
+		return nil // other clients: the caller's responsibility
 	}
-	return true // other clients: the caller's responsibility
+	if !enabled {
+		return errors.New("redisstore: the Redis client must be built with ContextTimeoutEnabled: true, or a try's deadline would not bound its store calls")
+	}
+	if rt < 0 || wt < 0 {
+		return errors.New("redisstore: the Redis client's ReadTimeout and WriteTimeout must not be -2 (no socket deadlines), or a try's deadline would not bound its store calls")
+	}
+	return nil
 }
 
 // readTimeout returns the client's socket read timeout, 0 when reads have
@@ -253,16 +337,23 @@ func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []str
 		}
 		client = node
 	}
-	// WAIT answers its count when the timeout ends; a context that ended
-	// first would lose the count and the script's reply with it, and leave
-	// a begun try that no handler runs and no fence ends. WAIT gets half of
-	// what the context has left; the other half carries the reply and, on a
-	// shortfall, the fence.
+	// WAIT answers its count at the first serverCron tick after its
+	// timeout; a context that ended first would lose the count and the
+	// script's reply with it, and leave a begun try that no handler runs and
+	// no fence ends. WAIT gets half of what the context has left, less a
+	// tick, so that its count arrives by half the time left; the other half
+	// carries the reply. (The fence after a shortfall has a context of its
+	// own.) With too little time for that, nothing is sent.
 	timeout := s.waitTimeout
 	if dl, ok := ctx.Deadline(); ok {
-		timeout = min(timeout, time.Until(dl)/2)
+		left := time.Until(dl)
+		timeout = min(timeout, left/2-s.tick)
+		if timeout < time.Millisecond { // WAIT 0 would wait for ever
+			return nil, -1, fmt.Errorf("%w: redisstore: %v left is too little to wait for replicas (WAIT may answer up to %v after its timeout)",
+				idempotency.ErrStoreUnavailable, left.Round(time.Millisecond), s.tick)
+		}
 	}
-	waitMillis := max(timeout.Milliseconds(), 1) // WAIT 0 would wait for ever
+	waitMillis := timeout.Milliseconds()
 	for attempt := 0; ; attempt++ {
 		pipe := client.Pipeline()
 		res := sc.EvalSha(ctx, pipe, keys, args...)
@@ -312,9 +403,10 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 		return idempotency.BeginResult{}, err
 	}
 	p := s.policy
+	tok := callToken()
 	v, acked, err := s.run(ctx, true, beginScript, s.keys(req.Key),
 		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
-		req.Try, req.Fingerprint[:], req.Deadline.UnixMilli(), callToken())
+		req.Try, req.Fingerprint[:], req.Deadline.UnixMilli(), tok)
 	if err != nil {
 		return idempotency.BeginResult{}, err
 	}
@@ -326,9 +418,13 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 	case kindStarted:
 		if acked >= 0 && acked < s.replicas {
 			// The handler will not run: make the try a tombstone so its
-			// next try may start.
-			_ = s.finish(ctx, idempotency.FinishRequest{Key: req.Key, Try: req.Try, Fingerprint: req.Fingerprint,
-				State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED})
+			// next try may start. The caller's context may be about to
+			// end, so the fence has its own; it ends only the record this
+			// very call began (its token), never another Begin's.
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shortfallFenceTimeout)
+			_ = s.finish(fctx, idempotency.FinishRequest{Key: req.Key, Try: req.Try, Fingerprint: req.Fingerprint,
+				State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED}, tok)
+			cancel()
 			return idempotency.BeginResult{}, s.short(acked)
 		}
 		return idempotency.BeginResult{Started: true}, nil
@@ -370,10 +466,12 @@ func (s *Store) Finish(ctx context.Context, req idempotency.FinishRequest) error
 	if err := idempotency.ValidateFinish(req); err != nil {
 		return err
 	}
-	return s.finish(ctx, req)
+	return s.finish(ctx, req, nil)
 }
 
-func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest) error {
+// finish finishes req's try; with beginTok, only if the record was begun by
+// the Begin call that sent that token.
+func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest, beginTok []byte) error {
 	p := s.policy
 	var resp []byte
 	retained := 0
@@ -395,7 +493,7 @@ func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest) error
 	}
 	v, _, err := s.run(ctx, false, finishScript, s.keys(req.Key),
 		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
-		req.Try, req.Fingerprint[:], int(req.State), code, msg, det, resp, retained, req.UnitsSpent, callToken())
+		req.Try, req.Fingerprint[:], int(req.State), code, msg, det, resp, retained, req.UnitsSpent, callToken(), beginTok)
 	if err != nil {
 		return err
 	}

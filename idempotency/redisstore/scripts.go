@@ -116,12 +116,14 @@ return {0}
 `)
 
 // finish: KEYS horizon, record. ARGV now, skew, ttl, grace, ts, try, fp,
-// state, code, msg, det, resp, ret, units, ftok. ftok is random, one per
-// Finish call, and stored with the finish: a record of the same try whose
-// ftok is this one was finished by this very call, whose script runs again
-// when the client resends it after losing its reply; it answers "finished"
-// again and changes nothing (the units are not added twice). Any other
-// Finish of the try is refused as before.
+// state, code, msg, det, resp, ret, units, ftok, btok. ftok is random, one
+// per Finish call, and stored with the finish: a record of the same try
+// whose ftok is this one was finished by this very call, whose script runs
+// again when the client resends it after losing its reply; it answers
+// "finished" again and changes nothing (the units are not added twice). Any
+// other Finish of the try is refused as before. btok, when not empty, is the
+// tok of the Begin call whose try this finish may end (the fence Begin sends
+// after a replica shortfall): a record another Begin call wrote is refused.
 var finishScript = redis.NewScript(prelude + `
 local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ts, try, fp, st = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
@@ -131,6 +133,7 @@ local v = load(KEYS[2], now)
 if not v then return {8} end
 if v[17] == ARGV[15] and tonumber(v[3]) == try and v[2] == fp then return {12} end
 if view(v, now) ~= IN_PROGRESS or tonumber(v[3]) ~= try or v[2] ~= fp then return reply(8, v, now) end
+if ARGV[16] ~= '' and v[16] ~= ARGV[16] then return reply(8, v, now) end
 local fen = tonumber(v[4])
 if st == FENCED and try > fen then fen = try end
 local units = tonumber(v[10]) + tonumber(ARGV[14])

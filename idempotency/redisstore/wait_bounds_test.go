@@ -2,6 +2,10 @@ package redisstore_test
 
 import (
 	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,59 +17,254 @@ import (
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 )
 
-// A try's context (its grpc-timeout) that ends before WAIT's timeout must not
-// lose WAIT's count: WAIT gets half the time left, answers its shortfall in
-// time, and the begun try is fenced, so its next try can start. Sent with
-// its own timeout, WAIT outlived the context, the whole pipeline failed, and
-// the try stayed IN_PROGRESS until its lease ended, with no handler running
-// it.
-func TestRedisWaitFitsTheContext(t *testing.T) {
-	c, prefix := newClient(t) // the lone Redis: no replica, so WAIT 1 waits its whole timeout
-	clock := storetest.NewClock(time.Now())
+// tick returns the serverCron period of the Redis behind c (1000/hz ms): how
+// late Redis may answer a WAIT whose timeout ended.
+func tick(t testing.TB, c *redis.Client) time.Duration {
+	t.Helper()
+	cfg, err := c.ConfigGet(context.Background(), "hz").Result()
+	require.NoError(t, err)
+	hz, err := strconv.Atoi(cfg["hz"])
+	require.NoError(t, err)
+	return time.Second / time.Duration(hz)
+}
+
+// waitingStores returns a store that waits for a replica the lone test Redis
+// does not have (so WAIT 1 waits its whole timeout and falls short), a plain
+// store sharing its clock, and a key inside their started horizon.
+func waitingStores(t *testing.T, c *redis.Client, prefix string, timeout time.Duration) (waiting, plain *redisstore.Store, clock *storetest.Clock, k idempotency.Key) {
+	t.Helper()
+	clock = storetest.NewClock(time.Now())
 	p := storetest.Policy()
-	waiting := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithReplicas(1, 2*time.Second))
-	plain := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
-	k := idempotency.Key{AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
+	waiting = newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithReplicas(1, timeout))
+	plain = newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
+	k = idempotency.Key{AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
 	_, err := plain.Get(context.Background(), k)
 	require.NoError(t, err)
 	clock.Advance(p.Skew)
+	return waiting, plain, clock, k
+}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
+// requireNextTryStarts checks that try 2 of k may start: try 1 is fenced or
+// was never begun.
+func requireNextTryStarts(t *testing.T, plain *redisstore.Store, clock *storetest.Clock, k idempotency.Key) {
+	t.Helper()
+	res, err := plain.Begin(context.Background(), idempotency.BeginRequest{Key: k, Try: 2, Deadline: clock.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.True(t, res.Started, "the next try may start: refusal %v", res.Refusal)
+}
+
+// A try's context (its grpc-timeout) that ends before WAIT's timeout must not
+// lose WAIT's count: WAIT gets half the time left, less a tick, answers its
+// shortfall in time, and the begun try is fenced, so its next try can start.
+// Sent with its own timeout, WAIT outlived the context, the whole pipeline
+// failed, and the try stayed IN_PROGRESS until its lease ended, with no
+// handler running it.
+func TestRedisWaitFitsTheContext(t *testing.T) {
+	c, prefix := newClient(t)
+	waiting, plain, clock, k := waitingStores(t, c, prefix, 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*tick(t, c)+400*time.Millisecond)
 	defer cancel()
-	_, err = waiting.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
+	_, err := waiting.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
 	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
 	require.ErrorContains(t, err, "0 of 1 replicas", "WAIT's count arrived before the context ended")
 
 	rec, err := plain.Get(context.Background(), k)
 	require.NoError(t, err)
 	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState(), "the try that fell short is fenced")
-	res, err := plain.Begin(context.Background(), idempotency.BeginRequest{Key: k, Try: 2, Deadline: clock.Now().Add(time.Second)})
-	require.NoError(t, err)
-	require.True(t, res.Started, "the next try may start: refusal %v", res.Refusal)
+	requireNextTryStarts(t, plain, clock, k)
 }
 
-// go-redis takes a read that outlasts its ReadTimeout for a lost reply and
-// sends the pipeline again, so a WAIT longer than the client's ReadTimeout
-// never delivers its count. New refuses a WAIT timeout over half the
-// ReadTimeout, and a store within the bound fences a try that fell short.
-func TestRedisWaitTimeoutWithinReadTimeout(t *testing.T) {
-	_, prefix := newClient(t)
-	c := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true, ReadTimeout: 300 * time.Millisecond})
-	t.Cleanup(func() { _ = c.Close() })
-	_, err := redisstore.New(context.Background(), c, redisstore.WithPrefix(prefix), redisstore.WithReplicas(1, time.Second))
-	require.ErrorContains(t, err, "ReadTimeout")
+// Redis answers a WAIT whose timeout ended only at its next serverCron tick
+// (every 1000/hz ms; 100 ms at the default hz 10), so a WAIT given half of a
+// short context's time answered after the context ended: Begin failed
+// after its script had begun the try, and left it IN_PROGRESS, unfenced.
+// Whatever time is left, a Begin that answers unavailable leaves no try
+// IN_PROGRESS: with less than two ticks left it sends nothing, and with
+// more, WAIT's count arrives in time and the try is fenced.
+func TestRedisWaitShortContextLeavesNoTryInProgress(t *testing.T) {
+	probe, _ := newClient(t)
+	tk := tick(t, probe)
+	for _, left := range []time.Duration{4 * time.Millisecond, 20 * time.Millisecond, 60 * time.Millisecond,
+		150 * time.Millisecond, 2*tk + 60*time.Millisecond, 2*tk + 150*time.Millisecond} {
+		t.Run(fmt.Sprint(left), func(t *testing.T) {
+			c, prefix := newClient(t)
+			waiting, plain, clock, k := waitingStores(t, c, prefix, time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), left)
+			defer cancel()
+			_, err := waiting.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Minute)})
+			require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
 
-	clock := storetest.NewClock(time.Now())
-	p := storetest.Policy()
-	waiting := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithReplicas(1, 150*time.Millisecond))
-	plain := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
-	k := idempotency.Key{AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
-	_, err = plain.Get(context.Background(), k)
+			rec, gerr := plain.Get(context.Background(), k)
+			require.NoError(t, gerr)
+			require.NotEqual(t, tollgatev1.AttemptState_ATTEMPT_STATE_IN_PROGRESS, rec.GetState(),
+				"Begin answered unavailable (no handler will run) but left try 1 IN_PROGRESS: %v", err)
+			switch {
+			case left < 2*tk+time.Millisecond: // less than a 1 ms WAIT fits: nothing is sent
+				require.ErrorContains(t, err, "too little to wait for replicas")
+				require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN, rec.GetState(), "nothing was begun")
+			case left >= 2*tk+50*time.Millisecond: // a WAIT of 25 ms or more fits
+				require.ErrorContains(t, err, "0 of 1 replicas")
+				require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState(), "the try that fell short is fenced")
+			}
+			requireNextTryStarts(t, plain, clock, k)
+		})
+	}
+}
+
+// afterWait is a go-redis hook that calls then once a pipeline holding WAIT
+// has returned: between Begin's script and WAIT, and Begin's fence.
+type afterWait struct {
+	once sync.Once
+	then func()
+}
+
+func (h *afterWait) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *afterWait) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *afterWait) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			if strings.EqualFold(cmd.Name(), "wait") {
+				h.once.Do(h.then)
+			}
+		}
+		return err
+	}
+}
+
+// The fence Begin sends after a shortfall is sent even when the caller's
+// context ends as WAIT's count arrives: it has a context of its own.
+func TestRedisWaitShortfallFencedAfterTheContextEnds(t *testing.T) {
+	_, prefix := newClient(t)
+	c := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c.AddHook(&afterWait{then: cancel})
+	waiting, plain, clock, k := waitingStores(t, c, prefix, 20*time.Millisecond)
+
+	_, err := waiting.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
+	require.ErrorContains(t, err, "0 of 1 replicas")
+	require.Error(t, ctx.Err(), "the caller's context ended before the fence")
+	rec, err := plain.Get(context.Background(), k)
 	require.NoError(t, err)
-	clock.Advance(p.Skew)
-	_, err = waiting.Begin(context.Background(), idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState(), "the try that fell short is fenced")
+	requireNextTryStarts(t, plain, clock, k)
+}
+
+// The fence after a shortfall ends only the try its own Begin call began
+// (the record's Begin token), never a record another Begin call wrote.
+func TestRedisWaitShortfallFencesOnlyItsOwnBegin(t *testing.T) {
+	plainClient, prefix := newClient(t)
+	c := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	var k idempotency.Key
+	c.AddHook(&afterWait{then: func() {
+		// Another Begin call's record of the same try, as far as the token
+		// tells.
+		require.NoError(t, plainClient.HSet(context.Background(), recordKey(prefix, k), "tok", "another call").Err())
+	}})
+	waiting, plain, clock, key := waitingStores(t, c, prefix, 20*time.Millisecond)
+	k = key
+
+	_, err := waiting.Begin(context.Background(), idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
 	require.ErrorContains(t, err, "0 of 1 replicas")
 	rec, err := plain.Get(context.Background(), k)
 	require.NoError(t, err)
-	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState())
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_IN_PROGRESS, rec.GetState(), "another call's try is not fenced")
+}
+
+// go-redis takes a read that outlasts its ReadTimeout for a lost reply and
+// sends the pipeline again, so a WAIT that answers after the client's
+// ReadTimeout never delivers its count, and Redis answers WAIT up to a tick
+// after its timeout. New refuses a WAIT timeout unless timeout + tick is at
+// most half the ReadTimeout (half of 60 ms, the review's case, let through
+// a WAIT answered 100 ms late), and a store within the bound fences a try
+// that fell short.
+func TestRedisWaitTimeoutAndTickWithinReadTimeout(t *testing.T) {
+	probe, prefix := newClient(t)
+	tk := tick(t, probe)
+	for _, tc := range []struct{ read, wait time.Duration }{
+		{300 * time.Millisecond, time.Second},
+		{300 * time.Millisecond, 150 * time.Millisecond},
+		{60 * time.Millisecond, 30 * time.Millisecond},
+		{2 * (tk + 50*time.Millisecond), 50*time.Millisecond + time.Millisecond},
+	} {
+		c := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true, ReadTimeout: tc.read})
+		_, err := redisstore.New(context.Background(), c, redisstore.WithPrefix(prefix), redisstore.WithReplicas(1, tc.wait))
+		_ = c.Close()
+		require.ErrorContains(t, err, "ReadTimeout "+tc.read.String(), "WithReplicas(1, %v), ReadTimeout %v", tc.wait, tc.read)
+		require.ErrorContains(t, err, "timeout "+tc.wait.String())
+		require.ErrorContains(t, err, "hz ")
+	}
+
+	c := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true, ReadTimeout: 2 * (tk + 50*time.Millisecond)})
+	t.Cleanup(func() { _ = c.Close() })
+	waiting, plain, clock, k := waitingStores(t, c, prefix, 50*time.Millisecond)
+	_, err := waiting.Begin(context.Background(), idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
+	require.ErrorContains(t, err, "0 of 1 replicas")
+	rec, err := plain.Get(context.Background(), k)
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState(), "the try that fell short is fenced")
+	requireNextTryStarts(t, plain, clock, k)
+}
+
+// On a Cluster New reads hz on every node, replicas included, and bounds
+// the WAIT timeout by the slowest tick.
+func TestRedisClusterWaitBoundReadsEveryNodesHz(t *testing.T) {
+	c, _ := newClusterClient(t)
+	ctx := context.Background()
+	var mu sync.Mutex
+	var addrs []string
+	require.NoError(t, c.ForEachShard(ctx, func(_ context.Context, n *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		addrs = append(addrs, n.Options().Addr)
+		return nil
+	}))
+	// The default ReadTimeout is 5 s: 2 s + a tick of 100 ms fits in half of
+	// it, 2 s + 1 s (hz 1) does not.
+	_, err := redisstore.New(ctx, c, redisstore.WithReplicas(1, 2*time.Second))
+	require.NoError(t, err)
+	for _, addr := range addrs {
+		t.Run(addr, func(t *testing.T) {
+			n := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+			defer n.Close()
+			was, err := n.ConfigGet(ctx, "hz").Result()
+			require.NoError(t, err)
+			require.NoError(t, n.ConfigSet(ctx, "hz", "1").Err())
+			defer func() { require.NoError(t, n.ConfigSet(ctx, "hz", was["hz"]).Err()) }()
+			_, err = redisstore.New(ctx, c, redisstore.WithReplicas(1, 2*time.Second))
+			require.ErrorContains(t, err, "hz 1)")
+		})
+	}
+}
+
+// go-redis sets no socket deadline at all, the context's included, when
+// ReadTimeout or WriteTimeout is -2, even with ContextTimeoutEnabled: a
+// Begin whose reply is lost would block past its try's deadline for as long
+// as the connection lives. New refuses such a client; -1 (no timeout of
+// its own) still follows the context and is accepted.
+func TestRedisNewRefusesClientsWithoutDeadlines(t *testing.T) {
+	ctx := context.Background()
+	for _, o := range []redis.Options{{ReadTimeout: -2}, {WriteTimeout: -2}, {ReadTimeout: -2, WriteTimeout: 5 * time.Second}} {
+		o.Addr, o.ContextTimeoutEnabled = redisAddr(), true
+		c := redis.NewClient(&o)
+		_, err := redisstore.New(ctx, c)
+		_ = c.Close()
+		require.ErrorContains(t, err, "-2", "Client ReadTimeout %v, WriteTimeout %v", o.ReadTimeout, o.WriteTimeout)
+	}
+	for _, o := range []redis.ClusterOptions{{ReadTimeout: -2}, {WriteTimeout: -2}} {
+		o.Addrs, o.ContextTimeoutEnabled = clusterAddrs(), true
+		c := redis.NewClusterClient(&o)
+		_, err := redisstore.New(ctx, c)
+		_ = c.Close()
+		require.ErrorContains(t, err, "-2", "ClusterClient ReadTimeout %v, WriteTimeout %v", o.ReadTimeout, o.WriteTimeout)
+	}
+
+	_, prefix := newClient(t)
+	c := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true, ReadTimeout: -1, WriteTimeout: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	_, err := redisstore.New(ctx, c, redisstore.WithPrefix(prefix))
+	require.NoError(t, err, "ReadTimeout -1: no timeout of its own, but the context's deadline")
 }
