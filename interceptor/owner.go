@@ -93,9 +93,7 @@ func (c *client) policy(method string) *RetryPolicy {
 // may repeat it (DESIGN.md §3.4, §3.5).
 type owner struct {
 	c       *client
-	cl      *call
-	method  string
-	info    methodinfo.Info
+	cl      *call // the call, with its method and what is known of it
 	p       *RetryPolicy
 	tgt     *target
 	cc      *grpc.ClientConn
@@ -139,7 +137,7 @@ func (c *client) unary(ctx context.Context, method string, req, reply any, cc *g
 	}
 	_, named := ctx.Value(callNameKey{}).(string)
 	w := &cl.w
-	*w = owner{c: c, cl: cl, method: method, info: cl.info, p: c.policy(method),
+	*w = owner{c: c, cl: cl, p: c.policy(method),
 		tgt: c.target(cc), cc: cc, invoker: invoker, explicit: named}
 	w.loans = w.loanBuf[:0]
 	ctx, span := c.startSpan(ctx, cl.s, cl.key)
@@ -174,7 +172,7 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		if n == 1 && w.tgt.budget != nil {
 			w.tgt.budget.Deposit()
 		}
-		err = w.invoker(tctx, w.method, req, reply, w.cc, opts...)
+		err = w.invoker(tctx, w.cl.method, req, reply, w.cc, opts...)
 		d := c.finish(s, key, t, err)
 		w.pushback = t.delivery.pushback.Load()
 		if t.loan != nil {
@@ -255,11 +253,11 @@ func (w *owner) decide(ctx context.Context, n uint32, err error, o status.Outcom
 		if o.Final() {
 			return 0, false, w.conclude(n, err), true // the callee says no query or repeat can help
 		}
-		if w.info.Level == methodinfo.NoSideEffects {
+		if w.cl.info.Level == methodinfo.NoSideEffects {
 			return n + 1, false, err, false // repeats freely
 		}
 		w.doubt = true
-		if w.info.Level == methodinfo.Idempotent && w.c.recordless(w.tgt) {
+		if w.cl.info.Level == methodinfo.Idempotent && w.c.recordless(w.tgt) {
 			return n + 1, false, err, false // IDEMPOTENT at a callee without records: repeat without the query
 		}
 		next, result, done := w.resolve(ctx, n, err, reply)
@@ -352,7 +350,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 	// tenant, no call key.
 	h := header.Header{Attempt: s.ID, Tenant: s.Tenant}
 	qctx = withHeader(qctx, h.String())
-	req := &tollgatev1.FenceAttemptRequest{AttemptId: s.ID, Call: w.cl.key, Method: w.method, FenceThroughTry: n}
+	req := &tollgatev1.FenceAttemptRequest{AttemptId: s.ID, Call: w.cl.key, Method: w.cl.method, FenceThroughTry: n}
 	queryOpts := queryOptions(w.callOpts)
 	// Polls wait on wctx, which also ends when the caller cancels.
 	wctx, wcancel := context.WithCancel(qctx)
@@ -371,7 +369,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 		if err != nil {
 			if grpcstatus.Code(err) == codes.Unimplemented {
 				c.setRecordless(w.tgt)
-				if w.info.Level == methodinfo.Idempotent {
+				if w.cl.info.Level == methodinfo.Idempotent {
 					return n + 1, last, false // repeat without the query
 				}
 			}
@@ -388,7 +386,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 			continue
 		case tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, tollgatev1.AttemptState_ATTEMPT_STATE_FAILED:
 			w.reconcile(rec)
-			if w.explicit && !w.info.Stream {
+			if w.explicit && !w.cl.info.Stream {
 				// An explicit key is shared by every run of the calling
 				// handler, and the query carries no request: the record
 				// may hold another request's result. The next try asks
@@ -400,7 +398,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 			if state == tollgatev1.AttemptState_ATTEMPT_STATE_FAILED {
 				return 0, recordError(rec), true
 			}
-			if rec.GetResponseRetained() && !w.info.Stream {
+			if rec.GetResponseRetained() && !w.cl.info.Stream {
 				if m, ok := reply.(proto.Message); ok {
 					if err := proto.Unmarshal(rec.GetResponse(), m); err == nil {
 						return 0, nil, true

@@ -82,7 +82,7 @@ func newClientStream(ctx context.Context, c *client, cl *call, desc *grpc.Stream
 		unaryResponse: !desc.ServerStreams,
 	}
 	cs.p.PerTryTimeout = math.MaxInt64 // each try may last until the deadline
-	cs.w = &owner{c: c, cl: cl, method: method, info: info, p: &cs.p, tgt: c.target(cc), cc: cc,
+	cs.w = &owner{c: c, cl: cl, p: &cs.p, tgt: c.target(cc), cc: cc,
 		invoker: streamInvoker(streamer), explicit: named, callOpts: opts}
 	cs.cond.L = &cs.mu
 	return cs
@@ -96,7 +96,7 @@ func (cs *clientStream) tryFromLocked(n uint32) bool {
 		cs.counted++
 		// A fresh call per try, so that a late stats event of an earlier
 		// try cannot mark this one's delivery record.
-		tcl := &call{s: w.cl.s, key: w.cl.key, method: w.method}
+		tcl := &call{s: w.cl.s, key: w.cl.key, method: w.cl.method}
 		tctx, t, err := c.prepare(cs.ctx, tcl, n, &cs.p, c.cfg.now())
 		if err != nil {
 			cs.endLocked(n, w.conclude(n, err))
@@ -107,7 +107,7 @@ func (cs *clientStream) tryFromLocked(n uint32) bool {
 		}
 		cs.t, cs.n = t, n
 		cs.gen++
-		st, err := cs.streamer(tctx, cs.desc, w.cc, w.method, cs.opts...)
+		st, err := cs.streamer(tctx, cs.desc, w.cc, w.cl.method, cs.opts...)
 		if err == nil {
 			cs.cur = st
 			stCtx := st.Context()
@@ -340,11 +340,11 @@ func (cs *clientStream) committedResult(n uint32, err error, o status.Outcome) e
 	default:
 		return err
 	}
-	if o.Final() || w.info.Level == methodinfo.NoSideEffects {
+	if o.Final() || w.cl.info.Level == methodinfo.NoSideEffects {
 		return w.conclude(n, err) // nothing a query could add
 	}
 	w.doubt = true
-	if w.info.Level == methodinfo.Idempotent && w.c.recordless(w.tgt) {
+	if w.cl.info.Level == methodinfo.Idempotent && w.c.recordless(w.tgt) {
 		return w.conclude(n, err)
 	}
 	_, res, done := w.resolve(cs.ctx, n, err, nil)
@@ -375,7 +375,7 @@ func (cs *clientStream) probeLocked() {
 		}
 	}
 	var scratch proto.Message = &emptypb.Empty{}
-	if out := cs.w.info.Output; out != nil {
+	if out := cs.w.cl.info.Output; out != nil {
 		scratch = out.New().Interface()
 	}
 	err := cur.RecvMsg(scratch)
