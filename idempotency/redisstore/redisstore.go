@@ -196,12 +196,24 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 	return s, nil
 }
 
-// checkNoEviction checks that Redis's maxmemory-policy is noeviction: on a
-// Cluster, on every node it knows, replicas included (a replica becomes a
-// primary in a failover). A ClusterClient would send CONFIG GET to one
+// eachNode calls f with client, or, on a Cluster, with every node the
+// client knows, replicas included (a replica becomes a primary in a
+// failover), concurrently; where names the node for f's errors. A
+// ClusterClient would send a command without keys, as CONFIG GET is, to one
 // primary only.
+func eachNode(ctx context.Context, client redis.UniversalClient, f func(ctx context.Context, c redis.UniversalClient, where string) error) error {
+	if cluster, ok := client.(*redis.ClusterClient); ok {
+		return cluster.ForEachShard(ctx, func(ctx context.Context, node *redis.Client) error {
+			return f(ctx, node, " at "+node.Options().Addr)
+		})
+	}
+	return f(ctx, client, "")
+}
+
+// checkNoEviction checks that Redis's maxmemory-policy is noeviction, on
+// every node (eachNode).
 func checkNoEviction(ctx context.Context, client redis.UniversalClient) error {
-	check := func(ctx context.Context, c redis.UniversalClient, where string) error {
+	return eachNode(ctx, client, func(ctx context.Context, c redis.UniversalClient, where string) error {
 		cfg, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
 		if err != nil {
 			return fmt.Errorf("%w: redisstore: reading maxmemory-policy%s: %w", idempotency.ErrStoreUnavailable, where, err)
@@ -210,40 +222,22 @@ func checkNoEviction(ctx context.Context, client redis.UniversalClient) error {
 			return fmt.Errorf("redisstore: Redis maxmemory-policy%s is %q; it must be noeviction, or Redis may evict records and a repeated try would run again", where, p)
 		}
 		return nil
-	}
-	if cluster, ok := client.(*redis.ClusterClient); ok {
-		return cluster.ForEachShard(ctx, func(ctx context.Context, node *redis.Client) error {
-			return check(ctx, node, " at "+node.Options().Addr)
-		})
-	}
-	return check(ctx, client, "")
+	})
 }
 
-// readHz returns Redis's hz: on a Cluster, the lowest of every node's,
-// replicas included (a replica becomes a primary in a failover), whose
+// readHz returns Redis's hz: the lowest of every node's (eachNode), whose
 // serverCron tick is the longest.
 func readHz(ctx context.Context, client redis.UniversalClient) (int, error) {
-	read := func(ctx context.Context, c redis.UniversalClient, where string) (int, error) {
+	var mu sync.Mutex
+	lowest := 0
+	err := eachNode(ctx, client, func(ctx context.Context, c redis.UniversalClient, where string) error {
 		cfg, err := c.ConfigGet(ctx, "hz").Result()
 		if err != nil {
-			return 0, fmt.Errorf("%w: redisstore: reading hz%s: %w", idempotency.ErrStoreUnavailable, where, err)
+			return fmt.Errorf("%w: redisstore: reading hz%s: %w", idempotency.ErrStoreUnavailable, where, err)
 		}
 		hz, err := strconv.Atoi(cfg["hz"])
 		if err != nil || hz <= 0 {
-			return 0, fmt.Errorf("redisstore: Redis hz%s is %q, not a positive number", where, cfg["hz"])
-		}
-		return hz, nil
-	}
-	cluster, ok := client.(*redis.ClusterClient)
-	if !ok {
-		return read(ctx, client, "")
-	}
-	var mu sync.Mutex
-	lowest := 0
-	err := cluster.ForEachShard(ctx, func(ctx context.Context, node *redis.Client) error {
-		hz, err := read(ctx, node, " at "+node.Options().Addr)
-		if err != nil {
-			return err
+			return fmt.Errorf("redisstore: Redis hz%s is %q, not a positive number", where, cfg["hz"])
 		}
 		mu.Lock()
 		defer mu.Unlock()
@@ -252,10 +246,7 @@ func readHz(ctx context.Context, client redis.UniversalClient) (int, error) {
 		}
 		return nil
 	})
-	if err != nil {
-		return 0, err
-	}
-	return lowest, nil
+	return lowest, err
 }
 
 // honoursDeadlines reports why a context's deadline would not bound the
@@ -265,16 +256,8 @@ func readHz(ctx context.Context, client redis.UniversalClient) (int, error) {
 // -1, "no timeout", becomes 0 and still follows the context) and -2 on a
 // ClusterClient (whose -1 becomes 0).
 func honoursDeadlines(c redis.UniversalClient) error {
-	var enabled bool
-	var rt, wt time.Duration
-	switch c := c.(type) {
-	case *redis.Client:
-		o := c.Options()
-		enabled, rt, wt = o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout
-	case *redis.ClusterClient:
-		o := c.Options()
-		enabled, rt, wt = o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout
-	default:
+	enabled, rt, wt, known := timeouts(c)
+	if !known {
 		return nil // other clients: the caller's responsibility
 	}
 	if !enabled {
@@ -286,16 +269,25 @@ func honoursDeadlines(c redis.UniversalClient) error {
 	return nil
 }
 
+// timeouts returns the deadline settings of a *redis.Client or a
+// *redis.ClusterClient, as normalised by the client, and false for a client
+// of another kind.
+func timeouts(c redis.UniversalClient) (contextTimeout bool, read, write time.Duration, known bool) {
+	switch c := c.(type) {
+	case *redis.Client:
+		o := c.Options()
+		return o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout, true
+	case *redis.ClusterClient:
+		o := c.Options()
+		return o.ContextTimeoutEnabled, o.ReadTimeout, o.WriteTimeout, true
+	}
+	return false, 0, 0, false
+}
+
 // readTimeout returns the client's socket read timeout, 0 when reads have
 // none (or the client is of another kind).
 func readTimeout(c redis.UniversalClient) time.Duration {
-	var rt time.Duration
-	switch c := c.(type) {
-	case *redis.Client:
-		rt = c.Options().ReadTimeout
-	case *redis.ClusterClient:
-		rt = c.Options().ReadTimeout
-	}
+	_, rt, _, _ := timeouts(c)
 	return max(rt, 0)
 }
 
