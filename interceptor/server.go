@@ -445,7 +445,10 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	// registry knows its type, before admission as a unary request is
 	// decoded before it: a client that opens the stream and sends nothing
 	// holds no slot, and the request's size counts as a unary one's does.
-	var pre proto.Message
+	var (
+		pre proto.Message // the request received first
+		req any           // the same, or nil: admission and the fingerprint weigh no request
+	)
 	if input := in.info.Input; recorded && input != nil && info.IsServerStream && !info.IsClientStream {
 		m := input.New().Interface()
 		if err := ss.RecvMsg(m); err != nil {
@@ -457,18 +460,14 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 			sv.setStreamTrailer(ss, in, 0, err)
 			return err
 		}
-		pre = m
+		pre, req = m, m
 		if !in.expired && !sv.cfg.now().Before(in.s.Deadline.Add(sv.cfg.skew)) {
 			// The request came after the attempt's deadline: as for any
 			// late recorded try, only its record may answer it.
 			in.expired = true
 		}
 	}
-	var admitted any // the request admission weighs, when there is one
-	if pre != nil {
-		admitted = pre
-	}
-	permit, err := sv.admit(ctx, info.FullMethod, in, admitted)
+	permit, err := sv.admit(ctx, info.FullMethod, in, req)
 	if err != nil {
 		sv.setStreamTrailer(ss, in, 0, err)
 		return err
@@ -483,9 +482,7 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 		fp  idempotency.Digest
 	)
 	if recorded {
-		var req any // nil: the method alone is fingerprinted
 		if pre != nil {
-			req = pre
 			hss = &preReceived{serverStream: serverStream{ServerStream: ss, ctx: hctx}, req: pre}
 		}
 		if fp, err = fingerprint(info.FullMethod, req); err != nil {
