@@ -8,7 +8,9 @@ import (
 	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
+	"github.com/tollgate-go/tollgate/internal/testsvc"
 	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
 )
@@ -55,4 +57,50 @@ func TestServerStreamWaitingForItsRequestHoldsNoSlot(t *testing.T) {
 	require.Equal(t, codes.ResourceExhausted, grpcstatus.Code(err))
 	require.Equal(t, int64(1), c.runs.Load(), "the late request ran nothing")
 	require.Zero(t, running())
+}
+
+// The same holds for a server-streaming call that keeps no record: on a
+// server without a store, and for a method declared NO_SIDE_EFFECTS on one
+// with a store. Before, such a stream took its slot first and its handler
+// then waited for the request, which grpc-go's RecvMsg does for as long as
+// the client keeps the stream open.
+func TestUnrecordedServerStreamWaitingForItsRequestHoldsNoSlot(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		store  bool
+		stream int // index in TestService_ServiceDesc.Streams
+		method string
+	}{
+		{"no store", false, 3, consumeMethod},
+		{"NO_SIDE_EFFECTS with a store", true, 0, testingv1.TestService_Watch_FullMethodName},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1}), admission.WithDefaultClass("work"))
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = ctrl.Close() })
+			running := func() int { cs, _ := ctrl.Stats().Class("work"); return cs.Running }
+			c := newConsumer()
+			extra := []interceptor.ServerOption{interceptor.WithAdmission(ctrl)}
+			var end *testsvc.Endpoint
+			if tc.store {
+				end = startRecorded(t, c, memoryStore(t), extra)
+			} else {
+				end = testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) { testingv1.RegisterTestServiceServer(s, c) }, serverOpts(extra...)...)
+			}
+			conn := end.DialT(t)
+			idle, err := conn.NewStream(t.Context(), &testingv1.TestService_ServiceDesc.Streams[tc.stream], tc.method)
+			require.NoError(t, err)
+			// Time for the server to take up the stream (it did so at
+			// once, taking the slot, before the change).
+			time.Sleep(300 * time.Millisecond)
+			require.Zero(t, running(), "a stream waiting for its request holds no slot")
+			st, err := testingv1.NewTestServiceClient(conn).Consume(t.Context(), &testingv1.ConsumeRequest{Key: "k", Count: 1})
+			require.NoError(t, err)
+			got, err := recvConsumed(st)
+			require.NoError(t, err, "the one slot serves another call meanwhile")
+			require.Equal(t, []string{"0"}, got)
+			require.NoError(t, idle.CloseSend())
+			require.Error(t, idle.RecvMsg(new(testingv1.ConsumeResponse)), "a stream closed without its request ends with an error")
+		})
+	}
 }

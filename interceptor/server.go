@@ -416,17 +416,20 @@ const streamFinishTimeout = 5 * time.Second
 // inner runs.
 //
 // A server-streaming call whose request type the protobuf registry knows
-// (methodinfo.Info.Input) is received here first, before admission (so a
-// client that opens the stream and sends nothing holds no slot, and a
-// request that comes after the attempt's deadline only reads its record):
-// its one request is read from the client, fingerprinted with the method (so that its call key reused
-// with another request is refused ATTEMPT_REQUEST_MISMATCH), and handed to
-// the handler's first RecvMsg (preReceived). A first receive that fails (the
-// client half-closed without a request, or went away) returns its error, as
-// grpc-go's generated handler would, and nothing is begun or run. A
-// client-streaming or bidi stream, whose requests arrive while its handler
-// runs, and a server-streaming call of a method the registry does not know,
-// are begun with a fingerprint of the method alone.
+// (methodinfo.Info.Input), recorded or not, is received here first, before
+// admission, as grpc-go decodes a unary request before any interceptor
+// runs: a client that opens the stream and sends nothing holds no slot, and
+// a request that comes after the attempt's deadline is refused (or, for a
+// recorded call, only reads its record). Its one request is read from the
+// client, fingerprinted with the method when recorded (so that its call key
+// reused with another request is refused ATTEMPT_REQUEST_MISMATCH), and
+// handed to the handler's first RecvMsg (preReceived). A first receive that
+// fails (the client half-closed without a request, or went away) returns
+// its error, as grpc-go's generated handler would, and nothing is begun or
+// run. A client-streaming or bidi stream, whose requests arrive while its
+// handler runs, and a server-streaming call of a method the registry does
+// not know, are admitted before their handler and, when recorded, begun
+// with a fingerprint of the method alone.
 func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	ctx := ss.Context()
 	if isControl(info.FullMethod) {
@@ -444,12 +447,13 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	// A server-streaming call's one request is received first when the
 	// registry knows its type, before admission as a unary request is
 	// decoded before it: a client that opens the stream and sends nothing
-	// holds no slot, and the request's size counts as a unary one's does.
+	// holds no slot, the request's size counts as a unary one's does, and a
+	// recorded call's fingerprint covers it.
 	var (
 		pre proto.Message // the request received first
 		req any           // the same, or nil: admission and the fingerprint weigh no request
 	)
-	if input := in.info.Input; recorded && input != nil && info.IsServerStream && !info.IsClientStream {
+	if input := in.info.Input; input != nil && info.IsServerStream && !info.IsClientStream {
 		m := input.New().Interface()
 		if err := ss.RecvMsg(m); err != nil {
 			// No request: grpc-go's generated handler would return this
@@ -463,7 +467,13 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 		pre, req = m, m
 		if !in.expired && !sv.cfg.now().Before(in.s.Deadline.Add(sv.cfg.skew)) {
 			// The request came after the attempt's deadline: as for any
-			// late recorded try, only its record may answer it.
+			// late try (begin), a recorded one is answered by its record
+			// alone, and another is refused.
+			if !recorded {
+				err := expired(in.s)
+				sv.setStreamTrailer(ss, in, 0, err)
+				return err
+			}
 			in.expired = true
 		}
 	}
@@ -477,14 +487,12 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	defer permit.Abandon()
 	hctx, cancel := sv.handlerContext(ctx, in)
 	defer cancel()
-	var (
-		hss grpc.ServerStream // the handler's stream
-		fp  idempotency.Digest
-	)
+	hss := grpc.ServerStream(&serverStream{ServerStream: ss, ctx: hctx}) // the handler's stream
+	if pre != nil {
+		hss = &preReceived{serverStream: serverStream{ServerStream: ss, ctx: hctx}, req: pre}
+	}
+	var fp idempotency.Digest
 	if recorded {
-		if pre != nil {
-			hss = &preReceived{serverStream: serverStream{ServerStream: ss, ctx: hctx}, req: pre}
-		}
 		if fp, err = fingerprint(info.FullMethod, req); err != nil {
 			err = status.NotAdmitted(status.ReasonRequestTooLarge, status.WithAttempt(in.s.ID, in.s.Call, in.s.Try),
 				status.WithMessage("interceptor: request cannot be marshalled: "+err.Error()))
@@ -496,9 +504,6 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 			sv.setStreamTrailer(ss, in, 0, err)
 			return err
 		}
-	}
-	if hss == nil {
-		hss = &serverStream{ServerStream: ss, ctx: hctx}
 	}
 	// Unlike a unary handler, a stream's handler keeps the client's
 	// cancellation: it talks to the client, and a cancelled stream must not
