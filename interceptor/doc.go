@@ -34,10 +34,12 @@
 // tollgate's, for streams as for unary calls, so none of them runs for a try
 // the store refuses. A server-streaming call of a method whose request type
 // the protobuf registry knows (generated code registers it) is received by
-// the interceptor first: its one request is fingerprinted with the method, so
-// that its call key reused with another request is refused
-// ATTEMPT_REQUEST_MISMATCH, and the handler's first RecvMsg gets a copy of it
-// (a later one io.EOF, as from grpc-go). A call whose request never comes
+// the interceptor first, before admission (a client that opens the stream
+// and sends nothing holds no slot), with or without a store: its one request
+// is fingerprinted with the method when recorded, so that its call key
+// reused with another request is refused ATTEMPT_REQUEST_MISMATCH, and the
+// handler's first RecvMsg gets a copy of it (a later one io.EOF, as from
+// grpc-go). A call whose request never comes
 // ends with the receive's error, runs nothing and keeps no record.
 // Client-streaming and bidi streams, whose requests arrive while the handler
 // runs, and server-streaming methods the registry does not know are
