@@ -239,37 +239,41 @@ type serverOptionFunc func(*serverConfig)
 func (f serverOptionFunc) applyServer(c *serverConfig) { f(c) }
 
 type serverConfig struct {
-	admission        *admission.Controller
-	store            idempotency.Store
-	admissionTap     bool
-	tenant           func(context.Context) string
-	trusted          func(context.Context) bool
-	defaultAllowance int64
-	maxAllowance     int64
-	maxAttemptTime   time.Duration
-	skew             time.Duration
-	recoverPanics    bool
-	maxRecvMsgSize   int
-	maxStreams       uint32
-	tracer           trace.TracerProvider
-	meter            metric.MeterProvider
-	now              func() time.Time
+	admission    *admission.Controller
+	store        idempotency.Store
+	admissionTap bool
+	// streamRequestFirst: a server-streaming request is received before
+	// admission and the record (WithoutStreamRequestFirst).
+	streamRequestFirst bool
+	tenant             func(context.Context) string
+	trusted            func(context.Context) bool
+	defaultAllowance   int64
+	maxAllowance       int64
+	maxAttemptTime     time.Duration
+	skew               time.Duration
+	recoverPanics      bool
+	maxRecvMsgSize     int
+	maxStreams         uint32
+	tracer             trace.TracerProvider
+	meter              metric.MeterProvider
+	now                func() time.Time
 }
 
 func defaultServerConfig() serverConfig {
 	return serverConfig{
-		admissionTap:     true,
-		tenant:           func(context.Context) string { return "" },
-		trusted:          func(context.Context) bool { return false },
-		defaultAllowance: DefaultAllowance,
-		maxAllowance:     DefaultMaxAllowance,
-		maxAttemptTime:   DefaultMaxAttemptTime,
-		skew:             DefaultClockSkew,
-		maxRecvMsgSize:   DefaultMaxRecvMsgSize,
-		maxStreams:       DefaultMaxStreams,
-		tracer:           otel.GetTracerProvider(),
-		meter:            otel.GetMeterProvider(),
-		now:              time.Now,
+		admissionTap:       true,
+		streamRequestFirst: true,
+		tenant:             func(context.Context) string { return "" },
+		trusted:            func(context.Context) bool { return false },
+		defaultAllowance:   DefaultAllowance,
+		maxAllowance:       DefaultMaxAllowance,
+		maxAttemptTime:     DefaultMaxAttemptTime,
+		skew:               DefaultClockSkew,
+		maxRecvMsgSize:     DefaultMaxRecvMsgSize,
+		maxStreams:         DefaultMaxStreams,
+		tracer:             otel.GetTracerProvider(),
+		meter:              otel.GetMeterProvider(),
+		now:                time.Now,
 	}
 }
 
@@ -327,6 +331,25 @@ func WithAttemptStore(store idempotency.Store) ServerOption {
 // tap of its own composes the controller's TapHandle into it.
 func WithoutAdmissionTap() ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.admissionTap = false })
+}
+
+// WithoutStreamRequestFirst makes the stream interceptor leave a
+// server-streaming call's request to its handler. By default, on a server
+// with an admission controller or an attempt store, the interceptor receives
+// the one request of a server-streaming call whose request type the
+// protobuf registry knows before admission and the record, with the
+// server's codec into that type, and hands it to the handler's first
+// RecvMsg: a client that opens the stream and sends nothing then holds no
+// slot, and a record's fingerprint covers the request. That needs the
+// server's codec to decode the registry's type, and a handler that does not
+// wait for its client before receiving. A server whose codec is forced to
+// another representation (a pass-through proxy's raw frames, say), or whose
+// handlers send first to a client that waits for them, passes this option:
+// its server-streaming calls are then admitted when they open and recorded
+// with a fingerprint of the method alone, as client-streaming and bidi
+// calls are.
+func WithoutStreamRequestFirst() ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.streamRequestFirst = false })
 }
 
 // WithTenant sets the function that names the caller's tenant when the

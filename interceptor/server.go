@@ -415,21 +415,23 @@ const streamFinishTimeout = 5 * time.Second
 // call — and when the store answers instead, that answer is sent and nothing
 // inner runs.
 //
-// A server-streaming call whose request type the protobuf registry knows
-// (methodinfo.Info.Input), recorded or not, is received here first, before
-// admission, as grpc-go decodes a unary request before any interceptor
-// runs: a client that opens the stream and sends nothing holds no slot, and
-// a request that comes after the attempt's deadline is refused (or, for a
-// recorded call, only reads its record). Its one request is read from the
-// client, fingerprinted with the method when recorded (so that its call key
-// reused with another request is refused ATTEMPT_REQUEST_MISMATCH), and
-// handed to the handler's first RecvMsg (preReceived). A first receive that
-// fails (the client half-closed without a request, or went away) returns
-// its error, as grpc-go's generated handler would, and nothing is begun or
-// run. A client-streaming or bidi stream, whose requests arrive while its
-// handler runs, and a server-streaming call of a method the registry does
-// not know, are admitted before their handler and, when recorded, begun
-// with a fingerprint of the method alone.
+// On a server with an admission controller or a store (and without
+// WithoutStreamRequestFirst), a server-streaming call whose request type the
+// protobuf registry knows (methodinfo.Info.Input), recorded or not, is
+// received here first, before admission, as grpc-go decodes a unary request
+// before any interceptor runs: a client that opens the stream and sends
+// nothing holds no slot, and a request that comes after the attempt's
+// deadline is refused (or, for a recorded call, only reads its record). Its
+// one request is read from the client, fingerprinted with the method when
+// recorded (so that its call key reused with another request is refused
+// ATTEMPT_REQUEST_MISMATCH), and handed to the handler's first RecvMsg
+// (preReceived). A first receive that fails (the client half-closed without
+// a request, or went away) returns its error, as grpc-go's generated handler
+// would, and nothing is begun or run. Other streams — client-streaming and
+// bidi ones, whose requests arrive while their handler runs, and
+// server-streaming ones of a method the registry does not know — are
+// admitted before their handler and, when recorded, begun with a
+// fingerprint of the method alone.
 func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	ctx := ss.Context()
 	if isControl(info.FullMethod) {
@@ -445,15 +447,16 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	}
 	recorded := sv.recorded(in)
 	// A server-streaming call's one request is received first when the
-	// registry knows its type, before admission as a unary request is
-	// decoded before it: a client that opens the stream and sends nothing
-	// holds no slot, the request's size counts as a unary one's does, and a
-	// recorded call's fingerprint covers it.
+	// registry knows its type and there is something to guard, before
+	// admission as a unary request is decoded before it: a client that opens
+	// the stream and sends nothing holds no slot, the request's size counts
+	// as a unary one's does, and a recorded call's fingerprint covers it.
 	var (
 		pre proto.Message // the request received first
 		req any           // the same, or nil: admission and the fingerprint weigh no request
 	)
-	if input := in.info.Input; input != nil && info.IsServerStream && !info.IsClientStream {
+	if input := in.info.Input; input != nil && info.IsServerStream && !info.IsClientStream &&
+		sv.cfg.streamRequestFirst && (recorded || sv.cfg.admission != nil) {
 		m := input.New().Interface()
 		if err := ss.RecvMsg(m); err != nil {
 			// No request: grpc-go's generated handler would return this
