@@ -35,8 +35,8 @@
 // the store refuses. A server-streaming call of a method whose request type
 // the protobuf registry knows (generated code registers it) is received by
 // the interceptor first, before admission (a client that opens the stream
-// and sends nothing holds no slot), on a server with admission or a store
-// and unless WithoutStreamRequestFirst: its one request
+// and sends nothing holds no slot) when the call is recorded or the server
+// has admission, unless WithoutStreamRequestFirst: its one request
 // is fingerprinted with the method when recorded, so that its call key
 // reused with another request is refused ATTEMPT_REQUEST_MISMATCH, and the
 // handler's first RecvMsg gets a copy of it (a later one io.EOF, as from

@@ -334,16 +334,19 @@ func WithoutAdmissionTap() ServerOption {
 }
 
 // WithoutStreamRequestFirst makes the stream interceptor leave a
-// server-streaming call's request to its handler. By default, on a server
-// with an admission controller or an attempt store, the interceptor receives
-// the one request of a server-streaming call whose request type the
-// protobuf registry knows before admission and the record, with the
+// server-streaming call's request to its handler. By default, for a
+// server-streaming call whose request type the protobuf registry knows, and
+// which is recorded (an attempt store, and a method not declared
+// NO_SIDE_EFFECTS) or meets an admission controller, the interceptor
+// receives the one request before admission and the record, with the
 // server's codec into that type, and hands it to the handler's first
 // RecvMsg: a client that opens the stream and sends nothing then holds no
 // slot, and a record's fingerprint covers the request. That needs the
-// server's codec to decode the registry's type, and a handler that does not
-// wait for its client before receiving. A server whose codec is forced to
-// another representation (a pass-through proxy's raw frames, say), or whose
+// server's codec to decode the registry's type, a handler that receives it
+// as that message (in any Go form: generated, APIv1, dynamic), and one that
+// does not wait for its client before receiving. A server whose codec is
+// forced to another representation (a pass-through proxy's raw frames,
+// say), whose handlers read the request as another message, or whose
 // handlers send first to a client that waits for them, passes this option:
 // its server-streaming calls are then admitted when they open and recorded
 // with a fingerprint of the method alone, as client-streaming and bidi

@@ -197,10 +197,10 @@ func (sv *server) detach(ctx context.Context, in *inbound) (context.Context, con
 // the stream interceptor received the call's one request before the handler
 // chain ran (server.stream): its first RecvMsg hands that request over, and
 // later ones receive from the client's stream, where grpc-go answers io.EOF
-// (the client sends one message). Handing over copies the request into m
-// as grpc-go's proto codec would have decoded it (handOver); an m that is no
-// protobuf message gets INTERNAL, and the request is handed over to no
-// later call.
+// (the client sends one message). Handing over copies the request into m,
+// the request's own message in any Go form grpc-go's codec takes
+// (handOver); any other m gets INTERNAL, and the request is handed over to
+// no later call.
 //
 // RecvMsg is called by one goroutine at a time, as grpc-go requires of a
 // stream, and SendMsg does not touch req, so req needs no lock.
@@ -219,11 +219,14 @@ func (s *preReceived) RecvMsg(m any) error {
 }
 
 // handOver copies req, the request tollgate received, into m, the message
-// the handler receives it into, as grpc-go's proto codec would have decoded
-// the request into m: by merging when both are the same generated type, and
-// through its wire form otherwise (an APIv1 message, which the codec accepts
-// as well, a dynamic one, or another message the handler chose to read the
-// bytes as). An m that is no protobuf message gets INTERNAL.
+// the handler receives it into: by merging when both are the same generated
+// type, and through its wire form when m is the same message in another Go
+// form (an APIv1 message, which grpc-go's codec accepts as well, or a
+// dynamic one). A message of another name gets INTERNAL: the client's bytes
+// were decoded as the registry's type, and reading that decoding as another
+// message would not give what grpc-go decodes from the bytes themselves
+// (repeated fields, wider integers, presence, invalid UTF-8); such a server
+// passes WithoutStreamRequestFirst. So does a nil or otherwise unusable m.
 func handOver(req proto.Message, m any) error {
 	var dst proto.Message
 	switch v := m.(type) {
@@ -233,9 +236,9 @@ func handOver(req proto.Message, m any) error {
 		dst = protoadapt.MessageV2Of(v)
 	}
 	want := req.ProtoReflect().Descriptor()
-	if dst == nil || !dst.ProtoReflect().IsValid() {
-		return grpcstatus.Errorf(codes.Internal, "interceptor: the handler receives its request into a %T, which is no protobuf message, but tollgate received it before the handler ran, as a %s",
-			m, want.FullName())
+	if dst == nil || !dst.ProtoReflect().IsValid() || dst.ProtoReflect().Descriptor().FullName() != want.FullName() {
+		return grpcstatus.Errorf(codes.Internal, "interceptor: the handler receives its request into a %T (not a usable %s), but tollgate received it before the handler ran, as a %s; a server whose handlers do so passes interceptor.WithoutStreamRequestFirst",
+			m, want.FullName(), want.FullName())
 	}
 	proto.Reset(dst)
 	if dst.ProtoReflect().Descriptor() == want {

@@ -415,11 +415,11 @@ const streamFinishTimeout = 5 * time.Second
 // call — and when the store answers instead, that answer is sent and nothing
 // inner runs.
 //
-// On a server with an admission controller or a store (and without
-// WithoutStreamRequestFirst), a server-streaming call whose request type the
-// protobuf registry knows (methodinfo.Info.Input), recorded or not, is
-// received here first, before admission, as grpc-go decodes a unary request
-// before any interceptor runs: a client that opens the stream and sends
+// A server-streaming call whose request type the protobuf registry knows
+// (methodinfo.Info.Input), when it is recorded (a store, and a method not
+// declared NO_SIDE_EFFECTS) or the server has admission, is received here
+// first (unless WithoutStreamRequestFirst), before admission, as grpc-go
+// decodes a unary request before any interceptor runs: a client that opens the stream and sends
 // nothing holds no slot, and a request that comes after the attempt's
 // deadline is refused (or, for a recorded call, only reads its record). Its
 // one request is read from the client, fingerprinted with the method when

@@ -3,6 +3,7 @@ package interceptor_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"testing"
 	"time"
 
@@ -12,7 +13,14 @@ import (
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protodesc"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/descriptorpb"
+	"google.golang.org/protobuf/types/dynamicpb"
 )
 
 // rawFrame and rawCodec are a pass-through proxy's codec: the handler
@@ -136,26 +144,75 @@ func TestServerStreamThatSendsFirstWorksAsWithoutTollgate(t *testing.T) {
 	}
 }
 
-// Where tollgate does receive the request first (admission here), a handler
-// that reads it as another message gets what grpc-go's codec would have
-// decoded from the same bytes.
-func TestPreReceivedRequestReadAsAnotherMessage(t *testing.T) {
+// A handler that reads the request as another message gets INTERNAL where
+// tollgate receives the request first (admission here), naming the option
+// that serves it: the client's bytes were decoded as the registry's type,
+// and reading that decoding as another message can lose what grpc-go
+// decodes from the bytes themselves (here a count wider than the registry's
+// int32). Under WithoutStreamRequestFirst the handler reads the bytes, as on
+// plain grpc-go.
+func TestRequestReadAsAnotherMessageNeedsWithoutStreamRequestFirst(t *testing.T) {
 	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 4}), admission.WithDefaultClass("work"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctrl.Close() })
+	// The handler reads Consume's request as a message whose field 2 is an
+	// int64; the client sends it a count of 2^40 in that field's varint.
+	wide := (&descriptorpb.FileDescriptorProto{
+		Name: proto.String("tollgate/testing/wide/v1/wide.proto"), Package: proto.String("tollgate.testing.wide.v1"), Syntax: proto.String("proto3"),
+		MessageType: []*descriptorpb.DescriptorProto{{Name: proto.String("WideRequest"), Field: []*descriptorpb.FieldDescriptorProto{
+			{Name: proto.String("key"), Number: proto.Int32(1), Label: descriptorpb.FieldDescriptorProto_LABEL_OPTIONAL.Enum(), Type: descriptorpb.FieldDescriptorProto_TYPE_STRING.Enum(), JsonName: proto.String("key")},
+			{Name: proto.String("count"), Number: proto.Int32(2), Label: descriptorpb.FieldDescriptorProto_LABEL_OPTIONAL.Enum(), Type: descriptorpb.FieldDescriptorProto_TYPE_INT64.Enum(), JsonName: proto.String("count")},
+		}}},
+	})
+	f, err := protodesc.NewFile(wide, new(protoregistry.Files))
+	require.NoError(t, err)
+	wideReq := f.Messages().ByName("WideRequest")
 	reader := handWrittenConsume(func(_ any, ss grpc.ServerStream) error {
-		m := new(testingv1.WatchRequest) // the same field numbers as ConsumeRequest
+		m := dynamicpb.NewMessage(wideReq)
 		if err := ss.RecvMsg(m); err != nil {
 			return err
 		}
-		return ss.SendMsg(&testingv1.ConsumeResponse{Value: fmt.Sprintf("%s/%d", m.GetKey(), m.GetCount())})
+		return ss.SendMsg(&testingv1.ConsumeResponse{Value: fmt.Sprintf("%s/%d", m.Get(wideReq.Fields().ByName("key")).String(), m.Get(wideReq.Fields().ByName("count")).Int())})
 	})
-	for _, opts := range [][]grpc.ServerOption{nil, serverOpts(interceptor.WithAdmission(ctrl))} {
-		end := testsvc.StartT(t, testsvc.Bufconn, reader, opts...)
-		st, err := testingv1.NewTestServiceClient(end.DialT(t)).Consume(t.Context(), &testingv1.ConsumeRequest{Key: "k", Count: 3})
+	wire := protowire.AppendTag(nil, 1, protowire.BytesType)
+	wire = protowire.AppendString(wire, "k")
+	wire = protowire.AppendTag(wire, 2, protowire.VarintType)
+	wire = protowire.AppendVarint(wire, 1<<40)
+	send := func(t *testing.T, conn *grpc.ClientConn) ([]string, error) {
+		cs, err := conn.NewStream(t.Context(), &testingv1.TestService_ServiceDesc.Streams[3], consumeMethod, grpc.ForceCodec(rawCodec{}))
 		require.NoError(t, err)
-		got, err := recvConsumed(st)
-		require.NoError(t, err)
-		require.Equal(t, []string{"k/3"}, got)
+		require.NoError(t, cs.SendMsg(&rawFrame{b: wire}))
+		require.NoError(t, cs.CloseSend())
+		var got []string
+		for {
+			out := new(rawFrame)
+			if err := cs.RecvMsg(out); err == io.EOF {
+				return got, nil
+			} else if err != nil {
+				return got, err
+			}
+			var resp testingv1.ConsumeResponse
+			require.NoError(t, proto.Unmarshal(out.b, &resp))
+			got = append(got, resp.GetValue())
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		opts []grpc.ServerOption
+		want []string
+		code codes.Code
+	}{
+		{"plain grpc-go", nil, []string{"k/1099511627776"}, codes.OK},
+		{"tollgate, request first", serverOpts(interceptor.WithAdmission(ctrl)), nil, codes.Internal},
+		{"tollgate, WithoutStreamRequestFirst", serverOpts(interceptor.WithAdmission(ctrl), interceptor.WithoutStreamRequestFirst()), []string{"k/1099511627776"}, codes.OK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := send(t, testsvc.StartT(t, testsvc.Bufconn, reader, tc.opts...).DialT(t))
+			require.Equal(t, tc.code, grpcstatus.Code(err), "%v", err)
+			require.Equal(t, tc.want, got)
+			if tc.code != codes.OK {
+				require.ErrorContains(t, err, "WithoutStreamRequestFirst")
+			}
+		})
 	}
 }
