@@ -21,7 +21,8 @@ type Request struct {
 	// Tenant is the caller's tenant as the interceptor resolved it; "" for
 	// none (no tenant limits apply).
 	Tenant string
-	// Size is the request's size in bytes; negative when unknown (streams).
+	// Size is the request's size in bytes; negative when unknown (a stream
+	// admitted when it opens, before any message arrived).
 	// Unknown sizes pass the size stage and count 0 queued bytes.
 	Size int
 	// Deadline is the time by which the work must finish; zero for none.

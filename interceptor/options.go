@@ -350,7 +350,10 @@ func WithoutAdmissionTap() ServerOption {
 // handlers send first to a client that waits for them, passes this option:
 // its server-streaming calls are then admitted when they open and recorded
 // with a fingerprint of the method alone, as client-streaming and bidi
-// calls are.
+// calls are. Servers that share an attempt store must agree on this option:
+// their fingerprints of the same server-streaming call differ, so a repeat
+// landing on a server of the other kind is refused ATTEMPT_REQUEST_MISMATCH
+// (as across the upgrade the README describes).
 func WithoutStreamRequestFirst() ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.streamRequestFirst = false })
 }

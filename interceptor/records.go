@@ -32,10 +32,12 @@ var deterministic = proto.MarshalOptions{Deterministic: true}
 // fingerprint is the 128-bit fingerprint of (method, request bytes): of a
 // unary call's request, and of a server-streaming call's one request, which
 // the stream interceptor receives before the handler chain runs when the
-// protobuf registry knows the method's request type. A request that is not a
-// proto message (nil included) is fingerprinted by its method alone, as are
+// protobuf registry knows the method's request type (and the server was not
+// built WithoutStreamRequestFirst). A request that is not a proto message
+// (nil included) is fingerprinted by its method alone, as are
 // client-streaming and bidi streams, whose requests arrive while the handler
-// runs, and server-streaming calls of methods the registry does not know.
+// runs, server-streaming calls of methods the registry does not know, and
+// every server-streaming call under WithoutStreamRequestFirst.
 func fingerprint(method string, req any) (idempotency.Digest, error) {
 	var b []byte
 	if m, ok := req.(proto.Message); ok {
@@ -193,9 +195,9 @@ func (sv *server) detach(ctx context.Context, in *inbound) (context.Context, con
 	return context.WithDeadline(context.WithoutCancel(ctx), in.s.Deadline.Add(sv.cfg.skew))
 }
 
-// preReceived is the stream a recorded server-streaming handler gets when
-// the stream interceptor received the call's one request before the handler
-// chain ran (server.stream): its first RecvMsg hands that request over, and
+// preReceived is the stream a server-streaming handler gets when the stream
+// interceptor received the call's one request before the handler chain ran
+// (server.stream: a recorded call, or one under admission): its first RecvMsg hands that request over, and
 // later ones receive from the client's stream, where grpc-go answers io.EOF
 // (the client sends one message). Handing over copies the request into m,
 // the request's own message in any Go form grpc-go's codec takes

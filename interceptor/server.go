@@ -545,6 +545,14 @@ func (s *serverStream) Context() context.Context { return s.ctx }
 // answers the very try it sent and refund its grant. grpc-go allows one tap
 // per server: a server with a tap of its own passes WithoutAdmissionTap and
 // calls this one first from its own.
+//
+// A request whose header says its attempt's deadline has passed is let
+// through to the server's interceptor, which answers a try late by more
+// than the clock skew from its call's record (DESIGN.md §3.7: a finished
+// record answers every later try), taking no slot, or refuses it
+// DEADLINE_EXPIRED, and admits or refuses any other as the tap would.
+// Refused here, such a try would read as a repeatable NOT_ADMITTED, even
+// for a call whose record says it committed.
 func AdmissionTap(ctrl *admission.Controller) tap.ServerInHandle {
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
 		ctx, err := ctrl.TapHandle(ctx, info)
@@ -552,6 +560,9 @@ func AdmissionTap(ctrl *admission.Controller) tap.ServerInHandle {
 			return ctx, nil
 		}
 		if h, perr := header.ParseValues(info.Header.Get(headerKey)); perr == nil {
+			if d, ok := h.DeadlineTime(); ok && !time.Now().Before(d) {
+				return ctx, nil
+			}
 			err = status.With(err, status.WithAttempt(h.Attempt, h.Call, h.Try))
 		}
 		return ctx, err
