@@ -49,6 +49,18 @@ func fingerprint(method string, req any) (idempotency.Digest, error) {
 	return idempotency.Fingerprint(method, b), nil
 }
 
+// fingerprint is the package's fingerprint of the request's method and
+// request, or, when the request cannot be marshalled, the refusal of the try
+// (nothing ran: NOT_ADMITTED REQUEST_TOO_LARGE).
+func (in *inbound) fingerprint(method string, req any) (idempotency.Digest, error) {
+	fp, err := fingerprint(method, req)
+	if err != nil {
+		return fp, status.NotAdmitted(status.ReasonRequestTooLarge, status.WithAttempt(in.s.ID, in.s.Call, in.s.Try),
+			status.WithMessage("interceptor: request cannot be marshalled: "+err.Error()))
+	}
+	return fp, nil
+}
+
 // beginTry begins the try in the store. It returns started, or the answer
 // the record gives instead (a replayed response, or an error).
 func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp idempotency.Digest, stream bool) (started bool, replay any, err error) {

@@ -320,9 +320,7 @@ func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 	hctx, cancel := sv.handlerContext(ctx, in)
 	defer cancel()
 	if recorded {
-		if fp, err = fingerprint(info.FullMethod, req); err != nil {
-			err = status.NotAdmitted(status.ReasonRequestTooLarge, status.WithAttempt(in.s.ID, in.s.Call, in.s.Try),
-				status.WithMessage("interceptor: request cannot be marshalled: "+err.Error()))
+		if fp, err = in.fingerprint(info.FullMethod, req); err != nil {
 			sv.setTrailer(ctx, in, 0, err)
 			return nil, err
 		}
@@ -496,9 +494,7 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	}
 	var fp idempotency.Digest
 	if recorded {
-		if fp, err = fingerprint(info.FullMethod, req); err != nil {
-			err = status.NotAdmitted(status.ReasonRequestTooLarge, status.WithAttempt(in.s.ID, in.s.Call, in.s.Try),
-				status.WithMessage("interceptor: request cannot be marshalled: "+err.Error()))
+		if fp, err = in.fingerprint(info.FullMethod, req); err != nil {
 			sv.setStreamTrailer(ss, in, 0, err)
 			return err
 		}
