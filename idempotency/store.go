@@ -209,6 +209,13 @@ var (
 	// refuses new ones rather than evicting any. Errors that wrap it also
 	// wrap ErrStoreUnavailable.
 	ErrStoreFull = errors.New("idempotency: store full")
+	// ErrTooLittleTime: the call's context has too little time left for
+	// the store to do its work in (a store that waits for replicas needs
+	// time for the wait), so it sent nothing and changed no record. Errors
+	// that wrap it also wrap ErrStoreUnavailable. A server refuses the try
+	// NOT_ADMITTED DEADLINE_UNREACHABLE, as admission refuses a try that
+	// cannot fit its service time.
+	ErrTooLittleTime = errors.New("idempotency: too little time left for the store")
 	// ErrNotRunning: [Store.Finish] named a try that is not the record's
 	// running try: its lease ran out (the record reads ABANDONED), it
 	// already finished, or the store lost it. The try's outcome stays

@@ -75,6 +75,13 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 				AttemptID: s.ID, Call: s.Call, Try: s.Try, Final: true,
 				Message: "interceptor: the server cannot key this call's record: " + err.Error()})
 		}
+		if errors.Is(err, idempotency.ErrTooLittleTime) {
+			// The store sent nothing: the try's time left cannot fit the
+			// store's work (a wait for replicas), as admission refuses a
+			// try that cannot fit its service time.
+			return false, nil, status.NotAdmitted(status.ReasonDeadlineUnreachable, status.Fields{
+				AttemptID: s.ID, Call: s.Call, Try: s.Try, Message: err.Error()})
+		}
 		return false, nil, status.NotAdmitted(status.ReasonStoreUnavailable, status.Fields{
 			AttemptID: s.ID, Call: s.Call, Try: s.Try, RetryAfter: storeRetryAfter/2 + rand.N(storeRetryAfter), Message: err.Error()})
 	}

@@ -52,8 +52,12 @@
 // tombstone the first run wrote or raised, unless another call changed it
 // since — as a repeated FenceAttempt would; Get changes no record. A reply
 // lost when the context's deadline ends the call is not asked for again:
-// the call fails with ErrStoreUnavailable, and a try that Redis did begin
-// reads IN_PROGRESS until its lease ends, then ABANDONED.
+// the call fails with ErrStoreUnavailable. Since Redis may have begun the
+// try and no handler will run it, Begin then fences the try its own call
+// began (its token; best effort, on a context of its own bounded by 250 ms),
+// so that it reads FENCED and its call's next try may start; if that fence
+// fails too, the try reads IN_PROGRESS until its lease ends, then
+// ABANDONED.
 package redisstore
 
 import (
@@ -61,6 +65,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -103,8 +108,9 @@ func WithPolicy(p idempotency.Policy) Option { return optionFunc(func(s *Store) 
 // to one tick after its timeout. A call's WAIT gets at most half the time
 // its context has left minus one tick, so that the count arrives with half
 // the time left to spare; a call with too little time left for a WAIT of
-// 1 ms is not sent at all and answers ErrStoreUnavailable (nothing was
-// written). New refuses a timeout unless timeout + tick ≤ ReadTimeout/2 of
+// 1 ms (less than two ticks and 2 ms) is not sent at all and answers
+// idempotency.ErrTooLittleTime, which wraps ErrStoreUnavailable (nothing was
+// written; a server refuses the try NOT_ADMITTED DEADLINE_UNREACHABLE). New refuses a timeout unless timeout + tick ≤ ReadTimeout/2 of
 // the Redis client: go-redis takes a longer silence for a lost reply and
 // sends the script again. Redis's dynamic-hz only raises hz, so the
 // configured hz is the slowest tick; hz lowered after New is not seen.
@@ -141,6 +147,36 @@ type Store struct {
 // shortfallFenceTimeout bounds the fence Begin sends after a shortfall, on a
 // context detached from the caller's: it is one script without WAIT.
 const shortfallFenceTimeout = time.Second
+
+// lostReplyFenceTimeout bounds the fence Begin sends when it failed after
+// Redis may have run its script. It is shorter than shortfallFenceTimeout:
+// a Redis that lost one reply may be stalled, and the server's goroutine
+// (and the request's admission slot) waits for the fence.
+const lostReplyFenceTimeout = 250 * time.Millisecond
+
+// unsureError is a store call's error when Redis may have run its script
+// although the call failed: the script was sent and its reply (or, with
+// WithReplicas, WAIT's after it) never came, as when the context ends while
+// Redis is slow to answer.
+type unsureError struct{ error }
+
+func (e unsureError) Unwrap() error { return e.error }
+
+// sentErr returns storeErr(err) for a call whose script was written to
+// Redis, marked unsureError unless err proves the script did not run: a
+// Redis error reply (a script stops at the error, before its first write
+// when Redis refuses writes), or a failure to get a connection.
+func sentErr(err error) error {
+	var (
+		reply redis.Error
+		op    *net.OpError
+	)
+	if errors.As(err, &reply) || errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed) ||
+		(errors.As(err, &op) && op.Op == "dial") {
+		return storeErr(err)
+	}
+	return unsureError{storeErr(err)}
+}
 
 // New returns a store that keeps its records in the Redis behind client
 // (a *redis.Client or a *redis.ClusterClient). The client must be built with
@@ -313,7 +349,7 @@ func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []str
 	if s.replicas == 0 || !wait {
 		v, err := sc.Run(ctx, s.client, keys, args...).Slice()
 		if err != nil {
-			return nil, -1, storeErr(err)
+			return nil, -1, sentErr(err)
 		}
 		return v, -1, nil
 	}
@@ -341,8 +377,9 @@ func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []str
 		left := time.Until(dl)
 		timeout = min(timeout, left/2-s.tick)
 		if timeout < time.Millisecond { // WAIT 0 would wait for ever
-			return nil, -1, fmt.Errorf("%w: redisstore: %v left is too little to wait for replicas (WAIT may answer up to %v after its timeout)",
-				idempotency.ErrStoreUnavailable, left.Round(time.Millisecond), s.tick)
+			return nil, -1, fmt.Errorf("%w: %w: redisstore: %v left is too little to wait for replicas (WAIT may answer up to %v after its timeout; at least %v is needed)",
+				idempotency.ErrStoreUnavailable, idempotency.ErrTooLittleTime, left.Round(time.Millisecond), s.tick,
+				2*(s.tick+time.Millisecond))
 		}
 	}
 	waitMillis := timeout.Milliseconds()
@@ -370,11 +407,12 @@ func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []str
 			cluster.ReloadState(ctx)
 		}
 		if err != nil {
-			return nil, -1, storeErr(err)
+			return nil, -1, sentErr(err)
 		}
 		acked, err := waited.Int()
 		if err != nil {
-			return nil, -1, storeErr(err)
+			// The script ran (its reply came); WAIT's count did not.
+			return nil, -1, unsureError{storeErr(err)}
 		}
 		return v, acked, nil
 	}
@@ -400,6 +438,14 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
 		req.Try, req.Fingerprint[:], req.Deadline.UnixMilli(), tok)
 	if err != nil {
+		if errors.As(err, new(unsureError)) {
+			// Redis may have begun the try and lost the reply (the
+			// context ended while it was on its way): no handler will run
+			// it, so end it as a tombstone, or it would read IN_PROGRESS,
+			// and refuse every later try of its call, until its lease ends
+			// at the attempt's deadline.
+			s.fenceBegun(ctx, req, tok, lostReplyFenceTimeout)
+		}
 		return idempotency.BeginResult{}, err
 	}
 	kind, rec, err := decode(req.Key, v)
@@ -410,13 +456,8 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 	case kindStarted:
 		if acked >= 0 && acked < s.replicas {
 			// The handler will not run: make the try a tombstone so its
-			// next try may start. The caller's context may be about to
-			// end, so the fence has its own; it ends only the record this
-			// very call began (its token), never another Begin's.
-			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shortfallFenceTimeout)
-			_ = s.finish(fctx, idempotency.FinishRequest{Key: req.Key, Try: req.Try, Fingerprint: req.Fingerprint,
-				State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED}, tok)
-			cancel()
+			// next try may start.
+			s.fenceBegun(ctx, req, tok, shortfallFenceTimeout)
 			return idempotency.BeginResult{}, s.short(acked)
 		}
 		return idempotency.BeginResult{Started: true}, nil
@@ -436,6 +477,17 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 		return idempotency.BeginResult{Refusal: idempotency.RefusedUnverifiable, Record: idempotency.UnknownRecord(req.Key)}, nil
 	}
 	return idempotency.BeginResult{}, fmt.Errorf("%w: redisstore: unexpected begin reply %d", idempotency.ErrStoreUnavailable, kind)
+}
+
+// fenceBegun ends, as a tombstone, the try that the Begin call which sent
+// tok began, if it did: best effort, on a context of its own bounded by
+// timeout, since the caller's may be about to end or have ended. The token
+// makes it end only the record this very call began, never another Begin's.
+func (s *Store) fenceBegun(ctx context.Context, req idempotency.BeginRequest, tok []byte, timeout time.Duration) {
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	_ = s.finish(fctx, idempotency.FinishRequest{Key: req.Key, Try: req.Try, Fingerprint: req.Fingerprint,
+		State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED}, tok)
 }
 
 // callToken returns a random token naming one Begin or Finish call. go-redis

@@ -14,6 +14,7 @@ package redisstore_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"sync/atomic"
@@ -311,5 +312,51 @@ func TestRedisBeginRecordWithoutToken(t *testing.T) {
 		if lose {
 			requireRetried(t, d)
 		}
+	}
+}
+
+// A Begin whose reply is lost as its context ends (go-redis does not send
+// the script again then) fails unavailable, although Redis began the try. No
+// handler will run that try, so Begin fences it: before, it read IN_PROGRESS
+// until its lease ended at the attempt's deadline, and every later try of
+// its call was refused ATTEMPT_IN_PROGRESS meanwhile.
+func TestRedisBeginReplyLostAtDeadlineFencesTheTry(t *testing.T) {
+	for _, replicated := range []bool{false, true} {
+		t.Run(fmt.Sprintf("replicated=%v", replicated), func(t *testing.T) {
+			var (
+				c      *redis.Client
+				d      *lossyDialer
+				prefix string
+				opts   []redisstore.Option
+			)
+			if replicated {
+				_, _, prefix = newReplicatedClients(t)
+				c, d = newLossyClient(t, replicatedAddr(), lossTimeout)
+				opts = append(opts, redisstore.WithReplicas(1, 100*time.Millisecond))
+			} else {
+				_, prefix = newClient(t)
+				c, d = newLossyClient(t, redisAddr(), lossTimeout)
+			}
+			l := newLossyStore(t, c, d, prefix, opts...)
+			// The context ends before the client's ReadTimeout would make
+			// go-redis send the script again.
+			ctx, cancel := context.WithTimeout(context.Background(), lossyReadTimeout*3/5)
+			defer cancel()
+			d.arm()
+			_, err := l.s.Begin(ctx, l.begin())
+			require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
+			require.Equal(t, int32(1), d.lost.Load(), "Begin's reply was lost")
+			require.Equal(t, int32(2), d.evalsha.Load(), "Begin's script ran once, then the fence's")
+
+			rec, err := l.s.Get(context.Background(), l.key)
+			require.NoError(t, err)
+			require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState(),
+				"the try Redis began and no handler will run is fenced")
+			require.Equal(t, uint32(1), rec.GetFencedThroughTry())
+			res, err := l.s.Begin(context.Background(), idempotency.BeginRequest{Key: l.key, Try: 2,
+				Fingerprint: lossyFingerprint, Deadline: l.clock.Now().Add(time.Second)})
+			require.NoError(t, err)
+			require.True(t, res.Started, "the call's next try starts: refusal %v", res.Refusal)
+		})
 	}
 }

@@ -101,9 +101,11 @@ func TestRedisWaitShortContextLeavesNoTryInProgress(t *testing.T) {
 			switch {
 			case left < 2*tk+time.Millisecond: // less than a 1 ms WAIT fits: nothing is sent
 				require.ErrorContains(t, err, "too little to wait for replicas")
+				require.ErrorIs(t, err, idempotency.ErrTooLittleTime)
 				require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN, rec.GetState(), "nothing was begun")
 			case left >= 2*tk+50*time.Millisecond: // a WAIT of 25 ms or more fits
 				require.ErrorContains(t, err, "0 of 1 replicas")
+				require.NotErrorIs(t, err, idempotency.ErrTooLittleTime)
 				require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState(), "the try that fell short is fenced")
 			}
 			requireNextTryStarts(t, plain, clock, k)
