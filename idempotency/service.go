@@ -30,7 +30,8 @@ func WithTenant(tenant func(ctx context.Context) string) ServiceOption {
 // are scoped to the caller's tenant, so one tenant can neither read nor fence
 // another's records: another tenant's attempt reads as if absent. Malformed
 // requests are INVALID_ARGUMENT; a store fault is NOT_ADMITTED
-// STORE_UNAVAILABLE. It is safe for concurrent use. Build one with
+// STORE_UNAVAILABLE, and a request whose deadline leaves the store too
+// little time ([ErrTooLittleTime]) DEADLINE_EXCEEDED. It is safe for concurrent use. Build one with
 // [NewAttemptService]; the zero value is not usable.
 type AttemptService struct {
 	tollgatev1.UnimplementedAttemptServiceServer
@@ -102,7 +103,7 @@ func serviceError(err error, key Key, try uint32) error {
 	switch {
 	case errors.Is(err, ErrMalformedKey):
 		return grpcstatus.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled), errors.Is(err, ErrTooLittleTime):
 		if errors.Is(err, context.Canceled) {
 			return grpcstatus.Error(codes.Canceled, err.Error())
 		}

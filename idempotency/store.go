@@ -19,7 +19,9 @@ import (
 // Faults of the store itself (unreachable, too slow, full, too few replicas)
 // are errors that wrap [ErrStoreUnavailable]; a full store's also wrap
 // [ErrStoreFull]. The interceptor answers them NOT_ADMITTED
-// STORE_UNAVAILABLE. Malformed input is an error wrapping [ErrMalformedKey].
+// STORE_UNAVAILABLE, except a [*TooLittleTimeError] (the try's time left
+// cannot fit the store's work), which it answers NOT_ADMITTED
+// DEADLINE_UNREACHABLE. Malformed input is an error wrapping [ErrMalformedKey].
 // Everything else — a try that may not start — is not an error but a
 // [BeginResult] with a [Refusal].
 type Store interface {
@@ -211,10 +213,11 @@ var (
 	ErrStoreFull = errors.New("idempotency: store full")
 	// ErrTooLittleTime: the call's context has too little time left for
 	// the store to do its work in (a store that waits for replicas needs
-	// time for the wait), so it sent nothing and changed no record. Errors
-	// that wrap it also wrap ErrStoreUnavailable. A server refuses the try
-	// NOT_ADMITTED DEADLINE_UNREACHABLE, as admission refuses a try that
-	// cannot fit its service time.
+	// time for the wait), so it sent nothing and changed no record. Stores
+	// return it as a [*TooLittleTimeError], which also matches
+	// ErrStoreUnavailable. A server refuses the try NOT_ADMITTED
+	// DEADLINE_UNREACHABLE, as admission refuses a try that cannot fit its
+	// service time; the AttemptService answers DEADLINE_EXCEEDED.
 	ErrTooLittleTime = errors.New("idempotency: too little time left for the store")
 	// ErrNotRunning: [Store.Finish] named a try that is not the record's
 	// running try: its lease ran out (the record reads ABANDONED), it
@@ -222,6 +225,29 @@ var (
 	// unknown to its caller.
 	ErrNotRunning = errors.New("idempotency: try is not running")
 )
+
+// TooLittleTimeError is the error of a store call whose context had too
+// little time left for the store's work: the store sent nothing and changed
+// no record. errors.Is matches it with [ErrTooLittleTime] and
+// [ErrStoreUnavailable].
+type TooLittleTimeError struct {
+	// Left is the time the call's context had left.
+	Left time.Duration
+	// Needed is the least time the store needs: a call given less fails
+	// the same way.
+	Needed time.Duration
+	// Why says what the time is needed for.
+	Why string
+}
+
+func (e *TooLittleTimeError) Error() string {
+	return fmt.Sprintf("%v: %v left, at least %v needed (%s)", ErrTooLittleTime, e.Left.Round(time.Millisecond), e.Needed, e.Why)
+}
+
+// Is reports whether target is ErrTooLittleTime or ErrStoreUnavailable.
+func (e *TooLittleTimeError) Is(target error) bool {
+	return target == ErrTooLittleTime || target == ErrStoreUnavailable
+}
 
 // Policy fixes the times every store works with. Build one with
 // [DefaultPolicy] and change fields; stores validate it at construction.

@@ -78,9 +78,13 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 		if errors.Is(err, idempotency.ErrTooLittleTime) {
 			// The store sent nothing: the try's time left cannot fit the
 			// store's work (a wait for replicas), as admission refuses a
-			// try that cannot fit its service time.
+			// try that cannot fit its service time. Final when no later
+			// try could fit either: the attempt's own time left (with the
+			// skew) is less than the store needs.
+			var tl *idempotency.TooLittleTimeError
+			final := errors.As(err, &tl) && s.Deadline.Add(sv.cfg.skew).Sub(sv.cfg.now()) < tl.Needed
 			return false, nil, status.NotAdmitted(status.ReasonDeadlineUnreachable, status.Fields{
-				AttemptID: s.ID, Call: s.Call, Try: s.Try, Message: err.Error()})
+				AttemptID: s.ID, Call: s.Call, Try: s.Try, Final: final, Message: err.Error()})
 		}
 		return false, nil, status.NotAdmitted(status.ReasonStoreUnavailable, status.Fields{
 			AttemptID: s.ID, Call: s.Call, Try: s.Try, RetryAfter: storeRetryAfter/2 + rand.N(storeRetryAfter), Message: err.Error()})

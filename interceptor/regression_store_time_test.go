@@ -17,12 +17,13 @@ import (
 
 // A store that waits for replicas needs time for the wait (Redis answers a
 // WAIT up to one serverCron tick late), and sends nothing for a try with too
-// little time left. The try is refused NOT_ADMITTED DEADLINE_UNREACHABLE, not
-// final — it cannot fit the store's work, as admission refuses a try that
-// cannot fit its service time, and a later try may be given more time (the
-// default per-try timeout grows as tries run out) — rather than
-// STORE_UNAVAILABLE, which said the store was down. Nothing is written and
-// the handler does not run.
+// little time left. The try is refused NOT_ADMITTED DEADLINE_UNREACHABLE — it
+// cannot fit the store's work, as admission refuses a try that cannot fit
+// its service time — rather than STORE_UNAVAILABLE, which said the store was
+// down. It is final only when the attempt's own time left could not fit the
+// store's work either; a try cut short by its per-try timeout is not (a
+// later try may be given more). Nothing is written and the handler does not
+// run.
 func TestStoreWithTooLittleTimeRefusesDeadlineUnreachable(t *testing.T) {
 	c, prefix := killRedis(t)
 	ctx := context.Background()
@@ -43,18 +44,30 @@ func TestStoreWithTooLittleTimeRefusesDeadlineUnreachable(t *testing.T) {
 		return &testingv1.ApplyResponse{}, nil
 	}}
 	end := testsvc.StartT(t, testsvc.TCP, svc.Register, killServerOptions(store, killSkew)...)
-	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
-		interceptor.WithAttemptTimeout(tick), interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1}))...))
+	for _, tc := range []struct {
+		name    string
+		attempt time.Duration
+		perTry  time.Duration
+		final   bool
+	}{
+		{"the attempt's time is too short", tick, 0, true},
+		{"the try's time is too short", 10 * tick, tick, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+				interceptor.WithAttemptTimeout(tc.attempt),
+				interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1, PerTryTimeout: tc.perTry}))...))
+			_, err := client.Apply(ctx, &testingv1.ApplyRequest{Key: "k", Amount: 1})
+			o := status.OutcomeOf(err)
+			require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
+			require.Equal(t, status.ReasonDeadlineUnreachable, o.Reason, "%v", err)
+			require.Equal(t, tc.final, o.Final(), "%v", err)
+			require.ErrorContains(t, err, "too little time", "the server's refusal, not the client's own")
+			require.Zero(t, ran.Load(), "the handler did not run")
 
-	_, err = client.Apply(ctx, &testingv1.ApplyRequest{Key: "k", Amount: 1})
-	o := status.OutcomeOf(err)
-	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
-	require.Equal(t, status.ReasonDeadlineUnreachable, o.Reason, "%v", err)
-	require.False(t, o.Final(), "a later try may have more time")
-	require.ErrorContains(t, err, "too little", "the server's refusal, not the client's own")
-	require.Zero(t, ran.Load(), "the handler did not run")
-
-	keys, err := c.Keys(ctx, prefix+"*").Result()
-	require.NoError(t, err)
-	require.Empty(t, keys, "nothing was written, not even the tenant's horizon")
+			keys, err := c.Keys(ctx, prefix+"*").Result()
+			require.NoError(t, err)
+			require.Empty(t, keys, "nothing was written, not even the tenant's horizon")
+		})
+	}
 }

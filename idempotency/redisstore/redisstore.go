@@ -51,13 +51,15 @@
 // before. A second run of a Fence answers the record as it stands — the
 // tombstone the first run wrote or raised, unless another call changed it
 // since — as a repeated FenceAttempt would; Get changes no record. A reply
-// lost when the context's deadline ends the call is not asked for again:
-// the call fails with ErrStoreUnavailable. Since Redis may have begun the
-// try and no handler will run it, Begin then fences the try its own call
-// began (its token; best effort, on a context of its own bounded by 250 ms),
-// so that it reads FENCED and its call's next try may start; if that fence
-// fails too, the try reads IN_PROGRESS until its lease ends, then
-// ABANDONED.
+// lost when the context ends the call is not asked for again: the call
+// fails with ErrStoreUnavailable. go-redis returns only its last attempt's
+// error, so whenever a Begin fails after it started sending its script,
+// whatever the error, Redis may have begun the try, and no handler will run
+// it: Begin then fences the try its own call began (its token; best effort,
+// on a context of its own bounded by 100 ms, which the caller waits for), so
+// that it reads FENCED and its call's next try may start. If that fence
+// does not reach Redis either, the try reads IN_PROGRESS until its lease
+// ends, then ABANDONED.
 package redisstore
 
 import (
@@ -65,7 +67,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -108,10 +109,11 @@ func WithPolicy(p idempotency.Policy) Option { return optionFunc(func(s *Store) 
 // to one tick after its timeout. A call's WAIT gets at most half the time
 // its context has left minus one tick, so that the count arrives with half
 // the time left to spare; a call with too little time left for a WAIT of
-// 1 ms (less than two ticks and 2 ms) is not sent at all and answers
-// idempotency.ErrTooLittleTime, which wraps ErrStoreUnavailable (nothing was
-// written; a server refuses the try NOT_ADMITTED DEADLINE_UNREACHABLE). New refuses a timeout unless timeout + tick ≤ ReadTimeout/2 of
-// the Redis client: go-redis takes a longer silence for a lost reply and
+// 1 ms (less than two ticks and 2 ms) is not sent at all and answers an
+// *idempotency.TooLittleTimeError, which matches ErrTooLittleTime and
+// ErrStoreUnavailable (nothing was written; a server refuses the try
+// NOT_ADMITTED DEADLINE_UNREACHABLE). New refuses a timeout unless
+// timeout + tick ≤ ReadTimeout/2 of the Redis client: go-redis takes a longer silence for a lost reply and
 // sends the script again. Redis's dynamic-hz only raises hz, so the
 // configured hz is the slowest tick; hz lowered after New is not seen.
 //
@@ -148,35 +150,21 @@ type Store struct {
 // context detached from the caller's: it is one script without WAIT.
 const shortfallFenceTimeout = time.Second
 
-// lostReplyFenceTimeout bounds the fence Begin sends when it failed after
-// Redis may have run its script. It is shorter than shortfallFenceTimeout:
-// a Redis that lost one reply may be stalled, and the server's goroutine
-// (and the request's admission slot) waits for the fence.
-const lostReplyFenceTimeout = 250 * time.Millisecond
+// failedBeginFenceTimeout bounds the fence Begin sends when it failed after
+// it started sending its script. It is shorter than shortfallFenceTimeout:
+// Redis may be stalled, and the server's goroutine (and the request's
+// admission slot) waits for the fence.
+const failedBeginFenceTimeout = 100 * time.Millisecond
 
-// unsureError is a store call's error when Redis may have run its script
-// although the call failed: the script was sent and its reply (or, with
-// WithReplicas, WAIT's after it) never came, as when the context ends while
-// Redis is slow to answer.
-type unsureError struct{ error }
+// sentError is a store call's error once its script may have been sent:
+// Redis may have run it although the call failed. go-redis sends a command
+// again after some errors and returns only the last attempt's error, so no
+// error proves that an earlier attempt did not run the script: a Redis
+// error reply, a failed dial or a pool timeout may follow a reply lost to
+// an EOF.
+type sentError struct{ error }
 
-func (e unsureError) Unwrap() error { return e.error }
-
-// sentErr returns storeErr(err) for a call whose script was written to
-// Redis, marked unsureError unless err proves the script did not run: a
-// Redis error reply (a script stops at the error, before its first write
-// when Redis refuses writes), or a failure to get a connection.
-func sentErr(err error) error {
-	var (
-		reply redis.Error
-		op    *net.OpError
-	)
-	if errors.As(err, &reply) || errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed) ||
-		(errors.As(err, &op) && op.Op == "dial") {
-		return storeErr(err)
-	}
-	return unsureError{storeErr(err)}
-}
+func (e sentError) Unwrap() error { return e.error }
 
 // New returns a store that keeps its records in the Redis behind client
 // (a *redis.Client or a *redis.ClusterClient). The client must be built with
@@ -349,7 +337,7 @@ func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []str
 	if s.replicas == 0 || !wait {
 		v, err := sc.Run(ctx, s.client, keys, args...).Slice()
 		if err != nil {
-			return nil, -1, sentErr(err)
+			return nil, -1, sentError{storeErr(err)}
 		}
 		return v, -1, nil
 	}
@@ -377,9 +365,8 @@ func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []str
 		left := time.Until(dl)
 		timeout = min(timeout, left/2-s.tick)
 		if timeout < time.Millisecond { // WAIT 0 would wait for ever
-			return nil, -1, fmt.Errorf("%w: %w: redisstore: %v left is too little to wait for replicas (WAIT may answer up to %v after its timeout; at least %v is needed)",
-				idempotency.ErrStoreUnavailable, idempotency.ErrTooLittleTime, left.Round(time.Millisecond), s.tick,
-				2*(s.tick+time.Millisecond))
+			return nil, -1, &idempotency.TooLittleTimeError{Left: left, Needed: 2 * (s.tick + time.Millisecond),
+				Why: fmt.Sprintf("redisstore: waiting for replicas; Redis may answer WAIT up to %v after its timeout", s.tick)}
 		}
 	}
 	waitMillis := timeout.Milliseconds()
@@ -407,12 +394,12 @@ func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []str
 			cluster.ReloadState(ctx)
 		}
 		if err != nil {
-			return nil, -1, sentErr(err)
+			return nil, -1, sentError{storeErr(err)}
 		}
 		acked, err := waited.Int()
 		if err != nil {
 			// The script ran (its reply came); WAIT's count did not.
-			return nil, -1, unsureError{storeErr(err)}
+			return nil, -1, sentError{storeErr(err)}
 		}
 		return v, acked, nil
 	}
@@ -432,19 +419,22 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 	if err := idempotency.ValidateBegin(req); err != nil {
 		return idempotency.BeginResult{}, err
 	}
+	if err := ctx.Err(); err != nil {
+		return idempotency.BeginResult{}, storeErr(err) // nothing sent
+	}
 	p := s.policy
 	tok := callToken()
 	v, acked, err := s.run(ctx, true, beginScript, s.keys(req.Key),
 		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
 		req.Try, req.Fingerprint[:], req.Deadline.UnixMilli(), tok)
 	if err != nil {
-		if errors.As(err, new(unsureError)) {
-			// Redis may have begun the try and lost the reply (the
-			// context ended while it was on its way): no handler will run
-			// it, so end it as a tombstone, or it would read IN_PROGRESS,
-			// and refuse every later try of its call, until its lease ends
-			// at the attempt's deadline.
-			s.fenceBegun(ctx, req, tok, lostReplyFenceTimeout)
+		if errors.As(err, new(sentError)) {
+			// Redis may have begun the try and its reply was lost (the
+			// context ended while it was on its way, say): no handler will
+			// run it, so end it as a tombstone, or it would read
+			// IN_PROGRESS, and refuse every later try of its call, until
+			// its lease ends at the attempt's deadline.
+			s.fenceBegun(ctx, req, tok, failedBeginFenceTimeout)
 		}
 		return idempotency.BeginResult{}, err
 	}

@@ -18,6 +18,7 @@ import (
 	"io"
 	"net"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -359,4 +360,73 @@ func TestRedisBeginReplyLostAtDeadlineFencesTheTry(t *testing.T) {
 			require.True(t, res.Started, "the call's next try starts: refusal %v", res.Refusal)
 		})
 	}
+}
+
+// blipDialer is a lossyDialer whose dials fail (a short network blip) once a
+// reply was lost, while blip is set.
+type blipDialer struct {
+	*lossyDialer
+	blip   atomic.Bool
+	failed atomic.Int32
+}
+
+func (b *blipDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	if b.blip.Load() && b.lost.Load() > 0 {
+		b.failed.Add(1)
+		return nil, &net.OpError{Op: "dial", Net: network, Err: syscall.ECONNREFUSED}
+	}
+	return b.lossyDialer.dial(ctx, network, addr)
+}
+
+// blipEnds is a go-redis hook that ends the blip once a command's process,
+// its retries included, has returned an error: the fence Begin sends next
+// can dial.
+type blipEnds struct{ b *blipDialer }
+
+func (h blipEnds) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h blipEnds) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if err != nil {
+			h.b.blip.Store(false)
+		}
+		return err
+	}
+}
+func (h blipEnds) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// go-redis sends a command again after an EOF and returns only its last
+// attempt's error: here a failed dial, although the first attempt ran the
+// script. Begin must not take that error for proof that nothing ran: the try
+// Redis began is fenced, so the call's next try starts. (Found by review: a
+// first version fenced only after errors other than Redis replies, pool
+// timeouts and dial failures.)
+func TestRedisBeginRetriedIntoDialErrorIsFenced(t *testing.T) {
+	_, prefix := newClient(t)
+	b := &blipDialer{lossyDialer: &lossyDialer{mode: lossEOF}}
+	c := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true, Dialer: b.dial})
+	t.Cleanup(func() { _ = c.Close() })
+	l := newLossyStore(t, c, b.lossyDialer, prefix)
+	c.AddHook(blipEnds{b})
+
+	b.blip.Store(true)
+	b.arm()
+	_, err := l.s.Begin(context.Background(), l.begin())
+	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
+	var op *net.OpError
+	require.ErrorAs(t, err, &op, "Begin's error is its last attempt's")
+	require.Equal(t, "dial", op.Op)
+	require.Equal(t, int32(1), b.lost.Load(), "the script ran and its reply was lost")
+	require.Positive(t, b.failed.Load(), "go-redis sent it again and could not dial")
+
+	rec, err := l.s.Get(context.Background(), l.key)
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState(),
+		"Redis began the try and no handler runs it: it is fenced")
+	res, err := l.s.Begin(context.Background(), idempotency.BeginRequest{Key: l.key, Try: 2,
+		Fingerprint: lossyFingerprint, Deadline: l.clock.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.True(t, res.Started, "the call's next try starts: refusal %v", res.Refusal)
 }

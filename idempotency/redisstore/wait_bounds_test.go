@@ -15,6 +15,8 @@ import (
 	"github.com/tollgate-go/tollgate/idempotency/redisstore"
 	"github.com/tollgate-go/tollgate/idempotency/storetest"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
 )
 
 // tick returns the serverCron period of the Redis behind c (1000/hz ms): how
@@ -100,8 +102,11 @@ func TestRedisWaitShortContextLeavesNoTryInProgress(t *testing.T) {
 				"Begin answered unavailable (no handler will run) but left try 1 IN_PROGRESS: %v", err)
 			switch {
 			case left < 2*tk+time.Millisecond: // less than a 1 ms WAIT fits: nothing is sent
-				require.ErrorContains(t, err, "too little to wait for replicas")
 				require.ErrorIs(t, err, idempotency.ErrTooLittleTime)
+				var tl *idempotency.TooLittleTimeError
+				require.ErrorAs(t, err, &tl)
+				require.Equal(t, 2*(tk+time.Millisecond), tl.Needed, "WAIT gets half the time left less a tick, and at least 1 ms")
+				require.LessOrEqual(t, tl.Left, left)
 				require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN, rec.GetState(), "nothing was begun")
 			case left >= 2*tk+50*time.Millisecond: // a WAIT of 25 ms or more fits
 				require.ErrorContains(t, err, "0 of 1 replicas")
@@ -269,4 +274,24 @@ func TestRedisNewRefusesClientsWithoutDeadlines(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	_, err := redisstore.New(ctx, c, redisstore.WithPrefix(prefix))
 	require.NoError(t, err, "ReadTimeout -1: no timeout of its own, but the context's deadline")
+}
+
+// The owner's ballot (FenceAttempt) with too little time left for WAIT sends
+// nothing, as Begin does; the AttemptService answers DEADLINE_EXCEEDED (the
+// request's deadline leaves the store too little time), not
+// STORE_UNAVAILABLE, which said the store was down. (Found by review.)
+func TestRedisFenceAttemptWithTooLittleTimeIsDeadlineExceeded(t *testing.T) {
+	c, prefix := newClient(t)
+	waiting, plain, _, k := waitingStores(t, c, prefix, time.Second)
+	svc := idempotency.NewAttemptService(waiting)
+	ctx, cancel := context.WithTimeout(context.Background(), tick(t, c))
+	defer cancel()
+	_, err := svc.FenceAttempt(ctx, &tollgatev1.FenceAttemptRequest{AttemptId: k.AttemptID, Call: k.Call,
+		Method: k.Method, FenceThroughTry: 1})
+	require.Equal(t, codes.DeadlineExceeded, grpcstatus.Code(err), "%v", err)
+	require.ErrorContains(t, err, "too little time left")
+
+	rec, err := plain.Get(context.Background(), k)
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN, rec.GetState(), "nothing was fenced")
 }
