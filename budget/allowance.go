@@ -88,9 +88,9 @@ func (a *Allowance) Take() error {
 }
 
 // Check reports whether a unit is free without taking one: nil, or the
-// refusal [Allowance.Take] would return. The origin uses it before each of its
-// own tries, which are not charged but whose callee could do nothing without
-// units.
+// refusal [Allowance.Take] would return. tollgate's client interceptor asks
+// it before each repeat of the origin's own tries, which are not charged,
+// and stops only when the refusal is final (the whole allowance spent).
 func (a *Allowance) Check() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()

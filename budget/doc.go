@@ -13,8 +13,11 @@
 // handler sends ([Allowance.Take]), and lends part of what is left to the
 // callee of each RPC ([Allowance.Lend], [Allowance.LendFree]) so that the
 // callee can make calls of its own. The origin's own tries are not charged:
-// before each it only checks that a unit is free ([Allowance.Check]) and lends
-// every free unit ([Allowance.LendFree] keeping 0). Because nobody can spend what it was not
+// tollgate's client interceptor lends each of them every free unit
+// ([Allowance.LendFree] keeping 0), and before a repeat asks [Allowance.Check]
+// only to stop once the whole allowance is spent (the refusal is then final);
+// a repeat while units are still held by earlier tries is sent with what is
+// free, possibly nothing. Because nobody can spend what it was not
 // lent, repeats at several layers add up instead of multiplying: three tries
 // at the origin and two per call in the middle tier, with four units, reach
 // the dependency four times, not six.

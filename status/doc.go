@@ -21,6 +21,11 @@
 //	(mismatch)    same call key, different request         INVALID_ARGUMENT, final
 //	(malformed)   bad tollgate header or call key          INVALID_ARGUMENT, final
 //
+// A malformed header (MALFORMED_HEADER) and a missing explicit call key
+// (CALL_KEY_REQUIRED) are NOT_ADMITTED refusals sent as INVALID_ARGUMENT. A
+// mismatch's detail carries what the existing record says of its own effect;
+// [OutcomeOf] reads it as [KindFailed], a definite error for this request.
+//
 // Build them with [NotAdmitted], [OutcomeUnknown], [Committed] and
 // [RequestMismatch]; read any error back with [OutcomeOf], which returns an
 // [Outcome]: its [Kind], [Reason], gRPC code and detail. [RetryAfter] reads
