@@ -222,6 +222,10 @@ func (c *client) finish(s *attemptState, key string, t *try, err error) status.D
 		t.loan.Settle(spent)
 		return d
 	}
+	if t.delivery.reportedBadly() {
+		t.loan.Hold() // the callee reported, but what cannot be read
+		return d
+	}
 	switch d {
 	case status.NotSent:
 		t.loan.Refund()

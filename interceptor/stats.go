@@ -25,7 +25,8 @@ type delivery struct {
 	// handler's TagRPC saw the try. Without it the client cannot tell sent
 	// from not sent and stays conservative (MaybeSent).
 	tracked atomic.Bool
-	// spent is the callee's tollgate-spent trailer, -1 until one arrives.
+	// spent is the callee's tollgate-spent trailer: -1 until one arrives,
+	// badSpent when one arrived that does not read (see parseSpent).
 	spent atomic.Int64
 	// seen is the client's flag that its stats handler was seen at work
 	// (TagRPC of an earlier try): once set, the handler is known to be
@@ -40,6 +41,12 @@ type delivery struct {
 const (
 	noPushback   = -1
 	stopPushback = -2
+	// badSpent marks a tollgate-spent trailer that was sent but does not
+	// read: more than one value (a handler that forwarded its own callee's
+	// trailer, which grpc-go appends to), or not a decimal in range. The
+	// callee reported something, so the grant is held, never refunded as if
+	// nothing was spent.
+	badSpent = -2
 )
 
 // reset readies d for a new try.
@@ -59,6 +66,10 @@ func (d *delivery) reported() (int64, bool) {
 	v := d.spent.Load()
 	return v, v >= 0
 }
+
+// reportedBadly reports whether the callee sent a tollgate-spent trailer
+// that does not read.
+func (d *delivery) reportedBadly() bool { return d.spent.Load() == badSpent }
 
 type deliveryKey struct{}
 
@@ -108,8 +119,12 @@ func (statsHandler) HandleRPC(ctx context.Context, s stats.RPCStats) {
 			// grpc-go's trailer keys are lower case, as both keys are:
 			// index the map rather than MD.Get, which lowers the key.
 			tr := s.(*stats.InTrailer).Trailer
-			if n, ok := parseSpent(tr[spentTrailerKey]); ok {
-				d.spent.Store(n)
+			if vs, sent := tr[spentTrailerKey]; sent {
+				if n, ok := parseSpent(vs); ok {
+					d.spent.Store(n)
+				} else {
+					d.spent.Store(badSpent)
+				}
 			}
 			if vs := tr[status.PushbackKey]; len(vs) > 0 {
 				d.pushback.Store(parsePushback(vs))
@@ -123,8 +138,8 @@ func (statsHandler) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.C
 func (statsHandler) HandleConn(context.Context, stats.ConnStats)                       {}
 
 // parseSpent reads a tollgate-spent trailer: exactly one strict decimal in
-// [0, 1,000,000]. Anything else is ignored, as if the trailer were absent
-// (the grant is then held, the safe side).
+// [0, 1,000,000]. Anything else does not read (badSpent): the grant is then
+// held, in lenient accounting too, the safe side.
 func parseSpent(vs []string) (int64, bool) {
 	if len(vs) != 1 {
 		return 0, false
