@@ -1,6 +1,7 @@
 package interceptor
 
 import (
+	"math"
 	"math/rand/v2"
 	"time"
 )
@@ -84,6 +85,9 @@ func (p *RetryPolicy) backoff(next int, retryAfter time.Duration) time.Duration 
 	}
 	if retryAfter > 0 {
 		floor := retryAfter + rand.N(retryAfter/5+1)
+		if floor < retryAfter { // a peer's huge retry-after overflowed: saturate
+			floor = math.MaxInt64
+		}
 		wait = max(wait, floor)
 	}
 	return wait
