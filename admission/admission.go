@@ -515,6 +515,10 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 		}
 	}
 	switch {
+	case cs.queueCap == 0 && !tenantMayRun:
+		// Held back by its own tenant's running limit, not by the class:
+		// a tenant over its limit is not the server's overload.
+		return refuse(status.ReasonTenantLimit)
 	case cs.queueCap == 0:
 		return refuse(status.ReasonConcurrencyFull)
 	case cs.queue.n >= cs.queueCap:

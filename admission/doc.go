@@ -28,7 +28,8 @@
 //
 //  1. size: larger than the class's MaxRequestBytes → REQUEST_TOO_LARGE;
 //  2. class and tenant: a frozen class or an optional class while degraded
-//     → SHED; a tenant over its queued items or queued work → TENANT_LIMIT;
+//     → SHED; a tenant over its queued items or queued work, or over its
+//     running requests in a class without a queue → TENANT_LIMIT;
 //  3. deadline: already passed → DEADLINE_EXPIRED; predicted wait +
 //     learned service time + safety margin later than the deadline →
 //     DEADLINE_UNREACHABLE (work that would finish exactly at its deadline

@@ -63,7 +63,8 @@ type Class struct {
 	// that is larger.
 	MaxServiceTime time.Duration
 	// TenantRunning bounds the requests of one tenant running in this class;
-	// a request over it waits in the queue. 0: no limit.
+	// a request over it waits in the queue, or, in a class without a queue,
+	// is refused with TENANT_LIMIT. 0: no limit.
 	TenantRunning int
 	// TenantQueued bounds the requests of one tenant waiting in this class;
 	// a request over it is refused with TENANT_LIMIT. 0: no limit.
