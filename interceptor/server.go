@@ -363,7 +363,9 @@ func (sv *server) setTrailer(ctx context.Context, in *inbound, spent int64, err 
 // Control streams (req nil) take no admission slot.
 // The caller's tenant (a trusted peer's header "n", else WithTenant's) is put
 // in the context for idempotency.AttemptService, so that a query resolves
-// the same tenant as the try it asks about.
+// the same tenant as the try it asks about. A trusted peer's malformed
+// header is refused MALFORMED_HEADER, as on the data path; an untrusted
+// peer's is counted and ignored.
 func (sv *server) control(ctx context.Context, method string, req any, f func(context.Context) (any, error)) (any, error) {
 	trusted := sv.cfg.trusted(ctx)
 	if fence, ok := req.(*tollgatev1.FenceAttemptRequest); ok && method == fenceMethod && !trusted {
@@ -375,8 +377,17 @@ func (sv *server) control(ctx context.Context, method string, req any, f func(co
 			State: tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN}, nil
 	}
 	tenant := ""
-	if vs := metadata.ValueFromIncomingContext(ctx, headerKey); len(vs) > 0 && trusted {
-		if h, err := header.ParseValues(vs); err == nil {
+	if vs := metadata.ValueFromIncomingContext(ctx, headerKey); len(vs) > 0 {
+		h, err := header.ParseValues(vs)
+		switch {
+		case err != nil && trusted:
+			// As on the data path (DESIGN.md §2.1): a trusted peer's
+			// malformed header is refused, never read for its tenant.
+			sv.tel.malformed.Add(ctx, 1, malformedTrusted)
+			return nil, status.NotAdmitted(status.ReasonMalformedHeader, status.WithMessage(err.Error()))
+		case err != nil:
+			sv.tel.malformed.Add(ctx, 1, malformedUntrusted)
+		case trusted:
 			tenant = h.Tenant
 		}
 	}
