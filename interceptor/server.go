@@ -198,11 +198,30 @@ func (sv *server) admit(ctx context.Context, method string, in *inbound, req any
 	}
 	if err != nil {
 		if in != nil {
+			err = sv.tryDeadlineOnly(err, in)
 			err = status.With(err, status.WithAttempt(in.s.ID, in.s.Call, in.s.Try))
 		}
 		return nil, err
 	}
 	return p, nil
+}
+
+// tryDeadlineOnly returns admission's refusal err, made not final when it
+// is a final DEADLINE_EXPIRED (a waiter dropped because it can no longer
+// finish by its deadline) that only the try's own deadline explains:
+// admission is given the try's deadline, its grpc-timeout, which a client's
+// per-try timeout may set well before the attempt's; while the attempt's
+// deadline (with the skew) has not passed, a later try may fit.
+func (sv *server) tryDeadlineOnly(err error, in *inbound) error {
+	o := status.OutcomeOf(err)
+	if o.Reason != status.ReasonDeadlineExpired || !o.Final() || !sv.cfg.now().Before(in.s.Deadline.Add(sv.cfg.skew)) {
+		return err
+	}
+	ra, _ := status.RetryAfter(err)
+	return status.NotAdmitted(status.ReasonDeadlineExpired, status.Fields{
+		RetryAfter: ra,
+		Message:    "interceptor: the try cannot finish by its own deadline; the attempt's has not passed",
+	}, status.WithClass(o.Detail.GetWorkloadClass()))
 }
 
 // handlerContext returns the context the handler runs on: the attempt's
