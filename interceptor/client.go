@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"github.com/tollgate-go/tollgate/budget"
 	"github.com/tollgate-go/tollgate/internal/header"
@@ -29,8 +30,15 @@ type client struct {
 	targets        targets
 	lastTarget     atomic.Pointer[lastTarget]
 	// statsSeen is set once the stats handler was seen at work for one of
-	// this client's tries (see delivery.seen).
+	// this client's tries made without a ClientConn (see delivery.seen);
+	// seenConns holds the same flag per ClientConn, for interceptors built
+	// by NewClientInterceptors, which a client may install on several
+	// connections, with the stats handler on some of them only. Its keys
+	// are weak, so that it keeps no closed connection alive; seenAdded
+	// counts the entries added, to prune the dead ones now and then.
 	statsSeen atomic.Bool
+	seenConns sync.Map // weak.Pointer[grpc.ClientConn] → *atomic.Bool
+	seenAdded atomic.Uint64
 	// policies are WithMethodRetry's policies, validated, by full method.
 	policies map[string]*RetryPolicy
 }
@@ -54,6 +62,9 @@ type call struct {
 	w      owner // the unary owner's state, in the same allocation
 	info   methodinfo.Info
 	method string // the call's full method
+	// seen is the flag that the stats handler was seen at work on the
+	// call's connection (client.seenFor).
+	seen *atomic.Bool
 	// tryBase is the parent of the first try's context: the ctx the try is
 	// prepared with and the delivery record of t, which the stats handler
 	// looks up. Written by the first prepare, before anything is sent, and
@@ -85,11 +96,11 @@ func (c *deliveryCtx) Value(key any) any {
 	return c.Context.Value(key)
 }
 
-// newCall returns the state of a new call: under the attempt in ctx, or a
-// new attempt minted here at now, with its key.
-func (c *client) newCall(ctx context.Context, method string, now time.Time) (*call, error) {
+// newCall returns the state of a new call on cc: under the attempt in ctx,
+// or a new attempt minted here at now, with its key.
+func (c *client) newCall(ctx context.Context, cc *grpc.ClientConn, method string, now time.Time) (*call, error) {
 	info := methodinfo.Of(method)
-	cl := &call{s: attemptFrom(ctx), info: info, method: method}
+	cl := &call{s: attemptFrom(ctx), info: info, method: method, seen: c.seenFor(cc)}
 	if cl.s == nil {
 		if err := cl.minted.initOrigin(ctx, now, c.cfg.allowance, c.cfg.attemptTimeout); err != nil {
 			return nil, err
@@ -99,6 +110,30 @@ func (c *client) newCall(ctx context.Context, method string, now time.Time) (*ca
 	var err error
 	cl.key, err = cl.s.callKey(ctx, info.Level)
 	return cl, err
+}
+
+// seenFor returns the flag that the stats handler was seen at work on cc.
+// A client built by DialOptions, which installs the handler on every
+// connection it is used on, shares one flag (it is never read there: its
+// tries are always tracked).
+func (c *client) seenFor(cc *grpc.ClientConn) *atomic.Bool {
+	if c.statsInstalled || cc == nil {
+		return &c.statsSeen
+	}
+	key := weak.Make(cc)
+	if v, ok := c.seenConns.Load(key); ok {
+		return v.(*atomic.Bool)
+	}
+	v, loaded := c.seenConns.LoadOrStore(key, new(atomic.Bool))
+	if !loaded && c.seenAdded.Add(1)%64 == 0 {
+		c.seenConns.Range(func(k, _ any) bool {
+			if k.(weak.Pointer[grpc.ClientConn]).Value() == nil {
+				c.seenConns.Delete(k)
+			}
+			return true
+		})
+	}
+	return v.(*atomic.Bool)
 }
 
 // startSpan starts the tollgate.call span of one call.
@@ -147,7 +182,7 @@ func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy
 		t, base = &r.t, &r.base
 	}
 	t.n, t.charged, t.loan = n, false, nil
-	t.delivery.reset(cl.method, c.statsInstalled, &c.statsSeen)
+	t.delivery.reset(cl.method, c.statsInstalled, cl.seen)
 	if s.Origin {
 		// The origin's own tries are not charged; a repeat is pointless once
 		// the callee can never be lent a unit again.
@@ -370,7 +405,7 @@ func (c *client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	if isControl(method) {
 		return streamer(ctx, desc, cc, method, opts...)
 	}
-	cl, err := c.newCall(ctx, method, c.cfg.now())
+	cl, err := c.newCall(ctx, cc, method, c.cfg.now())
 	if err != nil {
 		return nil, err
 	}

@@ -131,7 +131,7 @@ func (c *client) unary(ctx context.Context, method string, req, reply any, cc *g
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
 	start := c.cfg.now()
-	cl, err := c.newCall(ctx, method, start)
+	cl, err := c.newCall(ctx, cc, method, start)
 	if err != nil {
 		return err
 	}

@@ -28,9 +28,10 @@ type delivery struct {
 	// spent is the callee's tollgate-spent trailer: -1 until one arrives,
 	// badSpent when one arrived that does not read (see parseSpent).
 	spent atomic.Int64
-	// seen is the client's flag that its stats handler was seen at work
-	// (TagRPC of an earlier try): once set, the handler is known to be
-	// installed even for a try that failed before reaching it.
+	// seen is the flag that the stats handler was seen at work on the
+	// try's connection (TagRPC of an earlier try): once set, the handler is
+	// known to be installed there even for a try that failed before
+	// reaching it.
 	seen *atomic.Bool
 	// pushback is the callee's grpc-retry-pushback-ms trailer in ms:
 	// noPushback when absent, stopPushback when it says not to retry
