@@ -328,7 +328,9 @@ func WithAttemptStore(store idempotency.Store) ServerOption {
 
 // WithoutAdmissionTap keeps ServerOptions from installing the admission
 // controller's tap handle. grpc-go allows one tap per server: a server with a
-// tap of its own composes the controller's TapHandle into it.
+// tap of its own calls AdmissionTap, given the same options, from it. A
+// server with no admission tap at all loses the tap's early refusals and its
+// bound on streams whose client sends nothing (see AdmissionTap).
 func WithoutAdmissionTap() ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.admissionTap = false })
 }

@@ -565,34 +565,104 @@ type serverStream struct {
 func (s *serverStream) Context() context.Context { return s.ctx }
 
 // AdmissionTap returns the tap handle ServerOptions installs with an
-// admission controller: the controller's allocation-free check
-// (Controller.TapHandle), and on refusal the attempt, call and try read from
-// the request's tollgate header, so that the caller can tell the refusal
-// answers the very try it sent and refund its grant. grpc-go allows one tap
-// per server: a server with a tap of its own passes WithoutAdmissionTap and
-// calls this one first from its own.
+// admission controller, for a server that installs a tap of its own
+// (grpc-go allows one per server): it passes WithoutAdmissionTap to
+// ServerOptions and calls this handle first from its own. Give it the
+// options given to ServerOptions or NewServerInterceptors — the trusted
+// peers, clock skew, maximum attempt time and attempt store it reads; it
+// panics on an invalid option, as ServerOptions does.
 //
-// A request whose header says its attempt's deadline has passed is let
-// through to the server's interceptor, which answers a try late by more
-// than the clock skew from its call's record (DESIGN.md §3.7: a finished
-// record answers every later try), taking no slot, or refuses it
-// DEADLINE_EXPIRED, and admits or refuses any other as the tap would.
-// Refused here, such a try would read as a repeatable NOT_ADMITTED, even
-// for a call whose record says it committed.
-func AdmissionTap(ctrl *admission.Controller) tap.ServerInHandle {
-	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
-		ctx, err := ctrl.TapHandle(ctx, info)
-		if err == nil {
-			return ctx, nil
-		}
-		if h, perr := header.ParseValues(info.Header.Get(headerKey)); perr == nil {
-			if d, ok := h.DeadlineTime(); ok && !time.Now().Before(d) {
-				return ctx, nil
-			}
-			err = status.With(err, status.WithAttempt(h.Attempt, h.Call, h.Try))
-		}
-		return ctx, err
+// The handle runs the controller's allocation-free check
+// (Controller.TapHandle), before the request is read, and on refusal adds
+// the attempt, call and try read from a trusted peer's tollgate header, so
+// that the caller can tell the refusal answers the very try it sent and
+// refund its grant.
+//
+// It also bounds the stream's own context, which grpc-go's RecvMsg waits
+// on, by the time the request may live, as the handler's context is: the
+// attempt's deadline (a trusted peer's, capped by the maximum attempt time
+// from now, or that maximum) plus the skew, when the request carries no
+// earlier grpc-timeout. The handler's context ends then already;
+// without the bound, a client-streaming or bidi call whose client opened
+// the stream and sent nothing would keep waiting in RecvMsg, holding its
+// admission slot, for as long as the client kept the stream open. Control
+// methods (AttemptService, health, reflection) are not bounded: a health
+// Watch lives as long as its client.
+//
+// A trusted peer's request whose header says its attempt's deadline has
+// passed is let through to the server's interceptor when the server keeps
+// records, which answers a try late by more than the clock skew from its
+// call's record (DESIGN.md §3.7: a finished record answers every later try),
+// taking no slot, or refuses it DEADLINE_EXPIRED; refused here, such a try
+// would read as a repeatable NOT_ADMITTED, even for a call whose record says
+// it committed. Without a store, the handle refuses a try late by more than
+// the skew DEADLINE_EXPIRED, final, as the interceptor would. An untrusted
+// peer's header is ignored here as in the interceptor.
+func AdmissionTap(ctrl *admission.Controller, opts ...ServerOption) tap.ServerInHandle {
+	sv, err := newServer(opts)
+	if err != nil {
+		panic(err)
 	}
+	return sv.tapHandle(ctrl)
+}
+
+// tapHandle is AdmissionTap for ctrl under sv's configuration.
+func (sv *server) tapHandle(ctrl *admission.Controller) tap.ServerInHandle {
+	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
+		var (
+			h       header.Header
+			honored bool
+		)
+		if vs := info.Header.Get(headerKey); len(vs) > 0 && sv.cfg.trusted(ctx) {
+			var err error
+			h, err = header.ParseValues(vs)
+			honored = err == nil
+		}
+		now := sv.cfg.now()
+		var d time.Time
+		if honored {
+			d, _ = h.DeadlineTime()
+		}
+		if !isControl(info.FullMethodName) {
+			// As the interceptor's handler deadline: the attempt's
+			// deadline plus the skew, the attempt's deadline being the
+			// caller's (capped by the maximum) or the maximum from now.
+			bound := now.Add(sv.cfg.maxAttemptTime)
+			if !d.IsZero() {
+				bound = minTime(bound, d)
+			}
+			bound = bound.Add(sv.cfg.skew)
+			if dl, ok := ctx.Deadline(); bound.After(now) && (!ok || bound.Before(dl)) {
+				// cancel is not called: the bounded context is released
+				// with its parent, the stream's context, which grpc-go
+				// cancels when the stream ends.
+				bounded, cancel := context.WithDeadline(ctx, bound)
+				_ = cancel
+				ctx = bounded
+			}
+		}
+		ctx, err := ctrl.TapHandle(ctx, info)
+		if err == nil || !honored {
+			return ctx, err
+		}
+		id := status.WithAttempt(h.Attempt, h.Call, h.Try)
+		switch {
+		case d.IsZero():
+		case sv.cfg.store != nil && !now.Before(d):
+			return ctx, nil // its record answers it, taking no slot
+		case sv.cfg.store == nil && !now.Before(d.Add(sv.cfg.skew)):
+			return ctx, status.NotAdmitted(status.ReasonDeadlineExpired, id, status.Final(),
+				status.WithMessage("interceptor: the attempt's deadline has passed"))
+		}
+		return ctx, status.With(err, id)
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // NewServerOptions returns the grpc.ServerOptions that install tollgate on a
@@ -616,7 +686,7 @@ func NewServerOptions(opts ...ServerOption) ([]grpc.ServerOption, error) {
 		grpc.MaxConcurrentStreams(cfg.maxStreams),
 	}
 	if cfg.admission != nil && cfg.admissionTap {
-		out = append(out, grpc.InTapHandle(AdmissionTap(cfg.admission)))
+		out = append(out, grpc.InTapHandle(sv.tapHandle(cfg.admission)))
 	}
 	return out, nil
 }

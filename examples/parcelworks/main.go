@@ -340,10 +340,11 @@ func Run(cfg Config) (*Report, error) {
 	}
 	// tollgate's server options wire the controller in; the example adds
 	// its own outer interceptor and tap only to count refusals by reason.
+	opts := []interceptor.ServerOption{interceptor.WithAdmission(ctrl), interceptor.WithoutAdmissionTap()}
 	srv := grpc.NewServer(append([]grpc.ServerOption{
 		grpc.ChainUnaryInterceptor(s.count),
-		grpc.InTapHandle(s.countTap(interceptor.AdmissionTap(ctrl))),
-	}, interceptor.ServerOptions(interceptor.WithAdmission(ctrl), interceptor.WithoutAdmissionTap())...)...)
+		grpc.InTapHandle(s.countTap(interceptor.AdmissionTap(ctrl, opts...))),
+	}, interceptor.ServerOptions(opts...)...)...)
 	srv.RegisterService(s.desc(), s)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()

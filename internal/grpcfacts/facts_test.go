@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/stats"
 	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
@@ -214,4 +216,72 @@ func TestTrailerKeysArriveLowerCase(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The context a tap handle receives carries the peer (its address and auth
+// info), so a tap can ask whether the peer is trusted.
+func TestTapContextCarriesPeer(t *testing.T) {
+	var (
+		mu   sync.Mutex
+		addr net.Addr
+	)
+	look := func(ctx context.Context, _ *tap.Info) (context.Context, error) {
+		p, ok := peer.FromContext(ctx)
+		mu.Lock()
+		defer mu.Unlock()
+		if ok {
+			addr = p.Addr
+		}
+		return ctx, nil
+	}
+	conn := serve(t, func(context.Context) (*emptypb.Empty, error) { return &emptypb.Empty{}, nil }, grpc.InTapHandle(look))
+	require.NoError(t, call(t.Context(), conn, &seen{}))
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotNil(t, addr, "the tap's context has the peer")
+}
+
+// A context a tap handle returns becomes the stream's context: a deadline
+// the tap sets ends the stream's RecvMsg (and the handler's context) even
+// when the client sent no grpc-timeout, so a tap can bound a stream whose
+// client never sends. grpc-go then ends the stream itself: the client gets
+// DEADLINE_EXCEEDED, whatever status the handler returns after.
+func TestTapContextBoundsStreamRecv(t *testing.T) {
+	lis := bufconn.Listen(1 << 20)
+	bound := func(ctx context.Context, _ *tap.Info) (context.Context, error) {
+		// cancel is not called: the context is released when its parent,
+		// the stream's context, ends with the stream.
+		ctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		_ = cancel
+		return ctx, nil
+	}
+	recvErr := make(chan error, 1)
+	srv := grpc.NewServer(grpc.InTapHandle(bound))
+	srv.RegisterService(&grpc.ServiceDesc{
+		ServiceName: "facts.Streams",
+		HandlerType: (*any)(nil),
+		Streams: []grpc.StreamDesc{{StreamName: "Idle", ClientStreams: true, ServerStreams: true,
+			Handler: func(_ any, st grpc.ServerStream) error {
+				recvErr <- st.RecvMsg(new(emptypb.Empty))
+				return grpcstatus.Error(codes.ResourceExhausted, "a status of the handler's")
+			}}},
+	}, struct{}{})
+	go func() { _ = srv.Serve(lis) }()
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(); srv.Stop() })
+	ctx, cancel := context.WithCancel(t.Context()) // no deadline: no grpc-timeout
+	defer cancel()
+	st, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, "/facts.Streams/Idle")
+	require.NoError(t, err)
+	select {
+	case err := <-recvErr:
+		require.Error(t, err, "RecvMsg ended by the tap's deadline")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler's RecvMsg still waits: the tap's context does not bound the stream")
+	}
+	err = st.RecvMsg(new(emptypb.Empty))
+	require.Equal(t, codes.DeadlineExceeded, grpcstatus.Code(err), "%v", err)
 }
