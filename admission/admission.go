@@ -358,7 +358,7 @@ func (c *Controller) classifyMethod(m string) *classState {
 // it is looked at), a NOT_ADMITTED error that also wraps ctx's error
 // (errors.Is(err, context.Canceled) holds).
 func (c *Controller) Admit(ctx context.Context, r Request) (*Permit, error) {
-	p, _, err := c.admit(ctx, r, c.cfg.now())
+	p, _, err := c.admit(ctx, r, c.cfg.now(), true)
 	return p, err
 }
 
@@ -367,7 +367,7 @@ func (c *Controller) Admit(ctx context.Context, r Request) (*Permit, error) {
 // times given must not go backwards by more than the caller can tolerate
 // (windows and overrides only move forward).
 func (c *Controller) AdmitAt(ctx context.Context, r Request, now time.Time) (*Permit, error) {
-	p, _, err := c.admit(ctx, r, now)
+	p, _, err := c.admit(ctx, r, now, false)
 	return p, err
 }
 
@@ -378,17 +378,18 @@ func (c *Controller) AdmitAt(ctx context.Context, r Request, now time.Time) (*Pe
 // and costs no more: the decision is read under the lock Admit takes anyway,
 // and returning it allocates nothing.
 func (c *Controller) AdmitDecision(ctx context.Context, r Request) (*Permit, Decision, error) {
-	return c.admit(ctx, r, c.cfg.now())
+	return c.admit(ctx, r, c.cfg.now(), true)
 }
 
 // AdmitDecisionAt is [Controller.AdmitDecision] at time now, for the
 // virtual clocks [Controller.AdmitAt] serves.
 func (c *Controller) AdmitDecisionAt(ctx context.Context, r Request, now time.Time) (*Permit, Decision, error) {
-	return c.admit(ctx, r, now)
+	return c.admit(ctx, r, now, false)
 }
 
-// admit is AdmitDecisionAt.
-func (c *Controller) admit(ctx context.Context, r Request, now time.Time) (*Permit, Decision, error) {
+// admit is AdmitDecisionAt. timed is true on the real clock's path (Admit,
+// AdmitDecision): a waiter then gives up by a timer of its own (see wait).
+func (c *Controller) admit(ctx context.Context, r Request, now time.Time, timed bool) (*Permit, Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, Decision{}, waitEnded(status.ReasonUnspecified, nil, err)
 	}
@@ -421,7 +422,7 @@ func (c *Controller) admit(ctx context.Context, r Request, now time.Time) (*Perm
 		c.m.refused(ctx, cs, reason)
 		return nil, d, refusal(cs, reason, ra, reason == status.ReasonDeadlineExpired)
 	}
-	p, err := c.wait(ctx, w)
+	p, err := c.wait(ctx, w, timed && c.cfg.realClock)
 	return p, d, err
 }
 
@@ -507,8 +508,9 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 	size := int64(max(r.Size, 0))
 	if cs.queueCap > 0 && (cs.queue.n >= cs.queueCap || (cs.cfg.QueueBytes > 0 && cs.queuedBytes+size > cs.cfg.QueueBytes)) {
 		// Before refusing for a full queue, drop waiters that can no longer
-		// finish in time: no timer does, and they must not hold places
-		// that useful work could take.
+		// finish in time (their own timers do too, on the real clock, but
+		// only a millisecond late, and not on a virtual one): they must not
+		// hold places that useful work could take.
 		c.dropExpiredLocked(cs, now)
 		if tenantOn {
 			tc = cs.tenants[r.Tenant] // a dropped waiter may have been the tenant's
@@ -544,13 +546,60 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 	return nil, w, 0, 0, w.ahead
 }
 
-// wait blocks until w is granted or dropped, or ctx ends.
-func (c *Controller) wait(ctx context.Context, w *waiter) (*Permit, error) {
+// wait blocks until w is granted or dropped, or ctx ends. With timed (the
+// real clock, and the dequeue stage on), w also gives up by itself once it
+// can no longer finish by its deadline (its deadline less the class's
+// service estimate, re-read when the timer fires): it is dropped then,
+// DEADLINE_EXPIRED, rather than left to wait until its caller's context ends
+// — the caller hears an honest refusal while it still listens, and the
+// place it held in the queue (which the tap sees) is free at once. Without
+// it, such a waiter is dropped only when a slot frees or a new request
+// arrives.
+func (c *Controller) wait(ctx context.Context, w *waiter, timed bool) (*Permit, error) {
+	var giveUp <-chan time.Time
+	if timed && c.cfg.stages&StageDequeue != 0 && !w.deadline.IsZero() {
+		c.mu.Lock()
+		at := w.deadline.Add(-w.cs.est.service())
+		c.mu.Unlock()
+		timer := time.NewTimer(time.Until(at) + time.Millisecond)
+		defer timer.Stop()
+		giveUp = timer.C
+		for {
+			select {
+			case <-w.ready:
+				return c.woken(ctx, w)
+			case <-ctx.Done():
+				return c.ctxEnded(ctx, w)
+			case <-giveUp:
+			}
+			c.mu.Lock()
+			now := c.cfg.now()
+			c.advance(now) // time-driven state first: it may start w
+			if w.decided {
+				c.unlock()
+				return c.woken(ctx, w)
+			}
+			if c.expiredLocked(w.cs, w, now) {
+				c.dropWaiter(w, status.ReasonDeadlineExpired, 0, now)
+				c.unlock()
+				return c.woken(ctx, w)
+			}
+			at = w.deadline.Add(-w.cs.est.service()) // the estimate moved since
+			c.unlock()
+			timer.Reset(time.Until(at) + time.Millisecond)
+		}
+	}
 	select {
 	case <-w.ready:
 		return c.woken(ctx, w)
 	case <-ctx.Done():
+		return c.ctxEnded(ctx, w)
 	}
+}
+
+// ctxEnded ends w's wait because ctx ended, unless w was decided as it
+// did.
+func (c *Controller) ctxEnded(ctx context.Context, w *waiter) (*Permit, error) {
 	c.mu.Lock()
 	if w.decided {
 		// Decided as ctx ended: the decision stands (a granted permit is

@@ -41,7 +41,10 @@
 // no longer finish by its deadline is dropped unrun with DEADLINE_EXPIRED,
 // never started; such work is also dropped when a window closes and when a
 // new request finds the queue full, so it never holds a place useful work
-// could take. Waiting
+// could take. On the real clock (Admit and AdmitDecision, not the …At
+// methods of virtual clocks) a waiting request also gives up by a timer of
+// its own as soon as its deadline less the class's service estimate has
+// passed, so that its caller hears the refusal while it still listens. Waiting
 // requests leave the queue when their context ends. Each permit ends exactly
 // once, with [Permit.Release] after work that ran or [Permit.Abandon] after
 // work that did not run (a replay, a refusal after admission) or a stream;

@@ -215,6 +215,7 @@ type config struct {
 	mp          metric.MeterProvider
 	tp          trace.TracerProvider
 	now         func() time.Time
+	realClock   bool // now is time.Now: waiters' give-up timers may run
 	observer    func(Event)
 	check       func(error) // tests: invariant checker, called under the lock
 }
@@ -319,16 +320,17 @@ func WithObserver(f func(Event)) Option {
 // withClock makes the controller read time from now (tests; the exported
 // …At methods serve simulations).
 func withClock(now func() time.Time) Option {
-	return optionFunc(func(c *config) { c.now = now })
+	return optionFunc(func(c *config) { c.now, c.realClock = now, false })
 }
 
 func newConfig(opts []Option) (*config, error) {
 	c := &config{
-		control: true,
-		stages:  AllStages,
-		maxTTL:  time.Hour,
-		alpha:   0.2,
-		now:     time.Now,
+		control:   true,
+		stages:    AllStages,
+		maxTTL:    time.Hour,
+		alpha:     0.2,
+		now:       time.Now,
+		realClock: true,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -342,7 +344,7 @@ func newConfig(opts []Option) (*config, error) {
 		c.tp = otel.GetTracerProvider()
 	}
 	if c.now == nil {
-		c.now = time.Now
+		c.now, c.realClock = time.Now, true
 	}
 	if err := c.degradation.fill(); err != nil {
 		return nil, err
