@@ -2,11 +2,14 @@ package interceptor
 
 import (
 	"context"
+	"reflect"
 	"sync/atomic"
 
 	"github.com/tollgate-go/tollgate/internal/header"
 	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/stats"
+	"google.golang.org/protobuf/proto"
 )
 
 // delivery records what the stats handler saw of one try: whether its
@@ -37,6 +40,28 @@ type delivery struct {
 	// noPushback when absent, stopPushback when it says not to retry
 	// (negative or unparseable, as grpc-go reads it).
 	pushback atomic.Int64
+	// req is a unary try's request, when it is a protobuf message (nil for
+	// a stream's try): an RPC of another method made with the try's context
+	// that sends this very message is the try itself, its method renamed by
+	// an interceptor below tollgate's (see sideRPC). Set before the try is
+	// invoked, read by the stats handler on the sending goroutine.
+	req proto.Message
+	// sideSent is set when an RPC of another method made with the try's
+	// context may have been sent and could not be told apart from the try
+	// (no req to compare): the try may have been sent under that name.
+	sideSent atomic.Bool
+}
+
+// sideRPC is the stats handler's record of an RPC of another method than
+// its try's made with the try's context: a side RPC of an interceptor below
+// tollgate's (fetching a token, say), whose events are not the try's, or
+// the try itself under a method that interceptor renamed, which sends the
+// try's own request message.
+type sideRPC struct {
+	try *delivery
+	// isTry is set once the RPC sent the try's request: its events are the
+	// try's from then on.
+	isTry atomic.Bool
 }
 
 const (
@@ -59,6 +84,8 @@ func (d *delivery) reset(method string, tracked bool, seen *atomic.Bool) {
 	d.seen = seen
 	d.spent.Store(-1)
 	d.pushback.Store(noPushback)
+	d.req = nil
+	d.sideSent.Store(false)
 }
 
 // reported returns the units the callee reported spent, and false when it
@@ -79,7 +106,7 @@ func (d *delivery) state() status.Delivery {
 	switch {
 	case d.inTrailer.Load():
 		return status.PeerStatus
-	case d.outHeader.Load() || !d.tracked.Load():
+	case d.outHeader.Load() || !d.tracked.Load() || d.sideSent.Load():
 		return status.MaybeSent
 	default:
 		return status.NotSent
@@ -94,12 +121,15 @@ type statsHandler struct{}
 // the RPC is of another method: an interceptor below tollgate's that makes
 // a side RPC with the try's context (fetching a token, say) must not have
 // that RPC's events booked to the try, or a try it then fails before
-// sending would look sent. The side RPC gets a context that hides the
-// record (its only allocation).
+// sending would look sent. Such an RPC gets a context with a sideRPC record
+// of its own (its only allocations): if it sends the try's very request, it
+// is the try under a renamed method, and its events are the try's from
+// then on; for a try without a request to compare (a stream's), an RPC of
+// another method that may have been sent leaves the try maybe sent.
 func (statsHandler) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
 	if d, _ := ctx.Value(deliveryKey{}).(*delivery); d != nil {
 		if info != nil && info.FullMethodName != d.method {
-			return context.WithValue(ctx, deliveryKey{}, (*delivery)(nil))
+			return context.WithValue(ctx, deliveryKey{}, &sideRPC{try: d})
 		}
 		d.tracked.Store(true)
 		if d.seen != nil && !d.seen.Load() {
@@ -110,29 +140,61 @@ func (statsHandler) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.
 }
 
 func (statsHandler) HandleRPC(ctx context.Context, s stats.RPCStats) {
-	switch s.(type) {
+	switch s := s.(type) {
 	case *stats.OutHeader:
-		if d, _ := ctx.Value(deliveryKey{}).(*delivery); d != nil {
-			d.outHeader.Store(true)
+		switch r := ctx.Value(deliveryKey{}).(type) {
+		case *delivery:
+			if r != nil {
+				r.outHeader.Store(true)
+			}
+		case *sideRPC:
+			if r.try.req == nil {
+				r.try.sideSent.Store(true) // cannot tell it from the try
+			}
+		}
+	case *stats.OutPayload:
+		if r, ok := ctx.Value(deliveryKey{}).(*sideRPC); ok && r.try.req != nil {
+			if m, ok := s.Payload.(proto.Message); ok && sameMessage(m, r.try.req) {
+				r.isTry.Store(true) // the try, renamed: it was sent
+				r.try.outHeader.Store(true)
+			}
 		}
 	case *stats.InTrailer:
-		if d, _ := ctx.Value(deliveryKey{}).(*delivery); d != nil {
-			// grpc-go's trailer keys are lower case, as both keys are:
-			// index the map rather than MD.Get, which lowers the key.
-			tr := s.(*stats.InTrailer).Trailer
-			if vs, sent := tr[spentTrailerKey]; sent {
-				if n, ok := parseSpent(vs); ok {
-					d.spent.Store(n)
-				} else {
-					d.spent.Store(badSpent)
-				}
+		switch r := ctx.Value(deliveryKey{}).(type) {
+		case *delivery:
+			if r != nil {
+				r.trailer(s.Trailer)
 			}
-			if vs := tr[status.PushbackKey]; len(vs) > 0 {
-				d.pushback.Store(parsePushback(vs))
+		case *sideRPC:
+			if r.isTry.Load() {
+				r.try.trailer(s.Trailer)
 			}
-			d.inTrailer.Store(true)
 		}
 	}
+}
+
+// sameMessage reports whether a and b are the very same message: the same
+// pointer (a message of a type that is not a pointer, which no protobuf
+// implementation uses, is never taken for another).
+func sameMessage(a, b proto.Message) bool {
+	return reflect.TypeOf(a).Kind() == reflect.Pointer && a == b
+}
+
+// trailer records the peer's trailer tr: the try's status arrived.
+func (d *delivery) trailer(tr metadata.MD) {
+	// grpc-go's trailer keys are lower case, as both keys are: index the
+	// map rather than MD.Get, which lowers the key.
+	if vs, sent := tr[spentTrailerKey]; sent {
+		if n, ok := parseSpent(vs); ok {
+			d.spent.Store(n)
+		} else {
+			d.spent.Store(badSpent)
+		}
+	}
+	if vs := tr[status.PushbackKey]; len(vs) > 0 {
+		d.pushback.Store(parsePushback(vs))
+	}
+	d.inTrailer.Store(true)
 }
 
 func (statsHandler) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }

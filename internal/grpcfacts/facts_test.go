@@ -285,3 +285,43 @@ func TestTapContextBoundsStreamRecv(t *testing.T) {
 	err = st.RecvMsg(new(emptypb.Empty))
 	require.Equal(t, codes.DeadlineExceeded, grpcstatus.Code(err), "%v", err)
 }
+
+// payloadRecorder is a client stats handler that keeps the payload of the
+// OutPayload events it sees.
+type payloadRecorder struct {
+	recorder
+	mu       sync.Mutex
+	payloads []any
+}
+
+func (p *payloadRecorder) HandleRPC(_ context.Context, s stats.RPCStats) {
+	if o, ok := s.(*stats.OutPayload); ok {
+		p.mu.Lock()
+		p.payloads = append(p.payloads, o.Payload)
+		p.mu.Unlock()
+	}
+}
+
+// A unary call's OutPayload event carries the very request message given to
+// Invoke (not a copy), so a stats handler can tell a call that sends a given
+// message from one that sends another.
+func TestOutPayloadIsTheRequestMessage(t *testing.T) {
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer()
+	srv.RegisterService(&desc, func(context.Context) (*emptypb.Empty, error) { return &emptypb.Empty{}, nil })
+	go func() { _ = srv.Serve(lis) }()
+	rec := &payloadRecorder{}
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithStatsHandler(rec))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(); srv.Stop() })
+	req := &emptypb.Empty{}
+	require.NoError(t, conn.Invoke(t.Context(), "/facts.Svc/Call", req, &emptypb.Empty{}))
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	require.Len(t, rec.payloads, 1)
+	got, ok := rec.payloads[0].(*emptypb.Empty)
+	require.True(t, ok)
+	require.Same(t, req, got)
+}
