@@ -376,6 +376,12 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 			}
 			return 0, unknown("interceptor: the try's state could not be queried: " + err.Error()), true
 		}
+		if rec.GetAttemptId() != s.ID || rec.GetCall() != w.cl.key || rec.GetMethod() != w.cl.method ||
+			(state == tollgatev1.AttemptState_ATTEMPT_STATE_FENCED && rec.GetFencedThroughTry() < n) {
+			// Not an answer to the question asked: a record of another
+			// call, or a fence that does not cover the try in doubt.
+			return 0, unknown("interceptor: the callee's AttemptService answered for another call or try"), true
+		}
 		switch state {
 		case tollgatev1.AttemptState_ATTEMPT_STATE_IN_PROGRESS:
 			if !sleep(wctx, w.p.backoff(poll+1, 0)) {
