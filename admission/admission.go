@@ -517,9 +517,10 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 		}
 	}
 	switch {
-	case cs.queueCap == 0 && !tenantMayRun:
-		// Held back by its own tenant's running limit, not by the class:
-		// a tenant over its limit is not the server's overload.
+	case cs.queueCap == 0 && !tenantMayRun && c.acquire(cs, slots) != nil:
+		// Held back by its own tenant's running limit only, the class
+		// having a slot free (acquire only looks): a tenant over its limit
+		// is not the server's overload. A full class is CONCURRENCY_FULL.
 		return refuse(status.ReasonTenantLimit)
 	case cs.queueCap == 0:
 		return refuse(status.ReasonConcurrencyFull)
