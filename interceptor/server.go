@@ -570,7 +570,11 @@ func (s *serverStream) Context() context.Context { return s.ctx }
 // ServerOptions and calls this handle first from its own. Give it the
 // options given to ServerOptions or NewServerInterceptors — the trusted
 // peers, clock skew, maximum attempt time and attempt store it reads; it
-// panics on an invalid option, as ServerOptions does.
+// panics on an invalid option, as ServerOptions does. Called without
+// options, as before they were taken, it cannot know the server's
+// configuration: it trusts no peer and bounds no stream (see below). The
+// trust function runs here too, on the connection's reader goroutine, for
+// requests that carry a tollgate header: keep it cheap.
 //
 // The handle runs the controller's allocation-free check
 // (Controller.TapHandle), before the request is read, and on refusal adds
@@ -578,11 +582,11 @@ func (s *serverStream) Context() context.Context { return s.ctx }
 // that the caller can tell the refusal answers the very try it sent and
 // refund its grant.
 //
-// It also bounds the stream's own context, which grpc-go's RecvMsg waits
-// on, by the time the request may live, as the handler's context is: the
-// attempt's deadline (a trusted peer's, capped by the maximum attempt time
-// from now, or that maximum) plus the skew, when the request carries no
-// earlier grpc-timeout. The handler's context ends then already;
+// Given the server's options, it also bounds the stream's own context of a
+// request it lets in, which grpc-go's RecvMsg waits on, by the time the
+// request may live, as the handler's context is: the attempt's deadline (a
+// trusted peer's, capped by the maximum attempt time from now, or that
+// maximum) plus the skew, when the request carries no earlier grpc-timeout. The handler's context ends then already;
 // without the bound, a client-streaming or bidi call whose client opened
 // the stream and sent nothing would keep waiting in RecvMsg, holding its
 // admission slot, for as long as the client kept the stream open. Control
@@ -603,11 +607,12 @@ func AdmissionTap(ctrl *admission.Controller, opts ...ServerOption) tap.ServerIn
 	if err != nil {
 		panic(err)
 	}
-	return sv.tapHandle(ctrl)
+	return sv.tapHandle(ctrl, len(opts) > 0)
 }
 
-// tapHandle is AdmissionTap for ctrl under sv's configuration.
-func (sv *server) tapHandle(ctrl *admission.Controller) tap.ServerInHandle {
+// tapHandle is AdmissionTap for ctrl under sv's configuration; bound says
+// whether it bounds streams (it knows the server's configuration).
+func (sv *server) tapHandle(ctrl *admission.Controller, bound bool) tap.ServerInHandle {
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
 		var (
 			h       header.Header
@@ -623,26 +628,33 @@ func (sv *server) tapHandle(ctrl *admission.Controller) tap.ServerInHandle {
 		if honored {
 			d, _ = h.DeadlineTime()
 		}
-		if !isControl(info.FullMethodName) {
-			// As the interceptor's handler deadline: the attempt's
-			// deadline plus the skew, the attempt's deadline being the
-			// caller's (capped by the maximum) or the maximum from now.
-			bound := now.Add(sv.cfg.maxAttemptTime)
-			if !d.IsZero() {
-				bound = minTime(bound, d)
+		admitted, err := ctrl.TapHandle(ctx, info)
+		if err == nil {
+			if bound && !isControl(info.FullMethodName) {
+				// As the interceptor's handler deadline: the attempt's
+				// deadline plus the skew, the attempt's deadline being the
+				// caller's (capped by the maximum) or the maximum from now.
+				// Only for a request the tap lets in: grpc-go drops the
+				// context of a refused one without cancelling its parent,
+				// which would keep the timer, and what the context holds,
+				// alive until the bound.
+				limit := now.Add(sv.cfg.maxAttemptTime)
+				if !d.IsZero() {
+					limit = minTime(limit, d)
+				}
+				limit = limit.Add(sv.cfg.skew)
+				if dl, ok := admitted.Deadline(); limit.After(now) && (!ok || limit.Before(dl)) {
+					// cancel is not called: the bounded context is
+					// released with its parent, the stream's context,
+					// which grpc-go cancels when the stream ends.
+					bounded, cancel := context.WithDeadline(admitted, limit)
+					_ = cancel
+					admitted = bounded
+				}
 			}
-			bound = bound.Add(sv.cfg.skew)
-			if dl, ok := ctx.Deadline(); bound.After(now) && (!ok || bound.Before(dl)) {
-				// cancel is not called: the bounded context is released
-				// with its parent, the stream's context, which grpc-go
-				// cancels when the stream ends.
-				bounded, cancel := context.WithDeadline(ctx, bound)
-				_ = cancel
-				ctx = bounded
-			}
+			return admitted, nil
 		}
-		ctx, err := ctrl.TapHandle(ctx, info)
-		if err == nil || !honored {
+		if !honored {
 			return ctx, err
 		}
 		id := status.WithAttempt(h.Attempt, h.Call, h.Try)
@@ -686,7 +698,7 @@ func NewServerOptions(opts ...ServerOption) ([]grpc.ServerOption, error) {
 		grpc.MaxConcurrentStreams(cfg.maxStreams),
 	}
 	if cfg.admission != nil && cfg.admissionTap {
-		out = append(out, grpc.InTapHandle(sv.tapHandle(cfg.admission)))
+		out = append(out, grpc.InTapHandle(sv.tapHandle(cfg.admission, true)))
 	}
 	return out, nil
 }
