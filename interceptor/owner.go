@@ -172,7 +172,6 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		if n == 1 && w.tgt.budget != nil {
 			w.tgt.budget.Deposit()
 		}
-		t.delivery.req, _ = req.(proto.Message)
 		err = w.invoker(tctx, w.cl.method, req, reply, w.cc, opts...)
 		d := c.finish(s, key, t, err)
 		w.pushback = t.delivery.pushback.Load()

@@ -2,14 +2,12 @@ package interceptor
 
 import (
 	"context"
-	"reflect"
 	"sync/atomic"
 
 	"github.com/tollgate-go/tollgate/internal/header"
 	"github.com/tollgate-go/tollgate/status"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/stats"
-	"google.golang.org/protobuf/proto"
 )
 
 // delivery records what the stats handler saw of one try: whether its
@@ -40,28 +38,25 @@ type delivery struct {
 	// noPushback when absent, stopPushback when it says not to retry
 	// (negative or unparseable, as grpc-go reads it).
 	pushback atomic.Int64
-	// req is a unary try's request, when it is a protobuf message (nil for
-	// a stream's try): an RPC of another method made with the try's context
-	// that sends this very message is the try itself, its method renamed by
-	// an interceptor below tollgate's (see sideRPC). Set before the try is
-	// invoked, read by the stats handler on the sending goroutine.
-	req proto.Message
+	// own is set when an RPC of the try's own method started with its
+	// context (TagRPC): the try itself reached the transport.
+	own atomic.Bool
 	// sideSent is set when an RPC of another method made with the try's
-	// context may have been sent and could not be told apart from the try
-	// (no req to compare): the try may have been sent under that name.
+	// context may have been sent (see sideRPC).
 	sideSent atomic.Bool
 }
 
 // sideRPC is the stats handler's record of an RPC of another method than
-// its try's made with the try's context: a side RPC of an interceptor below
-// tollgate's (fetching a token, say), whose events are not the try's, or
-// the try itself under a method that interceptor renamed, which sends the
-// try's own request message.
+// its try's made with the try's context, by an interceptor below
+// tollgate's: a side RPC (fetching a token, say), or the try itself under a
+// method that interceptor renamed (a versioned or legacy path). Nothing the
+// stats handler sees tells them apart for sure — a renamed try may send a
+// copy of the request, a side RPC the request itself — so such an RPC's
+// events are never booked to the try; but when it may have been sent and
+// no RPC of the try's own method started, the try may have been sent under
+// the other name, and counts as maybe sent.
 type sideRPC struct {
 	try *delivery
-	// isTry is set once the RPC sent the try's request: its events are the
-	// try's from then on.
-	isTry atomic.Bool
 }
 
 const (
@@ -84,7 +79,7 @@ func (d *delivery) reset(method string, tracked bool, seen *atomic.Bool) {
 	d.seen = seen
 	d.spent.Store(-1)
 	d.pushback.Store(noPushback)
-	d.req = nil
+	d.own.Store(false)
 	d.sideSent.Store(false)
 }
 
@@ -106,7 +101,7 @@ func (d *delivery) state() status.Delivery {
 	switch {
 	case d.inTrailer.Load():
 		return status.PeerStatus
-	case d.outHeader.Load() || !d.tracked.Load() || d.sideSent.Load():
+	case d.outHeader.Load() || !d.tracked.Load() || (d.sideSent.Load() && !d.own.Load()):
 		return status.MaybeSent
 	default:
 		return status.NotSent
@@ -122,16 +117,16 @@ type statsHandler struct{}
 // a side RPC with the try's context (fetching a token, say) must not have
 // that RPC's events booked to the try, or a try it then fails before
 // sending would look sent. Such an RPC gets a context with a sideRPC record
-// of its own (its only allocations): if it sends the try's very request, it
-// is the try under a renamed method, and its events are the try's from
-// then on; for a try without a request to compare (a stream's), an RPC of
-// another method that may have been sent leaves the try maybe sent.
+// of its own (its only allocations), which keeps its events apart; it may
+// still be the try renamed, so if it may have been sent and the try's own
+// method never started, the try is maybe sent (see sideRPC).
 func (statsHandler) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
 	if d, _ := ctx.Value(deliveryKey{}).(*delivery); d != nil {
 		if info != nil && info.FullMethodName != d.method {
 			return context.WithValue(ctx, deliveryKey{}, &sideRPC{try: d})
 		}
 		d.tracked.Store(true)
+		d.own.Store(true)
 		if d.seen != nil && !d.seen.Load() {
 			d.seen.Store(true)
 		}
@@ -148,36 +143,13 @@ func (statsHandler) HandleRPC(ctx context.Context, s stats.RPCStats) {
 				r.outHeader.Store(true)
 			}
 		case *sideRPC:
-			if r.try.req == nil {
-				r.try.sideSent.Store(true) // cannot tell it from the try
-			}
-		}
-	case *stats.OutPayload:
-		if r, ok := ctx.Value(deliveryKey{}).(*sideRPC); ok && r.try.req != nil {
-			if m, ok := s.Payload.(proto.Message); ok && sameMessage(m, r.try.req) {
-				r.isTry.Store(true) // the try, renamed: it was sent
-				r.try.outHeader.Store(true)
-			}
+			r.try.sideSent.Store(true) // it may be the try, renamed
 		}
 	case *stats.InTrailer:
-		switch r := ctx.Value(deliveryKey{}).(type) {
-		case *delivery:
-			if r != nil {
-				r.trailer(s.Trailer)
-			}
-		case *sideRPC:
-			if r.isTry.Load() {
-				r.try.trailer(s.Trailer)
-			}
+		if r, _ := ctx.Value(deliveryKey{}).(*delivery); r != nil {
+			r.trailer(s.Trailer)
 		}
 	}
-}
-
-// sameMessage reports whether a and b are the very same message: the same
-// pointer (a message of a type that is not a pointer, which no protobuf
-// implementation uses, is never taken for another).
-func sameMessage(a, b proto.Message) bool {
-	return reflect.TypeOf(a).Kind() == reflect.Pointer && a == b
 }
 
 // trailer records the peer's trailer tr: the try's status arrived.
