@@ -214,9 +214,9 @@ func (sv *server) admit(ctx context.Context, method string, in *inbound, req any
 // deadline (with the skew) has not passed, a later try may fit.
 func (sv *server) tryDeadlineOnly(err error, in *inbound) error {
 	o := status.OutcomeOf(err)
-	attemptEnd := in.s.Deadline.Add(sv.cfg.skew)
-	if o.Reason != status.ReasonDeadlineExpired || !o.Final() || !in.until.Before(attemptEnd) || !sv.cfg.now().Before(attemptEnd) {
-		return err // not final only when the try's own deadline, not the attempt's, was lost
+	if o.Reason != status.ReasonDeadlineExpired || !o.Final() || !in.until.Before(in.s.Deadline) ||
+		!sv.cfg.now().Before(in.s.Deadline.Add(sv.cfg.skew)) {
+		return err // not final only when the try's own deadline, before the attempt's, was lost
 	}
 	ra, _ := status.RetryAfter(err)
 	return status.NotAdmitted(status.ReasonDeadlineExpired, status.Fields{
