@@ -75,7 +75,7 @@ func (d *delivery) reset(method string, tracked bool, seen *atomic.Bool) {
 	d.method = method
 	d.outHeader.Store(false)
 	d.inTrailer.Store(false)
-	d.tracked.Store(tracked || seen.Load())
+	d.tracked.Store(tracked || (seen != nil && seen.Load()))
 	d.seen = seen
 	d.spent.Store(-1)
 	d.pushback.Store(noPushback)

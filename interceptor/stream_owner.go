@@ -96,7 +96,7 @@ func (cs *clientStream) tryFromLocked(n uint32) bool {
 		cs.counted++
 		// A fresh call per try, so that a late stats event of an earlier
 		// try cannot mark this one's delivery record.
-		tcl := &call{s: w.cl.s, key: w.cl.key, method: w.cl.method}
+		tcl := &call{s: w.cl.s, key: w.cl.key, method: w.cl.method, seen: w.cl.seen}
 		tctx, t, err := c.prepare(cs.ctx, tcl, n, &cs.p, c.cfg.now())
 		if err != nil {
 			cs.endLocked(n, w.conclude(n, err))
