@@ -479,6 +479,14 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 			(cs.cfg.TenantQueueWork > 0 && tc.work+work > int64(cs.cfg.TenantQueueWork)) {
 			return refuse(status.ReasonTenantLimit)
 		}
+		if !tenantMayRun && cs.queueCap == 0 && c.acquire(cs, slots) != nil {
+			// Held back by its own tenant's running limit only, in a class
+			// without a queue that has a slot free (acquire only looks):
+			// it cannot wait, and a tenant over its limit is not the
+			// server's overload — decided before the deadline stage, whose
+			// predicted wait such a request would never have.
+			return refuse(status.ReasonTenantLimit)
+		}
 	}
 	if c.cfg.stages&StageDeadline != 0 && !r.Deadline.IsZero() {
 		if now.After(r.Deadline) {
@@ -517,11 +525,6 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 		}
 	}
 	switch {
-	case cs.queueCap == 0 && !tenantMayRun && c.acquire(cs, slots) != nil:
-		// Held back by its own tenant's running limit only, the class
-		// having a slot free (acquire only looks): a tenant over its limit
-		// is not the server's overload. A full class is CONCURRENCY_FULL.
-		return refuse(status.ReasonTenantLimit)
 	case cs.queueCap == 0:
 		return refuse(status.ReasonConcurrencyFull)
 	case cs.queue.n >= cs.queueCap:
