@@ -1,0 +1,168 @@
+package interceptor_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/budget"
+	"github.com/tollgate-go/tollgate/interceptor"
+	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
+	"github.com/tollgate-go/tollgate/internal/testsvc"
+	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+)
+
+// Every option rejects what it cannot mean, at construction, with an error
+// wrapping ErrInvalidOption that names the option's value; the edges it
+// accepts are accepted.
+func TestOptionsRejectInvalidValues(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opt  interceptor.ClientOption
+		ok   bool
+	}{
+		{"allowance -1", interceptor.WithAllowance(-1), false},
+		{"allowance 0", interceptor.WithAllowance(0), true},
+		{"allowance 1,000,001", interceptor.WithAllowance(1_000_001), false},
+		{"attempt timeout 0", interceptor.WithAttemptTimeout(0), false},
+		{"attempt timeout -1s", interceptor.WithAttemptTimeout(-time.Second), false},
+		{"hop margin -1ms", interceptor.WithHopMargin(-time.Millisecond), false},
+		{"hop margin 0", interceptor.WithHopMargin(0), true},
+		{"min try time -1ms", interceptor.WithMinTryTime(-time.Millisecond), false},
+		{"min try time 0", interceptor.WithMinTryTime(0), true},
+		{"resolution grace -1s", interceptor.WithResolutionGrace(-time.Second), false},
+		{"resolution grace 2m", interceptor.WithResolutionGrace(2 * time.Minute), false},
+		{"resolution grace 1m", interceptor.WithResolutionGrace(time.Minute), true},
+		{"nil tracer provider", interceptor.WithClientTracerProvider(nil), false},
+		{"nil meter provider", interceptor.WithClientMeterProvider(nil), false},
+		{"retry MaxTries 11", interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 11}), false},
+		{"retry negative backoff", interceptor.WithRetry(interceptor.RetryPolicy{InitialBackoff: -1}), false},
+		{"retry negative per-try", interceptor.WithRetry(interceptor.RetryPolicy{PerTryTimeout: -1}), false},
+		{"retry max below initial", interceptor.WithRetry(interceptor.RetryPolicy{InitialBackoff: time.Second, MaxBackoff: time.Millisecond}), false},
+	} {
+		t.Run("client/"+tc.name, func(t *testing.T) {
+			_, err := interceptor.NewDialOptions(tc.opt)
+			if tc.ok {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, interceptor.ErrInvalidOption)
+			require.True(t, strings.HasPrefix(err.Error(), "interceptor: "), "messages name the package: %v", err)
+		})
+	}
+	for _, tc := range []struct {
+		name string
+		opts []interceptor.ServerOption
+		ok   bool
+	}{
+		{"nil tenant function", []interceptor.ServerOption{interceptor.WithTenant(nil)}, false},
+		{"nil trusted-peer function", []interceptor.ServerOption{interceptor.WithTrustedPeer(nil)}, false},
+		{"max allowance -1", []interceptor.ServerOption{interceptor.WithMaxAllowance(-1)}, false},
+		{"max allowance 1,000,001", []interceptor.ServerOption{interceptor.WithMaxAllowance(1_000_001)}, false},
+		{"default allowance over the maximum", []interceptor.ServerOption{interceptor.WithMaxAllowance(10), interceptor.WithDefaultAllowance(11)}, false},
+		{"default allowance -1", []interceptor.ServerOption{interceptor.WithDefaultAllowance(-1)}, false},
+		{"default allowance 0", []interceptor.ServerOption{interceptor.WithDefaultAllowance(0)}, true},
+		{"max attempt time 0", []interceptor.ServerOption{interceptor.WithMaxAttemptTime(0)}, false},
+		{"clock skew 2m", []interceptor.ServerOption{interceptor.WithClockSkew(2 * time.Minute)}, false},
+		{"clock skew 0", []interceptor.ServerOption{interceptor.WithClockSkew(0)}, true},
+		{"max recv msg size 0", []interceptor.ServerOption{interceptor.WithMaxRecvMsgSize(0)}, false},
+		{"max recv msg size -1", []interceptor.ServerOption{interceptor.WithMaxRecvMsgSize(-1)}, false},
+		{"max concurrent streams 0", []interceptor.ServerOption{interceptor.WithMaxConcurrentStreams(0)}, false},
+		{"max concurrent streams 1", []interceptor.ServerOption{interceptor.WithMaxConcurrentStreams(1)}, true},
+		{"nil tracer provider", []interceptor.ServerOption{interceptor.WithServerTracerProvider(nil)}, false},
+		{"nil meter provider", []interceptor.ServerOption{interceptor.WithServerMeterProvider(nil)}, false},
+	} {
+		t.Run("server/"+tc.name, func(t *testing.T) {
+			_, err := interceptor.NewServerOptions(tc.opts...)
+			if tc.ok {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, interceptor.ErrInvalidOption)
+			require.True(t, strings.HasPrefix(err.Error(), "interceptor: "), "messages name the package: %v", err)
+			require.Panics(t, func() { interceptor.ServerOptions(tc.opts...) }, "ServerOptions panics as regexp.MustCompile does")
+		})
+	}
+}
+
+// WithDefaultAllowance is the allowance of an attempt that starts at the
+// server: a caller it does not trust gets it, whatever its header says.
+func TestDefaultAllowanceForAnUntrustedCaller(t *testing.T) {
+	totals := make(chan int64, 1)
+	svc := &testsvc.Service{GetFunc: func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		a, _ := budget.FromContext(ctx)
+		totals <- a.Snapshot().Total
+		return &testingv1.GetResponse{}, nil
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, interceptor.ServerOptions(interceptor.WithDefaultAllowance(7))...)
+	c := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(interceptor.WithAllowance(40))...))
+	_, err := c.Get(t.Context(), &testingv1.GetRequest{})
+	require.NoError(t, err)
+	require.Equal(t, int64(7), <-totals, "an untrusted caller's grant is not used; the server's default is")
+}
+
+// WithMaxRecvMsgSize bounds a request before any interceptor sees it.
+func TestMaxRecvMsgSizeBoundsRequests(t *testing.T) {
+	svc := &testsvc.Service{GetFunc: func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		return &testingv1.GetResponse{}, nil
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, interceptor.ServerOptions(interceptor.WithMaxRecvMsgSize(1024))...)
+	c := testingv1.NewTestServiceClient(end.DialT(t))
+	_, err := c.Get(t.Context(), &testingv1.GetRequest{Key: strings.Repeat("k", 2048)})
+	require.Equal(t, codes.ResourceExhausted, grpcstatus.Code(err), "%v", err)
+	require.Zero(t, svc.Calls("Get"))
+	_, err = c.Get(t.Context(), &testingv1.GetRequest{Key: "k"})
+	require.NoError(t, err)
+}
+
+// WithMaxConcurrentStreams bounds the streams one connection may have open:
+// a second stream waits, on the client, for the first to end.
+func TestMaxConcurrentStreamsBoundsAConnection(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	opened := make(chan struct{}, 2)
+	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+		opened <- struct{}{}
+		<-release
+		return nil
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, interceptor.ServerOptions(interceptor.WithMaxConcurrentStreams(1))...)
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	c := testingv1.NewTestServiceClient(end.DialT(t))
+	first, err := c.Chat(t.Context())
+	require.NoError(t, err)
+	require.NoError(t, first.Send(&testingv1.ChatRequest{}))
+	<-opened
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	second, err := c.Chat(ctx)
+	if err == nil {
+		_, err = second.Recv()
+	}
+	require.Equal(t, codes.DeadlineExceeded, grpcstatus.Code(err), "the second stream waited for a free stream: %v", err)
+	require.Len(t, opened, 0, "the second stream never reached its handler")
+	once.Do(func() { close(release) })
+}
+
+// WithMinTryTime: a try whose remaining time (after the hop margin) is under
+// it is refused locally, DEADLINE_UNREACHABLE; nothing is sent.
+func TestMinTryTimeRefusesShortTriesLocally(t *testing.T) {
+	svc := &testsvc.Service{GetFunc: func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		return &testingv1.GetResponse{}, nil
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	c := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithAttemptTimeout(50*time.Millisecond), interceptor.WithMinTryTime(100*time.Millisecond))...))
+	_, err := c.Get(t.Context(), &testingv1.GetRequest{})
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
+	require.Equal(t, status.ReasonDeadlineUnreachable, o.Reason)
+	require.True(t, o.Final())
+	require.Zero(t, svc.Calls("Get"), "nothing was sent")
+}
