@@ -116,6 +116,7 @@ type Service struct {
 	WatchFunc  func(*testingv1.WatchRequest, grpc.ServerStreamingServer[testingv1.WatchResponse]) error
 	UploadFunc func(grpc.ClientStreamingServer[testingv1.UploadRequest, testingv1.UploadResponse]) error
 	ChatFunc   func(grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error
+	LookupFunc func(grpc.BidiStreamingServer[testingv1.LookupRequest, testingv1.LookupResponse]) error
 
 	mu    sync.Mutex
 	calls map[string]*atomic.Int64
@@ -202,6 +203,15 @@ func (s *Service) Chat(st grpc.BidiStreamingServer[testingv1.ChatRequest, testin
 		return errUnimplemented
 	}
 	return s.ChatFunc(st)
+}
+
+// Lookup implements testingv1.TestServiceServer.
+func (s *Service) Lookup(st grpc.BidiStreamingServer[testingv1.LookupRequest, testingv1.LookupResponse]) error {
+	s.count("Lookup")
+	if s.LookupFunc == nil {
+		return errUnimplemented
+	}
+	return s.LookupFunc(st)
 }
 
 // DrainUpload reads an upload stream to its end and returns the count of

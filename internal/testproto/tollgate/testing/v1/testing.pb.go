@@ -707,6 +707,98 @@ func (x *ConsumeResponse) GetValue() string {
 	return ""
 }
 
+// LookupRequest is one request of a lookup.
+type LookupRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// key to look up.
+	Key           string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LookupRequest) Reset() {
+	*x = LookupRequest{}
+	mi := &file_tollgate_testing_v1_testing_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LookupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LookupRequest) ProtoMessage() {}
+
+func (x *LookupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tollgate_testing_v1_testing_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LookupRequest.ProtoReflect.Descriptor instead.
+func (*LookupRequest) Descriptor() ([]byte, []int) {
+	return file_tollgate_testing_v1_testing_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *LookupRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+// LookupResponse is one response of a lookup.
+type LookupResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// value found.
+	Value         string `protobuf:"bytes,1,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LookupResponse) Reset() {
+	*x = LookupResponse{}
+	mi := &file_tollgate_testing_v1_testing_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LookupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LookupResponse) ProtoMessage() {}
+
+func (x *LookupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tollgate_testing_v1_testing_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LookupResponse.ProtoReflect.Descriptor instead.
+func (*LookupResponse) Descriptor() ([]byte, []int) {
+	return file_tollgate_testing_v1_testing_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *LookupResponse) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
 var File_tollgate_testing_v1_testing_proto protoreflect.FileDescriptor
 
 const file_tollgate_testing_v1_testing_proto_rawDesc = "" +
@@ -745,7 +837,11 @@ const file_tollgate_testing_v1_testing_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x05R\x05count\"'\n" +
 	"\x0fConsumeResponse\x12\x14\n" +
-	"\x05value\x18\x01 \x01(\tR\x05value2\xd0\x04\n" +
+	"\x05value\x18\x01 \x01(\tR\x05value\"!\n" +
+	"\rLookupRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\"&\n" +
+	"\x0eLookupResponse\x12\x14\n" +
+	"\x05value\x18\x01 \x01(\tR\x05value2\xac\x05\n" +
 	"\vTestService\x12M\n" +
 	"\x03Get\x12\x1f.tollgate.testing.v1.GetRequest\x1a .tollgate.testing.v1.GetResponse\"\x03\x90\x02\x01\x12M\n" +
 	"\x03Put\x12\x1f.tollgate.testing.v1.PutRequest\x1a .tollgate.testing.v1.PutResponse\"\x03\x90\x02\x02\x12N\n" +
@@ -753,7 +849,8 @@ const file_tollgate_testing_v1_testing_proto_rawDesc = "" +
 	"\x05Watch\x12!.tollgate.testing.v1.WatchRequest\x1a\".tollgate.testing.v1.WatchResponse\"\x03\x90\x02\x010\x01\x12S\n" +
 	"\x06Upload\x12\".tollgate.testing.v1.UploadRequest\x1a#.tollgate.testing.v1.UploadResponse(\x01\x12O\n" +
 	"\x04Chat\x12 .tollgate.testing.v1.ChatRequest\x1a!.tollgate.testing.v1.ChatResponse(\x010\x01\x12V\n" +
-	"\aConsume\x12#.tollgate.testing.v1.ConsumeRequest\x1a$.tollgate.testing.v1.ConsumeResponse0\x01BRZPgithub.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1;testingv1b\x06proto3"
+	"\aConsume\x12#.tollgate.testing.v1.ConsumeRequest\x1a$.tollgate.testing.v1.ConsumeResponse0\x01\x12Z\n" +
+	"\x06Lookup\x12\".tollgate.testing.v1.LookupRequest\x1a#.tollgate.testing.v1.LookupResponse\"\x03\x90\x02\x01(\x010\x01BRZPgithub.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1;testingv1b\x06proto3"
 
 var (
 	file_tollgate_testing_v1_testing_proto_rawDescOnce sync.Once
@@ -767,7 +864,7 @@ func file_tollgate_testing_v1_testing_proto_rawDescGZIP() []byte {
 	return file_tollgate_testing_v1_testing_proto_rawDescData
 }
 
-var file_tollgate_testing_v1_testing_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_tollgate_testing_v1_testing_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_tollgate_testing_v1_testing_proto_goTypes = []any{
 	(*GetRequest)(nil),      // 0: tollgate.testing.v1.GetRequest
 	(*GetResponse)(nil),     // 1: tollgate.testing.v1.GetResponse
@@ -783,6 +880,8 @@ var file_tollgate_testing_v1_testing_proto_goTypes = []any{
 	(*ChatResponse)(nil),    // 11: tollgate.testing.v1.ChatResponse
 	(*ConsumeRequest)(nil),  // 12: tollgate.testing.v1.ConsumeRequest
 	(*ConsumeResponse)(nil), // 13: tollgate.testing.v1.ConsumeResponse
+	(*LookupRequest)(nil),   // 14: tollgate.testing.v1.LookupRequest
+	(*LookupResponse)(nil),  // 15: tollgate.testing.v1.LookupResponse
 }
 var file_tollgate_testing_v1_testing_proto_depIdxs = []int32{
 	0,  // 0: tollgate.testing.v1.TestService.Get:input_type -> tollgate.testing.v1.GetRequest
@@ -792,15 +891,17 @@ var file_tollgate_testing_v1_testing_proto_depIdxs = []int32{
 	8,  // 4: tollgate.testing.v1.TestService.Upload:input_type -> tollgate.testing.v1.UploadRequest
 	10, // 5: tollgate.testing.v1.TestService.Chat:input_type -> tollgate.testing.v1.ChatRequest
 	12, // 6: tollgate.testing.v1.TestService.Consume:input_type -> tollgate.testing.v1.ConsumeRequest
-	1,  // 7: tollgate.testing.v1.TestService.Get:output_type -> tollgate.testing.v1.GetResponse
-	3,  // 8: tollgate.testing.v1.TestService.Put:output_type -> tollgate.testing.v1.PutResponse
-	5,  // 9: tollgate.testing.v1.TestService.Apply:output_type -> tollgate.testing.v1.ApplyResponse
-	7,  // 10: tollgate.testing.v1.TestService.Watch:output_type -> tollgate.testing.v1.WatchResponse
-	9,  // 11: tollgate.testing.v1.TestService.Upload:output_type -> tollgate.testing.v1.UploadResponse
-	11, // 12: tollgate.testing.v1.TestService.Chat:output_type -> tollgate.testing.v1.ChatResponse
-	13, // 13: tollgate.testing.v1.TestService.Consume:output_type -> tollgate.testing.v1.ConsumeResponse
-	7,  // [7:14] is the sub-list for method output_type
-	0,  // [0:7] is the sub-list for method input_type
+	14, // 7: tollgate.testing.v1.TestService.Lookup:input_type -> tollgate.testing.v1.LookupRequest
+	1,  // 8: tollgate.testing.v1.TestService.Get:output_type -> tollgate.testing.v1.GetResponse
+	3,  // 9: tollgate.testing.v1.TestService.Put:output_type -> tollgate.testing.v1.PutResponse
+	5,  // 10: tollgate.testing.v1.TestService.Apply:output_type -> tollgate.testing.v1.ApplyResponse
+	7,  // 11: tollgate.testing.v1.TestService.Watch:output_type -> tollgate.testing.v1.WatchResponse
+	9,  // 12: tollgate.testing.v1.TestService.Upload:output_type -> tollgate.testing.v1.UploadResponse
+	11, // 13: tollgate.testing.v1.TestService.Chat:output_type -> tollgate.testing.v1.ChatResponse
+	13, // 14: tollgate.testing.v1.TestService.Consume:output_type -> tollgate.testing.v1.ConsumeResponse
+	15, // 15: tollgate.testing.v1.TestService.Lookup:output_type -> tollgate.testing.v1.LookupResponse
+	8,  // [8:16] is the sub-list for method output_type
+	0,  // [0:8] is the sub-list for method input_type
 	0,  // [0:0] is the sub-list for extension type_name
 	0,  // [0:0] is the sub-list for extension extendee
 	0,  // [0:0] is the sub-list for field type_name
@@ -817,7 +918,7 @@ func file_tollgate_testing_v1_testing_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tollgate_testing_v1_testing_proto_rawDesc), len(file_tollgate_testing_v1_testing_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

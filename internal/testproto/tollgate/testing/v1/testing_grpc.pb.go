@@ -32,6 +32,7 @@ const (
 	TestService_Upload_FullMethodName  = "/tollgate.testing.v1.TestService/Upload"
 	TestService_Chat_FullMethodName    = "/tollgate.testing.v1.TestService/Chat"
 	TestService_Consume_FullMethodName = "/tollgate.testing.v1.TestService/Consume"
+	TestService_Lookup_FullMethodName  = "/tollgate.testing.v1.TestService/Lookup"
 )
 
 // TestServiceClient is the client API for TestService service.
@@ -57,6 +58,9 @@ type TestServiceClient interface {
 	// unlike Watch it changes state each time it runs (the items taken are
 	// gone), so it keeps records.
 	Consume(ctx context.Context, in *ConsumeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ConsumeResponse], error)
+	// Lookup exchanges streams both ways, like Chat, without side effects: it
+	// may be repeated freely until a response commits it.
+	Lookup(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[LookupRequest, LookupResponse], error)
 }
 
 type testServiceClient struct {
@@ -161,6 +165,19 @@ func (c *testServiceClient) Consume(ctx context.Context, in *ConsumeRequest, opt
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type TestService_ConsumeClient = grpc.ServerStreamingClient[ConsumeResponse]
 
+func (c *testServiceClient) Lookup(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[LookupRequest, LookupResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &TestService_ServiceDesc.Streams[4], TestService_Lookup_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[LookupRequest, LookupResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type TestService_LookupClient = grpc.BidiStreamingClient[LookupRequest, LookupResponse]
+
 // TestServiceServer is the server API for TestService service.
 // All implementations must embed UnimplementedTestServiceServer
 // for forward compatibility.
@@ -184,6 +201,9 @@ type TestServiceServer interface {
 	// unlike Watch it changes state each time it runs (the items taken are
 	// gone), so it keeps records.
 	Consume(*ConsumeRequest, grpc.ServerStreamingServer[ConsumeResponse]) error
+	// Lookup exchanges streams both ways, like Chat, without side effects: it
+	// may be repeated freely until a response commits it.
+	Lookup(grpc.BidiStreamingServer[LookupRequest, LookupResponse]) error
 	mustEmbedUnimplementedTestServiceServer()
 }
 
@@ -214,6 +234,9 @@ func (UnimplementedTestServiceServer) Chat(grpc.BidiStreamingServer[ChatRequest,
 }
 func (UnimplementedTestServiceServer) Consume(*ConsumeRequest, grpc.ServerStreamingServer[ConsumeResponse]) error {
 	return status.Error(codes.Unimplemented, "method Consume not implemented")
+}
+func (UnimplementedTestServiceServer) Lookup(grpc.BidiStreamingServer[LookupRequest, LookupResponse]) error {
+	return status.Error(codes.Unimplemented, "method Lookup not implemented")
 }
 func (UnimplementedTestServiceServer) mustEmbedUnimplementedTestServiceServer() {}
 func (UnimplementedTestServiceServer) testEmbeddedByValue()                     {}
@@ -326,6 +349,13 @@ func _TestService_Consume_Handler(srv interface{}, stream grpc.ServerStream) err
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type TestService_ConsumeServer = grpc.ServerStreamingServer[ConsumeResponse]
 
+func _TestService_Lookup_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(TestServiceServer).Lookup(&grpc.GenericServerStream[LookupRequest, LookupResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type TestService_LookupServer = grpc.BidiStreamingServer[LookupRequest, LookupResponse]
+
 // TestService_ServiceDesc is the grpc.ServiceDesc for TestService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -367,6 +397,12 @@ var TestService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Consume",
 			Handler:       _TestService_Consume_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "Lookup",
+			Handler:       _TestService_Lookup_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "tollgate/testing/v1/testing.proto",
