@@ -21,7 +21,8 @@
 //   - a tombstone FENCED(n) stops tries ≤ n and lets try n+1 start, keeping
 //     the units the call spent;
 //   - a request with a different fingerprint is a mismatch;
-//   - a try after d + skew is refused (deadline expired);
+//   - a try at or after d + skew, when its lease would already have ended, is
+//     refused (deadline expired);
 //   - an attempt outside the horizon is unverifiable.
 //
 // After the handler the server finishes the try ([Store.Finish]): SUCCEEDED

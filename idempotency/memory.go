@@ -221,7 +221,7 @@ func (s *MemoryStore) Begin(ctx context.Context, req BeginRequest) (BeginResult,
 			return BeginResult{Refusal: RefusedFinished, Record: r.proto(now)}, nil
 		}
 	}
-	if now > deadline+skew {
+	if now >= deadline+skew { // the lease (d + skew) has ended: the try could never finish
 		return BeginResult{Refusal: RefusedDeadlineExpired}, nil
 	}
 	if r == nil {

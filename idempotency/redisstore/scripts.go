@@ -105,7 +105,7 @@ if v then
   if try <= tonumber(v[4]) then return reply(4, v, now) end
   units, fen = v[10], v[4]
 end
-if now > dl + skew then return {6} end
+if now >= dl + skew then return {6} end
 if not v and now >= ts - skew + ttl then return {7} end
 local exp = math.max(now + ttl, dl + skew + grace)
 redis.call('HSET', KEYS[2], 'st', IN_PROGRESS, 'fp', fp, 'try', n(try), 'fen', fen, 'code', '0', 'msg', '',

@@ -473,10 +473,13 @@ func testMismatch(e *env) {
 
 func testDeadlineExpired(e *env) {
 	k := e.key()
-	d := e.clock.Now().Add(-e.p.Skew) // d + skew is now: still in time
+	d := e.clock.Now().Add(-e.p.Skew + time.Millisecond) // d + skew is a millisecond away: still in time
 	e.mustStart(k, 1, d)
 	k2 := e.key()
 	k2.Call = "1"
+	// At d + skew exactly the try's lease (d + skew) has ended: a try begun
+	// then would read ABANDONED at once and could never be finished, so it
+	// is refused, as the interceptor refuses it.
 	res := e.begin(k2, 1, fpA, d.Add(-time.Millisecond))
 	require.False(e.t, res.Started)
 	require.Equal(e.t, idempotency.RefusedDeadlineExpired, res.Refusal)
@@ -485,6 +488,13 @@ func testDeadlineExpired(e *env) {
 	e.fence(k2, 1)
 	res = e.begin(k2, 2, fpA, d.Add(-time.Millisecond))
 	require.Equal(e.t, idempotency.RefusedDeadlineExpired, res.Refusal)
+	// At d + skew exactly: refused, never begun as a try whose lease has
+	// already ended.
+	k3 := e.key()
+	k3.Call = "2"
+	res = e.begin(k3, 1, fpA, e.clock.Now().Add(-e.p.Skew))
+	require.Equal(e.t, idempotency.RefusedDeadlineExpired, res.Refusal, "at d + skew exactly")
+	require.Equal(e.t, tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN, e.get(k3).GetState())
 }
 
 func testRecordExpiry(e *env) {
