@@ -316,7 +316,8 @@ func (l *Loan) closeLocked(spent int64) {
 // by loans that were settled are subtracted; the rest is spread over the open
 // loans (held or reserved), each up to its grant, and what no open loan
 // absorbs was spent by tries that were never granted it and is ignored. It
-// returns the number of loans it reconciled.
+// returns the number of loans it reconciled. Each try's loan is listed once:
+// a loan listed twice has its counted units subtracted twice.
 func ReconcileCall(unitsSpent int64, loans ...*Loan) int {
 	var a *Allowance
 	for _, l := range loans {

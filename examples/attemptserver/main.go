@@ -109,7 +109,8 @@ func run(ctx context.Context, args []string, out io.Writer, ready chan<- info) e
 		fmt.Fprintf(out, "attemptserver: AttemptService and reflection on %s (memory store, single replica)\n", in.Addr)
 		fmt.Fprintf(out, "recorded try 1 of call %q of attempt %s to %s: %s; loopback callers are tenant %q\n",
 			in.Call, in.AttemptID, in.Method, in.State, in.Tenant)
-		fmt.Fprintf(out, "read its record with:\n  %s\n", in.Command)
+		fmt.Fprintf(out, "read its record from this machine (a caller from elsewhere is another tenant and reads UNSEEN), within %v (the store's TTL), with:\n  %s\n",
+			policy.TTL, in.Command)
 	}
 	if ready != nil {
 		ready <- in

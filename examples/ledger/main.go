@@ -591,6 +591,7 @@ func judge(l *ledger, c *callResult) {
 func (s *scenarioResult) finish(l *ledger, snap budget.Snapshot) {
 	s.ExecutedEffects, s.Duplicates = l.tally()
 	s.IntendedEffects = len(s.Calls)
+	repeats := 0 // extra runs of each intended change, under any call key
 	for i := range s.Calls {
 		c := &s.Calls[i]
 		judge(l, c)
@@ -599,8 +600,14 @@ func (s *scenarioResult) finish(l *ledger, snap budget.Snapshot) {
 			s.UnknownReported++
 		case "lost", "unnamed-unknown":
 			s.Lost++
+		case "duplicate":
+			repeats += c.Effects - 1
 		}
 	}
+	// tally sees a repeat under the same call key only, which the record
+	// store rules out; a re-run handler's new keys show as a call judged
+	// duplicate, counted here too.
+	s.Duplicates = max(s.Duplicates, repeats)
 	s.Queries = l.queries.Load()
 	s.Units = units{Total: snap.Total, Free: snap.Free, Held: snap.Held, Spent: snap.Spent}
 	s.UnitsLeft = snap.Free + snap.Held + snap.Reserved

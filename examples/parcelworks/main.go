@@ -136,8 +136,12 @@ func Print(w io.Writer, r *Report) {
 	for _, ms := range p.StartDelaysMs {
 		delays = append(delays, time.Duration(ms*float64(time.Millisecond)).Round(100*time.Nanosecond))
 	}
-	fmt.Fprintf(w, "control probes while heavy saturated (%d running, %d queued): %d/%d admitted, start delays %v (max %v)\n",
-		p.HeavyRunning, p.HeavyQueued, p.Admitted, p.Sent, delays, slices.Max(append(delays, 0)))
+	heavy := "busy"
+	if hs := r.Classes[heavyClass].Slots; p.HeavyRunning >= hs {
+		heavy = "saturated"
+	}
+	fmt.Fprintf(w, "control probes while heavy %s (%d running of %d, %d queued): %d/%d admitted, start delays %v (max %v)\n",
+		heavy, p.HeavyRunning, r.Classes[heavyClass].Slots, p.HeavyQueued, p.Admitted, p.Sent, delays, slices.Max(append(delays, 0)))
 	fmt.Fprintf(w, "elapsed %.1f ms\n", r.ElapsedMs)
 }
 
