@@ -23,12 +23,14 @@ import (
 // response the caller freed a grant the callee still held (DESIGN §3.3;
 // found by review). A side RPC's events are never the try's.
 func TestAuditSideRPCWithTheSameRequestIsNotTheTry(t *testing.T) {
+	// The callee is still working (and could be spending its grant) when the
+	// caller stops waiting: it answers only once the test ends, whatever its
+	// context says (its own deadline, a hop margin earlier than the caller's,
+	// would otherwise race the caller's and sometimes answer in time).
+	working := make(chan struct{})
 	leafSvc := &testsvc.Service{
-		ApplyFunc: func(ctx context.Context, _ *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
-			select { // still working (and could be spending its grant) when the caller stops waiting
-			case <-time.After(time.Second):
-			case <-ctx.Done():
-			}
+		ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+			<-working
 			return &testingv1.ApplyResponse{}, nil
 		},
 	}
@@ -51,6 +53,7 @@ func TestAuditSideRPCWithTheSameRequestIsNotTheTry(t *testing.T) {
 		}
 		return inv(ctx, method, req, reply, cc, opts...)
 	}
+	t.Cleanup(func() { close(working) }) // before the server stops (cleanups run last first)
 	conn := leaf.DialT(t, append(interceptor.DialOptions(
 		interceptor.WithStrictAccounting(),
 		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1, PerTryTimeout: 200 * time.Millisecond})),
