@@ -504,7 +504,10 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 			svc = min(svc, cs.cfg.ExpectedServiceTime)
 		}
 		if now.Add(wait + svc + c.cfg.margin).After(r.Deadline) {
-			callerOnly = wait == 0
+			// Not the server's overload: no wait at all, or a request held
+			// back only by its own tenant's running limit while the class
+			// has a slot free (acquire only looks).
+			callerOnly = wait == 0 || (!tenantMayRun && c.acquire(cs, slots) != nil)
 			return refuse(status.ReasonDeadlineUnreachable)
 		}
 	}
