@@ -17,7 +17,7 @@ import (
 
 // An interceptor below tollgate's that sends the try's very request message
 // to an audit method on the same connection was taken for the try by a first
-// fix of TestRenamedTryIsTheTry, which recognised a renamed try by its
+// fix of TestRenamedTryIsMaybeSent, which recognised a renamed try by its
 // request: the audit call's trailer (tollgate-spent 0 under strict
 // accounting) was booked as the try's, and when the real try then lost its
 // response the caller freed a grant the callee still held (DESIGN §3.3;

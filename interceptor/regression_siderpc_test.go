@@ -23,7 +23,7 @@ import (
 // InTrailer does not make the try look answered by its peer (an early
 // review found they were booked to the try). But nothing the client sees
 // tells this side RPC from the try itself sent under a method the
-// interceptor renamed (TestRenamedTryWithACopiedRequestIsMaybeSent): the
+// interceptor renamed (TestRenamedTryIsMaybeSent): the
 // try's own method never started and an RPC of another method may have
 // been sent, so the try is maybe sent, never NOT_SENT — its outcome
 // UNKNOWN and its grant held, the safe side (DESIGN.md §3.5: a try that may
