@@ -474,16 +474,20 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 		owner = c.acquire(cs, slots)
 	}
 	work := int64(cs.est.meanD())
+	// heldByTenant: the request could start but for its own tenant's
+	// running limit (acquire only looks). What follows from that — a wait,
+	// a refusal — is the tenant's doing, not the server's overload.
+	heldByTenant := !tenantMayRun && c.acquire(cs, slots) != nil
 	if owner == nil && tenantOn {
 		if (cs.cfg.TenantQueued > 0 && tc.queued >= cs.cfg.TenantQueued) ||
 			(cs.cfg.TenantQueueWork > 0 && tc.work+work > int64(cs.cfg.TenantQueueWork)) {
 			return refuse(status.ReasonTenantLimit)
 		}
-		if !tenantMayRun && cs.queueCap == 0 && c.acquire(cs, slots) != nil {
+		if heldByTenant && cs.queueCap == 0 && (r.Deadline.IsZero() || !now.After(r.Deadline)) {
 			// Held back by its own tenant's running limit only, in a class
-			// without a queue that has a slot free (acquire only looks):
-			// it cannot wait, and a tenant over its limit is not the
-			// server's overload — decided before the deadline stage, whose
+			// without a queue: it cannot wait, and a tenant over its limit
+			// is not the server's overload — decided before the deadline
+			// stage (unless the deadline has passed already), whose
 			// predicted wait such a request would never have.
 			return refuse(status.ReasonTenantLimit)
 		}
@@ -497,6 +501,10 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 		svc := cs.est.service()
 		if owner == nil {
 			wait = c.predictedWaitLocked(cs, now)
+			if heldByTenant {
+				// It waits for its own tenant's running work, not the class's.
+				wait = max(wait, c.tenantWaitLocked(cs, r.Tenant, now))
+			}
 		} else if cs.running == 0 && cs.queue.n == 0 {
 			// An idle class probes: only the configured expected service
 			// time counts, so a stale or inflated estimate cannot refuse
@@ -507,7 +515,7 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 			// Not the server's overload: no wait at all, or a request held
 			// back only by its own tenant's running limit while the class
 			// has a slot free (acquire only looks).
-			callerOnly = wait == 0 || (!tenantMayRun && c.acquire(cs, slots) != nil)
+			callerOnly = wait == 0 || heldByTenant
 			return refuse(status.ReasonDeadlineUnreachable)
 		}
 	}
@@ -538,7 +546,7 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 	w := &waiter{
 		cs: cs, tenant: r.Tenant, tenantOn: tenantOn, size: size, work: work,
 		deadline: r.Deadline, enq: now, ready: make(chan struct{}),
-		predicted: c.predictedWaitLocked(cs, now), ahead: cs.queue.n,
+		predicted: c.predictedWaitLocked(cs, now), ahead: cs.queue.n, byTenant: heldByTenant,
 	}
 	cs.queue.push(w)
 	cs.queuedBytes += size
@@ -588,6 +596,7 @@ func (c *Controller) wait(ctx context.Context, w *waiter, timed bool) (*Permit, 
 			}
 			if c.expiredLocked(w.cs, w, now) {
 				c.dropWaiter(w, status.ReasonDeadlineExpired, 0, now)
+				c.pump(now) // as in ctxEnded: a lender's idle slot may be free now
 				c.unlock()
 				return c.woken(ctx, w)
 			}
@@ -618,9 +627,16 @@ func (c *Controller) ctxEnded(ctx context.Context, w *waiter) (*Permit, error) {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		reason = status.ReasonDeadlineExpired
 	}
+	if c.heldByTenantLocked(w) {
+		w.cs.refused[reason]++ // the tenant's doing: not overload
+	} else {
+		c.countRefusal(w.cs, reason)
+	}
 	c.removeWaiter(w)
-	c.countRefusal(w.cs, reason)
 	c.emitLocked(Event{Kind: EventDropped, Class: w.cs.cfg.Name, Tenant: w.tenant, Reason: reason, At: w.enq})
+	// Leaving the queue may free a lender's idle slot for another class's
+	// waiter: start what can start.
+	c.pump(c.cfg.now())
 	c.unlock()
 	if reason == status.ReasonDeadlineExpired {
 		c.m.missDequeueAdd() // expired while waiting
@@ -835,7 +851,19 @@ func (c *Controller) removeWaiter(w *waiter) {
 
 // dropWaiter refuses a waiting request without running it.
 func (c *Controller) dropWaiter(w *waiter, reason status.Reason, ra time.Duration, now time.Time) {
-	c.dropWaiterCounted(w, reason, ra, now, true)
+	c.dropWaiterCounted(w, reason, ra, now, !c.heldByTenantLocked(w))
+}
+
+// heldByTenantLocked reports whether waiter w waits only for its own
+// tenant's running work: its class could start it now (acquire only looks),
+// and its tenant is at its running limit or was when w was queued (its own
+// slow work may have ended just now, too late for w). Its refusal is the
+// tenant's doing, not the server's overload.
+func (c *Controller) heldByTenantLocked(w *waiter) bool {
+	cs := w.cs
+	return w.tenantOn && cs.cfg.TenantRunning > 0 &&
+		(w.byTenant || cs.tenants[w.tenant].running >= cs.cfg.TenantRunning) &&
+		c.acquire(cs, c.slots(cs)) != nil
 }
 
 // dropWaiterCounted is dropWaiter; overload says whether the refusal counts

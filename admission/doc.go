@@ -29,11 +29,13 @@
 //  1. size: larger than the class's MaxRequestBytes → REQUEST_TOO_LARGE;
 //  2. class and tenant: a frozen class or an optional class while degraded
 //     → SHED; a tenant over its queued items or queued work, or over its
-//     running requests in a class without a queue → TENANT_LIMIT;
-//  3. deadline: already passed → DEADLINE_EXPIRED; predicted wait +
-//     learned service time + safety margin later than the deadline →
-//     DEADLINE_UNREACHABLE (work that would finish exactly at its deadline
-//     is admitted);
+//     running requests in a class without a queue that has a slot free →
+//     TENANT_LIMIT;
+//  3. deadline: already passed → DEADLINE_EXPIRED; predicted wait (for a
+//     request held back only by its tenant's running limit, at least its
+//     tenant's own) + learned service time + safety margin later than the
+//     deadline → DEADLINE_UNREACHABLE (work that would finish exactly at
+//     its deadline is admitted);
 //  4. a slot now, or a place in the bounded queue → QUEUE_FULL (or
 //     CONCURRENCY_FULL for a class without a queue).
 //
@@ -44,7 +46,11 @@
 // could take. On the real clock (Admit and AdmitDecision, not the …At
 // methods of virtual clocks) a waiting request also gives up by a timer of
 // its own as soon as its deadline less the class's service estimate has
-// passed, so that its caller hears the refusal while it still listens. Waiting
+// passed, so that its caller hears the refusal while it still listens; and
+// a request leaving the queue may let a lender's idle slot start another
+// class's waiter. Refusals and drops of a request held back only by its own
+// tenant's running limit (its class had a slot free) are the tenant's
+// doing: they do not count as overload for degradation. Waiting
 // requests leave the queue when their context ends. Each permit ends exactly
 // once, with [Permit.Release] after work that ran or [Permit.Abandon] after
 // work that did not run (a replay, a refusal after admission) or a stream;

@@ -226,6 +226,10 @@ func (h *harness) release(p *admission.Permit) []admission.Event {
 }
 
 // cancel ends the context of waiting request id and collects its result.
+// Leaving the queue may start other waiters (a lender's idle slot can be
+// lent again): their Started events follow the Dropped one, emitted under
+// the same lock, so all of them are in h.events once id's result arrives;
+// the results of those starts may arrive before or after id's.
 func (h *harness) cancel(id int) result {
 	h.cancels[id]()
 	for {
@@ -235,7 +239,25 @@ func (h *harness) cancel(id int) result {
 			break
 		}
 	}
-	h.collect(1)
+	early := 0 // results of other requests collected while waiting for id's
+	for {
+		h.collect(1)
+		if _, ok := h.done[id]; ok {
+			break
+		}
+		early++
+	}
+	n := 0
+	for drained := false; !drained; {
+		select {
+		case e := <-h.events:
+			h.log = append(h.log, e)
+			n += settles(e)
+		default:
+			drained = true
+		}
+	}
+	h.collect(n - early)
 	return h.take(id)
 }
 
