@@ -206,8 +206,13 @@ type classState struct {
 	queue       waitList
 	queuedBytes int64
 	queuedWork  int64
-	tenants     map[string]tenantCount
-	est         estimator
+	// fullSeen counts the moments a request of this class that its tenant
+	// allowed to run found no slot (at arrival, or when the queue was
+	// pumped): a waiter queued since none of them waited only for its own
+	// tenant (see heldByTenantLocked).
+	fullSeen uint64
+	tenants  map[string]tenantCount
+	est      estimator
 
 	full atomic.Int32 // reason the tap refuses with; 0: open
 	hint atomic.Int64 // predicted wait (ns) when full, for the tap's retry-after
@@ -472,6 +477,9 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 	var owner *classState
 	if tenantMayRun {
 		owner = c.acquire(cs, slots)
+		if owner == nil {
+			cs.fullSeen++
+		}
 	}
 	work := int64(cs.est.meanD())
 	// heldByTenant: the request could start but for its own tenant's
@@ -503,7 +511,7 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 			wait = c.predictedWaitLocked(cs, now)
 			if heldByTenant {
 				// It waits for its own tenant's running work, not the class's.
-				wait = max(wait, c.tenantWaitLocked(cs, r.Tenant, now))
+				wait = max(wait, c.tenantStartWaitLocked(cs, r.Tenant, now))
 			}
 		} else if cs.running == 0 && cs.queue.n == 0 {
 			// An idle class probes: only the configured expected service
@@ -546,7 +554,7 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 	w := &waiter{
 		cs: cs, tenant: r.Tenant, tenantOn: tenantOn, size: size, work: work,
 		deadline: r.Deadline, enq: now, ready: make(chan struct{}),
-		predicted: c.predictedWaitLocked(cs, now), ahead: cs.queue.n, byTenant: heldByTenant,
+		predicted: c.predictedWaitLocked(cs, now), ahead: cs.queue.n, byTenant: heldByTenant, fullAtEnq: cs.fullSeen,
 	}
 	cs.queue.push(w)
 	cs.queuedBytes += size
@@ -584,7 +592,7 @@ func (c *Controller) wait(ctx context.Context, w *waiter, timed bool) (*Permit, 
 			case <-w.ready:
 				return c.woken(ctx, w)
 			case <-ctx.Done():
-				return c.ctxEnded(ctx, w)
+				return c.ctxEnded(ctx, w, timed)
 			case <-giveUp:
 			}
 			c.mu.Lock()
@@ -609,13 +617,13 @@ func (c *Controller) wait(ctx context.Context, w *waiter, timed bool) (*Permit, 
 	case <-w.ready:
 		return c.woken(ctx, w)
 	case <-ctx.Done():
-		return c.ctxEnded(ctx, w)
+		return c.ctxEnded(ctx, w, timed)
 	}
 }
 
 // ctxEnded ends w's wait because ctx ended, unless w was decided as it
-// did.
-func (c *Controller) ctxEnded(ctx context.Context, w *waiter) (*Permit, error) {
+// did. timed is wait's: the controller runs on the real clock.
+func (c *Controller) ctxEnded(ctx context.Context, w *waiter, timed bool) (*Permit, error) {
 	c.mu.Lock()
 	if w.decided {
 		// Decided as ctx ended: the decision stands (a granted permit is
@@ -635,8 +643,12 @@ func (c *Controller) ctxEnded(ctx context.Context, w *waiter) (*Permit, error) {
 	c.removeWaiter(w)
 	c.emitLocked(Event{Kind: EventDropped, Class: w.cs.cfg.Name, Tenant: w.tenant, Reason: reason, At: w.enq})
 	// Leaving the queue may free a lender's idle slot for another class's
-	// waiter: start what can start.
-	c.pump(c.cfg.now())
+	// waiter: start what can start, on the real clock. A virtual clock's
+	// time is the caller's to give (AdmitAt, ReleaseAt): its pumps wait for
+	// the caller's next call.
+	if timed {
+		c.pump(c.cfg.now())
+	}
 	c.unlock()
 	if reason == status.ReasonDeadlineExpired {
 		c.m.missDequeueAdd() // expired while waiting
@@ -803,6 +815,7 @@ func (c *Controller) pump(now time.Time) {
 			}
 			owner := c.acquire(cs, c.slots(cs))
 			if owner == nil {
+				cs.fullSeen++
 				break
 			}
 			c.removeWaiter(w)
@@ -854,16 +867,40 @@ func (c *Controller) dropWaiter(w *waiter, reason status.Reason, ra time.Duratio
 	c.dropWaiterCounted(w, reason, ra, now, !c.heldByTenantLocked(w))
 }
 
-// heldByTenantLocked reports whether waiter w waits only for its own
-// tenant's running work: its class could start it now (acquire only looks),
-// and its tenant is at its running limit or was when w was queued (its own
-// slow work may have ended just now, too late for w). Its refusal is the
-// tenant's doing, not the server's overload.
+// heldByTenantLocked reports whether waiter w has waited only for its own
+// tenant's running work: no request of its class that its tenant allowed
+// found the class full since w was queued (fullSeen), and w was queued
+// because of its tenant's running limit (the class had a slot for it) or
+// its tenant is at that limit now. Its refusal is then the tenant's doing,
+// not the server's overload; once the class was full while w waited, it is
+// the server's.
 func (c *Controller) heldByTenantLocked(w *waiter) bool {
 	cs := w.cs
-	return w.tenantOn && cs.cfg.TenantRunning > 0 &&
-		(w.byTenant || cs.tenants[w.tenant].running >= cs.cfg.TenantRunning) &&
-		c.acquire(cs, c.slots(cs)) != nil
+	return w.tenantOn && cs.cfg.TenantRunning > 0 && cs.fullSeen == w.fullAtEnq &&
+		(w.byTenant || cs.tenants[w.tenant].running >= cs.cfg.TenantRunning)
+}
+
+// tenantStartWaitLocked estimates how long a request of tenant held back
+// by its tenant's running limit waits before it can start: until the
+// soonest of the tenant's running requests ends (each one's remainder the
+// learned mean less its elapsed time, at least a share of the mean, as in
+// predictedWaitLocked), then behind the tenant's own queued work, which
+// runs TenantRunning at a time.
+func (c *Controller) tenantStartWaitLocked(cs *classState, tenant string, now time.Time) time.Duration {
+	mean := cs.est.mean
+	floor := mean * overdueShare
+	nowOff := float64(now.Sub(c.epoch))
+	soonest := -1.0
+	for p := cs.runHead; p != nil; p = p.next {
+		if p.tenant == tenant {
+			if r := max(mean-(nowOff-p.startOff), floor); soonest < 0 || r < soonest {
+				soonest = r
+			}
+		}
+	}
+	soonest = max(soonest, 0)
+	queued := float64(cs.tenants[tenant].work) / float64(max(cs.cfg.TenantRunning, 1))
+	return time.Duration(soonest + queued)
 }
 
 // dropWaiterCounted is dropWaiter; overload says whether the refusal counts

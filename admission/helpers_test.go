@@ -50,19 +50,22 @@ type result struct {
 // so that every event and every result belongs to the operation that caused
 // it. It never sleeps: it waits on the observer's events and on results.
 type harness struct {
-	t       testing.TB
-	clk     *clock
-	ctrl    *admission.Controller
-	events  chan admission.Event
-	results chan result
-	wg      sync.WaitGroup
-	nextID  int
-	cancels map[int]context.CancelFunc
-	decided map[int]admission.Event // each request's decision event
-	done    map[int]result          // results not yet collected by the test
-	log     []admission.Event
-	mu      sync.Mutex
-	viol    []error
+	t      testing.TB
+	clk    *clock
+	ctrl   *admission.Controller
+	events chan admission.Event
+	// cancelEvents are the events the last cancel logged (the drop, and
+	// the starts it let happen).
+	cancelEvents []admission.Event
+	results      chan result
+	wg           sync.WaitGroup
+	nextID       int
+	cancels      map[int]context.CancelFunc
+	decided      map[int]admission.Event // each request's decision event
+	done         map[int]result          // results not yet collected by the test
+	log          []admission.Event
+	mu           sync.Mutex
+	viol         []error
 }
 
 func newHarness(t testing.TB, opts ...admission.Option) *harness {
@@ -232,9 +235,11 @@ func (h *harness) release(p *admission.Permit) []admission.Event {
 // the results of those starts may arrive before or after id's.
 func (h *harness) cancel(id int) result {
 	h.cancels[id]()
+	h.cancelEvents = h.cancelEvents[:0]
 	for {
 		e := <-h.events
 		h.log = append(h.log, e)
+		h.cancelEvents = append(h.cancelEvents, e)
 		if e.Kind == admission.EventDropped {
 			break
 		}
@@ -252,6 +257,7 @@ func (h *harness) cancel(id int) result {
 		select {
 		case e := <-h.events:
 			h.log = append(h.log, e)
+			h.cancelEvents = append(h.cancelEvents, e)
 			n += settles(e)
 		default:
 			drained = true

@@ -155,7 +155,7 @@ func TestPropertyBoundedAdmission(t *testing.T) {
 						h.done[id] = r
 						break
 					}
-					settle(nil)
+					settle(h.cancelEvents) // the starts a cancel lets happen are checked too
 				default:
 					settle(h.tick(time.Duration(rng.IntN(30)) * time.Millisecond))
 				}
@@ -174,7 +174,7 @@ func TestPropertyBoundedAdmission(t *testing.T) {
 					h.done[id] = h.cancel(id)
 					break
 				}
-				settle(nil)
+				settle(h.cancelEvents)
 			}
 			t.Logf("%d requests, %d started, transitions %d", h.nextID, starts, h.ctrl.Stats().Transitions)
 			require.Equal(t, starts, releases, "permits balance")
