@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -206,13 +207,8 @@ type classState struct {
 	queue       waitList
 	queuedBytes int64
 	queuedWork  int64
-	// fullSeen counts the moments a request of this class that its tenant
-	// allowed to run found no slot (at arrival, or when the queue was
-	// pumped): a waiter queued since none of them waited only for its own
-	// tenant (see heldByTenantLocked).
-	fullSeen uint64
-	tenants  map[string]tenantCount
-	est      estimator
+	tenants     map[string]tenantCount
+	est         estimator
 
 	full atomic.Int32 // reason the tap refuses with; 0: open
 	hint atomic.Int64 // predicted wait (ns) when full, for the tap's retry-after
@@ -477,9 +473,6 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 	var owner *classState
 	if tenantMayRun {
 		owner = c.acquire(cs, slots)
-		if owner == nil {
-			cs.fullSeen++
-		}
 	}
 	work := int64(cs.est.meanD())
 	// heldByTenant: the request could start but for its own tenant's
@@ -554,7 +547,7 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 	w := &waiter{
 		cs: cs, tenant: r.Tenant, tenantOn: tenantOn, size: size, work: work,
 		deadline: r.Deadline, enq: now, ready: make(chan struct{}),
-		predicted: c.predictedWaitLocked(cs, now), ahead: cs.queue.n, byTenant: heldByTenant, fullAtEnq: cs.fullSeen,
+		predicted: c.predictedWaitLocked(cs, now), ahead: cs.queue.n,
 	}
 	cs.queue.push(w)
 	cs.queuedBytes += size
@@ -757,6 +750,9 @@ func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn 
 // deadline.
 func (c *Controller) releaseLocked(p *Permit, now time.Time, observe bool) (late bool) {
 	cs := p.cs
+	// Waiters that can no longer finish are dropped as they stand, before
+	// the release changes what they waited for (heldByTenantLocked).
+	c.dropExpiredLocked(cs, now)
 	p.owner.used--
 	cs.running--
 	if p.prev != nil {
@@ -815,7 +811,6 @@ func (c *Controller) pump(now time.Time) {
 			}
 			owner := c.acquire(cs, c.slots(cs))
 			if owner == nil {
-				cs.fullSeen++
 				break
 			}
 			c.removeWaiter(w)
@@ -867,40 +862,43 @@ func (c *Controller) dropWaiter(w *waiter, reason status.Reason, ra time.Duratio
 	c.dropWaiterCounted(w, reason, ra, now, !c.heldByTenantLocked(w))
 }
 
-// heldByTenantLocked reports whether waiter w has waited only for its own
-// tenant's running work: no request of its class that its tenant allowed
-// found the class full since w was queued (fullSeen), and w was queued
-// because of its tenant's running limit (the class had a slot for it) or
-// its tenant is at that limit now. Its refusal is then the tenant's doing,
-// not the server's overload; once the class was full while w waited, it is
-// the server's.
+// heldByTenantLocked reports whether waiter w waits, now, only for its own
+// tenant's running work: its tenant is at its running limit while its
+// class could start it (acquire only looks). Its refusal is then the
+// tenant's doing, not the server's overload. A release drops its class's
+// expired waiters before it frees its slot (releaseLocked), so that a
+// waiter whose own tenant's work ends late is judged as it waited.
 func (c *Controller) heldByTenantLocked(w *waiter) bool {
 	cs := w.cs
-	return w.tenantOn && cs.cfg.TenantRunning > 0 && cs.fullSeen == w.fullAtEnq &&
-		(w.byTenant || cs.tenants[w.tenant].running >= cs.cfg.TenantRunning)
+	return w.tenantOn && cs.cfg.TenantRunning > 0 && cs.tenants[w.tenant].running >= cs.cfg.TenantRunning &&
+		c.acquire(cs, c.slots(cs)) != nil
 }
 
-// tenantStartWaitLocked estimates how long a request of tenant held back
-// by its tenant's running limit waits before it can start: until the
-// soonest of the tenant's running requests ends (each one's remainder the
+// tenantStartWaitLocked estimates how long a new request of tenant, held
+// back by its tenant's running limit, waits before it starts: the tenant's
+// queued requests start before it, each as one of the tenant's running
+// requests ends. With the running requests' remainders sorted (each the
 // learned mean less its elapsed time, at least a share of the mean, as in
-// predictedWaitLocked), then behind the tenant's own queued work, which
-// runs TenantRunning at a time.
+// predictedWaitLocked), the j-th to start (j = the tenant's queued
+// requests) starts when remainder j mod m ends, j div m rounds of the mean
+// later, m being the tenant's running requests.
 func (c *Controller) tenantStartWaitLocked(cs *classState, tenant string, now time.Time) time.Duration {
 	mean := cs.est.mean
 	floor := mean * overdueShare
 	nowOff := float64(now.Sub(c.epoch))
-	soonest := -1.0
+	var buf [8]float64
+	rem := buf[:0]
 	for p := cs.runHead; p != nil; p = p.next {
 		if p.tenant == tenant {
-			if r := max(mean-(nowOff-p.startOff), floor); soonest < 0 || r < soonest {
-				soonest = r
-			}
+			rem = append(rem, max(mean-(nowOff-p.startOff), floor))
 		}
 	}
-	soonest = max(soonest, 0)
-	queued := float64(cs.tenants[tenant].work) / float64(max(cs.cfg.TenantRunning, 1))
-	return time.Duration(soonest + queued)
+	if len(rem) == 0 {
+		return 0
+	}
+	slices.Sort(rem)
+	j := cs.tenants[tenant].queued
+	return time.Duration(rem[j%len(rem)] + float64(j/len(rem))*mean)
 }
 
 // dropWaiterCounted is dropWaiter; overload says whether the refusal counts

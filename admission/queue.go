@@ -19,16 +19,12 @@ type waiter struct {
 	enq        time.Time
 	predicted  time.Duration // the wait predicted when it was queued
 	ahead      int           // requests of its class queued ahead of it when it joined
-	// byTenant: it was queued only because of its own tenant's running
-	// limit (its class had a slot free); fullAtEnq is its class's fullSeen
-	// when it was queued.
-	byTenant  bool
-	fullAtEnq uint64
-	ready     chan struct{}
-	decided   bool
-	permit    *Permit
-	err       error
-	reason    status.Reason
+
+	ready   chan struct{}
+	decided bool
+	permit  *Permit
+	err     error
+	reason  status.Reason
 }
 
 // waitList is a FIFO of waiters that can remove any member in O(1).
