@@ -750,9 +750,22 @@ func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn 
 // deadline.
 func (c *Controller) releaseLocked(p *Permit, now time.Time, observe bool) (late bool) {
 	cs := p.cs
-	// Waiters that can no longer finish are dropped as they stand, before
-	// the release changes what they waited for (heldByTenantLocked).
-	c.dropExpiredLocked(cs, now)
+	if observe {
+		cs.est.observe(now.Sub(p.start))
+		if !p.deadline.IsZero() && now.After(p.deadline) {
+			cs.falseAccepts++
+			late = true
+		}
+	}
+	if c.cfg.stages&StageTenant != 0 && cs.cfg.TenantRunning > 0 {
+		// Waiters that can no longer finish (by the estimate this release
+		// just taught) are dropped as they stand, before the release frees
+		// what they waited for: a waiter whose own tenant's work ended late
+		// is judged in the state it waited in (heldByTenantLocked). Classes
+		// without tenant limits drop them in pump, after the release, as
+		// before.
+		c.dropExpiredLocked(cs, now)
+	}
 	p.owner.used--
 	cs.running--
 	if p.prev != nil {
@@ -768,13 +781,6 @@ func (c *Controller) releaseLocked(p *Permit, now time.Time, observe bool) (late
 		tc := cs.tenants[p.tenant]
 		tc.running--
 		c.putTenant(cs, p.tenant, tc)
-	}
-	if observe {
-		cs.est.observe(now.Sub(p.start))
-		if !p.deadline.IsZero() && now.After(p.deadline) {
-			cs.falseAccepts++
-			late = true
-		}
 	}
 	c.emitLocked(Event{Kind: EventReleased, Class: cs.cfg.Name, Tenant: p.tenant, At: now})
 	c.pump(now)
