@@ -757,14 +757,20 @@ func (c *Controller) releaseLocked(p *Permit, now time.Time, observe bool) (late
 			late = true
 		}
 	}
-	if c.cfg.stages&StageTenant != 0 && cs.cfg.TenantRunning > 0 {
+	if c.cfg.stages&StageTenant != 0 {
 		// Waiters that can no longer finish (by the estimate this release
 		// just taught) are dropped as they stand, before the release frees
 		// what they waited for: a waiter whose own tenant's work ended late
-		// is judged in the state it waited in (heldByTenantLocked). Classes
+		// is judged in the state it waited in (heldByTenantLocked) — in the
+		// request's class and in the class whose slot it borrowed. Classes
 		// without tenant limits drop them in pump, after the release, as
 		// before.
-		c.dropExpiredLocked(cs, now)
+		if cs.cfg.TenantRunning > 0 {
+			c.dropExpiredLocked(cs, now)
+		}
+		if o := p.owner; o != cs && o.cfg.TenantRunning > 0 {
+			c.dropExpiredLocked(o, now)
+		}
 	}
 	p.owner.used--
 	cs.running--
