@@ -761,15 +761,15 @@ func (c *Controller) releaseLocked(p *Permit, now time.Time, observe bool) (late
 		// Waiters that can no longer finish (by the estimate this release
 		// just taught) are dropped as they stand, before the release frees
 		// what they waited for: a waiter whose own tenant's work ended late
-		// is judged in the state it waited in (heldByTenantLocked) — in the
-		// request's class and in the class whose slot it borrowed. Classes
-		// without tenant limits drop them in pump, after the release, as
-		// before.
-		if cs.cfg.TenantRunning > 0 {
-			c.dropExpiredLocked(cs, now)
-		}
-		if o := p.owner; o != cs && o.cfg.TenantRunning > 0 {
-			c.dropExpiredLocked(o, now)
+		// is judged in the state it waited in (heldByTenantLocked). This in
+		// every class with tenant limits, since a release in any class can
+		// free a slot (its own, a borrowed one, a lender's idle one) that
+		// such a waiter would then seem to have had. Classes without tenant
+		// limits drop them in pump, after the release, as before.
+		for _, k := range c.classes {
+			if k.cfg.TenantRunning > 0 {
+				c.dropExpiredLocked(k, now)
+			}
 		}
 	}
 	p.owner.used--
