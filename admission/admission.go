@@ -572,21 +572,19 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 // it, such a waiter is dropped only when a slot frees or a new request
 // arrives.
 func (c *Controller) wait(ctx context.Context, w *waiter, timed bool) (*Permit, error) {
-	var giveUp <-chan time.Time
 	if timed && c.cfg.stages&StageDequeue != 0 && !w.deadline.IsZero() {
 		c.mu.Lock()
 		at := w.deadline.Add(-w.cs.est.service())
 		c.mu.Unlock()
 		timer := time.NewTimer(time.Until(at) + time.Millisecond)
 		defer timer.Stop()
-		giveUp = timer.C
 		for {
 			select {
 			case <-w.ready:
 				return c.woken(ctx, w)
 			case <-ctx.Done():
 				return c.ctxEnded(ctx, w, timed)
-			case <-giveUp:
+			case <-timer.C:
 			}
 			c.mu.Lock()
 			now := c.cfg.now()
@@ -628,11 +626,7 @@ func (c *Controller) ctxEnded(ctx context.Context, w *waiter, timed bool) (*Perm
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		reason = status.ReasonDeadlineExpired
 	}
-	if c.heldByTenantLocked(w) {
-		w.cs.refused[reason]++ // the tenant's doing: not overload
-	} else {
-		c.countRefusal(w.cs, reason)
-	}
+	c.countDropLocked(w.cs, reason, !c.heldByTenantLocked(w))
 	c.removeWaiter(w)
 	c.emitLocked(Event{Kind: EventDropped, Class: w.cs.cfg.Name, Tenant: w.tenant, Reason: reason, At: w.enq})
 	// Leaving the queue may free a lender's idle slot for another class's
@@ -877,9 +871,10 @@ func (c *Controller) dropWaiter(w *waiter, reason status.Reason, ra time.Duratio
 // heldByTenantLocked reports whether waiter w waits, now, only for its own
 // tenant's running work: its tenant is at its running limit while its
 // class could start it (acquire only looks). Its refusal is then the
-// tenant's doing, not the server's overload. A release drops its class's
-// expired waiters before it frees its slot (releaseLocked), so that a
-// waiter whose own tenant's work ends late is judged as it waited.
+// tenant's doing, not the server's overload. A release drops the expired
+// waiters of every tenant-limited class before it frees its slot
+// (releaseLocked), so that a waiter whose own tenant's work ends late is
+// judged as it waited.
 func (c *Controller) heldByTenantLocked(w *waiter) bool {
 	cs := w.cs
 	return w.tenantOn && cs.cfg.TenantRunning > 0 && cs.tenants[w.tenant].running >= cs.cfg.TenantRunning &&
@@ -913,15 +908,21 @@ func (c *Controller) tenantStartWaitLocked(cs *classState, tenant string, now ti
 	return time.Duration(rem[j%len(rem)] + float64(j/len(rem))*mean)
 }
 
+// countDropLocked counts the refusal of a waiter of cs in the class's stats
+// and, when overload is true, in the degradation window too.
+func (c *Controller) countDropLocked(cs *classState, reason status.Reason, overload bool) {
+	if overload {
+		c.countRefusal(cs, reason)
+	} else {
+		cs.refused[reason]++
+	}
+}
+
 // dropWaiterCounted is dropWaiter; overload says whether the refusal counts
 // in the degradation window (false: an operator's doing, not load).
 func (c *Controller) dropWaiterCounted(w *waiter, reason status.Reason, ra time.Duration, now time.Time, overload bool) {
 	c.removeWaiter(w)
-	if overload {
-		c.countRefusal(w.cs, reason)
-	} else {
-		w.cs.refused[reason]++
-	}
+	c.countDropLocked(w.cs, reason, overload)
 	final := reason == status.ReasonDeadlineExpired
 	w.reason = reason
 	w.err = refusal(w.cs, reason, ra, final)
