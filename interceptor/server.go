@@ -161,9 +161,13 @@ func tenantToken(t string) string {
 }
 
 // expired is the refusal of a try that came after its attempt's deadline.
-func expired(s *attemptState) error {
+func expired(s *attemptState) error { return expiredTry(s.ID, s.Call, s.Try) }
+
+// expiredTry is the refusal of try of call of attempt, which came after the
+// attempt's deadline.
+func expiredTry(attempt, call string, try uint32) error {
 	return status.NotAdmitted(status.ReasonDeadlineExpired, status.Fields{
-		AttemptID: s.ID, Call: s.Call, Try: s.Try, Final: true,
+		AttemptID: attempt, Call: call, Try: try, Final: true,
 		Message: "interceptor: the attempt's deadline has passed",
 	})
 }
@@ -658,16 +662,14 @@ func (sv *server) tapHandle(ctrl *admission.Controller, bound bool) tap.ServerIn
 		if !honored {
 			return ctx, err
 		}
-		id := status.WithAttempt(h.Attempt, h.Call, h.Try)
 		switch {
 		case d.IsZero():
 		case sv.cfg.store != nil && !now.Before(d):
 			return ctx, nil // its record answers it, taking no slot
 		case sv.cfg.store == nil && !now.Before(d.Add(sv.cfg.skew)):
-			return ctx, status.NotAdmitted(status.ReasonDeadlineExpired, id, status.Final(),
-				status.WithMessage("interceptor: the attempt's deadline has passed"))
+			return ctx, expiredTry(h.Attempt, h.Call, h.Try) // as the interceptor refuses it
 		}
-		return ctx, status.With(err, id)
+		return ctx, status.With(err, status.WithAttempt(h.Attempt, h.Call, h.Try))
 	}
 }
 
