@@ -804,6 +804,12 @@ func (c *Controller) pump(now time.Time) {
 		return
 	}
 	for _, cs := range c.classes {
+		if cs.queue.n == 0 || (!c.mayHaveExpiredLocked(cs, now) && c.acquire(cs, c.slots(cs)) == nil) {
+			// Nothing of cs can start, nor be dropped: the walk below would
+			// stop at its first waiter that is not skipped for its tenant,
+			// having done nothing.
+			continue
+		}
 		for w := cs.queue.head; w != nil; {
 			next := w.next
 			if c.expiredLocked(cs, w, now) {
@@ -836,16 +842,32 @@ func (c *Controller) expiredLocked(cs *classState, w *waiter, now time.Time) boo
 	return c.cfg.stages&StageDequeue != 0 && !w.deadline.IsZero() && now.Add(cs.est.service()).After(w.deadline)
 }
 
+// mayHaveExpiredLocked reports whether a waiter of cs may be expired for
+// its purpose: whether the queue's earliest deadline, or the bound kept of
+// it, is (expiredLocked). When it reports false, none is.
+func (c *Controller) mayHaveExpiredLocked(cs *classState, now time.Time) bool {
+	s := cs.queue.soonest
+	return c.cfg.stages&StageDequeue != 0 && !s.IsZero() && now.Add(cs.est.service()).After(s)
+}
+
 // dropExpiredLocked drops, unrun with DEADLINE_EXPIRED, the waiters of cs
-// that are expired for their purpose.
+// that are expired for their purpose, and sets the queue's bound on its
+// earliest deadline exactly. A queue that cannot hold one is not walked.
 func (c *Controller) dropExpiredLocked(cs *classState, now time.Time) {
+	if !c.mayHaveExpiredLocked(cs, now) {
+		return
+	}
+	var soonest time.Time
 	for w := cs.queue.head; w != nil; {
 		next := w.next
 		if c.expiredLocked(cs, w, now) {
 			c.dropWaiter(w, status.ReasonDeadlineExpired, 0, now)
+		} else if !w.deadline.IsZero() && (soonest.IsZero() || w.deadline.Before(soonest)) {
+			soonest = w.deadline
 		}
 		w = next
 	}
+	cs.queue.soonest = soonest
 }
 
 // removeWaiter takes w out of its queue and the tenant's accounts.

@@ -2,7 +2,10 @@ package admission_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/tollgate-go/tollgate/admission"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -109,5 +112,88 @@ func BenchmarkRefuse(b *testing.B) {
 		if _, err := ctrl.Admit(ctx, r); err == nil {
 			b.Fatal("admitted")
 		}
+	}
+}
+
+// BenchmarkReleaseBesideQueue measures a release (with the admission it
+// pairs with) in a class that has free slots, while another class holds
+// waiting requests it cannot start: its one slot is taken, and its
+// waiters' deadlines are an hour away. A release in any class checks the
+// waiters of every class with tenant limits for expiry before it frees its
+// slot (releaseLocked); "tenant" gives the waiting class such limits,
+// "plain" does not, as the baseline.
+//
+//	go test -run '^$' -bench ReleaseBesideQueue -benchmem -count 10 ./admission/
+func BenchmarkReleaseBesideQueue(b *testing.B) {
+	for _, waiting := range []int{16, 1024} {
+		for _, tenant := range []bool{false, true} {
+			name := fmt.Sprintf("waiting=%d/plain", waiting)
+			if tenant {
+				name = fmt.Sprintf("waiting=%d/tenant", waiting)
+			}
+			b.Run(name, func(b *testing.B) { benchReleaseBesideQueue(b, waiting, tenant) })
+		}
+	}
+}
+
+func benchReleaseBesideQueue(b *testing.B, waiting int, tenant bool) {
+	held := admission.Class{Name: "held", Slots: 1, QueueItems: waiting, ExpectedServiceTime: time.Millisecond}
+	if tenant {
+		held.TenantRunning = 1
+	}
+	var mu sync.Mutex
+	queued := 0
+	ctrl, err := admission.New(
+		admission.WithClasses(held, admission.Class{Name: "free", Slots: 1 << 20}),
+		admission.WithMethods("held", "/demo.Jobs/Held"),
+		admission.WithMethods("free", "/demo.Jobs/Free"),
+		admission.WithObserver(func(e admission.Event) {
+			if e.Kind == admission.EventQueued {
+				mu.Lock()
+				queued++
+				mu.Unlock()
+			}
+		}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ctrl.Close()
+	deadline := time.Now().Add(time.Hour)
+	heldReq := admission.Request{Method: "/demo.Jobs/Held", Tenant: "t", Deadline: deadline}
+	first, err := ctrl.Admit(context.Background(), heldReq)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for range waiting {
+		wg.Go(func() {
+			if p, err := ctrl.Admit(ctx, heldReq); err == nil {
+				p.Abandon()
+			}
+		})
+	}
+	defer func() {
+		cancel()
+		wg.Wait()
+		first.Abandon()
+	}()
+	for {
+		mu.Lock()
+		n := queued
+		mu.Unlock()
+		if n == waiting {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	r := admission.Request{Method: "/demo.Jobs/Free", Tenant: "u", Deadline: deadline}
+	b.ReportAllocs()
+	for b.Loop() {
+		p, err := ctrl.Admit(context.Background(), r)
+		if err != nil {
+			b.Fatal(err)
+		}
+		p.Release()
 	}
 }

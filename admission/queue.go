@@ -31,9 +31,17 @@ type waiter struct {
 type waitList struct {
 	head, tail *waiter
 	n          int
+	// soonest is at or before the earliest deadline of the members that
+	// have one; zero when none has. A removal leaves it where it was (still
+	// a bound); a walk over the whole list sets it exactly. It lets a
+	// release skip a queue none of whose members can have expired.
+	soonest time.Time
 }
 
 func (l *waitList) push(w *waiter) {
+	if !w.deadline.IsZero() && (l.soonest.IsZero() || w.deadline.Before(l.soonest)) {
+		l.soonest = w.deadline
+	}
 	w.prev, w.next = l.tail, nil
 	if l.tail != nil {
 		l.tail.next = w
@@ -57,6 +65,9 @@ func (l *waitList) remove(w *waiter) {
 	}
 	w.prev, w.next = nil, nil
 	l.n--
+	if l.n == 0 {
+		l.soonest = time.Time{}
+	}
 }
 
 // rejectRing remembers recent DEADLINE_UNREACHABLE refusals of a class, to

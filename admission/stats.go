@@ -224,6 +224,9 @@ func (c *Controller) checkInvariants() error {
 			if w.tenantOn {
 				tq[w.tenant]++
 			}
+			if !w.deadline.IsZero() && (cs.queue.soonest.IsZero() || w.deadline.Before(cs.queue.soonest)) {
+				return fmt.Errorf("class %s: a waiter's deadline %v precedes the queue's bound %v", cfg.Name, w.deadline, cs.queue.soonest)
+			}
 		}
 		if n != cs.queue.n || bytes != cs.queuedBytes || work != cs.queuedWork {
 			return fmt.Errorf("class %s: queue accounts drifted", cfg.Name)
