@@ -435,6 +435,10 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 	// callerOnly marks a refusal that says nothing about load: the deadline
 	// had passed on arrival, or could not be met even without waiting.
 	callerOnly := false
+	// heldByTenant: the request could start but for its own tenant's
+	// running limit (acquire only looks). What follows from that — a wait,
+	// a refusal — is the tenant's doing, not the server's overload.
+	heldByTenant := false
 	refuse := func(reason status.Reason) (*Permit, *waiter, status.Reason, time.Duration, int) {
 		if callerOnly {
 			cs.refused[reason]++ // stats only: not an overload signal
@@ -448,7 +452,14 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 			c.rememberReject(cs, r.Deadline, now)
 			ra = c.retryAfterLocked(cs, reason, now)
 		case status.ReasonTenantLimit:
-			ra = jitter(max(c.retryBaseLocked(cs, reason, now), c.tenantWaitLocked(cs, r.Tenant, now)))
+			// The tenant has room again when its first running request
+			// ends; the class's wait counts too unless the class has a slot
+			// free.
+			next := c.tenantNextLocked(cs, r.Tenant, now)
+			if !heldByTenant {
+				next = max(next, c.retryBaseLocked(cs, reason, now))
+			}
+			ra = jitter(next)
 		default:
 			ra = c.retryAfterLocked(cs, reason, now)
 		}
@@ -461,6 +472,12 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 	}
 	if cs.frozen || c.shedding(cs) {
 		return refuse(status.ReasonShed)
+	}
+	if c.dropExpiredLocked(cs, now) > 0 {
+		// Waiters that can no longer finish hold no place — in the queue, in
+		// their tenant's queue limits — that this request could take; their
+		// leaving may let a lending class's idle slots go to another class.
+		c.pump(now)
 	}
 	slots := c.slots(cs)
 	tenantOn := c.cfg.stages&StageTenant != 0 && r.Tenant != "" &&
@@ -475,10 +492,7 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 		owner = c.acquire(cs, slots)
 	}
 	work := int64(cs.est.meanD())
-	// heldByTenant: the request could start but for its own tenant's
-	// running limit (acquire only looks). What follows from that — a wait,
-	// a refusal — is the tenant's doing, not the server's overload.
-	heldByTenant := !tenantMayRun && c.acquire(cs, slots) != nil
+	heldByTenant = !tenantMayRun && c.acquire(cs, slots) != nil
 	if owner == nil && tenantOn {
 		if (cs.cfg.TenantQueued > 0 && tc.queued >= cs.cfg.TenantQueued) ||
 			(cs.cfg.TenantQueueWork > 0 && tc.work+work > int64(cs.cfg.TenantQueueWork)) {
@@ -493,61 +507,64 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 			return refuse(status.ReasonTenantLimit)
 		}
 	}
+	// wait is the predicted wait of a request that finds no slot it may
+	// take. One held back only by its tenant's running limit starts as its
+	// tenant's running work ends (the class has a slot free: the waiters
+	// ahead of it are held by their own tenants); one whose tenant is at
+	// its limit in a full class waits for both.
+	var wait, classWait time.Duration
+	switch {
+	case owner != nil:
+	case heldByTenant:
+		wait = c.tenantStartWaitLocked(cs, r.Tenant, now)
+	case !tenantMayRun:
+		classWait = c.predictedWaitLocked(cs, now)
+		wait = max(classWait, c.tenantStartWaitLocked(cs, r.Tenant, now))
+	default:
+		classWait = c.predictedWaitLocked(cs, now)
+		wait = classWait
+	}
 	if c.cfg.stages&StageDeadline != 0 && !r.Deadline.IsZero() {
 		if now.After(r.Deadline) {
 			callerOnly = true
 			return refuse(status.ReasonDeadlineExpired)
 		}
-		var wait time.Duration
 		svc := cs.est.service()
-		if owner == nil {
-			wait = c.predictedWaitLocked(cs, now)
-			if heldByTenant {
-				// It waits for its own tenant's running work, not the class's.
-				wait = max(wait, c.tenantStartWaitLocked(cs, r.Tenant, now))
-			}
-		} else if cs.running == 0 && cs.queue.n == 0 {
+		if owner != nil && cs.running == 0 && cs.queue.n == 0 {
 			// An idle class probes: only the configured expected service
 			// time counts, so a stale or inflated estimate cannot refuse
 			// every request forever; the probe's completion re-teaches it.
 			svc = min(svc, cs.cfg.ExpectedServiceTime)
 		}
 		if now.Add(wait + svc + c.cfg.margin).After(r.Deadline) {
-			// Not the server's overload: no wait at all, or a request held
-			// back only by its own tenant's running limit while the class
-			// has a slot free (acquire only looks).
-			callerOnly = wait == 0 || heldByTenant
+			// Not the server's overload: no wait at all, or a wait that the
+			// class's alone would not have made too long (a request held
+			// back by its own tenant's running limit).
+			callerOnly = wait == 0 || !now.Add(classWait+svc+c.cfg.margin).After(r.Deadline)
 			return refuse(status.ReasonDeadlineUnreachable)
 		}
 	}
 	if owner != nil {
-		p := c.startLocked(cs, owner, r.Tenant, tenantOn, r.Deadline, now, now, 0)
+		p := c.startLocked(cs, owner, r.Tenant, tenantOn, r.Deadline, now, now, 0, false)
 		c.emitLocked(Event{Kind: EventAdmitted, Class: cs.cfg.Name, Tenant: r.Tenant, At: now, Deadline: r.Deadline})
 		return p, nil, 0, 0, 0
 	}
 	size := int64(max(r.Size, 0))
-	if cs.queueCap > 0 && (cs.queue.n >= cs.queueCap || (cs.cfg.QueueBytes > 0 && cs.queuedBytes+size > cs.cfg.QueueBytes)) {
-		// Before refusing for a full queue, drop waiters that can no longer
-		// finish in time (their own timers do too, on the real clock, but
-		// only a millisecond late, and not on a virtual one): they must not
-		// hold places that useful work could take.
-		c.dropExpiredLocked(cs, now)
-		if tenantOn {
-			tc = cs.tenants[r.Tenant] // a dropped waiter may have been the tenant's
-		}
-	}
 	switch {
 	case cs.queueCap == 0:
 		return refuse(status.ReasonConcurrencyFull)
-	case cs.queue.n >= cs.queueCap:
-		return refuse(status.ReasonQueueFull)
-	case cs.cfg.QueueBytes > 0 && cs.queuedBytes+size > cs.cfg.QueueBytes:
+	case cs.queue.n >= cs.queueCap, cs.cfg.QueueBytes > 0 && cs.queuedBytes+size > cs.cfg.QueueBytes:
+		if heldByTenant {
+			// The class has a slot free: only the tenant's own limit keeps
+			// the request from it, whoever fills the queue.
+			return refuse(status.ReasonTenantLimit)
+		}
 		return refuse(status.ReasonQueueFull)
 	}
 	w := &waiter{
 		cs: cs, tenant: r.Tenant, tenantOn: tenantOn, size: size, work: work,
 		deadline: r.Deadline, enq: now, ready: make(chan struct{}),
-		predicted: c.predictedWaitLocked(cs, now), ahead: cs.queue.n,
+		predicted: wait, ahead: cs.queue.n, held: heldByTenant,
 	}
 	cs.queue.push(w)
 	cs.queuedBytes += size
@@ -707,8 +724,10 @@ func (c *Controller) acquire(cs *classState, slots int) *classState {
 }
 
 // startLocked accounts a request that starts running now; ahead is the
-// requests of cs that were queued ahead of it when it was decided.
-func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn bool, deadline, arrived, now time.Time, ahead int) *Permit {
+// requests of cs that were queued ahead of it when it was decided; held
+// says that it waited, at some time, for its own tenant's running work
+// alone, so that its wait is not the server's queueing (MaxQueueAge).
+func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn bool, deadline, arrived, now time.Time, ahead int, held bool) *Permit {
 	// Callers read the clock before taking the lock, so a releaser's time
 	// may precede the arrival it starts: never start before arriving.
 	now = maxTime(now, arrived)
@@ -726,7 +745,11 @@ func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn 
 		tenant = ""
 	}
 	cs.admitted++
-	c.deg.started(cs, now.Sub(arrived))
+	if held {
+		c.deg.started(cs, 0)
+	} else {
+		c.deg.started(cs, now.Sub(arrived))
+	}
 	c.judgeRejects(cs, arrived, now)
 	p := &Permit{c: c, cs: cs, owner: owner, tenant: tenant, start: now, startOff: off, deadline: deadline, ahead: ahead}
 	p.next = cs.runHead
@@ -818,6 +841,9 @@ func (c *Controller) pump(now time.Time) {
 				continue
 			}
 			if w.tenantOn && cs.cfg.TenantRunning > 0 && cs.tenants[w.tenant].running >= cs.cfg.TenantRunning {
+				if !w.held && c.acquire(cs, c.slots(cs)) != nil {
+					w.held = true // it waits, now, for its own tenant
+				}
 				w = next
 				continue
 			}
@@ -826,7 +852,7 @@ func (c *Controller) pump(now time.Time) {
 				break
 			}
 			c.removeWaiter(w)
-			w.permit = c.startLocked(cs, owner, w.tenant, w.tenantOn, w.deadline, w.enq, now, w.ahead)
+			w.permit = c.startLocked(cs, owner, w.tenant, w.tenantOn, w.deadline, w.enq, now, w.ahead, w.held)
 			w.decided = true
 			close(w.ready)
 			c.emitLocked(Event{Kind: EventStarted, Class: cs.cfg.Name, Tenant: w.tenant, At: now, Deadline: w.deadline, Waited: now.Sub(w.enq)})
@@ -851,23 +877,26 @@ func (c *Controller) mayHaveExpiredLocked(cs *classState, now time.Time) bool {
 }
 
 // dropExpiredLocked drops, unrun with DEADLINE_EXPIRED, the waiters of cs
-// that are expired for their purpose, and sets the queue's bound on its
-// earliest deadline exactly. A queue that cannot hold one is not walked.
-func (c *Controller) dropExpiredLocked(cs *classState, now time.Time) {
+// that are expired for their purpose, sets the queue's bound on its
+// earliest deadline exactly and returns how many it dropped. A queue that
+// cannot hold one is not walked.
+func (c *Controller) dropExpiredLocked(cs *classState, now time.Time) (dropped int) {
 	if !c.mayHaveExpiredLocked(cs, now) {
-		return
+		return 0
 	}
 	var soonest time.Time
 	for w := cs.queue.head; w != nil; {
 		next := w.next
 		if c.expiredLocked(cs, w, now) {
 			c.dropWaiter(w, status.ReasonDeadlineExpired, 0, now)
+			dropped++
 		} else if !w.deadline.IsZero() && (soonest.IsZero() || w.deadline.Before(soonest)) {
 			soonest = w.deadline
 		}
 		w = next
 	}
 	cs.queue.soonest = soonest
+	return dropped
 }
 
 // removeWaiter takes w out of its queue and the tenant's accounts.
@@ -969,38 +998,71 @@ const overdueShare = 0.1
 // clamped on its own: the learned mean minus its elapsed time, but at least
 // overdueShare of the mean, so that an overdue request neither hides the
 // others' remaining work nor makes a full class predict no wait.
+//
+// A tenant at its running limit with requests waiting (saturated) hands
+// each slot its running requests free to its own next waiter, so that
+// neither its running work nor its queued work is ahead of another
+// tenant's request: both are left out, and so are the slots it holds —
+// unless such tenants hold every slot, when the work of all is spread over
+// all slots.
 func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Duration {
 	slots := max(c.slots(cs), 1)
 	mean := cs.est.mean
 	floor := mean * overdueShare
 	nowOff := float64(now.Sub(c.epoch))
-	var remaining float64
-	for p := cs.runHead; p != nil; p = p.next {
-		remaining += max(mean-(nowOff-p.startOff), floor)
+	limit := cs.cfg.TenantRunning
+	saturated := func(tenant string) bool {
+		if limit == 0 || tenant == "" || cs.queue.n == 0 {
+			return false
+		}
+		tc := cs.tenants[tenant]
+		return tc.running >= limit && tc.queued > 0
 	}
-	return time.Duration((float64(cs.queuedWork) + remaining) / float64(slots))
+	var remaining, heldRemaining float64
+	held := 0
+	for p := cs.runHead; p != nil; p = p.next {
+		r := max(mean-(nowOff-p.startOff), floor)
+		if saturated(p.tenant) {
+			heldRemaining += r
+			held++
+			continue
+		}
+		remaining += r
+	}
+	queued := float64(cs.queuedWork)
+	if held > 0 {
+		if held >= slots {
+			return time.Duration((queued + remaining + heldRemaining) / float64(slots))
+		}
+		for t, tc := range cs.tenants {
+			if saturated(t) {
+				queued -= float64(tc.work)
+			}
+		}
+		slots -= held
+	}
+	return time.Duration((queued + remaining) / float64(slots))
 }
 
-// tenantWaitLocked is how long until a tenant over its limits in cs is
-// likely to have room again: when the class bounds the tenant's running
-// requests, its oldest waiting request starts only as its running ones end,
-// so the remaining work of the tenant's running requests (clamped as in
-// predictedWaitLocked) spread over its running limit; 0 otherwise (the
-// class's predicted wait covers it).
-func (c *Controller) tenantWaitLocked(cs *classState, tenant string, now time.Time) time.Duration {
-	if cs.cfg.TenantRunning == 0 {
-		return 0
-	}
+// tenantNextLocked is how long until a tenant over its limits in cs is
+// likely to have room again: until the first of its running requests ends
+// (its remainder clamped as in predictedWaitLocked), which lets its next
+// request run or its first waiter start; 0 when none of its requests runs
+// (the class's predicted wait covers it).
+func (c *Controller) tenantNextLocked(cs *classState, tenant string, now time.Time) time.Duration {
 	mean := cs.est.mean
 	floor := mean * overdueShare
 	nowOff := float64(now.Sub(c.epoch))
-	var remaining float64
+	next := -1.0
 	for p := cs.runHead; p != nil; p = p.next {
 		if p.tenant == tenant {
-			remaining += max(mean-(nowOff-p.startOff), floor)
+			r := max(mean-(nowOff-p.startOff), floor)
+			if next < 0 || r < next {
+				next = r
+			}
 		}
 	}
-	return time.Duration(remaining / float64(cs.cfg.TenantRunning))
+	return time.Duration(max(next, 0))
 }
 
 // minRetryAfter is the floor of suggested delays when nothing is known.

@@ -76,6 +76,12 @@ func (d *degradeState) refusedN(cs *classState, reason status.Reason, n int) {
 	if cs.cfg.Name == ControlClass {
 		return
 	}
+	switch reason {
+	case status.ReasonTenantLimit, status.ReasonRequestTooLarge:
+		// The caller's doing: neither load nor a sign of health, so that
+		// a tenant flooding past its own limits cannot hide overload.
+		return
+	}
 	d.decisions += n
 	switch reason {
 	case status.ReasonQueueFull, status.ReasonConcurrencyFull,
@@ -164,10 +170,18 @@ func (c *Controller) rollWindows(now time.Time) {
 func (c *Controller) oldestWait(at time.Time) time.Duration {
 	var oldest time.Duration
 	for _, cs := range c.classes {
-		if cs.cfg.Name == ControlClass || cs.queue.head == nil {
+		if cs.cfg.Name == ControlClass {
 			continue
 		}
-		oldest = max(oldest, at.Sub(cs.queue.head.enq))
+		// Skip the waiters held, now, by their own tenant's running limit
+		// alone: one tenant over its limit is not the server's overload.
+		w := cs.queue.head
+		for w != nil && c.heldByTenantLocked(w) {
+			w = w.next
+		}
+		if w != nil {
+			oldest = max(oldest, at.Sub(w.enq))
+		}
 	}
 	return oldest
 }

@@ -23,26 +23,29 @@
 // Admit decides in stages, cheapest first, and refuses with a typed
 // NOT_ADMITTED status (package status) naming the class and, where a repeat
 // can help, a retry-after that reflects the class's queue (for TENANT_LIMIT
-// also the tenant's own running work, when the class bounds it) and is
+// the time until the tenant's first running request ends) and is
 // jittered so refused clients do not return together:
 //
 //  1. size: larger than the class's MaxRequestBytes → REQUEST_TOO_LARGE;
 //  2. class and tenant: a frozen class or an optional class while degraded
-//     → SHED; a tenant over its queued items or queued work, or over its
-//     running requests in a class without a queue that has a slot free →
+//     → SHED; a tenant over its queued items or queued work (once its
+//     waiters that can no longer finish have left), or over its running
+//     requests in a class without a queue that has a slot free →
 //     TENANT_LIMIT;
 //  3. deadline: already passed → DEADLINE_EXPIRED; predicted wait (for a
-//     request held back only by its tenant's running limit, at least its
-//     tenant's own) + learned service time + safety margin later than the
-//     deadline → DEADLINE_UNREACHABLE (work that would finish exactly at
-//     its deadline is admitted);
+//     request held back only by its tenant's running limit, its tenant's
+//     own start wait; for one whose tenant is at that limit in a full
+//     class, the longer of the two) + learned service time + safety margin
+//     later than the deadline → DEADLINE_UNREACHABLE (work that would
+//     finish exactly at its deadline is admitted);
 //  4. a slot now, or a place in the bounded queue → QUEUE_FULL (or
-//     CONCURRENCY_FULL for a class without a queue).
+//     CONCURRENCY_FULL for a class without a queue; TENANT_LIMIT when only
+//     the tenant's running limit keeps the request from a free slot).
 //
 // When a slot frees, the next waiting request is re-checked: work that can
 // no longer finish by its deadline is dropped unrun with DEADLINE_EXPIRED,
 // never started; such work is also dropped when a window closes and when a
-// new request finds the queue full, so it never holds a place useful work
+// new request of its class arrives, so it never holds a place useful work
 // could take. On the real clock (Admit and AdmitDecision, not the …At
 // methods of virtual clocks) a waiting request also gives up by a timer of
 // its own as soon as its deadline less the class's service estimate has
@@ -50,7 +53,9 @@
 // a request leaving the queue may let a lender's idle slot start another
 // class's waiter. Refusals and drops of a request held back only by its own
 // tenant's running limit (its class had a slot free) are the tenant's
-// doing: they do not count as overload for degradation. Waiting
+// doing: they do not count as overload for degradation, nor does such a
+// request's wait count against MaxQueueAge; TENANT_LIMIT and
+// REQUEST_TOO_LARGE refusals count in no window at all. Waiting
 // requests leave the queue when their context ends. Each permit ends exactly
 // once, with [Permit.Release] after work that ran or [Permit.Abandon] after
 // work that did not run (a replay, a refusal after admission) or a stream;
