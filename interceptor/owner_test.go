@@ -43,7 +43,12 @@ func TestRetryAfterIsHonouredAndBackoffNeverPassesTheDeadline(t *testing.T) {
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
 		interceptor.WithAttemptTimeout(400*time.Millisecond),
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 10, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+		// PerTryTimeout: without it each try gets an equal share of what is
+		// left for the ten (some 28 ms), which a loaded machine's round trip
+		// can outlast; the try then ends by its own deadline, not with the
+		// refusal, and its repeat rightly follows the 1 ms backoff.
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 10, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond,
+			PerTryTimeout: 400 * time.Millisecond}),
 	)...))
 	_, err := client.Get(t.Context(), &testingv1.GetRequest{})
 	o := status.OutcomeOf(err)
