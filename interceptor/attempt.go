@@ -77,13 +77,14 @@ func AttemptFromContext(ctx context.Context) (Attempt, bool) {
 // outside a handler is an attempt of its own. The returned context also
 // carries the attempt's ledger (budget.FromContext), whose Snapshot shows
 // what the calls below spent. units must be in [0, 1,000,000]
-// and timeout positive; otherwise the error wraps ErrInvalidOption.
+// and timeout in (0, 24h], as WithAttemptTimeout's; otherwise the error
+// wraps ErrInvalidOption.
 func StartAttempt(ctx context.Context, units int64, timeout time.Duration) (context.Context, error) {
 	if units < 0 || units > maxUnitsOnWire {
 		return ctx, invalid("allowance %d outside [0, %d]", units, maxUnitsOnWire)
 	}
-	if timeout <= 0 {
-		return ctx, invalid("attempt timeout %v is not positive", timeout)
+	if timeout <= 0 || timeout > maxAttemptTimeoutCap {
+		return ctx, invalid("attempt timeout %v outside (0, %v]", timeout, maxAttemptTimeoutCap)
 	}
 	s := new(attemptState)
 	if err := s.initOrigin(ctx, time.Now(), units, timeout); err != nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
+	"strings"
 	"time"
 
 	"github.com/tollgate-go/tollgate/admission"
@@ -116,6 +118,9 @@ func (c *clientConfig) validate() error {
 		return invalid("resolution grace %v outside [0, 1m]", c.grace)
 	}
 	for m, p := range c.methodRetry {
+		if !validFullMethod(m) {
+			return invalid("method %q is not a full method name \"/pkg.Service/Method\"", m)
+		}
 		if err := p.validate(); err != nil {
 			return fmt.Errorf("%w (method %s)", err, m)
 		}
@@ -147,8 +152,10 @@ func WithRetry(p RetryPolicy) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.retry = p })
 }
 
-// WithMethodRetry sets the retry policy of one method ("/pkg.Service/Method"),
-// overriding WithRetry's for it.
+// WithMethodRetry sets the retry policy of one method ("/pkg.Service/Method",
+// as grpc-go names it: a name of another form is refused with
+// ErrInvalidOption, since it could never match), overriding WithRetry's for
+// it.
 func WithMethodRetry(fullMethod string, p RetryPolicy) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) {
 		if c.methodRetry == nil {
@@ -297,12 +304,33 @@ func (c *serverConfig) validate() error {
 		return invalid("maximum concurrent streams is 0")
 	case c.tracer == nil || c.meter == nil:
 		return invalid("nil tracer or meter provider")
+	case c.store != nil && typedNil(c.store):
+		return invalid("nil attempt store (a nil %T); pass no WithAttemptStore for none", c.store)
 	}
 	return nil
 }
 
+// typedNil reports whether x, a non-nil interface, holds a nil pointer,
+// map, slice, channel or function: a value whose methods would panic.
+func typedNil(x any) bool {
+	v := reflect.ValueOf(x)
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Chan, reflect.Func, reflect.Interface:
+		return v.IsNil()
+	}
+	return false
+}
+
+// validFullMethod reports whether m reads "/service/method", both parts
+// non-empty and without a further slash.
+func validFullMethod(m string) bool {
+	svc, method, ok := strings.Cut(strings.TrimPrefix(m, "/"), "/")
+	return strings.HasPrefix(m, "/") && ok && svc != "" && method != "" && !strings.Contains(method, "/")
+}
+
 // WithAdmission makes the server ask ctrl before running each request
 // (unary calls and streams; a stream holds its permit for its lifetime).
+// A nil ctrl means no admission control, the default.
 // ServerOptions also installs ctrl's tap handle unless WithoutAdmissionTap is
 // given.
 func WithAdmission(ctrl *admission.Controller) ServerOption {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/budget"
+	"github.com/tollgate-go/tollgate/idempotency"
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
@@ -45,6 +46,13 @@ func TestOptionsRejectInvalidValues(t *testing.T) {
 		{"retry negative backoff", interceptor.WithRetry(interceptor.RetryPolicy{InitialBackoff: -1}), false},
 		{"retry negative per-try", interceptor.WithRetry(interceptor.RetryPolicy{PerTryTimeout: -1}), false},
 		{"retry max below initial", interceptor.WithRetry(interceptor.RetryPolicy{InitialBackoff: time.Second, MaxBackoff: time.Millisecond}), false},
+		{"attempt timeout 24h", interceptor.WithAttemptTimeout(24 * time.Hour), true},
+		{"attempt timeout 48h", interceptor.WithAttemptTimeout(48 * time.Hour), false},
+		{"method retry /pkg.S/M", interceptor.WithMethodRetry("/pkg.S/M", interceptor.RetryPolicy{MaxTries: 1}), true},
+		{"method retry without the leading slash", interceptor.WithMethodRetry("pkg.S/M", interceptor.RetryPolicy{MaxTries: 1}), false},
+		{"method retry without a method", interceptor.WithMethodRetry("/pkg.S/", interceptor.RetryPolicy{MaxTries: 1}), false},
+		{"method retry without a service", interceptor.WithMethodRetry("//M", interceptor.RetryPolicy{MaxTries: 1}), false},
+		{"method retry with a third part", interceptor.WithMethodRetry("/pkg.S/M/x", interceptor.RetryPolicy{MaxTries: 1}), false},
 	} {
 		t.Run("client/"+tc.name, func(t *testing.T) {
 			_, err := interceptor.NewDialOptions(tc.opt)
@@ -77,6 +85,8 @@ func TestOptionsRejectInvalidValues(t *testing.T) {
 		{"max concurrent streams 1", []interceptor.ServerOption{interceptor.WithMaxConcurrentStreams(1)}, true},
 		{"nil tracer provider", []interceptor.ServerOption{interceptor.WithServerTracerProvider(nil)}, false},
 		{"nil meter provider", []interceptor.ServerOption{interceptor.WithServerMeterProvider(nil)}, false},
+		{"typed nil attempt store", []interceptor.ServerOption{interceptor.WithAttemptStore((*idempotency.MemoryStore)(nil))}, false},
+		{"nil attempt store (none)", []interceptor.ServerOption{interceptor.WithAttemptStore(nil)}, true},
 	} {
 		t.Run("server/"+tc.name, func(t *testing.T) {
 			_, err := interceptor.NewServerOptions(tc.opts...)
@@ -165,4 +175,30 @@ func TestMinTryTimeRefusesShortTriesLocally(t *testing.T) {
 	require.Equal(t, status.ReasonDeadlineUnreachable, o.Reason)
 	require.True(t, o.Final())
 	require.Zero(t, svc.Calls("Get"), "nothing was sent")
+}
+
+// StartAttempt takes the attempt timeouts WithAttemptTimeout takes, and
+// refuses the others as it does.
+func TestStartAttemptBoundsItsTimeoutAsWithAttemptTimeout(t *testing.T) {
+	for _, tc := range []struct {
+		timeout time.Duration
+		ok      bool
+	}{{24 * time.Hour, true}, {24*time.Hour + time.Nanosecond, false}, {48 * time.Hour, false}, {0, false}} {
+		_, err := interceptor.StartAttempt(t.Context(), 1, tc.timeout)
+		_, optErr := interceptor.NewDialOptions(interceptor.WithAttemptTimeout(tc.timeout))
+		if tc.ok {
+			require.NoError(t, err, tc.timeout)
+			require.NoError(t, optErr, tc.timeout)
+			continue
+		}
+		require.ErrorIs(t, err, interceptor.ErrInvalidOption, tc.timeout)
+		require.ErrorIs(t, optErr, interceptor.ErrInvalidOption, tc.timeout)
+	}
+}
+
+// AdmissionTap refuses a nil controller when it is built, as it refuses
+// invalid options, rather than handing grpc-go a handle that panics on the
+// transport's reader goroutine at the first request.
+func TestAdmissionTapPanicsAtOnceOnANilController(t *testing.T) {
+	require.PanicsWithValue(t, "interceptor: AdmissionTap: nil admission controller", func() { interceptor.AdmissionTap(nil) })
 }

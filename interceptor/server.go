@@ -575,7 +575,7 @@ func (s *serverStream) Context() context.Context { return s.ctx }
 // ServerOptions and calls this handle first from its own. Give it the
 // options given to ServerOptions or NewServerInterceptors — the trusted
 // peers, clock skew, maximum attempt time and attempt store it reads; it
-// panics on an invalid option, as ServerOptions does. Called without
+// panics on an invalid option, as ServerOptions does, and on a nil ctrl. Called without
 // options, as before they were taken, it cannot know the server's
 // configuration: it trusts no peer and bounds no stream (see below). The
 // trust function runs here too, on the connection's reader goroutine, for
@@ -608,6 +608,9 @@ func (s *serverStream) Context() context.Context { return s.ctx }
 // the skew DEADLINE_EXPIRED, final, as the interceptor would. An untrusted
 // peer's header is ignored here as in the interceptor.
 func AdmissionTap(ctrl *admission.Controller, opts ...ServerOption) tap.ServerInHandle {
+	if ctrl == nil {
+		panic("interceptor: AdmissionTap: nil admission controller")
+	}
 	sv, err := newServer(opts)
 	if err != nil {
 		panic(err)
