@@ -24,10 +24,12 @@ const (
 	ModeRecovering
 )
 
-// String returns the mode's name: "NORMAL", "DEGRADED", "RECOVERING" or
-// "UNSET".
+// String returns the mode's name: "NORMAL", "DEGRADED", "RECOVERING",
+// "UNSET" for the zero value, or "INVALID".
 func (m Mode) String() string {
 	switch m {
+	case 0:
+		return "UNSET"
 	case ModeNormal:
 		return "NORMAL"
 	case ModeDegraded:
@@ -35,7 +37,7 @@ func (m Mode) String() string {
 	case ModeRecovering:
 		return "RECOVERING"
 	}
-	return "UNSET"
+	return "INVALID"
 }
 
 // degradeState is the mode state machine and the current window's counts.

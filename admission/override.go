@@ -63,7 +63,8 @@ var ErrInvalidOverride = errors.New("admission: invalid override")
 // SetOverride puts o in force now and returns its ID. It returns an error
 // wrapping [ErrInvalidOverride] when o lacks an actor, reason or a positive
 // TTL within the maximum, names an unknown class or the control class,
-// would raise a limit, or changes nothing. The event is also added to the
+// would raise a limit, or sets nothing (an override whose limits equal the
+// configured ones is accepted, and changes nothing). The event is also added to the
 // span in ctx, if any. Safe for concurrent use.
 func (c *Controller) SetOverride(ctx context.Context, o Override) (uint64, error) {
 	return c.SetOverrideAt(ctx, o, c.cfg.now())
@@ -133,7 +134,7 @@ func (c *Controller) validateOverride(o Override) error {
 	case o.TTL <= 0 || o.TTL > c.cfg.maxTTL:
 		return bad("TTL %v outside (0, %v]", o.TTL, c.cfg.maxTTL)
 	case !o.Freeze && o.Slots == 0 && o.QueueItems == 0 && o.Mode == 0:
-		return bad("changes nothing")
+		return bad("sets nothing (no Freeze, Slots, QueueItems or Mode)")
 	case o.Mode > ModeRecovering:
 		return bad("unknown mode %d", o.Mode)
 	case o.Slots < 0 || o.QueueItems < 0:

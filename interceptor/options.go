@@ -127,7 +127,7 @@ func (c *clientConfig) validate() error {
 		c.methodRetry[m] = p
 	}
 	if _, err := budget.NewRetryBudget(c.retryBudget...); err != nil {
-		return invalid("retry budget: %v", err)
+		return fmt.Errorf("%w: %w", ErrInvalidOption, err) // err names the budget
 	}
 	return c.retry.validate()
 }
@@ -142,7 +142,7 @@ func WithAllowance(units int64) ClientOption {
 
 // WithAttemptTimeout sets the deadline of an attempt that starts at this
 // client, counted from its first call; the caller's context deadline wins
-// when it is earlier. Default DefaultAttemptTimeout (10 s).
+// when it is earlier. Default DefaultAttemptTimeout (10 s); at most 24 h.
 func WithAttemptTimeout(d time.Duration) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.attemptTimeout = d })
 }
@@ -183,7 +183,7 @@ func WithoutRetryBudget() ClientOption {
 // WithResolutionGrace sets how long after the attempt's deadline the owner
 // may still query the state of a try whose outcome is unknown (the queries do
 // no work, and an unresolved UNKNOWN is the worst answer tollgate gives).
-// Default DefaultResolutionGrace (1 s).
+// Default DefaultResolutionGrace (1 s); at most 1 min.
 func WithResolutionGrace(d time.Duration) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.grace = d })
 }
@@ -340,7 +340,11 @@ func WithAdmission(ctrl *admission.Controller) ServerOption {
 // WithAttemptStore makes the server keep a record of every call of a method
 // not declared NO_SIDE_EFFECTS (DESIGN.md §3.7): a try begins in the store
 // before its handler runs, and a finished record answers every later try of
-// the call (a SUCCEEDED unary record replays its response); the handler runs
+// the call (a SUCCEEDED unary record replays its response, decoded as the
+// method's output type from the protobuf registry, which generated code
+// fills: for a method the registry does not know, such as one served by a
+// hand-written grpc.ServiceDesc, a repeated try of a call that succeeded is
+// answered COMMITTED, RESPONSE_NOT_RETAINED); the handler runs
 // on a context detached from the client's cancellation, with deadline exactly
 // the attempt deadline plus the clock skew, so that a try the client stopped
 // waiting for still finishes and its record resolves. Register
@@ -421,14 +425,14 @@ func WithMaxAllowance(units int64) ServerOption {
 
 // WithMaxAttemptTime caps how far in the future an attempt's deadline may be
 // when a request reaches this server, and is the deadline of a request that
-// has none. Default DefaultMaxAttemptTime (30 s).
+// has none. Default DefaultMaxAttemptTime (30 s); at most 24 h.
 func WithMaxAttemptTime(d time.Duration) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.maxAttemptTime = d })
 }
 
 // WithClockSkew sets the largest difference assumed between trusted peers'
 // clocks; a handler's deadline is at most the attempt deadline plus the skew.
-// Default DefaultClockSkew (500 ms).
+// Default DefaultClockSkew (500 ms); at most 1 min.
 func WithClockSkew(d time.Duration) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.skew = d })
 }

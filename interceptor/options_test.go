@@ -47,6 +47,8 @@ func TestOptionsRejectInvalidValues(t *testing.T) {
 		{"retry negative per-try", interceptor.WithRetry(interceptor.RetryPolicy{PerTryTimeout: -1}), false},
 		{"retry max below initial", interceptor.WithRetry(interceptor.RetryPolicy{InitialBackoff: time.Second, MaxBackoff: time.Millisecond}), false},
 		{"attempt timeout 24h", interceptor.WithAttemptTimeout(24 * time.Hour), true},
+		{"retry max backoff below the default initial", interceptor.WithRetry(interceptor.RetryPolicy{MaxBackoff: 5 * time.Millisecond}), true},
+		{"retry initial backoff above the default max", interceptor.WithRetry(interceptor.RetryPolicy{InitialBackoff: 2 * time.Second}), true},
 		{"attempt timeout 48h", interceptor.WithAttemptTimeout(48 * time.Hour), false},
 		{"method retry /pkg.S/M", interceptor.WithMethodRetry("/pkg.S/M", interceptor.RetryPolicy{MaxTries: 1}), true},
 		{"method retry without the leading slash", interceptor.WithMethodRetry("pkg.S/M", interceptor.RetryPolicy{MaxTries: 1}), false},
@@ -201,4 +203,13 @@ func TestStartAttemptBoundsItsTimeoutAsWithAttemptTimeout(t *testing.T) {
 // transport's reader goroutine at the first request.
 func TestAdmissionTapPanicsAtOnceOnANilController(t *testing.T) {
 	require.PanicsWithValue(t, "interceptor: AdmissionTap: nil admission controller", func() { interceptor.AdmissionTap(nil) })
+}
+
+// An invalid retry budget is refused with an error that matches both
+// ErrInvalidOption and the budget package's own sentinel.
+func TestInvalidRetryBudgetMatchesBothSentinels(t *testing.T) {
+	_, err := interceptor.NewDialOptions(interceptor.WithRetryBudget(budget.WithRetryRatio(2)))
+	require.ErrorIs(t, err, interceptor.ErrInvalidOption)
+	require.ErrorIs(t, err, budget.ErrInvalidRetryBudget)
+	require.NotContains(t, err.Error(), "retry budget: budget:", "the budget names itself once")
 }

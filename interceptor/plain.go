@@ -52,7 +52,8 @@ func newClient(opts []ClientOption, statsInstalled bool) (*client, error) {
 
 // NewServerInterceptors returns tollgate's server interceptors as plain grpc
 // types, for a server that places them itself in its chain (ServerOptions
-// installs them first). Admission's tap, grpc.MaxRecvMsgSize and
+// chains them where its options stand among the server's options: an
+// interceptor given before them runs outside tollgate's). Admission's tap, grpc.MaxRecvMsgSize and
 // grpc.MaxConcurrentStreams are then the caller's to install (see
 // AdmissionTap and ServerOptions). Both share one state; they are safe for
 // concurrent use. An invalid option is an error wrapping ErrInvalidOption.

@@ -20,9 +20,11 @@ type RetryPolicy struct {
 	// repeats. Default DefaultMaxTries (3); at most MaxTriesCap (10).
 	MaxTries int
 	// InitialBackoff is the upper bound of the first repeat's jittered wait.
-	// Default 20 ms.
+	// Default 20 ms, or MaxBackoff when that is set lower.
 	InitialBackoff time.Duration
-	// MaxBackoff caps the jittered wait's upper bound. Default 1 s.
+	// MaxBackoff caps the jittered wait's upper bound. Default 1 s, or
+	// InitialBackoff when that is set higher. Set both, it must not be
+	// below InitialBackoff.
 	MaxBackoff time.Duration
 	// PerTryTimeout bounds how long the client waits for one try; it never
 	// extends the attempt's deadline, and it only stops the client's wait: a
@@ -44,11 +46,14 @@ func (p *RetryPolicy) withDefaults() RetryPolicy {
 	if q.MaxTries == 0 {
 		q.MaxTries = DefaultMaxTries
 	}
-	if q.InitialBackoff == 0 {
-		q.InitialBackoff = defaultInitialBackoff
-	}
-	if q.MaxBackoff == 0 {
-		q.MaxBackoff = defaultMaxBackoff
+	// A default never contradicts the bound the caller did set.
+	switch {
+	case q.InitialBackoff == 0 && q.MaxBackoff == 0:
+		q.InitialBackoff, q.MaxBackoff = defaultInitialBackoff, defaultMaxBackoff
+	case q.InitialBackoff == 0:
+		q.InitialBackoff = min(defaultInitialBackoff, q.MaxBackoff)
+	case q.MaxBackoff == 0:
+		q.MaxBackoff = max(defaultMaxBackoff, q.InitialBackoff)
 	}
 	return q
 }

@@ -235,7 +235,9 @@ func NotAdmitted(reason Reason, opts ...Option) error {
 // code is the cause's code (as [OutcomeOf] reads it), except that OK,
 // UNAVAILABLE, RESOURCE_EXHAUSTED and codes outside the gRPC range become
 // UNKNOWN so that generic retry policies do not repeat it blindly. The
-// message is "tollgate: outcome unknown", then ": " and the cause's message.
+// message is "tollgate: outcome unknown", then ": " and the cause's message,
+// unless the cause's status message already begins so (an unknown outcome
+// from below, re-addressed here), which is then kept as it is.
 // cause may be nil (the code is then UNKNOWN); it is returned by Unwrap. The
 // reason is UNSPECIFIED unless [WithReason] sets one.
 func OutcomeUnknown(cause error, opts ...Option) error {
@@ -243,7 +245,11 @@ func OutcomeUnknown(cause error, opts ...Option) error {
 	msg := "tollgate: outcome unknown"
 	if cause != nil {
 		code = codeOf(cause)
-		msg += ": " + cause.Error()
+		if s, ok := grpcstatus.FromError(cause); ok && strings.HasPrefix(s.Message(), msg) {
+			msg = s.Message() // already an unknown outcome: say it once
+		} else {
+			msg += ": " + cause.Error()
+		}
 	}
 	e := &Error{
 		code:    code,

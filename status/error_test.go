@@ -300,3 +300,15 @@ func TestReasonName(t *testing.T) {
 	require.Equal(t, "UNSPECIFIED", status.ReasonName(status.Reason(999)))
 	require.Equal(t, "UNSPECIFIED", status.ReasonName(status.Reason(-1)))
 }
+
+// An unknown outcome wrapped again, here or after crossing the wire, says
+// "outcome unknown" once, not once per layer.
+func TestOutcomeUnknownOfAnUnknownOutcomeSaysItOnce(t *testing.T) {
+	inner := status.OutcomeUnknown(errors.New("interceptor: handler panic: boom"))
+	again := status.OutcomeUnknown(inner)
+	require.Equal(t, "tollgate: outcome unknown: interceptor: handler panic: boom", grpcstatus.Convert(again).Message())
+	wire := grpcstatus.Convert(again).Err() // as the client receives it
+	third := status.OutcomeUnknown(wire)
+	require.Equal(t, "tollgate: outcome unknown: interceptor: handler panic: boom", grpcstatus.Convert(third).Message())
+	require.Equal(t, 1, strings.Count(third.Error(), "outcome unknown"), third.Error())
+}
