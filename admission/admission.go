@@ -230,7 +230,8 @@ type classState struct {
 // New builds a Controller from opts: the default class (64 slots, 256
 // queued) unless [WithClasses] gives classes, the built-in control class
 // unless [WithoutControlClass], every stage on, metrics to the global meter
-// provider. It returns an error naming the first invalid option.
+// provider. It returns an error naming the first invalid option, wrapping
+// [ErrInvalidConfig].
 func New(opts ...Option) (*Controller, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {

@@ -45,6 +45,7 @@ func TestNewValidates(t *testing.T) {
 			require.Nil(t, c)
 			require.ErrorContains(t, err, tt.want)
 			require.ErrorContains(t, err, "admission: ")
+			require.ErrorIs(t, err, admission.ErrInvalidConfig)
 		})
 	}
 }

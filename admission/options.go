@@ -91,19 +91,19 @@ func (cl Class) maxServiceTime() time.Duration {
 func (cl Class) validate() error {
 	switch {
 	case cl.Name == "":
-		return errors.New("admission: class with an empty name")
+		return invalidConfig("class with an empty name")
 	case cl.Slots < 1:
-		return fmt.Errorf("admission: class %q: Slots must be at least 1, got %d", cl.Name, cl.Slots)
+		return invalidConfig("class %q: Slots must be at least 1, got %d", cl.Name, cl.Slots)
 	case cl.QueueItems < 0, cl.QueueBytes < 0, cl.MaxRequestBytes < 0,
 		cl.TenantRunning < 0, cl.TenantQueued < 0, cl.TenantQueueWork < 0:
-		return fmt.Errorf("admission: class %q: negative limit", cl.Name)
+		return invalidConfig("class %q: negative limit", cl.Name)
 	case cl.ExpectedServiceTime < 0 || cl.MaxServiceTime < 0:
-		return fmt.Errorf("admission: class %q: negative service time", cl.Name)
+		return invalidConfig("class %q: negative service time", cl.Name)
 	case cl.MaxServiceTime > 0 && cl.ExpectedServiceTime > cl.MaxServiceTime:
-		return fmt.Errorf("admission: class %q: ExpectedServiceTime %v exceeds MaxServiceTime %v",
+		return invalidConfig("class %q: ExpectedServiceTime %v exceeds MaxServiceTime %v",
 			cl.Name, cl.ExpectedServiceTime, cl.MaxServiceTime)
 	case cl.Name == ControlClass && cl.Optional:
-		return errors.New("admission: the control class cannot be optional")
+		return invalidConfig("the control class cannot be optional")
 	}
 	return nil
 }
@@ -182,13 +182,13 @@ func (d *Degradation) fill() error {
 	}
 	switch {
 	case d.Window < 0:
-		return errors.New("admission: degradation window must be positive")
+		return invalidConfig("degradation window must be positive")
 	case d.EnterAfter < 0 || d.ExitAfter < 0 || d.MinDecisions < 0:
-		return errors.New("admission: degradation counts must not be negative")
+		return invalidConfig("degradation counts must not be negative")
 	case d.MaxRefusalRatio > 1:
-		return fmt.Errorf("admission: MaxRefusalRatio %v above 1", d.MaxRefusalRatio)
+		return invalidConfig("MaxRefusalRatio %v above 1", d.MaxRefusalRatio)
 	case d.MaxQueueAge < 0:
-		return errors.New("admission: MaxQueueAge must not be negative")
+		return invalidConfig("MaxQueueAge must not be negative")
 	}
 	return nil
 }
@@ -351,11 +351,11 @@ func newConfig(opts []Option) (*config, error) {
 	}
 	switch {
 	case c.margin < 0:
-		return nil, errors.New("admission: negative safety margin")
+		return nil, invalidConfig("negative safety margin")
 	case c.maxTTL <= 0:
-		return nil, errors.New("admission: max override TTL must be positive")
+		return nil, invalidConfig("max override TTL must be positive")
 	case !(c.alpha > 0 && c.alpha <= 1):
-		return nil, fmt.Errorf("admission: learning rate %v outside (0, 1]", c.alpha)
+		return nil, invalidConfig("learning rate %v outside (0, 1]", c.alpha)
 	}
 	// Classes: user classes, then the control class (built in unless given).
 	var classes []Class
@@ -366,7 +366,7 @@ func newConfig(opts []Option) (*config, error) {
 			return nil, err
 		}
 		if seen[cl.Name] {
-			return nil, fmt.Errorf("admission: class %q configured twice", cl.Name)
+			return nil, invalidConfig("class %q configured twice", cl.Name)
 		}
 		seen[cl.Name] = true
 		if cl.Name == ControlClass {
@@ -395,14 +395,14 @@ func newConfig(opts []Option) (*config, error) {
 		names[cl.Name] = true
 	}
 	if !names[c.def] {
-		return nil, fmt.Errorf("admission: default class %q is not configured", c.def)
+		return nil, invalidConfig("default class %q is not configured", c.def)
 	}
 	for _, p := range c.patterns {
 		if !names[p.class] {
-			return nil, fmt.Errorf("admission: pattern %q names unknown class %q", p.pat, p.class)
+			return nil, invalidConfig("pattern %q names unknown class %q", p.pat, p.class)
 		}
 		if !strings.HasPrefix(p.pat, "/") || len(p.pat) < 2 {
-			return nil, fmt.Errorf("admission: pattern %q must start with \"/\"", p.pat)
+			return nil, invalidConfig("pattern %q must start with \"/\"", p.pat)
 		}
 	}
 	if names[ControlClass] && c.control {
@@ -413,4 +413,13 @@ func newConfig(opts []Option) (*config, error) {
 		c.patterns = append(ps, c.patterns...)
 	}
 	return c, nil
+}
+
+// ErrInvalidConfig is wrapped by every error [New] returns for a
+// configuration it refuses: a class, degradation setting or option that
+// cannot mean anything.
+var ErrInvalidConfig = errors.New("admission: invalid configuration")
+
+func invalidConfig(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
 }
