@@ -538,15 +538,15 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 			svc = min(svc, cs.cfg.ExpectedServiceTime)
 		}
 		if now.Add(wait + svc + c.cfg.margin).After(r.Deadline) {
-			// Not the server's overload: no wait at all, or a wait that the
-			// class's alone would not have made too long (a request held
-			// back by its own tenant's running limit).
-			callerOnly = wait == 0 || !now.Add(classWait+svc+c.cfg.margin).After(r.Deadline)
+			// Not the server's overload: no wait at all, a request held back
+			// only by its own tenant's running limit, or one whose tenant's
+			// wait, not the class's, made it too long.
+			callerOnly = wait == 0 || heldByTenant || !now.Add(classWait+svc+c.cfg.margin).After(r.Deadline)
 			return refuse(status.ReasonDeadlineUnreachable)
 		}
 	}
 	if owner != nil {
-		p := c.startLocked(cs, owner, r.Tenant, tenantOn, r.Deadline, now, now, 0, false)
+		p := c.startLocked(cs, owner, r.Tenant, tenantOn, r.Deadline, now, now, 0)
 		c.emitLocked(Event{Kind: EventAdmitted, Class: cs.cfg.Name, Tenant: r.Tenant, At: now, Deadline: r.Deadline})
 		return p, nil, 0, 0, 0
 	}
@@ -565,7 +565,7 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 	w := &waiter{
 		cs: cs, tenant: r.Tenant, tenantOn: tenantOn, size: size, work: work,
 		deadline: r.Deadline, enq: now, ready: make(chan struct{}),
-		predicted: wait, ahead: cs.queue.n, held: heldByTenant,
+		predicted: wait, ahead: cs.queue.n,
 	}
 	cs.queue.push(w)
 	cs.queuedBytes += size
@@ -725,10 +725,8 @@ func (c *Controller) acquire(cs *classState, slots int) *classState {
 }
 
 // startLocked accounts a request that starts running now; ahead is the
-// requests of cs that were queued ahead of it when it was decided; held
-// says that it waited, at some time, for its own tenant's running work
-// alone, so that its wait is not the server's queueing (MaxQueueAge).
-func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn bool, deadline, arrived, now time.Time, ahead int, held bool) *Permit {
+// requests of cs that were queued ahead of it when it was decided.
+func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn bool, deadline, arrived, now time.Time, ahead int) *Permit {
 	// Callers read the clock before taking the lock, so a releaser's time
 	// may precede the arrival it starts: never start before arriving.
 	now = maxTime(now, arrived)
@@ -746,11 +744,7 @@ func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn 
 		tenant = ""
 	}
 	cs.admitted++
-	if held {
-		c.deg.started(cs, 0)
-	} else {
-		c.deg.started(cs, now.Sub(arrived))
-	}
+	c.deg.started(cs, now.Sub(arrived))
 	c.judgeRejects(cs, arrived, now)
 	p := &Permit{c: c, cs: cs, owner: owner, tenant: tenant, start: now, startOff: off, deadline: deadline, ahead: ahead}
 	p.next = cs.runHead
@@ -842,9 +836,6 @@ func (c *Controller) pump(now time.Time) {
 				continue
 			}
 			if w.tenantOn && cs.cfg.TenantRunning > 0 && cs.tenants[w.tenant].running >= cs.cfg.TenantRunning {
-				if !w.held && c.acquire(cs, c.slots(cs)) != nil {
-					w.held = true // it waits, now, for its own tenant
-				}
 				w = next
 				continue
 			}
@@ -853,7 +844,7 @@ func (c *Controller) pump(now time.Time) {
 				break
 			}
 			c.removeWaiter(w)
-			w.permit = c.startLocked(cs, owner, w.tenant, w.tenantOn, w.deadline, w.enq, now, w.ahead, w.held)
+			w.permit = c.startLocked(cs, owner, w.tenant, w.tenantOn, w.deadline, w.enq, now, w.ahead)
 			w.decided = true
 			close(w.ready)
 			c.emitLocked(Event{Kind: EventStarted, Class: cs.cfg.Name, Tenant: w.tenant, At: now, Deadline: w.deadline, Waited: now.Sub(w.enq)})
@@ -1004,45 +995,40 @@ const overdueShare = 0.1
 // each slot its running requests free to its own next waiter, so that
 // neither its running work nor its queued work is ahead of another
 // tenant's request: both are left out, and so are the slots it holds —
-// unless such tenants hold every slot, when the work of all is spread over
-// all slots.
+// unless such tenants hold every slot, or the class lends or borrows a
+// slot now (its slots and its running requests are then not the same
+// set), when the work of all is spread over all slots. It costs one pass
+// over the class's running requests: a saturated tenant runs exactly its
+// limit, so each of its requests takes that share of its queued work out.
 func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Duration {
 	slots := max(c.slots(cs), 1)
 	mean := cs.est.mean
 	floor := mean * overdueShare
 	nowOff := float64(now.Sub(c.epoch))
 	limit := cs.cfg.TenantRunning
-	saturated := func(tenant string) bool {
-		if limit == 0 || tenant == "" || cs.queue.n == 0 {
-			return false
-		}
-		tc := cs.tenants[tenant]
-		return tc.running >= limit && tc.queued > 0
-	}
-	var remaining, heldRemaining float64
-	held := 0
+	tenants := limit > 0 && cs.queue.n > 0
+	var remaining, heldRemaining, heldQueued float64
+	held, own := 0, 0
 	for p := cs.runHead; p != nil; p = p.next {
 		r := max(mean-(nowOff-p.startOff), floor)
-		if saturated(p.tenant) {
-			heldRemaining += r
-			held++
-			continue
+		if p.owner == cs {
+			own++
+		}
+		if tenants && p.tenant != "" {
+			if tc := cs.tenants[p.tenant]; tc.running >= limit && tc.queued > 0 {
+				heldRemaining += r
+				heldQueued += float64(tc.work) / float64(tc.running)
+				held++
+				continue
+			}
 		}
 		remaining += r
 	}
 	queued := float64(cs.queuedWork)
-	if held > 0 {
-		if held >= slots {
-			return time.Duration((queued + remaining + heldRemaining) / float64(slots))
-		}
-		for t, tc := range cs.tenants {
-			if saturated(t) {
-				queued -= float64(tc.work)
-			}
-		}
-		slots -= held
+	if held > 0 && held < slots && own == cs.running && own == cs.used {
+		return time.Duration((queued - heldQueued + remaining) / float64(slots-held))
 	}
-	return time.Duration((queued + remaining) / float64(slots))
+	return time.Duration((queued + remaining + heldRemaining) / float64(slots))
 }
 
 // tenantNextLocked is how long until a tenant over its limits in cs is

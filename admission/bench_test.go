@@ -197,3 +197,87 @@ func benchReleaseBesideQueue(b *testing.B, waiting int, tenant bool) {
 		p.Release()
 	}
 }
+
+// BenchmarkReleaseBesideFullTenantClass is BenchmarkReleaseBesideQueue
+// beside a full class (2 slots, TenantRunning 1) whose queue holds one
+// waiter of a tenant at its limit and the rest of distinct tenants: every
+// unlock refreshes a full class's retry-after hint from its predicted wait,
+// which must not cost in proportion to the queue's tenants.
+//
+//	go test -run '^$' -bench ReleaseBesideFullTenantClass -benchmem ./admission/
+func BenchmarkReleaseBesideFullTenantClass(b *testing.B) {
+	for _, waiting := range []int{16, 1024} {
+		b.Run(fmt.Sprintf("waiting=%d", waiting), func(b *testing.B) { benchReleaseBesideFullTenantClass(b, waiting) })
+	}
+}
+
+func benchReleaseBesideFullTenantClass(b *testing.B, waiting int) {
+	var mu sync.Mutex
+	queued := 0
+	ctrl, err := admission.New(
+		admission.WithClasses(
+			admission.Class{Name: "held", Slots: 2, QueueItems: waiting, TenantRunning: 1, ExpectedServiceTime: time.Millisecond},
+			admission.Class{Name: "free", Slots: 1 << 20}),
+		admission.WithMethods("held", "/demo.Jobs/Held"),
+		admission.WithMethods("free", "/demo.Jobs/Free"),
+		admission.WithObserver(func(e admission.Event) {
+			if e.Kind == admission.EventQueued {
+				mu.Lock()
+				queued++
+				mu.Unlock()
+			}
+		}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ctrl.Close()
+	deadline := time.Now().Add(time.Hour)
+	held := func(tenant string) admission.Request {
+		return admission.Request{Method: "/demo.Jobs/Held", Tenant: tenant, Deadline: deadline}
+	}
+	p1, err := ctrl.Admit(context.Background(), held("t"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	p2, err := ctrl.Admit(context.Background(), held("u"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+		p1.Abandon()
+		p2.Abandon()
+	}()
+	for i := range waiting {
+		tenant := fmt.Sprint("x", i)
+		if i == 0 {
+			tenant = "t" // t: at its limit with a waiter (saturated)
+		}
+		wg.Go(func() {
+			if p, err := ctrl.Admit(ctx, held(tenant)); err == nil {
+				p.Abandon()
+			}
+		})
+		for { // one at a time, so that t's waiter is first
+			mu.Lock()
+			n := queued
+			mu.Unlock()
+			if n == i+1 {
+				break
+			}
+			time.Sleep(10 * time.Microsecond)
+		}
+	}
+	r := admission.Request{Method: "/demo.Jobs/Free", Tenant: "v", Deadline: deadline}
+	b.ReportAllocs()
+	for b.Loop() {
+		p, err := ctrl.Admit(context.Background(), r)
+		if err != nil {
+			b.Fatal(err)
+		}
+		p.Release()
+	}
+}

@@ -23,7 +23,8 @@
 // Admit decides in stages, cheapest first, and refuses with a typed
 // NOT_ADMITTED status (package status) naming the class and, where a repeat
 // can help, a retry-after that reflects the class's queue (for TENANT_LIMIT
-// the time until the tenant's first running request ends) and is
+// the time until the tenant's first running request ends, and the class's
+// predicted wait too unless the class has a slot free) and is
 // jittered so refused clients do not return together:
 //
 //  1. size: larger than the class's MaxRequestBytes → REQUEST_TOO_LARGE;
@@ -53,9 +54,10 @@
 // a request leaving the queue may let a lender's idle slot start another
 // class's waiter. Refusals and drops of a request held back only by its own
 // tenant's running limit (its class had a slot free) are the tenant's
-// doing: they do not count as overload for degradation, nor does such a
-// request's wait count against MaxQueueAge; TENANT_LIMIT and
-// REQUEST_TOO_LARGE refusals count in no window at all. Waiting
+// doing: they do not count as overload for degradation, nor does a waiter
+// held so when a window closes count against MaxQueueAge (the wait of a
+// request that started does count in full, whatever held it);
+// TENANT_LIMIT and REQUEST_TOO_LARGE refusals count in no window at all. Waiting
 // requests leave the queue when their context ends. Each permit ends exactly
 // once, with [Permit.Release] after work that ran or [Permit.Abandon] after
 // work that did not run (a replay, a refusal after admission) or a stream;

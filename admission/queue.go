@@ -19,7 +19,6 @@ type waiter struct {
 	enq        time.Time
 	predicted  time.Duration // the wait predicted when it was queued
 	ahead      int           // requests of its class queued ahead of it when it joined
-	held       bool          // it has waited for its own tenant's running work alone
 
 	ready   chan struct{}
 	decided bool

@@ -17,11 +17,13 @@ import (
 // every tenant's optional work. README: the refusal or drop of a request
 // held back only by its own tenant's running limit does not count, "one
 // tenant over its limit is not the server's overload"; the same holds for
-// its wait.
+// the age of a waiter so held when a window closes. (The wait of a request
+// that started counts in full, whatever held it: telling the tenant's part
+// from the class's would take per-waiter accounting of every state change,
+// and a flag set once was shown to hide real overload. The README says so.)
 func TestRegression5TenantHeldWaitIsNotQueueAgeOverload(t *testing.T) {
-	// still-waiting: W is at the queue's head when windows close (oldestWait);
-	// started: W starts inside one long window, after a 3 s wait (deg.started).
-	for _, how := range []string{"still-waiting", "started"} {
+	// still-waiting: W is at the queue's head when windows close (oldestWait).
+	for _, how := range []string{"still-waiting"} {
 		t.Run(how, func(t *testing.T) {
 			window := time.Second
 			if how == "started" {
