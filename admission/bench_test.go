@@ -141,61 +141,14 @@ func benchReleaseBesideQueue(b *testing.B, waiting int, tenant bool) {
 	if tenant {
 		held.TenantRunning = 1
 	}
-	var mu sync.Mutex
-	queued := 0
-	ctrl, err := admission.New(
-		admission.WithClasses(held, admission.Class{Name: "free", Slots: 1 << 20}),
-		admission.WithMethods("held", "/demo.Jobs/Held"),
-		admission.WithMethods("free", "/demo.Jobs/Free"),
-		admission.WithObserver(func(e admission.Event) {
-			if e.Kind == admission.EventQueued {
-				mu.Lock()
-				queued++
-				mu.Unlock()
-			}
-		}))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ctrl.Close()
-	deadline := time.Now().Add(time.Hour)
-	heldReq := admission.Request{Method: "/demo.Jobs/Held", Tenant: "t", Deadline: deadline}
-	first, err := ctrl.Admit(context.Background(), heldReq)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
+	bc := newBeside(b, held)
+	first := bc.admit(b, "t")
+	defer first.Abandon()
 	for range waiting {
-		wg.Go(func() {
-			if p, err := ctrl.Admit(ctx, heldReq); err == nil {
-				p.Abandon()
-			}
-		})
+		bc.wait("t")
 	}
-	defer func() {
-		cancel()
-		wg.Wait()
-		first.Abandon()
-	}()
-	for {
-		mu.Lock()
-		n := queued
-		mu.Unlock()
-		if n == waiting {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
-	r := admission.Request{Method: "/demo.Jobs/Free", Tenant: "u", Deadline: deadline}
-	b.ReportAllocs()
-	for b.Loop() {
-		p, err := ctrl.Admit(context.Background(), r)
-		if err != nil {
-			b.Fatal(err)
-		}
-		p.Release()
-	}
+	bc.untilQueued(waiting)
+	bc.loop(b)
 }
 
 // BenchmarkReleaseBesideFullTenantClass is BenchmarkReleaseBesideQueue
@@ -212,69 +165,100 @@ func BenchmarkReleaseBesideFullTenantClass(b *testing.B) {
 }
 
 func benchReleaseBesideFullTenantClass(b *testing.B, waiting int) {
-	var mu sync.Mutex
-	queued := 0
-	ctrl, err := admission.New(
-		admission.WithClasses(
-			admission.Class{Name: "held", Slots: 2, QueueItems: waiting, TenantRunning: 1, ExpectedServiceTime: time.Millisecond},
-			admission.Class{Name: "free", Slots: 1 << 20}),
-		admission.WithMethods("held", "/demo.Jobs/Held"),
-		admission.WithMethods("free", "/demo.Jobs/Free"),
-		admission.WithObserver(func(e admission.Event) {
-			if e.Kind == admission.EventQueued {
-				mu.Lock()
-				queued++
-				mu.Unlock()
-			}
-		}))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ctrl.Close()
-	deadline := time.Now().Add(time.Hour)
-	held := func(tenant string) admission.Request {
-		return admission.Request{Method: "/demo.Jobs/Held", Tenant: tenant, Deadline: deadline}
-	}
-	p1, err := ctrl.Admit(context.Background(), held("t"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	p2, err := ctrl.Admit(context.Background(), held("u"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	defer func() {
-		cancel()
-		wg.Wait()
-		p1.Abandon()
-		p2.Abandon()
-	}()
+	bc := newBeside(b, admission.Class{Name: "held", Slots: 2, QueueItems: waiting, TenantRunning: 1, ExpectedServiceTime: time.Millisecond})
+	p1, p2 := bc.admit(b, "t"), bc.admit(b, "u")
+	defer p1.Abandon()
+	defer p2.Abandon()
 	for i := range waiting {
 		tenant := fmt.Sprint("x", i)
 		if i == 0 {
 			tenant = "t" // t: at its limit with a waiter (saturated)
 		}
-		wg.Go(func() {
-			if p, err := ctrl.Admit(ctx, held(tenant)); err == nil {
-				p.Abandon()
-			}
-		})
-		for { // one at a time, so that t's waiter is first
-			mu.Lock()
-			n := queued
-			mu.Unlock()
-			if n == i+1 {
-				break
-			}
-			time.Sleep(10 * time.Microsecond)
-		}
+		bc.wait(tenant)
+		bc.untilQueued(i + 1) // one at a time, so that t's waiter is first
 	}
-	r := admission.Request{Method: "/demo.Jobs/Free", Tenant: "v", Deadline: deadline}
+	bc.loop(b)
+}
+
+// beside is a controller with a class "held" (given) and a class "free"
+// with slots to spare, counting the requests that joined a queue; requests
+// of "held" wait in goroutines that end at the benchmark's cleanup.
+type beside struct {
+	ctrl     *admission.Controller
+	deadline time.Time
+	ctx      context.Context
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	queued   int
+}
+
+func newBeside(b *testing.B, held admission.Class) *beside {
+	bc := &beside{deadline: time.Now().Add(time.Hour)}
+	ctrl, err := admission.New(
+		admission.WithClasses(held, admission.Class{Name: "free", Slots: 1 << 20}),
+		admission.WithMethods("held", "/demo.Jobs/Held"),
+		admission.WithMethods("free", "/demo.Jobs/Free"),
+		admission.WithObserver(func(e admission.Event) {
+			if e.Kind == admission.EventQueued {
+				bc.mu.Lock()
+				bc.queued++
+				bc.mu.Unlock()
+			}
+		}))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	bc.ctrl, bc.ctx = ctrl, ctx
+	b.Cleanup(func() {
+		cancel()
+		bc.wg.Wait()
+		ctrl.Close()
+	})
+	return bc
+}
+
+func (bc *beside) held(tenant string) admission.Request {
+	return admission.Request{Method: "/demo.Jobs/Held", Tenant: tenant, Deadline: bc.deadline}
+}
+
+// admit admits a request of "held" for tenant, which must get a slot.
+func (bc *beside) admit(b *testing.B, tenant string) *admission.Permit {
+	p, err := bc.ctrl.Admit(context.Background(), bc.held(tenant))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+// wait sends a request of "held" for tenant that waits until cleanup.
+func (bc *beside) wait(tenant string) {
+	bc.wg.Go(func() {
+		if p, err := bc.ctrl.Admit(bc.ctx, bc.held(tenant)); err == nil {
+			p.Abandon()
+		}
+	})
+}
+
+// untilQueued waits until n requests have joined a queue.
+func (bc *beside) untilQueued(n int) {
+	for {
+		bc.mu.Lock()
+		q := bc.queued
+		bc.mu.Unlock()
+		if q >= n {
+			return
+		}
+		time.Sleep(10 * time.Microsecond)
+	}
+}
+
+// loop times an admission and release in class "free".
+func (bc *beside) loop(b *testing.B) {
+	r := admission.Request{Method: "/demo.Jobs/Free", Tenant: "v", Deadline: bc.deadline}
 	b.ReportAllocs()
 	for b.Loop() {
-		p, err := ctrl.Admit(context.Background(), r)
+		p, err := bc.ctrl.Admit(context.Background(), r)
 		if err != nil {
 			b.Fatal(err)
 		}
