@@ -63,9 +63,14 @@ func (in *inbound) fingerprint(method string, req any) (idempotency.Digest, erro
 
 // beginTry begins the try in the store. It returns started, or the answer
 // the record gives instead (a replayed response, or an error).
+//
+// An attempt this server minted for the request (s.Origin: the caller sent
+// no tollgate header, or is not trusted) is begun as Minted: it cannot have
+// had an earlier try anywhere, so the store does not refuse it for lying
+// within the skew after its horizon.
 func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp idempotency.Digest, stream bool) (started bool, replay any, err error) {
 	s := in.s
-	res, err := sv.cfg.store.Begin(ctx, idempotency.BeginRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp, Deadline: s.Deadline})
+	res, err := sv.cfg.store.Begin(ctx, idempotency.BeginRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp, Deadline: s.Deadline, Minted: s.Origin})
 	if err != nil {
 		if errors.Is(err, idempotency.ErrMalformedKey) {
 			// The header's fields are validated with the key's own rules,
@@ -94,7 +99,7 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 			// The store started a try the server knows is late (clocks
 			// disagree by more than the skew): end it as a tombstone, unrun.
 			_ = sv.cfg.store.Finish(ctx, idempotency.FinishRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp,
-				State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED})
+				State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, Minted: s.Origin})
 			return false, nil, expired(s)
 		}
 		return true, nil, nil
@@ -179,7 +184,7 @@ func recordOutcome(rec *tollgatev1.AttemptRecord) tollgatev1.Outcome {
 // caller gets UNKNOWN, never success.
 func (sv *server) finishTry(ctx context.Context, method string, in *inbound, fp idempotency.Digest, resp any, answer error, spent int64, stream bool) error {
 	s := in.s
-	req := idempotency.FinishRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp, UnitsSpent: spent}
+	req := idempotency.FinishRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp, UnitsSpent: spent, Minted: s.Origin}
 	o := status.OutcomeOf(answer)
 	switch o.Kind {
 	case status.KindOK:
