@@ -14,7 +14,9 @@ import (
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"github.com/tollgate-go/tollgate/status"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -131,6 +133,74 @@ func TestServerMintedAttemptRunsRightAfterStoreStarts(t *testing.T) {
 					require.NoError(t, proto.Unmarshal(res.Record.GetResponse(), got))
 					require.Equal(t, reqs[i].GetAmount(), got.GetTotal(), "the record kept the response")
 				}
+			})
+		}
+	}
+}
+
+// A trusted tollgate peer's attempt created before the store's horizon plus
+// the skew is still refused — nothing runs — and the refusal says why: the
+// store began retaining too recently. The owner ends the first try of its
+// per-run call NOT_ADMITTED, final, says a new attempt can succeed, and
+// passes on the server's retry-after: the time until a new attempt would be
+// verifiable. A later try of such an attempt stays UNKNOWN, final, with no
+// retry-after.
+func TestTrustedAttemptBeforeHorizonIsRefusedHonestly(t *testing.T) {
+	for _, st := range mintedStores {
+		for _, skew := range []time.Duration{interceptor.DefaultClockSkew, time.Minute} {
+			t.Run(st.name+"/skew="+skew.String(), func(t *testing.T) {
+				p := idempotency.DefaultPolicy()
+				p.Skew = skew
+				ctx, err := interceptor.StartAttempt(t.Context(), 4, 10*time.Second)
+				require.NoError(t, err)
+				minted := time.Now()
+				for time.Now().UnixMilli() <= minted.UnixMilli() {
+					time.Sleep(time.Millisecond) // the horizon lies after the attempt
+				}
+				built := time.Now()
+				store := st.build(t, p)
+				var runs atomic.Int64
+				svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+					runs.Add(1)
+					return &testingv1.ApplyResponse{}, nil
+				}}
+				end := mintedServer(t, svc, store, interceptor.WithClockSkew(skew), interceptor.WithTrustedPeer(interceptor.TrustAll))
+				client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions()...))
+
+				_, err = client.Apply(ctx, &testingv1.ApplyRequest{Key: "acct", Amount: 1})
+				o := status.OutcomeOf(err)
+				require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
+				require.Equal(t, status.ReasonAttemptUnverifiable, o.Reason)
+				require.True(t, o.Final())
+				require.Zero(t, runs.Load(), "the handler never ran")
+				require.ErrorContains(t, err, "a new attempt can succeed")
+				require.ErrorContains(t, err, "began retaining records")
+				require.ErrorContains(t, err, "less than the clock skew before this attempt was created")
+				ra, ok := status.RetryAfter(err)
+				if skew == time.Minute {
+					require.True(t, ok, "a retry-after until a new attempt is verifiable: %v", err)
+				}
+				if ok {
+					// horizon + skew − now, the horizon lying after the store
+					// was built (to the millisecond).
+					require.Greater(t, ra, time.Duration(0))
+					require.LessOrEqual(t, ra, skew)
+					require.GreaterOrEqual(t, ra, skew-time.Since(built)-time.Millisecond, "horizon + skew − now")
+				}
+
+				// A later try of the same attempt, sent raw: UNKNOWN, final,
+				// with the same explanation and no retry-after.
+				a, _ := interceptor.AttemptFromContext(ctx)
+				raw := metadata.AppendToOutgoingContext(t.Context(), "tollgate", "a="+a.ID+";t=2;d="+itoa(a.Deadline.UnixMilli()))
+				_, err = testingv1.NewTestServiceClient(end.DialT(t)).Apply(raw, &testingv1.ApplyRequest{Key: "acct", Amount: 1})
+				o = status.OutcomeOf(err)
+				require.Equal(t, status.KindUnknown, o.Kind, "%v", err)
+				require.Equal(t, status.ReasonAttemptUnverifiable, o.Reason)
+				require.True(t, o.Final())
+				require.ErrorContains(t, err, "less than the clock skew before this attempt was created")
+				_, ok = status.RetryAfter(err)
+				require.False(t, ok, "a later try carries no retry-after")
+				require.Zero(t, runs.Load())
 			})
 		}
 	}

@@ -126,11 +126,38 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 		return false, nil, status.RequestMismatch(recordOutcome(rec), id)
 	case idempotency.RefusedDeadlineExpired:
 		return false, nil, status.NotAdmitted(status.ReasonDeadlineExpired, id, status.Final())
-	default: // RefusedUnverifiable, and any refusal this build does not know
-		return false, nil, status.OutcomeUnknown(nil, id, status.WithReason(status.ReasonAttemptUnverifiable), status.Final(),
-			status.WithMessage("interceptor: the record store cannot vouch for this attempt's earlier tries"))
+	case idempotency.RefusedUnverifiable:
+		if !res.VerifiableFrom.IsZero() {
+			return false, nil, sv.beforeHorizon(s, id, res.VerifiableFrom)
+		}
 	}
+	// RefusedUnverifiable for another reason, and any refusal this build
+	// does not know.
+	return false, nil, status.OutcomeUnknown(nil, id, status.WithReason(status.ReasonAttemptUnverifiable), status.Final(),
+		status.WithMessage("interceptor: the record store cannot vouch for this attempt's earlier tries"))
 }
+
+// beforeHorizon is the refusal of a try of a caller's attempt created before
+// verifiableFrom, its store's horizon plus the clock skew: the store began
+// retaining too recently to vouch that no earlier try ran. It is UNKNOWN,
+// final, as any unverifiable try; a first try also carries the time until
+// a newly created attempt would be verifiable as its retry-after, which the
+// caller's owner passes on when it ends a per-run call NOT_ADMITTED
+// (nobody else can have sent its first try). A later try carries none: its
+// earlier tries' outcome is unknown, and a new attempt is not simply their
+// repeat.
+func (sv *server) beforeHorizon(s *attemptState, id status.Option, verifiableFrom time.Time) error {
+	var wait time.Duration
+	if s.Try == 1 {
+		wait = max(verifiableFrom.Sub(sv.cfg.now()), 0)
+	}
+	return status.OutcomeUnknown(nil, id, status.WithReason(status.ReasonAttemptUnverifiable), status.Final(),
+		status.WithRetryAfter(wait), status.WithMessage(msgBeforeHorizon))
+}
+
+const msgBeforeHorizon = "interceptor: the record store began retaining records (a restart, a failover, " +
+	"or on Redis the tenant's first request) less than the clock skew before this attempt was created, or after it, " +
+	"so it cannot vouch that no earlier try ran; an attempt created at least the skew after it began can be verified"
 
 // storeRetryAfter is the mean delay suggested when the store cannot begin a
 // try; each refusal draws one in [½, 1½) of it, so refused clients do not
