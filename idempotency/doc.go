@@ -23,7 +23,8 @@
 //   - a request with a different fingerprint is a mismatch;
 //   - a try at or after d + skew, when its lease would already have ended, is
 //     refused (deadline expired);
-//   - an attempt outside the horizon is unverifiable.
+//   - an attempt outside the horizon is unverifiable (unless the server
+//     minted it for the request: see below).
 //
 // After the handler the server finishes the try ([Store.Finish]): SUCCEEDED
 // with the response (kept up to a size limit), FAILED with a definite status,
@@ -41,6 +42,18 @@
 // have expired yet; otherwise UNKNOWN. Every try of an attempt outside the
 // horizon is refused as unverifiable, even when a record is present, because
 // a restored record may be older than the truth. See [Policy.Vouches].
+//
+// So for the first skew after a store begins retaining (a restart, a
+// failover, a flush, or on Redis a tenant's first request), a tollgate
+// client's attempts created in that window are refused: the server answers
+// ATTEMPT_UNVERIFIABLE, final, and the client ends a first try of a per-run
+// call NOT_ADMITTED, final, with a retry-after until a new attempt would be
+// verifiable ([BeginResult].VerifiableFrom). A new attempt then succeeds. A
+// skew no larger than the clocks' real error keeps the window short. An
+// attempt the server minted itself for the request — its caller sent no
+// tollgate header, or is not trusted — can have had no earlier try anywhere,
+// so it is never unverifiable for the horizon ([BeginRequest].Minted): such
+// callers are served from the store's first moment.
 //
 // Records live TTL after their last write, and never less than d + skew +
 // grace; no store evicts one earlier. A full store refuses new tries

@@ -84,10 +84,12 @@ const recordOverhead = 256
 // [ErrStoreFull] instead of evicting. A finish is never refused for lack of
 // room: a response that does not fit is dropped (the record reads SUCCEEDED
 // with response_retained false), while status messages and details are kept
-// and counted. Its horizon is the moment it was built:
-// attempts created before then (minus skew) are UNKNOWN to it, because a
-// previous process may have run them. Expired records are removed as later
-// writes happen, so the store starts no goroutine and needs no Close.
+// and counted. Its horizon is the moment it was built (or [MemoryStore.Reset]):
+// attempts created before then plus skew are UNKNOWN to it, because a
+// previous process may have run them — except that an attempt the server
+// minted for the request itself ([BeginRequest].Minted) begins at once.
+// Expired records are removed as later writes happen, so the store starts
+// no goroutine and needs no Close.
 //
 // A MemoryStore is safe for concurrent use; every operation takes one mutex
 // for O(log n) time. Its zero value is not usable: build one with
@@ -200,8 +202,12 @@ func (s *MemoryStore) Begin(ctx context.Context, req BeginRequest) (BeginResult,
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.sweep(now)
-	if !isV7 || !s.policy.inHorizon(ts, s.horizon, now) {
+	if !isV7 {
 		return BeginResult{Refusal: RefusedUnverifiable, Record: unknownRecord(req.Key)}, nil
+	}
+	if !s.policy.inHorizonFor(ts, s.horizon, now, req.Minted) {
+		return BeginResult{Refusal: RefusedUnverifiable, Record: unknownRecord(req.Key),
+			VerifiableFrom: s.policy.verifiableFrom(ts, s.horizon, now)}, nil
 	}
 	r := s.records[req.Key]
 	if r != nil {

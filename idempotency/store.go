@@ -58,6 +58,18 @@ type BeginRequest struct {
 	// server). The try may start only until Deadline plus the store's skew,
 	// and its lease lasts exactly that long. Required.
 	Deadline time.Time
+	// Minted says that the serving server minted the attempt itself, for
+	// this very request (its caller sent no tollgate header, or is a peer
+	// it does not trust): no try of the attempt can have been sent
+	// anywhere before this one, so the absence of its record is evidence
+	// whatever the store's horizon. The store then skips the one
+	// condition ts − Skew ≥ horizon (DESIGN.md §3.8), which would refuse
+	// every request for the first Skew after the store began retaining;
+	// every other check stays (ts ≤ now + Skew, no record can have
+	// expired, the deadline plus Skew, fingerprints, capacity). Never set
+	// it for an attempt that came from a caller: after a restart or
+	// failover, a repeat of such an attempt would run again.
+	Minted bool
 }
 
 // Refusal says why [Store.Begin] did not start a try. Its zero value,
@@ -110,6 +122,13 @@ type BeginResult struct {
 	Refusal Refusal
 	// Record is the record that stopped the try. It is the caller's to keep.
 	Record *tollgatev1.AttemptRecord
+	// VerifiableFrom is set, with RefusedUnverifiable, when the try was
+	// refused because the store began retaining records (its
+	// horizon: a restart, a failover, a flush, or on Redis the tenant's
+	// first request) less than Skew before the attempt was created, or
+	// after it: it is horizon + Skew, the creation time from which a new
+	// attempt would be inside the horizon. Zero otherwise.
+	VerifiableFrom time.Time
 }
 
 // FinishRequest records how a started try ended (DESIGN.md §3.7).
@@ -134,6 +153,10 @@ type FinishRequest struct {
 	// one that could not be serialized): the record reads
 	// response_retained false, so no one mistakes an empty one for it.
 	Withheld bool
+	// Minted repeats the BeginRequest.Minted of the try's Begin: a store
+	// that checks the horizon when finishing (idempotency/redisstore)
+	// skips ts − Skew ≥ horizon for it as Begin did.
+	Minted bool
 	// Code is the status code a FAILED or UNKNOWN try ended with; not OK.
 	// Ignored for other states.
 	Code codes.Code
@@ -320,6 +343,25 @@ func (p Policy) Vouches(attemptID string, horizon, now time.Time) bool {
 // inHorizon reports whether an attempt created at ts (Unix ms) lies inside
 // the horizon: ts − Skew ≥ horizon and ts ≤ now + Skew.
 func (p Policy) inHorizon(ts, horizon, now int64) bool {
+	return p.inHorizonFor(ts, horizon, now, false)
+}
+
+// inHorizonFor is inHorizon for a try's Begin: an attempt minted by the
+// serving server for the request (BeginRequest.Minted) skips ts − Skew ≥
+// horizon, never ts ≤ now + Skew.
+func (p Policy) inHorizonFor(ts, horizon, now int64, minted bool) bool {
 	skew := p.Skew.Milliseconds()
-	return ts-skew >= horizon && ts <= now+skew
+	return (minted || ts-skew >= horizon) && ts <= now+skew
+}
+
+// verifiableFrom returns, for an attempt created at ts (Unix ms) that is
+// outside the horizon, horizon + Skew when the horizon is why (it was
+// created less than Skew after the horizon, or before it, and not after
+// now + Skew), and the zero time otherwise: BeginResult.VerifiableFrom.
+func (p Policy) verifiableFrom(ts, horizon, now int64) time.Time {
+	skew := p.Skew.Milliseconds()
+	if ts-skew >= horizon || ts > now+skew {
+		return time.Time{}
+	}
+	return time.UnixMilli(horizon + skew)
 }

@@ -46,6 +46,22 @@
 // runs, and server-streaming methods the registry does not know are
 // fingerprinted by the method alone.
 //
+// A store vouches for a record's absence only for attempts created at least
+// the clock skew after its horizon: when it began retaining (a memory
+// store's construction; on Redis a tenant's first request, and any restart,
+// failover or flush). An attempt this server minted for the request (its
+// caller sent no header, or is not trusted) cannot have had an earlier try,
+// so it is begun whatever the horizon (idempotency.BeginRequest.Minted) and
+// such callers are served from the store's first moment. A trusted peer's
+// attempt created before the horizon plus the skew is refused UNKNOWN,
+// ATTEMPT_UNVERIFIABLE, final, without running anything; the message says
+// the store began retaining less than the skew before the attempt was
+// created, and a first try's refusal carries a retry-after until a newly
+// created attempt would be verifiable. The peer's owner ends such a first
+// try of a per-run call NOT_ADMITTED, final (a new attempt can succeed,
+// after that retry-after). Keep WithClockSkew (and the store's Policy.Skew)
+// no larger than the clocks' real error, so that the window stays short.
+//
 // The handler's error is answered by its meaning (DESIGN.md §3.6): a
 // refusal from below stays NOT_ADMITTED (re-addressed to the call this server
 // served) only for a method declared NO_SIDE_EFFECTS or an error wrapped with

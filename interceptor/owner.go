@@ -244,11 +244,16 @@ func (w *owner) decide(ctx context.Context, n uint32, err error, o status.Outcom
 		if o.Reason == status.ReasonAttemptUnverifiable && n == 1 && !w.explicit && !w.doubt {
 			// Nobody else can have sent the first try of a per-run key, and
 			// the server refused it before running anything: the grant it
-			// held comes back.
+			// held comes back. A new attempt can succeed, after the
+			// callee's retry-after when it sent one (its store began
+			// retaining less than the clock skew before this attempt was
+			// created).
 			budget.ReconcileCall(0, w.loans...)
 			return 0, false, status.NotAdmitted(status.ReasonAttemptUnverifiable, status.Fields{
 				AttemptID: s.ID, Call: key, Try: n, Final: true,
-				Message: "interceptor: the callee cannot vouch for this attempt"}), true
+				RetryAfter: o.Detail.GetRetryAfter().AsDuration(),
+				Message: "interceptor: the callee cannot vouch for this attempt, but nobody else can have sent its first try, " +
+					"so it did not run and a new attempt can succeed; the callee said: " + grpcstatus.Convert(err).Message()}), true
 		}
 		if o.Final() {
 			return 0, false, w.conclude(n, err), true // the callee says no query or repeat can help

@@ -63,9 +63,14 @@ func (in *inbound) fingerprint(method string, req any) (idempotency.Digest, erro
 
 // beginTry begins the try in the store. It returns started, or the answer
 // the record gives instead (a replayed response, or an error).
+//
+// An attempt this server minted for the request (s.Origin: the caller sent
+// no tollgate header, or is not trusted) is begun as Minted: it cannot have
+// had an earlier try anywhere, so the store does not refuse it for lying
+// within the skew after its horizon.
 func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp idempotency.Digest, stream bool) (started bool, replay any, err error) {
 	s := in.s
-	res, err := sv.cfg.store.Begin(ctx, idempotency.BeginRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp, Deadline: s.Deadline})
+	res, err := sv.cfg.store.Begin(ctx, idempotency.BeginRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp, Deadline: s.Deadline, Minted: s.Origin})
 	if err != nil {
 		if errors.Is(err, idempotency.ErrMalformedKey) {
 			// The header's fields are validated with the key's own rules,
@@ -94,7 +99,7 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 			// The store started a try the server knows is late (clocks
 			// disagree by more than the skew): end it as a tombstone, unrun.
 			_ = sv.cfg.store.Finish(ctx, idempotency.FinishRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp,
-				State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED})
+				State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, Minted: s.Origin})
 			return false, nil, expired(s)
 		}
 		return true, nil, nil
@@ -121,11 +126,38 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 		return false, nil, status.RequestMismatch(recordOutcome(rec), id)
 	case idempotency.RefusedDeadlineExpired:
 		return false, nil, status.NotAdmitted(status.ReasonDeadlineExpired, id, status.Final())
-	default: // RefusedUnverifiable, and any refusal this build does not know
-		return false, nil, status.OutcomeUnknown(nil, id, status.WithReason(status.ReasonAttemptUnverifiable), status.Final(),
-			status.WithMessage("interceptor: the record store cannot vouch for this attempt's earlier tries"))
+	case idempotency.RefusedUnverifiable:
+		if !res.VerifiableFrom.IsZero() {
+			return false, nil, sv.beforeHorizon(s, id, res.VerifiableFrom)
+		}
 	}
+	// RefusedUnverifiable for another reason, and any refusal this build
+	// does not know.
+	return false, nil, status.OutcomeUnknown(nil, id, status.WithReason(status.ReasonAttemptUnverifiable), status.Final(),
+		status.WithMessage("interceptor: the record store cannot vouch for this attempt's earlier tries"))
 }
+
+// beforeHorizon is the refusal of a try of a caller's attempt created before
+// verifiableFrom, its store's horizon plus the clock skew: the store began
+// retaining too recently to vouch that no earlier try ran. It is UNKNOWN,
+// final, as any unverifiable try; a first try also carries the time until
+// a newly created attempt would be verifiable as its retry-after, which the
+// caller's owner passes on when it ends a per-run call NOT_ADMITTED
+// (nobody else can have sent its first try). A later try carries none: its
+// earlier tries' outcome is unknown, and a new attempt is not simply their
+// repeat.
+func (sv *server) beforeHorizon(s *attemptState, id status.Option, verifiableFrom time.Time) error {
+	var wait time.Duration
+	if s.Try == 1 {
+		wait = max(verifiableFrom.Sub(sv.cfg.now()), 0)
+	}
+	return status.OutcomeUnknown(nil, id, status.WithReason(status.ReasonAttemptUnverifiable), status.Final(),
+		status.WithRetryAfter(wait), status.WithMessage(msgBeforeHorizon))
+}
+
+const msgBeforeHorizon = "interceptor: the record store began retaining records (a restart, a failover, " +
+	"or on Redis the tenant's first request) less than the clock skew before this attempt was created, or after it, " +
+	"so it cannot vouch that no earlier try ran; an attempt created at least the skew after it began can be verified"
 
 // storeRetryAfter is the mean delay suggested when the store cannot begin a
 // try; each refusal draws one in [½, 1½) of it, so refused clients do not
@@ -179,7 +211,7 @@ func recordOutcome(rec *tollgatev1.AttemptRecord) tollgatev1.Outcome {
 // caller gets UNKNOWN, never success.
 func (sv *server) finishTry(ctx context.Context, method string, in *inbound, fp idempotency.Digest, resp any, answer error, spent int64, stream bool) error {
 	s := in.s
-	req := idempotency.FinishRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp, UnitsSpent: spent}
+	req := idempotency.FinishRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp, UnitsSpent: spent, Minted: s.Origin}
 	o := status.OutcomeOf(answer)
 	switch o.Kind {
 	case status.KindOK:

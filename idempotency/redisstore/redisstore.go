@@ -23,6 +23,11 @@
 //     identity (restart, restore from a backup, failover to a replica) moves
 //     the horizon to now at once: every earlier attempt reads UNKNOWN, and
 //     none of its tries runs, even when an old copy of its record survived.
+//     The key is also created at a tenant's first request, so for the
+//     policy's skew after it a tollgate client's attempts are refused
+//     (ATTEMPT_UNVERIFIABLE); an attempt the server minted for the request
+//     itself (idempotency.BeginRequest.Minted: a caller without a tollgate
+//     header, or one the server does not trust) begins at once.
 //   - Redis replicates asynchronously. Without [WithReplicas], a write that
 //     Redis acknowledged can be lost if the primary fails before a replica
 //     copied it; the horizon check then makes the loss visible (UNKNOWN)
@@ -426,7 +431,7 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 	tok := callToken()
 	v, acked, err := s.run(ctx, true, beginScript, s.keys(req.Key),
 		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
-		req.Try, req.Fingerprint[:], req.Deadline.UnixMilli(), tok)
+		req.Try, req.Fingerprint[:], req.Deadline.UnixMilli(), tok, req.Minted)
 	if err != nil {
 		if errors.As(err, new(sentError)) {
 			// Redis may have begun the try and its reply was lost (the
@@ -437,6 +442,12 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 			s.fenceBegun(ctx, req, tok, failedBeginFenceTimeout)
 		}
 		return idempotency.BeginResult{}, err
+	}
+	if len(v) == 2 && num(v[0]) == kindUnverifiable {
+		// Outside the horizon only for having been created before
+		// horizon + skew, which the script sends along.
+		return idempotency.BeginResult{Refusal: idempotency.RefusedUnverifiable, Record: idempotency.UnknownRecord(req.Key),
+			VerifiableFrom: time.UnixMilli(num(v[1]))}, nil
 	}
 	kind, rec, err := decode(req.Key, v)
 	if err != nil {
@@ -477,7 +488,7 @@ func (s *Store) fenceBegun(ctx context.Context, req idempotency.BeginRequest, to
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	_ = s.finish(fctx, idempotency.FinishRequest{Key: req.Key, Try: req.Try, Fingerprint: req.Fingerprint,
-		State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED}, tok)
+		State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, Minted: req.Minted}, tok)
 }
 
 // callToken returns a random token naming one Begin or Finish call. go-redis
@@ -527,7 +538,7 @@ func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest, begin
 	}
 	v, _, err := s.run(ctx, false, finishScript, s.keys(req.Key),
 		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
-		req.Try, req.Fingerprint[:], int(req.State), code, msg, det, resp, retained, req.UnitsSpent, callToken(), beginTok)
+		req.Try, req.Fingerprint[:], int(req.State), code, msg, det, resp, retained, req.UnitsSpent, callToken(), beginTok, req.Minted)
 	if err != nil {
 		return err
 	}

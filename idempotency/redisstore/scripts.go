@@ -51,8 +51,10 @@ local function horizon(hk, now)
   return now
 end
 
-local function inside(ts, hz, now, skew)
-  return ts >= 0 and ts - skew >= hz and ts <= now + skew
+-- inside reports whether an attempt created at ts lies inside the horizon;
+-- an attempt the server minted for the request (minted) skips ts - skew >= hz.
+local function inside(ts, hz, now, skew, minted)
+  return ts >= 0 and (minted or ts - skew >= hz) and ts <= now + skew
 end
 
 local function load(rk, now)
@@ -81,7 +83,10 @@ end
 `
 
 // begin: KEYS horizon, record. ARGV now, skew, ttl, grace, ts, try, fp, dl,
-// tok. tok is random, one per Begin call: a record IN_PROGRESS for the same
+// tok, minted. minted is 1 for an attempt the server minted for the request
+// (idempotency.BeginRequest.Minted), which skips ts - skew >= horizon. An
+// attempt refused only for lying before horizon + skew is answered {7,
+// horizon + skew}. tok is random, one per Begin call: a record IN_PROGRESS for the same
 // try with the same tok was started by this very call, whose script runs
 // again when the client resends it after losing its reply, and answers
 // "started" again. Any other Begin of the try (a duplicated delivery) finds
@@ -89,8 +94,12 @@ end
 var beginScript = redis.NewScript(prelude + `
 local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ts, try, fp, dl, tok = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8]), ARGV[9]
+local minted = ARGV[10] == '1'
 local hz = horizon(KEYS[1], now)
-if not inside(ts, hz, now, skew) then return {7} end
+if not inside(ts, hz, now, skew, minted) then
+  if ts >= 0 and ts <= now + skew then return {7, hz + skew} end
+  return {7}
+end
 local v = load(KEYS[2], now)
 local units, fen = '0', '0'
 if v then
@@ -116,7 +125,8 @@ return {0}
 `)
 
 // finish: KEYS horizon, record. ARGV now, skew, ttl, grace, ts, try, fp,
-// state, code, msg, det, resp, ret, units, ftok, btok. ftok is random, one
+// state, code, msg, det, resp, ret, units, ftok, btok, minted. minted is the
+// try's Begin's, and skips ts - skew >= horizon as Begin did. ftok is random, one
 // per Finish call, and stored with the finish: a record of the same try
 // whose ftok is this one was finished by this very call, whose script runs
 // again when the client resends it after losing its reply; it answers
@@ -128,7 +138,7 @@ var finishScript = redis.NewScript(prelude + `
 local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ts, try, fp, st = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
 local hz = horizon(KEYS[1], now)
-if not inside(ts, hz, now, skew) then return {8} end
+if not inside(ts, hz, now, skew, ARGV[17] == '1') then return {8} end
 local v = load(KEYS[2], now)
 if not v then return {8} end
 if v[17] == ARGV[15] and tonumber(v[3]) == try and v[2] == fp then return {12} end

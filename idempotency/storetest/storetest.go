@@ -95,6 +95,8 @@ func Run(t *testing.T, newStore func(t *testing.T, clock *Clock, policy idempote
 		{"HorizonNonUUIDv7", testHorizonNonV7},
 		{"HorizonSkewedAndFutureTimes", testHorizonSkew},
 		{"LossMovesHorizon", testLoss},
+		{"MintedSkipsOnlyHorizonPlusSkew", testMinted},
+		{"MintedAfterLoss", testMintedAfterLoss},
 		{"TenantIsolation", testTenants},
 		{"ResponseSizeLimit", testResponseLimit},
 		{"CallsOfOneAttemptAreApart", testCallsApart},
@@ -592,6 +594,104 @@ func testLoss(e *env) {
 	k2 := e.key()
 	require.Equal(e.t, tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN, e.get(k2).GetState())
 	e.mustStart(k2, 1, e.deadline())
+}
+
+// beginMinted begins try of k as a try of an attempt the serving server
+// minted for the request itself.
+func (e *env) beginMinted(k idempotency.Key, try uint32, fp idempotency.Digest, d time.Time) idempotency.BeginResult {
+	e.t.Helper()
+	res, err := e.s.Begin(e.ctx, idempotency.BeginRequest{Key: k, Try: try, Fingerprint: fp, Deadline: d, Minted: true})
+	require.NoError(e.t, err)
+	return res
+}
+
+// An attempt the serving server minted for the request (BeginRequest.Minted)
+// cannot have been sent anywhere before, so a store begins it although it
+// was created less than skew after the horizon; the same time in a caller's
+// attempt is refused, and says when a new attempt would be verifiable. Every
+// other check stays.
+func testMinted(e *env) {
+	horizon := e.start // the clock reads horizon + skew (setup)
+	at := func(t time.Time) idempotency.Key {
+		return idempotency.Key{Tenant: "tenant-a", AttemptID: AttemptIDAt(t), Call: "0", Method: method}
+	}
+	for _, created := range []time.Time{horizon, horizon.Add(e.p.Skew - time.Millisecond)} {
+		caller := at(created)
+		res := e.begin(caller, 1, fpA, e.deadline())
+		require.Equal(e.t, idempotency.RefusedUnverifiable, res.Refusal, "a caller's attempt created %v after the horizon", created.Sub(horizon))
+		equalRecord(e.t, base(caller, tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN), res.Record)
+		require.True(e.t, horizon.Add(e.p.Skew).Equal(res.VerifiableFrom), "VerifiableFrom %v, want horizon + skew %v", res.VerifiableFrom, horizon.Add(e.p.Skew))
+
+		minted := at(created)
+		res = e.beginMinted(minted, 1, fpA, e.deadline())
+		require.True(e.t, res.Started, "a minted attempt created %v after the horizon: %v", created.Sub(horizon), res.Refusal)
+		require.True(e.t, res.VerifiableFrom.IsZero())
+		require.NoError(e.t, e.s.Finish(e.ctx, idempotency.FinishRequest{Key: minted, Try: 1, Fingerprint: fpA, Minted: true,
+			State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("done")}))
+		// The record answers a later Begin of the key; a different request
+		// is still a mismatch.
+		res = e.beginMinted(minted, 1, fpA, e.deadline())
+		require.Equal(e.t, idempotency.RefusedFinished, res.Refusal)
+		require.Equal(e.t, []byte("done"), res.Record.GetResponse())
+		require.Equal(e.t, idempotency.RefusedMismatch, e.beginMinted(minted, 2, fpB, e.deadline()).Refusal)
+		// Minted widens Begin only: lookups still cannot vouch for it.
+		require.Equal(e.t, tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN, e.get(minted).GetState())
+	}
+	// A caller's attempt created horizon + skew is inside: nothing to say.
+	res := e.begin(at(horizon.Add(e.p.Skew)), 1, fpA, e.deadline())
+	require.True(e.t, res.Started, "%v", res.Refusal)
+
+	// Every other check stays. Created beyond skew in the future: refused,
+	// and no horizon to wait for.
+	res = e.beginMinted(at(e.clock.Now().Add(e.p.Skew+time.Millisecond)), 1, fpA, e.deadline())
+	require.Equal(e.t, idempotency.RefusedUnverifiable, res.Refusal)
+	require.True(e.t, res.VerifiableFrom.IsZero(), "%v", res.VerifiableFrom)
+	res = e.begin(at(e.clock.Now().Add(e.p.Skew+time.Millisecond)), 1, fpA, e.deadline())
+	require.True(e.t, res.VerifiableFrom.IsZero(), "%v", res.VerifiableFrom)
+	// A non-UUIDv7 ID is never verifiable.
+	k := idempotency.Key{Tenant: "tenant-a", AttemptID: uuid.NewString(), Call: "0", Method: method}
+	require.Equal(e.t, idempotency.RefusedUnverifiable, e.beginMinted(k, 1, fpA, e.deadline()).Refusal)
+	// The deadline plus skew has passed.
+	res = e.beginMinted(at(e.clock.Now()), 1, fpA, e.clock.Now().Add(-e.p.Skew))
+	require.Equal(e.t, idempotency.RefusedDeadlineExpired, res.Refusal)
+	// Created so long ago that a record of it could have expired.
+	old := at(e.clock.Now())
+	e.clock.Advance(e.p.TTL - e.p.Skew)
+	res = e.beginMinted(old, 1, fpA, e.deadline())
+	require.Equal(e.t, idempotency.RefusedUnverifiable, res.Refusal)
+	require.True(e.t, res.VerifiableFrom.IsZero(), "the horizon is not why: %v", res.VerifiableFrom)
+}
+
+// After the store lost its records, its horizon is now: a caller's attempt
+// created now is refused until skew has passed, a minted one begins and
+// finishes at once.
+func testMintedAfterLoss(e *env) {
+	if e.h.Lose == nil {
+		e.t.Skip("the store offers no way to lose its records")
+	}
+	e.clock.Advance(time.Second)
+	e.h.Lose(e.t)
+	lost := e.clock.Now()
+	caller := e.key()
+	res := e.begin(caller, 1, fpA, e.deadline())
+	require.Equal(e.t, idempotency.RefusedUnverifiable, res.Refusal)
+	require.True(e.t, lost.Add(e.p.Skew).Equal(res.VerifiableFrom), "VerifiableFrom %v, want %v", res.VerifiableFrom, lost.Add(e.p.Skew))
+
+	minted := e.key()
+	e.clock.Advance(time.Millisecond)
+	res = e.beginMinted(minted, 1, fpA, e.deadline())
+	require.True(e.t, res.Started, "%v", res.Refusal)
+	e.clock.Advance(time.Millisecond)
+	require.NoError(e.t, e.s.Finish(e.ctx, idempotency.FinishRequest{Key: minted, Try: 1, Fingerprint: fpA, Minted: true,
+		State: tollgatev1.AttemptState_ATTEMPT_STATE_FAILED, Code: codes.NotFound, Message: "no such order"}))
+	res = e.beginMinted(minted, 2, fpA, e.deadline())
+	require.Equal(e.t, idempotency.RefusedFinished, res.Refusal)
+	require.Equal(e.t, tollgatev1.AttemptState_ATTEMPT_STATE_FAILED, res.Record.GetState())
+	require.Equal(e.t, "no such order", res.Record.GetStatusMessage())
+
+	// Once skew has passed, a caller's new attempt is inside again.
+	e.clock.Advance(lost.Add(e.p.Skew).Sub(e.clock.Now()))
+	e.mustStart(e.key(), 1, e.deadline())
 }
 
 func testTenants(e *env) {
