@@ -141,7 +141,8 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 // verifiableFrom, its store's horizon plus the clock skew: the store began
 // retaining too recently to vouch that no earlier try ran. It is UNKNOWN,
 // final, as any unverifiable try; a first try also carries the time until
-// a newly created attempt would be verifiable as its retry-after, which the
+// a newly created attempt would be verifiable, jittered up to half again,
+// as its retry-after, which the
 // caller's owner passes on when it ends a per-run call NOT_ADMITTED
 // (nobody else can have sent its first try). A later try carries none: its
 // earlier tries' outcome is unknown, and a new attempt is not simply their
@@ -150,6 +151,9 @@ func (sv *server) beforeHorizon(s *attemptState, id status.Option, verifiableFro
 	var wait time.Duration
 	if s.Try == 1 {
 		wait = max(verifiableFrom.Sub(sv.cfg.now()), 0)
+		if wait > 0 {
+			wait += rand.N(wait/2 + 1) // jittered upwards: never before it can pass, not all at once
+		}
 	}
 	return status.OutcomeUnknown(nil, id, status.WithReason(status.ReasonAttemptUnverifiable), status.Final(),
 		status.WithRetryAfter(wait), status.WithMessage(msgBeforeHorizon))
