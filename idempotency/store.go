@@ -263,6 +263,7 @@ type TooLittleTimeError struct {
 	Why string
 }
 
+// Error says how much time was left and how much the store needed, and why.
 func (e *TooLittleTimeError) Error() string {
 	return fmt.Sprintf("%v: %v left, at least %v needed (%s)", ErrTooLittleTime, e.Left.Round(time.Millisecond), e.Needed, e.Why)
 }
