@@ -33,6 +33,7 @@ type MemoryOption interface{ applyMemory(*memoryConfig) }
 type memoryConfig struct {
 	policy     Policy
 	maxRecords int
+	perTenant  int
 	maxBytes   int64
 	now        func() time.Time
 }
@@ -51,6 +52,17 @@ func WithPolicy(p Policy) MemoryOption {
 // Default 100,000; it must be positive.
 func WithMaxRecords(n int) MemoryOption {
 	return memoryOptionFunc(func(c *memoryConfig) { c.maxRecords = n })
+}
+
+// WithMaxRecordsPerTenant bounds the records one tenant (Key.Tenant, ""
+// included) holds, so that one tenant's callers — a trusted peer fencing
+// made-up attempts, say, whose tombstones last the TTL — cannot fill the
+// store and have every other tenant's new tries refused. A tenant at its
+// bound is refused new tries and fences as a full store refuses them
+// ([ErrStoreFull]); its existing records still answer and finish. Default
+// 0: no bound but WithMaxRecords; it must not be negative.
+func WithMaxRecordsPerTenant(n int) MemoryOption {
+	return memoryOptionFunc(func(c *memoryConfig) { c.perTenant = n })
 }
 
 // WithMaxBytes bounds the bytes the memory store holds: keys, messages,
@@ -97,12 +109,14 @@ const recordOverhead = 256
 type MemoryStore struct {
 	policy     Policy
 	maxRecords int
+	perTenant  int // 0: no per-tenant bound
 	maxBytes   int64
 	now        func() time.Time
 
 	mu      sync.Mutex
 	horizon int64 // Unix ms
 	records map[Key]*memRecord
+	tenants map[string]int // records held per tenant, with perTenant > 0
 	expiry  expiryHeap
 	bytes   int64
 }
@@ -146,15 +160,22 @@ func NewMemoryStore(replicas Replicas, opts ...MemoryOption) (*MemoryStore, erro
 	if c.maxRecords <= 0 {
 		return nil, errors.New("idempotency: WithMaxRecords must be positive")
 	}
+	if c.perTenant < 0 {
+		return nil, errors.New("idempotency: WithMaxRecordsPerTenant must not be negative")
+	}
 	if c.maxBytes < 64<<10 {
 		return nil, errors.New("idempotency: WithMaxBytes must be at least 64 KiB")
 	}
 	s := &MemoryStore{
 		policy:     c.policy,
 		maxRecords: c.maxRecords,
+		perTenant:  c.perTenant,
 		maxBytes:   c.maxBytes,
 		now:        c.now,
 		records:    make(map[Key]*memRecord),
+	}
+	if c.perTenant > 0 {
+		s.tenants = make(map[string]int)
 	}
 	s.horizon = s.now().UnixMilli()
 	return s, nil
@@ -167,6 +188,7 @@ func (s *MemoryStore) Reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	clear(s.records)
+	clear(s.tenants)
 	s.expiry = s.expiry[:0]
 	s.bytes = 0
 	s.horizon = now
@@ -185,6 +207,27 @@ func storeErr(err error) error {
 }
 
 var errFull = fmt.Errorf("%w: %w", ErrStoreUnavailable, ErrStoreFull)
+
+// room returns nil when a new record of key, size bytes, fits: in the
+// store's bounds and its tenant's; else the error to refuse it with.
+func (s *MemoryStore) room(key Key, size int64) error {
+	if len(s.records) >= s.maxRecords || s.bytes+size > s.maxBytes {
+		return errFull
+	}
+	if s.perTenant > 0 && s.tenants[key.Tenant] >= s.perTenant {
+		return fmt.Errorf("%w: tenant %q holds its %d records", errFull, key.Tenant, s.perTenant)
+	}
+	return nil
+}
+
+// add puts the new record r in the store's accounts.
+func (s *MemoryStore) add(r *memRecord) {
+	s.records[r.key] = r
+	s.bytes += r.size
+	if s.tenants != nil {
+		s.tenants[r.key.Tenant]++
+	}
+}
 
 // Begin implements [Store.Begin].
 func (s *MemoryStore) Begin(ctx context.Context, req BeginRequest) (BeginResult, error) {
@@ -235,13 +278,11 @@ func (s *MemoryStore) Begin(ctx context.Context, req BeginRequest) (BeginResult,
 			return BeginResult{Refusal: RefusedUnverifiable, Record: unknownRecord(req.Key)}, nil
 		}
 		size := recordOverhead + keySize(req.Key)
-		if len(s.records) >= s.maxRecords || s.bytes+size > s.maxBytes {
-			return BeginResult{}, errFull
+		if err := s.room(req.Key, size); err != nil {
+			return BeginResult{}, err
 		}
-		r = &memRecord{key: req.Key, size: size}
-		s.records[req.Key] = r
-		s.bytes += size
-		r.index = -1
+		r = &memRecord{key: req.Key, size: size, index: -1}
+		s.add(r)
 	}
 	// A new record, or a tombstone FENCED(n) letting try n+1 start: units
 	// and fence are kept.
@@ -336,12 +377,11 @@ func (s *MemoryStore) Fence(ctx context.Context, key Key, throughTry uint32) (*t
 	}
 	if r == nil {
 		size := recordOverhead + keySize(key)
-		if len(s.records) >= s.maxRecords || s.bytes+size > s.maxBytes {
-			return nil, errFull
+		if err := s.room(key, size); err != nil {
+			return nil, err
 		}
 		r = &memRecord{key: key, size: size, index: -1, state: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED}
-		s.records[key] = r
-		s.bytes += size
+		s.add(r)
 	} else if r.state != tollgatev1.AttemptState_ATTEMPT_STATE_FENCED || throughTry <= r.fenced {
 		return r.proto(now), nil
 	}
@@ -386,6 +426,11 @@ func (s *MemoryStore) sweep(now int64) {
 		r := heap.Pop(&s.expiry).(*memRecord)
 		delete(s.records, r.key)
 		s.bytes -= r.size
+		if s.tenants != nil {
+			if s.tenants[r.key.Tenant]--; s.tenants[r.key.Tenant] == 0 {
+				delete(s.tenants, r.key.Tenant)
+			}
+		}
 	}
 }
 

@@ -93,6 +93,64 @@ func TestMemoryStoreFullRefusesInsteadOfEvicting(t *testing.T) {
 	require.Equal(t, 2, s.Len(), "the record finished last was written later and is kept")
 }
 
+// A tenant at WithMaxRecordsPerTenant is refused new tries and fences as a
+// full store refuses them, while other tenants still begin theirs; its
+// records still answer; room comes back as its records expire.
+func TestMemoryStorePerTenantBound(t *testing.T) {
+	clock := storetest.NewClock(time.Now())
+	p := storetest.Policy()
+	s := newMemory(t, clock, p, idempotency.WithMaxRecords(100), idempotency.WithMaxRecordsPerTenant(2))
+	ctx := context.Background()
+	clock.Advance(p.Skew)
+	id := storetest.AttemptIDAt(clock.Now())
+	d := clock.Now().Add(time.Second)
+	key := func(tenant string, i int) idempotency.Key {
+		return idempotency.Key{Tenant: tenant, AttemptID: id, Call: fmt.Sprint(i), Method: "/x.Y/Z"}
+	}
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: key("a", 0), Try: 1, Deadline: d})
+	require.NoError(t, err)
+	require.True(t, res.Started)
+	_, err = s.Fence(ctx, key("a", 1), 1) // a tombstone counts as a record
+	require.NoError(t, err)
+	_, err = s.Begin(ctx, idempotency.BeginRequest{Key: key("a", 2), Try: 1, Deadline: d})
+	require.ErrorIs(t, err, idempotency.ErrStoreFull)
+	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
+	require.ErrorContains(t, err, `tenant "a"`)
+	_, err = s.Fence(ctx, key("a", 3), 1)
+	require.ErrorIs(t, err, idempotency.ErrStoreFull)
+	for _, other := range []string{"b", ""} {
+		res, err = s.Begin(ctx, idempotency.BeginRequest{Key: key(other, 0), Try: 1, Deadline: d})
+		require.NoError(t, err, "tenant %q", other)
+		require.True(t, res.Started)
+	}
+	// a's records still answer and finish.
+	res, err = s.Begin(ctx, idempotency.BeginRequest{Key: key("a", 0), Try: 2, Deadline: d})
+	require.NoError(t, err)
+	require.Equal(t, idempotency.RefusedInProgress, res.Refusal)
+	require.NoError(t, s.Finish(ctx, idempotency.FinishRequest{Key: key("a", 0), Try: 1, State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED}))
+	require.Equal(t, 4, s.Len())
+	// When a's records expire, a has room again.
+	clock.Advance(p.TTL + time.Second)
+	id2 := storetest.AttemptIDAt(clock.Now())
+	res, err = s.Begin(ctx, idempotency.BeginRequest{Key: idempotency.Key{Tenant: "a", AttemptID: id2, Call: "0", Method: "/x.Y/Z"}, Try: 1, Deadline: clock.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.True(t, res.Started)
+	// Reset forgets the accounts with the records.
+	s.Reset()
+	clock.Advance(p.Skew)
+	id3 := storetest.AttemptIDAt(clock.Now())
+	for i := range 2 {
+		res, err = s.Begin(ctx, idempotency.BeginRequest{Key: idempotency.Key{Tenant: "a", AttemptID: id3, Call: fmt.Sprint(i), Method: "/x.Y/Z"}, Try: 1, Deadline: clock.Now().Add(time.Second)})
+		require.NoError(t, err)
+		require.True(t, res.Started)
+	}
+}
+
+func TestMemoryStoreRefusesANegativePerTenantBound(t *testing.T) {
+	_, err := idempotency.NewMemoryStore(idempotency.SingleReplica, idempotency.WithMaxRecordsPerTenant(-1))
+	require.ErrorContains(t, err, "WithMaxRecordsPerTenant")
+}
+
 // The byte bound counts responses: one that does not fit is not kept, and the
 // record is still SUCCEEDED.
 func TestMemoryStoreByteBound(t *testing.T) {
