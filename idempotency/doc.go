@@ -48,7 +48,8 @@
 // client's attempts created in that window are refused: the server answers
 // ATTEMPT_UNVERIFIABLE, final, and the client ends a first try of a per-run
 // call NOT_ADMITTED, final, with a retry-after until a new attempt would be
-// verifiable ([BeginResult].VerifiableFrom). A new attempt then succeeds. A
+// verifiable by any trusted peer's clock ([BeginResult].VerifiableFrom plus
+// the skew). A new attempt then succeeds. A
 // skew no larger than the clocks' real error keeps the window short. An
 // attempt the server minted itself for the request — its caller sent no
 // tollgate header, or is not trusted — can have had no earlier try anywhere,

@@ -56,8 +56,11 @@
 // attempt created before the horizon plus the skew is refused UNKNOWN,
 // ATTEMPT_UNVERIFIABLE, final, without running anything; the message says
 // the store began retaining less than the skew before the attempt was
-// created, and a first try's refusal carries a retry-after until a newly
-// created attempt would be verifiable. The peer's owner ends such a first
+// created, and the refusal of a numbered key's first try carries a
+// retry-after until an attempt newly created by any trusted peer would be
+// verifiable (the horizon plus twice the skew, as a peer's clock may lag
+// by the skew; jittered upwards). An explicit key's refusal carries none:
+// another run of its handler may have sent it. The peer's owner ends such a first
 // try of a per-run call NOT_ADMITTED, final (a new attempt can succeed,
 // after that retry-after). Keep WithClockSkew (and the store's Policy.Skew)
 // no larger than the clocks' real error, so that the window stays short.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tollgate-go/tollgate/idempotency"
+	"github.com/tollgate-go/tollgate/internal/callkey"
 	"github.com/tollgate-go/tollgate/internal/methodinfo"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 	"github.com/tollgate-go/tollgate/status"
@@ -140,17 +141,18 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 // beforeHorizon is the refusal of a try of a caller's attempt created before
 // verifiableFrom, its store's horizon plus the clock skew: the store began
 // retaining too recently to vouch that no earlier try ran. It is UNKNOWN,
-// final, as any unverifiable try; a first try also carries the time until
-// a newly created attempt would be verifiable, jittered up to half again,
-// as its retry-after, which the
-// caller's owner passes on when it ends a per-run call NOT_ADMITTED
-// (nobody else can have sent its first try). A later try carries none: its
-// earlier tries' outcome is unknown, and a new attempt is not simply their
-// repeat.
+// final, as any unverifiable try. The first try of a numbered key also
+// carries, as its retry-after, the time until an attempt newly created by
+// any trusted peer would be verifiable — verifiableFrom plus the skew, as
+// the peer's clock may lag this server's by that much — jittered up to
+// half again; the caller's owner passes it on when it ends the call
+// NOT_ADMITTED (nobody else can have sent its first try). Any other try
+// carries none: a later try's earlier tries, and an explicit key's other
+// runs, may have run, and a new attempt is not simply their repeat.
 func (sv *server) beforeHorizon(s *attemptState, id status.Option, verifiableFrom time.Time) error {
 	var wait time.Duration
-	if s.Try == 1 {
-		wait = max(verifiableFrom.Sub(sv.cfg.now()), 0)
+	if s.Try == 1 && !callkey.Explicit(s.Call) {
+		wait = max(verifiableFrom.Add(sv.cfg.skew).Sub(sv.cfg.now()), 0)
 		if wait > 0 {
 			wait += rand.N(wait/2 + 1) // jittered upwards: never before it can pass, not all at once
 		}

@@ -180,3 +180,17 @@ func digits(n uint64) int {
 	}
 	return d
 }
+
+// Explicit reports whether key names an explicitly keyed call: whether its
+// last component is a name (it holds a character that is not a digit)
+// rather than a number of the origin or of a per-run pair. Every run of
+// the calling handler sends such a key, so its first try may follow
+// another run's.
+func Explicit(key string) bool {
+	for i := len(key) - 1; i >= 0 && key[i] != '.'; i-- {
+		if key[i] < '0' || key[i] > '9' {
+			return true
+		}
+	}
+	return false
+}

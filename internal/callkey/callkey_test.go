@@ -170,3 +170,22 @@ func BenchmarkRunNext(b *testing.B) {
 		}
 	}
 }
+
+func TestExplicit(t *testing.T) {
+	for key, want := range map[string]bool{
+		"0": false, "12": false, "0.1.2": false, "0.reserve.1.3": false,
+		"reserve": true, "0.reserve": true, "0.1.2.a1": true, "3.2.1.x-y": true,
+	} {
+		if got := callkey.Explicit(key); got != want {
+			t.Errorf("Explicit(%q) = %v, want %v", key, got, want)
+		}
+	}
+	var o callkey.Origin
+	k, err := o.Explicit("name")
+	if err != nil || !callkey.Explicit(k) {
+		t.Fatalf("Origin.Explicit: %q, %v", k, err)
+	}
+	if callkey.Explicit(o.Next()) {
+		t.Fatal("an origin's numbered key read as explicit")
+	}
+}
