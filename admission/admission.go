@@ -143,7 +143,8 @@ type Decision struct {
 	// whether it later started or left unrun (the count its EventQueued
 	// carries); for a refusal on arrival, those in the queue it was refused
 	// at, after waiters that could no longer finish in time were dropped
-	// (the count its EventRefused carries); 0 for a request that got a slot
+	// (the count its EventRefused carries) — except for REQUEST_TOO_LARGE,
+	// decided before anything is dropped, which counts them too; 0 for a request that got a slot
 	// on arrival, which waited behind no one even when requests held back by
 	// their tenant's running limit were waiting.
 	QueuedAhead int
@@ -201,10 +202,15 @@ type classState struct {
 	queueCap int // configured queue items, lowered by overrides
 	frozen   bool
 
-	used        int     // this class's slots held, by it or by borrowers
-	running     int     // requests of this class running, wherever
-	runHead     *Permit // the running requests of this class, newest first
-	queue       waitList
+	used    int     // this class's slots held, by it or by borrowers
+	running int     // requests of this class running, wherever
+	runHead *Permit // the running requests of this class, newest first
+	queue   waitList
+	// heldWaiters counts the waiters whose tenant is at its running limit
+	// (TenantRunning): none of them can start until its tenant's running
+	// work ends, so a class all of whose waiters are held has nothing to
+	// start whatever slots are free (pump skips it).
+	heldWaiters int
 	queuedBytes int64
 	queuedWork  int64
 	tenants     map[string]tenantCount
@@ -440,17 +446,30 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 	// running limit (acquire only looks). What follows from that — a wait,
 	// a refusal — is the tenant's doing, not the server's overload.
 	heldByTenant := false
+	// tenantCaused marks a deadline refusal that its tenant's own running
+	// work caused: no prediction of the class's was wrong, so later starts
+	// cannot show it a false reject.
+	tenantCaused := false
+	// classFull marks a TENANT_LIMIT refusal that the class's lack of room
+	// caused, not the tenant's own backlog: it counts as overload.
+	classFull := false
 	refuse := func(reason status.Reason) (*Permit, *waiter, status.Reason, time.Duration, int) {
-		if callerOnly {
+		switch {
+		case callerOnly:
 			cs.refused[reason]++ // stats only: not an overload signal
-		} else {
+		case classFull:
+			cs.refused[reason]++
+			c.deg.refused(cs, status.ReasonQueueFull)
+		default:
 			c.countRefusal(cs, reason)
 		}
 		var ra time.Duration
 		switch reason {
 		case status.ReasonDeadlineExpired, status.ReasonDraining:
 		case status.ReasonDeadlineUnreachable:
-			c.rememberReject(cs, r.Deadline, now)
+			if !tenantCaused {
+				c.rememberReject(cs, r.Deadline, now)
+			}
 			ra = c.retryAfterLocked(cs, reason, now)
 		case status.ReasonTenantLimit:
 			// The tenant has room again when its first running request
@@ -474,12 +493,13 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 	if cs.frozen || c.shedding(cs) {
 		return refuse(status.ReasonShed)
 	}
-	if c.dropExpiredLocked(cs, now) > 0 {
-		// Waiters that can no longer finish hold no place — in the queue, in
-		// their tenant's queue limits — that this request could take; their
-		// leaving may let a lending class's idle slots go to another class.
-		c.pump(now)
-	}
+	// Waiters that can no longer finish hold no place — in the queue, in
+	// their tenant's queue limits — that this request could take; and
+	// whatever can start now (a lending class's queue may have emptied
+	// since the last pump: a waiter that left on a virtual clock pumps
+	// nothing) starts before this request, which comes after it.
+	c.dropExpiredLocked(cs, now)
+	c.pump(now)
 	slots := c.slots(cs)
 	tenantOn := c.cfg.stages&StageTenant != 0 && r.Tenant != "" &&
 		(cs.cfg.TenantRunning > 0 || cs.cfg.TenantQueued > 0 || cs.cfg.TenantQueueWork > 0)
@@ -497,6 +517,12 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 	if owner == nil && tenantOn {
 		if (cs.cfg.TenantQueued > 0 && tc.queued >= cs.cfg.TenantQueued) ||
 			(cs.cfg.TenantQueueWork > 0 && tc.work+work > int64(cs.cfg.TenantQueueWork)) {
+			// A tenant with nothing waiting is refused only because one
+			// request's learned work exceeds its bound, in a class with no
+			// slot for it: no flood of its own, so the refusal counts as the
+			// full class's overload (as QUEUE_FULL would), though it stays
+			// TENANT_LIMIT, the bound being the tenant's.
+			classFull = tc.queued == 0 && tenantMayRun
 			return refuse(status.ReasonTenantLimit)
 		}
 		if heldByTenant && cs.queueCap == 0 && (r.Deadline.IsZero() || !now.After(r.Deadline)) {
@@ -541,7 +567,8 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 			// Not the server's overload: no wait at all, a request held back
 			// only by its own tenant's running limit, or one whose tenant's
 			// wait, not the class's, made it too long.
-			callerOnly = wait == 0 || heldByTenant || !now.Add(classWait+svc+c.cfg.margin).After(r.Deadline)
+			tenantCaused = wait > 0 && (heldByTenant || !now.Add(classWait+svc+c.cfg.margin).After(r.Deadline))
+			callerOnly = wait == 0 || tenantCaused
 			return refuse(status.ReasonDeadlineUnreachable)
 		}
 	}
@@ -566,6 +593,9 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 		cs: cs, tenant: r.Tenant, tenantOn: tenantOn, size: size, work: work,
 		deadline: r.Deadline, enq: now, ready: make(chan struct{}),
 		predicted: wait, ahead: cs.queue.n,
+	}
+	if c.tenantHeld(cs, w) {
+		cs.heldWaiters++
 	}
 	cs.queue.push(w)
 	cs.queuedBytes += size
@@ -739,6 +769,9 @@ func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn 
 	if tenantOn {
 		tc := cs.tenants[tenant]
 		tc.running++
+		if tc.running == cs.cfg.TenantRunning {
+			cs.heldWaiters += tc.queued // its waiters are held from now on
+		}
 		cs.tenants[tenant] = tc
 	} else {
 		tenant = ""
@@ -797,6 +830,9 @@ func (c *Controller) releaseLocked(p *Permit, now time.Time, observe bool) (late
 	p.prev, p.next = nil, nil
 	if p.tenant != "" {
 		tc := cs.tenants[p.tenant]
+		if tc.running == cs.cfg.TenantRunning {
+			cs.heldWaiters -= tc.queued // its waiters may start again
+		}
 		tc.running--
 		c.putTenant(cs, p.tenant, tc)
 	}
@@ -818,14 +854,24 @@ func (c *Controller) putTenant(cs *classState, tenant string, tc tenantCount) {
 // and dropping, with DEADLINE_EXPIRED, those that can no longer finish by
 // their deadline.
 func (c *Controller) pump(now time.Time) {
-	if c.queued == 0 {
-		return
+	// A lending class whose queue empties during a pass starts lending its
+	// idle slots, which a class met earlier in the pass may be waiting for:
+	// pass again then (at most once per lending class, since nothing joins
+	// a queue here).
+	for again := true; again && c.queued > 0; {
+		again = c.pumpPass(now)
 	}
+}
+
+// pumpPass is one pass of pump over the classes, in order; it reports
+// whether a lending class's queue emptied.
+func (c *Controller) pumpPass(now time.Time) (lenderEmptied bool) {
 	for _, cs := range c.classes {
-		if cs.queue.n == 0 || (!c.mayHaveExpiredLocked(cs, now) && c.acquire(cs, c.slots(cs)) == nil) {
+		if cs.queue.n == 0 || (!c.mayHaveExpiredLocked(cs, now) &&
+			(cs.heldWaiters == cs.queue.n || c.acquire(cs, c.slots(cs)) == nil)) {
 			// Nothing of cs can start, nor be dropped: the walk below would
-			// stop at its first waiter that is not skipped for its tenant,
-			// having done nothing.
+			// only skip waiters held by their tenant and stop at the first
+			// that is not, having done nothing.
 			continue
 		}
 		for w := cs.queue.head; w != nil; {
@@ -835,7 +881,7 @@ func (c *Controller) pump(now time.Time) {
 				w = next
 				continue
 			}
-			if w.tenantOn && cs.cfg.TenantRunning > 0 && cs.tenants[w.tenant].running >= cs.cfg.TenantRunning {
+			if c.tenantHeld(cs, w) {
 				w = next
 				continue
 			}
@@ -850,7 +896,17 @@ func (c *Controller) pump(now time.Time) {
 			c.emitLocked(Event{Kind: EventStarted, Class: cs.cfg.Name, Tenant: w.tenant, At: now, Deadline: w.deadline, Waited: now.Sub(w.enq)})
 			w = next
 		}
+		if cs.queue.n == 0 && cs.cfg.LendIdle {
+			lenderEmptied = true // it was not empty: the pass skips empty queues
+		}
 	}
+	return lenderEmptied
+}
+
+// tenantHeld reports whether waiter w of cs is held by its tenant's
+// running limit: whether its tenant runs TenantRunning requests of cs.
+func (c *Controller) tenantHeld(cs *classState, w *waiter) bool {
+	return w.tenantOn && cs.cfg.TenantRunning > 0 && cs.tenants[w.tenant].running >= cs.cfg.TenantRunning
 }
 
 // expiredLocked reports whether waiter w of cs is expired for its purpose
@@ -894,6 +950,9 @@ func (c *Controller) dropExpiredLocked(cs *classState, now time.Time) (dropped i
 // removeWaiter takes w out of its queue and the tenant's accounts.
 func (c *Controller) removeWaiter(w *waiter) {
 	cs := w.cs
+	if c.tenantHeld(cs, w) {
+		cs.heldWaiters--
+	}
 	cs.queue.remove(w)
 	cs.queuedBytes -= w.size
 	cs.queuedWork -= w.work

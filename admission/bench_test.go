@@ -265,3 +265,31 @@ func (bc *beside) loop(b *testing.B) {
 		p.Release()
 	}
 }
+
+// BenchmarkReleaseBesideHeldQueue is BenchmarkReleaseBesideQueue's tenant
+// case beside a class that is "full" (1 slot) or has a slot free
+// ("slotfree": 2 slots, TenantRunning 1, tenant t runs one), so that all its
+// waiters are held by t's running limit alone: pump must skip such a class
+// without walking its queue (classState.heldWaiters).
+//
+//	go test -run '^$' -bench ReleaseBesideHeldQueue -benchmem ./admission/
+func BenchmarkReleaseBesideHeldQueue(b *testing.B) {
+	for _, waiting := range []int{16, 1024, 4096} {
+		for _, slots := range []int{1, 2} {
+			name := fmt.Sprintf("waiting=%d/full", waiting)
+			if slots == 2 {
+				name = fmt.Sprintf("waiting=%d/slotfree", waiting)
+			}
+			b.Run(name, func(b *testing.B) {
+				bc := newBeside(b, admission.Class{Name: "held", Slots: slots, QueueItems: waiting, TenantRunning: 1, ExpectedServiceTime: time.Millisecond})
+				first := bc.admit(b, "t")
+				defer first.Abandon()
+				for range waiting {
+					bc.wait("t")
+				}
+				bc.untilQueued(waiting)
+				bc.loop(b)
+			})
+		}
+	}
+}

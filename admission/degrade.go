@@ -176,10 +176,16 @@ func (c *Controller) oldestWait(at time.Time) time.Duration {
 			continue
 		}
 		// Skip the waiters held, now, by their own tenant's running limit
-		// alone: one tenant over its limit is not the server's overload.
+		// alone (their class could start them): one tenant over its limit
+		// is not the server's overload.
 		w := cs.queue.head
-		for w != nil && c.heldByTenantLocked(w) {
-			w = w.next
+		if w != nil && cs.heldWaiters > 0 && c.acquire(cs, c.slots(cs)) != nil {
+			if cs.heldWaiters == cs.queue.n {
+				continue
+			}
+			for w != nil && c.tenantHeld(cs, w) {
+				w = w.next
+			}
 		}
 		if w != nil {
 			oldest = max(oldest, at.Sub(w.enq))

@@ -57,7 +57,9 @@
 // doing: they do not count as overload for degradation, nor does a waiter
 // held so when a window closes count against MaxQueueAge (the wait of a
 // request that started does count in full, whatever held it);
-// TENANT_LIMIT and REQUEST_TOO_LARGE refusals count in no window at all. Waiting
+// TENANT_LIMIT and REQUEST_TOO_LARGE refusals count in no window at all,
+// but for a TenantQueueWork refusal of a tenant with nothing waiting in a
+// full class, which is the class's overload. Waiting
 // requests leave the queue when their context ends. Each permit ends exactly
 // once, with [Permit.Release] after work that ran or [Permit.Abandon] after
 // work that did not run (a replay, a refusal after admission) or a stream;

@@ -71,7 +71,9 @@ type Class struct {
 	TenantQueued int
 	// TenantQueueWork bounds the estimated work (learned mean service time
 	// per request) of one tenant's waiting requests, as in seed 004's
-	// tenant_queue_seconds; over it: TENANT_LIMIT. 0: no limit.
+	// tenant_queue_seconds; over it: TENANT_LIMIT. A tenant with nothing
+	// waiting may always queue one request, however long the mean grows
+	// (the class's own queue bounds then decide). 0: no limit.
 	TenantQueueWork time.Duration
 }
 

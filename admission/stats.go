@@ -231,6 +231,15 @@ func (c *Controller) checkInvariants() error {
 		if n != cs.queue.n || bytes != cs.queuedBytes || work != cs.queuedWork {
 			return fmt.Errorf("class %s: queue accounts drifted", cfg.Name)
 		}
+		held := 0
+		for w := cs.queue.head; w != nil; w = w.next {
+			if c.tenantHeld(cs, w) {
+				held++
+			}
+		}
+		if held != cs.heldWaiters {
+			return fmt.Errorf("class %s: %d waiters held by their tenant, %d counted", cfg.Name, held, cs.heldWaiters)
+		}
 		for t, tc := range cs.tenants {
 			if cfg.TenantRunning > 0 && tc.running > cfg.TenantRunning {
 				return fmt.Errorf("class %s: tenant %s runs %d over %d", cfg.Name, t, tc.running, cfg.TenantRunning)
