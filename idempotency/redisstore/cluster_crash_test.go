@@ -364,13 +364,14 @@ func TestRedisClusterPrimaryCrashMovesHorizon(t *testing.T) {
 	// Reads keys of the replica's slots while it is a replica.
 	replica := newNodeClient(t, cl.replica.addr)
 
-	// go-redis re-reads the Cluster's map after MOVED, ASK or READONLY, and
-	// otherwise every ClusterStateReloadInterval (default 60 s): a dead
-	// primary answers nothing, so with the default the stores go on dialling
-	// it, and answer unavailable, for up to a minute after its replica took
-	// over. A second keeps the test short.
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.primaryAddrs(), ContextTimeoutEnabled: true,
-		ClusterStateReloadInterval: time.Second})
+	// go-redis re-reads the Cluster's map by itself only after MOVED, ASK or
+	// READONLY, and every ClusterStateReloadInterval (default 60 s): a dead
+	// primary answers nothing, so the stores would go on dialling it, and
+	// answer unavailable, for up to a minute after its replica took over.
+	// The store has the map read again after every call that got no reply
+	// (reloadAfter): with the default interval kept here, the test shows
+	// that the stores reach the new primary within seconds.
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.primaryAddrs(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() {
 		_ = c.Close()
 		// A pool that failed to dial PoolSize times probes its address

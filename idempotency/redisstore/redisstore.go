@@ -338,7 +338,12 @@ func attemptMillis(id string) int64 {
 // pipelines WAIT on the same connection (WAIT covers only the writes of the
 // connection that sends it) and reports how many replicas acknowledged, and
 // -1 otherwise.
-func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []string, args ...any) ([]any, int, error) {
+func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []string, args ...any) (v []any, acked int, err error) {
+	defer func() {
+		if err != nil {
+			s.reloadAfter(ctx, err)
+		}
+	}()
 	if s.replicas == 0 || !wait {
 		v, err := sc.Run(ctx, s.client, keys, args...).Slice()
 		if err != nil {
@@ -670,3 +675,21 @@ func stamp(ms int64) *timestamppb.Timestamp {
 }
 
 var _ idempotency.Store = (*Store)(nil)
+
+// reloadAfter has a Cluster client read the Cluster's map again after a
+// call failed without a reply from Redis (no redis.Error): its node may
+// have crashed and its replica taken its slots, which go-redis learns by
+// itself only from a MOVED reply, which a dead node never sends, or every
+// ClusterStateReloadInterval (60 s by default) — until then every call to
+// the slot would fail. The reload is go-redis's lazy one: at most one at a
+// time, in the background.
+func (s *Store) reloadAfter(ctx context.Context, err error) {
+	cluster, ok := s.client.(*redis.ClusterClient)
+	if !ok {
+		return
+	}
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		cluster.ReloadState(ctx)
+	}
+}
