@@ -522,7 +522,9 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 			// slot for it: no flood of its own, so the refusal counts as the
 			// full class's overload (as QUEUE_FULL would), though it stays
 			// TENANT_LIMIT, the bound being the tenant's.
-			classFull = tc.queued == 0 && tenantMayRun
+			// (Not for a request that arrived expired: the caller's, in no
+			// window.)
+			classFull = tc.queued == 0 && tenantMayRun && (r.Deadline.IsZero() || !now.After(r.Deadline))
 			return refuse(status.ReasonTenantLimit)
 		}
 		if heldByTenant && cs.queueCap == 0 && (r.Deadline.IsZero() || !now.After(r.Deadline)) {
@@ -539,14 +541,16 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 	// tenant's running work ends (the class has a slot free: the waiters
 	// ahead of it are held by their own tenants); one whose tenant is at
 	// its limit in a full class waits for both.
-	var wait, classWait time.Duration
+	var wait, classWait, tenantWait time.Duration
 	switch {
 	case owner != nil:
 	case heldByTenant:
-		wait = c.tenantStartWaitLocked(cs, r.Tenant, now)
+		tenantWait = c.tenantStartWaitLocked(cs, r.Tenant, now)
+		wait = tenantWait
 	case !tenantMayRun:
 		classWait = c.predictedWaitLocked(cs, now)
-		wait = max(classWait, c.tenantStartWaitLocked(cs, r.Tenant, now))
+		tenantWait = c.tenantStartWaitLocked(cs, r.Tenant, now)
+		wait = max(classWait, tenantWait)
 	default:
 		classWait = c.predictedWaitLocked(cs, now)
 		wait = classWait
@@ -567,8 +571,11 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 			// Not the server's overload: no wait at all, a request held back
 			// only by its own tenant's running limit, or one whose tenant's
 			// wait, not the class's, made it too long.
-			tenantCaused = wait > 0 && (heldByTenant || !now.Add(classWait+svc+c.cfg.margin).After(r.Deadline))
-			callerOnly = wait == 0 || tenantCaused
+			// Overload only when the class's own wait made it too long; a
+			// false reject only if its tenant's own running work did not
+			// (no start by the class could have saved it then).
+			callerOnly = wait == 0 || heldByTenant || !now.Add(classWait+svc+c.cfg.margin).After(r.Deadline)
+			tenantCaused = tenantWait > 0 && now.Add(tenantWait+svc+c.cfg.margin).After(r.Deadline)
 			return refuse(status.ReasonDeadlineUnreachable)
 		}
 	}
@@ -874,6 +881,12 @@ func (c *Controller) pumpPass(now time.Time) (lenderEmptied bool) {
 			// that is not, having done nothing.
 			continue
 		}
+		// A walk that reaches the queue's end has seen every waiter left:
+		// it sets the queue's deadline bound exactly, as dropExpiredLocked
+		// does, so that a bound left early by a waiter that has gone does
+		// not have every later pump walk the queue again.
+		var soonest time.Time
+		whole := true
 		for w := cs.queue.head; w != nil; {
 			next := w.next
 			if c.expiredLocked(cs, w, now) {
@@ -882,11 +895,15 @@ func (c *Controller) pumpPass(now time.Time) (lenderEmptied bool) {
 				continue
 			}
 			if c.tenantHeld(cs, w) {
+				if !w.deadline.IsZero() && (soonest.IsZero() || w.deadline.Before(soonest)) {
+					soonest = w.deadline
+				}
 				w = next
 				continue
 			}
 			owner := c.acquire(cs, c.slots(cs))
 			if owner == nil {
+				whole = false
 				break
 			}
 			c.removeWaiter(w)
@@ -895,6 +912,9 @@ func (c *Controller) pumpPass(now time.Time) (lenderEmptied bool) {
 			close(w.ready)
 			c.emitLocked(Event{Kind: EventStarted, Class: cs.cfg.Name, Tenant: w.tenant, At: now, Deadline: w.deadline, Waited: now.Sub(w.enq)})
 			w = next
+		}
+		if whole && c.cfg.stages&StageDequeue != 0 {
+			cs.queue.soonest = soonest
 		}
 		if cs.queue.n == 0 && cs.cfg.LendIdle {
 			lenderEmptied = true // it was not empty: the pass skips empty queues

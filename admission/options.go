@@ -71,9 +71,9 @@ type Class struct {
 	TenantQueued int
 	// TenantQueueWork bounds the estimated work (learned mean service time
 	// per request) of one tenant's waiting requests, as in seed 004's
-	// tenant_queue_seconds; over it: TENANT_LIMIT. A tenant with nothing
-	// waiting may always queue one request, however long the mean grows
-	// (the class's own queue bounds then decide). 0: no limit.
+	// tenant_queue_seconds; over it: TENANT_LIMIT — a tenant's only request
+	// too, when the learned mean alone exceeds the bound (in a full class
+	// that refusal counts as the class's overload). 0: no limit.
 	TenantQueueWork time.Duration
 }
 
