@@ -342,9 +342,11 @@ func WithAdmission(ctrl *admission.Controller) ServerOption {
 // before its handler runs, and a finished record answers every later try of
 // the call (a SUCCEEDED unary record replays its response, decoded as the
 // method's output type from the protobuf registry, which generated code
-// fills: for a method the registry does not know, such as one served by a
-// hand-written grpc.ServiceDesc, a repeated try of a call that succeeded is
-// answered COMMITTED, RESPONSE_NOT_RETAINED); the handler runs
+// fills; for a method the registry does not know, such as one served by a
+// hand-written grpc.ServiceDesc, as the type its handler returned on this
+// server, and only when the try ran here since it started: on another
+// replica, or after a restart, a repeated try of such a call that succeeded
+// is answered COMMITTED, RESPONSE_NOT_RETAINED); the handler runs
 // on a context detached from the client's cancellation, with deadline exactly
 // the attempt deadline plus the clock skew, so that a try the client stopped
 // waiting for still finishes and its record resolves. Register

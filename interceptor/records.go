@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tollgate-go/tollgate/idempotency"
@@ -16,6 +18,7 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // recorded reports whether calls of the request keep records: a store is
@@ -180,6 +183,9 @@ func (sv *server) replay(method string, rec *tollgatev1.AttemptRecord, stream bo
 			if resp, err := idempotency.DecodeResponse(method, rec.GetResponse()); err == nil {
 				return resp, nil
 			}
+			if resp, ok := sv.replies.decode(method, rec.GetResponse()); ok {
+				return resp, nil
+			}
 		}
 		return nil, status.Committed(id)
 	case tollgatev1.AttemptState_ATTEMPT_STATE_FAILED:
@@ -226,6 +232,7 @@ func (sv *server) finishTry(ctx context.Context, method string, in *inbound, fp 
 		if m, ok := resp.(proto.Message); ok && !stream {
 			if b, err := deterministic.Marshal(m); err == nil {
 				req.Response, req.Withheld = b, false
+				sv.replies.learn(method, m)
 			}
 		}
 	case status.KindFailed:
@@ -316,4 +323,53 @@ func handOver(req proto.Message, m any) error {
 		return grpcstatus.Errorf(codes.Internal, "interceptor: handing the request over to the handler's %T: %v", m, err)
 	}
 	return nil
+}
+
+// responseTypes maps a method the protobuf registry does not know to the
+// message type of the responses its handler returned here. A record's
+// response of such a method is replayed as that type, which the server's
+// handlers have shown it to be, instead of answering COMMITTED,
+// RESPONSE_NOT_RETAINED. It holds at most maxResponseTypes methods (a
+// server that serves unknown methods through an UnknownServiceHandler may
+// see any number of names); a method not learned here — the try ran on
+// another replica, or before a restart — still answers COMMITTED. Safe for
+// concurrent use; its zero value is empty.
+type responseTypes struct {
+	m sync.Map // method → protoreflect.MessageType, or inRegistry
+	n atomic.Int32
+}
+
+// inRegistry marks a method the protobuf registry knows: nothing to learn.
+type inRegistry struct{}
+
+const maxResponseTypes = 1024
+
+// learn remembers m's type as method's response type, when the registry
+// does not know the method. After a method's first success it costs one
+// map read.
+func (r *responseTypes) learn(method string, m proto.Message) {
+	if _, ok := r.m.Load(method); ok || r.n.Load() >= maxResponseTypes {
+		return
+	}
+	var v any = inRegistry{}
+	if _, err := idempotency.ResponseType(method); err != nil {
+		v = m.ProtoReflect().Type()
+	}
+	if _, loaded := r.m.LoadOrStore(method, v); !loaded {
+		r.n.Add(1)
+	}
+}
+
+// decode unmarshals b as method's learned response type.
+func (r *responseTypes) decode(method string, b []byte) (proto.Message, bool) {
+	v, _ := r.m.Load(method)
+	mt, ok := v.(protoreflect.MessageType)
+	if !ok {
+		return nil, false
+	}
+	m := mt.New().Interface()
+	if err := proto.Unmarshal(b, m); err != nil {
+		return nil, false
+	}
+	return m, true
 }

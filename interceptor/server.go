@@ -33,6 +33,11 @@ import (
 type server struct {
 	cfg serverConfig
 	tel *serverTelemetry
+	// replies remembers, by method, the Go type of the responses this
+	// server's handlers returned for methods the protobuf registry does not
+	// know (a hand-written grpc.ServiceDesc), so that a record's response
+	// can be replayed as one; see responseTypes.
+	replies responseTypes
 }
 
 var (
