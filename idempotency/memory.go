@@ -194,6 +194,9 @@ func (s *MemoryStore) Reset() {
 	s.horizon = now
 }
 
+// Policy returns the store's policy (WithPolicy's, or DefaultPolicy).
+func (s *MemoryStore) Policy() Policy { return s.policy }
+
 // Len returns the number of records held, expired ones not yet removed
 // included.
 func (s *MemoryStore) Len() int {

@@ -307,6 +307,10 @@ func (c *serverConfig) validate() error {
 	case c.store != nil && typedNil(c.store):
 		return invalid("nil attempt store (a nil %T); pass no WithAttemptStore for none", c.store)
 	}
+	if p, ok := c.store.(interface{ Policy() idempotency.Policy }); ok && p.Policy().Skew != c.skew {
+		return invalid("clock skew %v differs from the attempt store's policy skew %v: set both alike (WithClockSkew, the store's WithPolicy)",
+			c.skew, p.Policy().Skew)
+	}
 	return nil
 }
 
@@ -355,7 +359,10 @@ func WithAdmission(ctrl *admission.Controller) ServerOption {
 // WithClockSkew (both default to 500 ms): the record's lease lasts until the
 // attempt deadline plus the store's skew and the handler runs until the
 // deadline plus the server's, so a larger server skew lets a record read
-// ABANDONED while its handler still runs (its call then ends UNKNOWN).
+// ABANDONED while its handler still runs (its call then ends UNKNOWN). A
+// store that tells its policy (a Policy() idempotency.Policy method, as
+// both of tollgate's stores have) is checked: a different skew is
+// ErrInvalidOption.
 func WithAttemptStore(store idempotency.Store) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.store = store })
 }

@@ -213,3 +213,22 @@ func TestInvalidRetryBudgetMatchesBothSentinels(t *testing.T) {
 	require.ErrorIs(t, err, budget.ErrInvalidRetryBudget)
 	require.NotContains(t, err.Error(), "retry budget: budget:", "the budget names itself once")
 }
+
+// A store that tells its policy is checked against WithClockSkew: a record's
+// lease (the store's skew) shorter than the handler's time (the server's)
+// would read ABANDONED while the handler still runs.
+func TestAttemptStoreSkewMustMatchTheServers(t *testing.T) {
+	p := idempotency.DefaultPolicy()
+	p.Skew = 0
+	store, err := idempotency.NewMemoryStore(idempotency.SingleReplica, idempotency.WithPolicy(p))
+	require.NoError(t, err)
+	_, err = interceptor.NewServerOptions(interceptor.WithAttemptStore(store)) // server skew: 500 ms
+	require.ErrorIs(t, err, interceptor.ErrInvalidOption)
+	require.ErrorContains(t, err, "differs from the attempt store's policy skew 0s")
+	_, err = interceptor.NewServerOptions(interceptor.WithAttemptStore(store), interceptor.WithClockSkew(0))
+	require.NoError(t, err)
+	def, err := idempotency.NewMemoryStore(idempotency.SingleReplica)
+	require.NoError(t, err)
+	_, err = interceptor.NewServerOptions(interceptor.WithAttemptStore(def)) // both default to 500 ms
+	require.NoError(t, err)
+}

@@ -424,6 +424,10 @@ func storeErr(err error) error {
 
 func (s *Store) ms(d time.Duration) int64 { return d.Milliseconds() }
 
+// Policy returns the store's policy (WithPolicy's, or
+// idempotency.DefaultPolicy).
+func (s *Store) Policy() idempotency.Policy { return s.policy }
+
 // Begin implements idempotency.Store.
 func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempotency.BeginResult, error) {
 	if err := idempotency.ValidateBegin(req); err != nil {
