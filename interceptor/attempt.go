@@ -130,11 +130,23 @@ type callNameKey struct{}
 // the parent's key followed by name ("p.name"), the same on every re-run of
 // the handler, so that the callee's record deduplicates the call across
 // re-runs. name is 1–128 characters of [A-Za-z0-9_:-] with at least one
-// non-digit; a bad name makes the call fail locally with MALFORMED_HEADER.
-// A handler of a method declared IDEMPOTENT must name every call it makes to
-// a method not declared NO_SIDE_EFFECTS (DESIGN.md §2.2).
+// non-digit; a bad name makes the call fail locally with MALFORMED_HEADER
+// (check names ahead with ValidCallKey). A key that would grow past 128
+// characters with its parent's fails so too. A handler of a method declared
+// IDEMPOTENT must name every call it makes to a method not declared
+// NO_SIDE_EFFECTS (DESIGN.md §2.2).
 func WithCallKey(ctx context.Context, name string) context.Context {
 	return context.WithValue(ctx, callNameKey{}, name)
+}
+
+// ValidCallKey reports whether WithCallKey takes name: nil, or an error
+// saying which rule it breaks, so that a program can check its names when
+// it starts rather than at its first call.
+func ValidCallKey(name string) error {
+	if err := callkey.ValidName(name); err != nil {
+		return fmt.Errorf("interceptor: call key %q: %w", name, err)
+	}
+	return nil
 }
 
 // callKey returns the key of the next call made under s with ctx, or a

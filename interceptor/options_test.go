@@ -232,3 +232,20 @@ func TestAttemptStoreSkewMustMatchTheServers(t *testing.T) {
 	_, err = interceptor.NewServerOptions(interceptor.WithAttemptStore(def)) // both default to 500 ms
 	require.NoError(t, err)
 }
+
+// ValidCallKey answers as WithCallKey's calls would: the names they take,
+// and an error naming the rule for the ones that fail MALFORMED_HEADER.
+func TestValidCallKey(t *testing.T) {
+	for name, ok := range map[string]bool{
+		"reserve-stock": true, "a1": true, "x:y_z": true, strings.Repeat("a", 128): true,
+		"": false, "123": false, "a.b": false, "a b": false, strings.Repeat("a", 129): false, "é": false,
+	} {
+		err := interceptor.ValidCallKey(name)
+		if ok {
+			require.NoError(t, err, name)
+			continue
+		}
+		require.Error(t, err, name)
+		require.ErrorContains(t, err, "interceptor: call key")
+	}
+}

@@ -55,8 +55,10 @@ func Validate(key string) error {
 	}
 }
 
-// validName checks an explicit name: 1–MaxCallLen characters of the key
+// ValidName checks an explicit name: 1–MaxCallLen characters of the key
 // charset without '.', at least one of them not a digit.
+func ValidName(name string) error { return validName(name) }
+
 func validName(name string) error {
 	if name == "" || len(name) > header.MaxCallLen {
 		return ErrBadName
