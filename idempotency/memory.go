@@ -31,11 +31,12 @@ var SingleReplica = Replicas{single: true}
 type MemoryOption interface{ applyMemory(*memoryConfig) }
 
 type memoryConfig struct {
-	policy     Policy
-	maxRecords int
-	perTenant  int
-	maxBytes   int64
-	now        func() time.Time
+	policy         Policy
+	maxRecords     int
+	perTenant      int
+	perTenantBytes int64
+	maxBytes       int64
+	now            func() time.Time
 }
 
 type memoryOptionFunc func(*memoryConfig)
@@ -56,13 +57,25 @@ func WithMaxRecords(n int) MemoryOption {
 
 // WithMaxRecordsPerTenant bounds the records one tenant (Key.Tenant, ""
 // included) holds, so that one tenant's callers — a trusted peer fencing
-// made-up attempts, say, whose tombstones last the TTL — cannot fill the
-// store and have every other tenant's new tries refused. A tenant at its
-// bound is refused new tries and fences as a full store refuses them
-// ([ErrStoreFull]); its existing records still answer and finish. Default
-// 0: no bound but WithMaxRecords; it must not be negative.
+// made-up attempts, say, whose tombstones last the TTL — cannot use up
+// WithMaxRecords and have every other tenant's new tries refused. A tenant
+// at its bound is refused new tries and fences as a full store refuses
+// them ([ErrStoreFull]); its existing records still answer and finish.
+// Records are bounded in bytes too: pair it with WithMaxBytesPerTenant.
+// Default 0: no bound but WithMaxRecords; it must not be negative.
 func WithMaxRecordsPerTenant(n int) MemoryOption {
 	return memoryOptionFunc(func(c *memoryConfig) { c.perTenant = n })
+}
+
+// WithMaxBytesPerTenant bounds the bytes one tenant's records hold, counted
+// as WithMaxBytes counts them, so that one tenant's large responses cannot
+// use up WithMaxBytes: a tenant at its bound is refused new tries and fences
+// ([ErrStoreFull]), and a response that would take it over is not kept (the
+// record reads SUCCEEDED, response_retained false), as a full store does;
+// status messages and details are kept and counted. Default 0: no bound but
+// WithMaxBytes; it must not be negative, and a positive one at least 64 KiB.
+func WithMaxBytesPerTenant(n int64) MemoryOption {
+	return memoryOptionFunc(func(c *memoryConfig) { c.perTenantBytes = n })
 }
 
 // WithMaxBytes bounds the bytes the memory store holds: keys, messages,
@@ -109,14 +122,15 @@ const recordOverhead = 256
 type MemoryStore struct {
 	policy     Policy
 	maxRecords int
-	perTenant  int // 0: no per-tenant bound
+	perTenant  int   // 0: no per-tenant bound
+	tenantCap  int64 // bytes per tenant; 0: none
 	maxBytes   int64
 	now        func() time.Time
 
 	mu      sync.Mutex
 	horizon int64 // Unix ms
 	records map[Key]*memRecord
-	tenants map[string]int // records held per tenant, with perTenant > 0
+	tenants map[string]tenantUse // with a per-tenant bound
 	expiry  expiryHeap
 	bytes   int64
 }
@@ -163,6 +177,9 @@ func NewMemoryStore(replicas Replicas, opts ...MemoryOption) (*MemoryStore, erro
 	if c.perTenant < 0 {
 		return nil, errors.New("idempotency: WithMaxRecordsPerTenant must not be negative")
 	}
+	if c.perTenantBytes < 0 || (c.perTenantBytes > 0 && c.perTenantBytes < 64<<10) {
+		return nil, errors.New("idempotency: WithMaxBytesPerTenant must be 0 or at least 64 KiB")
+	}
 	if c.maxBytes < 64<<10 {
 		return nil, errors.New("idempotency: WithMaxBytes must be at least 64 KiB")
 	}
@@ -170,12 +187,13 @@ func NewMemoryStore(replicas Replicas, opts ...MemoryOption) (*MemoryStore, erro
 		policy:     c.policy,
 		maxRecords: c.maxRecords,
 		perTenant:  c.perTenant,
+		tenantCap:  c.perTenantBytes,
 		maxBytes:   c.maxBytes,
 		now:        c.now,
 		records:    make(map[Key]*memRecord),
 	}
-	if c.perTenant > 0 {
-		s.tenants = make(map[string]int)
+	if c.perTenant > 0 || c.perTenantBytes > 0 {
+		s.tenants = make(map[string]tenantUse)
 	}
 	s.horizon = s.now().UnixMilli()
 	return s, nil
@@ -211,25 +229,49 @@ func storeErr(err error) error {
 
 var errFull = fmt.Errorf("%w: %w", ErrStoreUnavailable, ErrStoreFull)
 
+// tenantUse is what one tenant's records hold.
+type tenantUse struct {
+	records int
+	bytes   int64
+}
+
 // room returns nil when a new record of key, size bytes, fits: in the
 // store's bounds and its tenant's; else the error to refuse it with.
 func (s *MemoryStore) room(key Key, size int64) error {
 	if len(s.records) >= s.maxRecords || s.bytes+size > s.maxBytes {
 		return errFull
 	}
-	if s.perTenant > 0 && s.tenants[key.Tenant] >= s.perTenant {
+	u := s.tenants[key.Tenant]
+	if s.perTenant > 0 && u.records >= s.perTenant {
 		return fmt.Errorf("%w: tenant %q holds its %d records", errFull, key.Tenant, s.perTenant)
 	}
+	if s.tenantCap > 0 && u.bytes+size > s.tenantCap {
+		return fmt.Errorf("%w: tenant %q holds its %d bytes", errFull, key.Tenant, s.tenantCap)
+	}
 	return nil
+}
+
+// grow adds records and n bytes (either may be negative) to the accounts
+// of tenant and of the store.
+func (s *MemoryStore) grow(tenant string, records int, n int64) {
+	s.bytes += n
+	if s.tenants == nil {
+		return
+	}
+	u := s.tenants[tenant]
+	u.records += records
+	u.bytes += n
+	if u.records == 0 {
+		delete(s.tenants, tenant)
+		return
+	}
+	s.tenants[tenant] = u
 }
 
 // add puts the new record r in the store's accounts.
 func (s *MemoryStore) add(r *memRecord) {
 	s.records[r.key] = r
-	s.bytes += r.size
-	if s.tenants != nil {
-		s.tenants[r.key.Tenant]++
-	}
+	s.grow(r.key.Tenant, 1, r.size)
 }
 
 // Begin implements [Store.Begin].
@@ -326,7 +368,9 @@ func (s *MemoryStore) Finish(ctx context.Context, req FinishRequest) error {
 	r.code, r.message, r.details, r.response, r.retained = 0, "", nil, nil, false
 	switch req.State {
 	case tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED:
-		if !req.Withheld && len(req.Response) <= s.policy.MaxResponseBytes && s.bytes+int64(len(req.Response)) <= s.maxBytes {
+		n := int64(len(req.Response))
+		if !req.Withheld && len(req.Response) <= s.policy.MaxResponseBytes && s.bytes+n <= s.maxBytes &&
+			(s.tenantCap == 0 || s.tenants[req.Key.Tenant].bytes+n <= s.tenantCap) {
 			r.response = append([]byte(nil), req.Response...)
 			r.retained = true
 		}
@@ -337,7 +381,7 @@ func (s *MemoryStore) Finish(ctx context.Context, req FinishRequest) error {
 	}
 	grown := r.variableSize() - old
 	r.size += grown
-	s.bytes += grown
+	s.grow(r.key.Tenant, 0, grown)
 	s.written(r, now)
 	return nil
 }
@@ -428,12 +472,7 @@ func (s *MemoryStore) sweep(now int64) {
 	for len(s.expiry) > 0 && s.expiry[0].expire <= now {
 		r := heap.Pop(&s.expiry).(*memRecord)
 		delete(s.records, r.key)
-		s.bytes -= r.size
-		if s.tenants != nil {
-			if s.tenants[r.key.Tenant]--; s.tenants[r.key.Tenant] == 0 {
-				delete(s.tenants, r.key.Tenant)
-			}
-		}
+		s.grow(r.key.Tenant, -1, -r.size)
 	}
 }
 

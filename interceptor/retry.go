@@ -24,7 +24,7 @@ type RetryPolicy struct {
 	InitialBackoff time.Duration
 	// MaxBackoff caps the jittered wait's upper bound. Default 1 s, or
 	// InitialBackoff when that is set higher. Set both, it must not be
-	// below InitialBackoff.
+	// below InitialBackoff; neither may exceed 24 h.
 	MaxBackoff time.Duration
 	// PerTryTimeout bounds how long the client waits for one try; it never
 	// extends the attempt's deadline, and it only stops the client's wait: a
@@ -65,6 +65,10 @@ func (p *RetryPolicy) validate() error {
 		return invalid("retry policy: max tries %d outside [1, %d]", q.MaxTries, MaxTriesCap)
 	case q.InitialBackoff < 0 || q.MaxBackoff < 0:
 		return invalid("retry policy: negative backoff")
+	case q.InitialBackoff > maxAttemptTimeoutCap || q.MaxBackoff > maxAttemptTimeoutCap:
+		// No attempt lasts longer; and the jitter draws below the bound
+		// plus one, which must not overflow.
+		return invalid("retry policy: backoff over %v, the longest attempt", maxAttemptTimeoutCap)
 	case q.PerTryTimeout < 0:
 		return invalid("retry policy: negative per-try timeout")
 	case q.MaxBackoff < q.InitialBackoff:

@@ -686,14 +686,21 @@ var _ idempotency.Store = (*Store)(nil)
 // itself only from a MOVED reply, which a dead node never sends, or every
 // ClusterStateReloadInterval (60 s by default) — until then every call to
 // the slot would fail. The reload is go-redis's lazy one: at most one at a
-// time, in the background.
+// time, in the background. A call that sent nothing (too little time to
+// wait for replicas) or that its caller cancelled says nothing of Redis
+// and reads no map; one whose deadline passed may have met a node that no
+// longer answers, and does.
 func (s *Store) reloadAfter(ctx context.Context, err error) {
 	cluster, ok := s.client.(*redis.ClusterClient)
 	if !ok {
 		return
 	}
-	var reply redis.Error
-	if !errors.As(err, &reply) {
-		cluster.ReloadState(ctx)
+	var (
+		reply redis.Error
+		short *idempotency.TooLittleTimeError
+	)
+	if errors.As(err, &reply) || errors.As(err, &short) || errors.Is(err, context.Canceled) {
+		return
 	}
+	cluster.ReloadState(ctx)
 }
