@@ -218,6 +218,11 @@ type classState struct {
 
 	full atomic.Int32 // reason the tap refuses with; 0: open
 	hint atomic.Int64 // predicted wait (ns) when full, for the tap's retry-after
+	// hopeless is when (Unix ns) a waiter of a full queue may no longer be
+	// able to finish, by the queue's deadline bound less the service
+	// estimate: from then the tap lets requests through to Admit, which
+	// drops such waiters before it judges the queue full. 0: never.
+	hopeless atomic.Int64
 
 	// tapRefused counts the tap's refusals by reason (tapReasons), without
 	// the lock; tapFolded (under the lock) is how many of them the
@@ -816,13 +821,20 @@ func (c *Controller) releaseLocked(p *Permit, now time.Time, observe bool) (late
 		// is judged in the state it waited in (heldByTenantLocked). This in
 		// every class with tenant limits, since a release in any class can
 		// free a slot (its own, a borrowed one, a lender's idle one) that
-		// such a waiter would then seem to have had. Classes without tenant
-		// limits drop them in pump, after the release, as before.
+		// such a waiter would then seem to have had.
 		for _, k := range c.classes {
 			if k.cfg.TenantRunning > 0 {
 				c.dropExpiredLocked(k, now)
 			}
 		}
+	}
+	if observe && cs.cfg.TenantRunning == 0 {
+		// The estimate this release taught may leave waiters of its class
+		// unable to finish anywhere in its queue, where pump's walk, which
+		// stops at the first waiter that cannot start, would not reach
+		// them, and their timers (armed by the old estimate) would fire
+		// late: drop them now.
+		c.dropExpiredLocked(cs, now)
 	}
 	p.owner.used--
 	cs.running--
@@ -1246,6 +1258,13 @@ func (c *Controller) refreshFlag(cs *classState) {
 	}
 	if int32(reason) != cs.full.Load() {
 		cs.full.Store(int32(reason))
+	}
+	var hopeless int64
+	if reason == status.ReasonQueueFull && c.cfg.stages&StageDequeue != 0 && !cs.queue.soonest.IsZero() {
+		hopeless = cs.queue.soonest.Add(-cs.est.service()).UnixNano()
+	}
+	if hopeless != cs.hopeless.Load() {
+		cs.hopeless.Store(hopeless)
 	}
 	if reason != 0 {
 		cs.hint.Store(int64(c.retryBaseLocked(cs, reason, c.last)))

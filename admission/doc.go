@@ -104,7 +104,10 @@
 //
 // [Controller.TapHandle] is a tap.ServerInHandle that refuses new streams of
 // a class whose queue is full by reading one atomic flag, before the request
-// is read. It counts its refusals in an atomic counter per class and
+// is read; once a waiter of that queue may no longer be able to finish (by
+// the queue's earliest deadline less the service estimate), it lets
+// requests through to Admit, which drops such waiters first. It counts its
+// refusals in an atomic counter per class and
 // reason; they count in the degradation windows and in [Controller.Stats]
 // like Admit's. [Controller.AdmitDecision] is Admit that also returns a
 // [Decision]: the request's class and how many requests of it were queued
