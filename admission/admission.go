@@ -1010,9 +1010,7 @@ func (c *Controller) dropWaiter(w *waiter, reason status.Reason, ra time.Duratio
 // (releaseLocked), so that a waiter whose own tenant's work ends late is
 // judged as it waited.
 func (c *Controller) heldByTenantLocked(w *waiter) bool {
-	cs := w.cs
-	return w.tenantOn && cs.cfg.TenantRunning > 0 && cs.tenants[w.tenant].running >= cs.cfg.TenantRunning &&
-		c.acquire(cs, c.slots(cs)) != nil
+	return c.tenantHeld(w.cs, w) && c.acquire(w.cs, c.slots(w.cs)) != nil
 }
 
 // tenantStartWaitLocked estimates how long a new request of tenant, held
