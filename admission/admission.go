@@ -573,12 +573,11 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 			svc = min(svc, cs.cfg.ExpectedServiceTime)
 		}
 		if now.Add(wait + svc + c.cfg.margin).After(r.Deadline) {
-			// Not the server's overload: no wait at all, a request held back
-			// only by its own tenant's running limit, or one whose tenant's
-			// wait, not the class's, made it too long.
-			// Overload only when the class's own wait made it too long; a
-			// false reject only if its tenant's own running work did not
-			// (no start by the class could have saved it then).
+			// Overload only when the class's own wait made it too long (not
+			// with no wait at all, nor for a request held back only by its
+			// tenant's running limit); a false reject only if its tenant's
+			// own running work did not (no start by the class could have
+			// saved it then).
 			callerOnly = wait == 0 || heldByTenant || !now.Add(classWait+svc+c.cfg.margin).After(r.Deadline)
 			tenantCaused = tenantWait > 0 && now.Add(tenantWait+svc+c.cfg.margin).After(r.Deadline)
 			return refuse(status.ReasonDeadlineUnreachable)
@@ -907,9 +906,7 @@ func (c *Controller) pumpPass(now time.Time) (lenderEmptied bool) {
 				continue
 			}
 			if c.tenantHeld(cs, w) {
-				if !w.deadline.IsZero() && (soonest.IsZero() || w.deadline.Before(soonest)) {
-					soonest = w.deadline
-				}
+				soonest = sooner(soonest, w.deadline)
 				w = next
 				continue
 			}
@@ -957,26 +954,23 @@ func (c *Controller) mayHaveExpiredLocked(cs *classState, now time.Time) bool {
 }
 
 // dropExpiredLocked drops, unrun with DEADLINE_EXPIRED, the waiters of cs
-// that are expired for their purpose, sets the queue's bound on its
-// earliest deadline exactly and returns how many it dropped. A queue that
-// cannot hold one is not walked.
-func (c *Controller) dropExpiredLocked(cs *classState, now time.Time) (dropped int) {
+// that are expired for their purpose, and sets the queue's bound on its
+// earliest deadline exactly. A queue that cannot hold one is not walked.
+func (c *Controller) dropExpiredLocked(cs *classState, now time.Time) {
 	if !c.mayHaveExpiredLocked(cs, now) {
-		return 0
+		return
 	}
 	var soonest time.Time
 	for w := cs.queue.head; w != nil; {
 		next := w.next
 		if c.expiredLocked(cs, w, now) {
 			c.dropWaiter(w, status.ReasonDeadlineExpired, 0, now)
-			dropped++
-		} else if !w.deadline.IsZero() && (soonest.IsZero() || w.deadline.Before(soonest)) {
-			soonest = w.deadline
+		} else {
+			soonest = sooner(soonest, w.deadline)
 		}
 		w = next
 	}
 	cs.queue.soonest = soonest
-	return dropped
 }
 
 // removeWaiter takes w out of its queue and the tenant's accounts.

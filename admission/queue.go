@@ -27,6 +27,14 @@ type waiter struct {
 	reason  status.Reason
 }
 
+// sooner returns the earlier of a and b, a zero time standing for none.
+func sooner(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
+}
+
 // waitList is a FIFO of waiters that can remove any member in O(1).
 type waitList struct {
 	head, tail *waiter
@@ -39,9 +47,7 @@ type waitList struct {
 }
 
 func (l *waitList) push(w *waiter) {
-	if !w.deadline.IsZero() && (l.soonest.IsZero() || w.deadline.Before(l.soonest)) {
-		l.soonest = w.deadline
-	}
+	l.soonest = sooner(l.soonest, w.deadline)
 	w.prev, w.next = l.tail, nil
 	if l.tail != nil {
 		l.tail.next = w

@@ -224,7 +224,7 @@ func (c *Controller) checkInvariants() error {
 			if w.tenantOn {
 				tq[w.tenant]++
 			}
-			if !w.deadline.IsZero() && (cs.queue.soonest.IsZero() || w.deadline.Before(cs.queue.soonest)) {
+			if sooner(cs.queue.soonest, w.deadline) != cs.queue.soonest {
 				return fmt.Errorf("class %s: a waiter's deadline %v precedes the queue's bound %v", cfg.Name, w.deadline, cs.queue.soonest)
 			}
 		}
