@@ -144,7 +144,8 @@ type Decision struct {
 	// carries); for a refusal on arrival, those in the queue it was refused
 	// at, after waiters that could no longer finish in time were dropped
 	// (the count its EventRefused carries) — except for REQUEST_TOO_LARGE,
-	// decided before anything is dropped, which counts them too; 0 for a request that got a slot
+	// DRAINING and SHED, decided before anything is dropped, which count
+	// them too; 0 for a request that got a slot
 	// on arrival, which waited behind no one even when requests held back by
 	// their tenant's running limit were waiting.
 	QueuedAhead int
@@ -1074,10 +1075,10 @@ const overdueShare = 0.1
 // overdueShare of the mean, so that an overdue request neither hides the
 // others' remaining work nor makes a full class predict no wait.
 //
-// A tenant at its running limit with requests waiting (saturated) hands
-// each slot its running requests free to its own next waiter, so that
-// neither its running work nor its queued work is ahead of another
-// tenant's request: both are left out, and so are the slots it holds —
+// A tenant at its running limit with requests waiting (saturated) can
+// start none of them until one of its own requests ends, and then one of
+// its own waiters may take the slot: its running and queued work are left
+// out of another tenant's wait, and so are the slots it holds —
 // unless such tenants hold every slot, or the class lends or borrows a
 // slot now (its slots and its running requests are then not the same
 // set), when the work of all is spread over all slots. It costs one pass

@@ -46,8 +46,8 @@
 // When a slot frees, the next waiting request is re-checked: work that can
 // no longer finish by its deadline is dropped unrun with DEADLINE_EXPIRED,
 // never started; such work is also dropped when a window closes and when a
-// new request of its class arrives, so it never holds a place useful work
-// could take. On the real clock (Admit and AdmitDecision, not the …At
+// new request of its class arrives (that passes the size and shed checks),
+// so it never holds a place useful work could take. On the real clock (Admit and AdmitDecision, not the …At
 // methods of virtual clocks) a waiting request also gives up by a timer of
 // its own as soon as its deadline less the class's service estimate has
 // passed, so that its caller hears the refusal while it still listens; and
@@ -58,8 +58,8 @@
 // held so when a window closes count against MaxQueueAge (the wait of a
 // request that started does count in full, whatever held it);
 // TENANT_LIMIT and REQUEST_TOO_LARGE refusals count in no window at all,
-// but for a TenantQueueWork refusal of a tenant with nothing waiting in a
-// full class, which is the class's overload. Waiting
+// but for a TenantQueueWork refusal of a tenant with nothing waiting and
+// under its running limit in a full class, which is the class's overload. Waiting
 // requests leave the queue when their context ends. Each permit ends exactly
 // once, with [Permit.Release] after work that ran or [Permit.Abandon] after
 // work that did not run (a replay, a refusal after admission) or a stream;

@@ -23,7 +23,10 @@ var _ tap.ServerInHandle = (*Controller)(nil).TapHandle
 // predicted wait. Overrides and windows are evaluated lazily: once an
 // override in force may have expired, or a degradation window ended while
 // the controller is not Normal, the tap lets requests through until an
-// Admit call brings the state up to date. grpc-go allows one tap per server: compose it with your
+// Admit call brings the state up to date. It also lets requests through
+// once a waiter of the full queue may no longer be able to finish (the
+// queue's earliest deadline less the service estimate), so that Admit
+// drops that waiter before it judges the queue. grpc-go allows one tap per server: compose it with your
 // own by calling it first. Safe for concurrent use.
 func (c *Controller) TapHandle(ctx context.Context, info *tap.Info) (context.Context, error) {
 	var cs *classState

@@ -140,8 +140,9 @@ func WithCallKey(ctx context.Context, name string) context.Context {
 }
 
 // ValidCallKey reports whether WithCallKey takes name: nil, or an error
-// saying which rule it breaks, so that a program can check its names when
-// it starts rather than at its first call.
+// stating the rules, so that a program can check its names when it starts
+// rather than at its first call. A valid name can still fail at call time
+// when its parent's key and the name together exceed 128 characters.
 func ValidCallKey(name string) error {
 	if err := callkey.ValidName(name); err != nil {
 		return fmt.Errorf("interceptor: call key %q: %w", name, err)

@@ -348,9 +348,9 @@ func WithAdmission(ctrl *admission.Controller) ServerOption {
 // method's output type from the protobuf registry, which generated code
 // fills; for a method the registry does not know, such as one served by a
 // hand-written grpc.ServiceDesc, as the type its handler returned on this
-// server, and only when the try ran here since it started: on another
-// replica, or after a restart, a repeated try of such a call that succeeded
-// is answered COMMITTED, RESPONSE_NOT_RETAINED); the handler runs
+// server, once a call of that method has succeeded here since the server
+// started (at most 1,024 such methods): until then such a record is answered
+// COMMITTED, RESPONSE_NOT_RETAINED); the handler runs
 // on a context detached from the client's cancellation, with deadline exactly
 // the attempt deadline plus the clock skew, so that a try the client stopped
 // waiting for still finishes and its record resolves. Register

@@ -331,9 +331,10 @@ func handOver(req proto.Message, m any) error {
 // handlers have shown it to be, instead of answering COMMITTED,
 // RESPONSE_NOT_RETAINED. It holds at most maxResponseTypes methods (a
 // server that serves unknown methods through an UnknownServiceHandler may
-// see any number of names); a method not learned here — the try ran on
-// another replica, or before a restart — still answers COMMITTED. Safe for
-// concurrent use; its zero value is empty.
+// see any number of names); a method not yet learned here (no call of it
+// has succeeded on this server since it started, whichever replica wrote
+// the record) still answers COMMITTED. Safe for concurrent use; its zero
+// value is empty.
 type responseTypes struct {
 	m sync.Map // method → protoreflect.MessageType, or inRegistry
 	n atomic.Int32

@@ -235,9 +235,11 @@ func NotAdmitted(reason Reason, opts ...Option) error {
 // code is the cause's code (as [OutcomeOf] reads it), except that OK,
 // UNAVAILABLE, RESOURCE_EXHAUSTED and codes outside the gRPC range become
 // UNKNOWN so that generic retry policies do not repeat it blindly. The
-// message is "tollgate: outcome unknown", then ": " and the cause's message,
-// unless the cause's status message already begins so (an unknown outcome
-// from below, re-addressed here), which is then kept as it is.
+// message is "tollgate: outcome unknown", then ": " and cause.Error() (for
+// a gRPC status error, "rpc error: code = … desc = …"), unless the cause's
+// status message already begins "tollgate: outcome unknown" (an unknown
+// outcome from below, re-addressed here), which is then used instead;
+// WithMessage appends to either.
 // cause may be nil (the code is then UNKNOWN); it is returned by Unwrap. The
 // reason is UNSPECIFIED unless [WithReason] sets one.
 func OutcomeUnknown(cause error, opts ...Option) error {
