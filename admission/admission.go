@@ -219,10 +219,11 @@ type classState struct {
 
 	full atomic.Int32 // reason the tap refuses with; 0: open
 	hint atomic.Int64 // predicted wait (ns) when full, for the tap's retry-after
-	// hopeless is when (Unix ns) a waiter of a full queue may no longer be
-	// able to finish, by the queue's deadline bound less the service
-	// estimate: from then the tap lets requests through to Admit, which
-	// drops such waiters before it judges the queue full. 0: never.
+	// hopeless is the last instant (Unix ns) at which every waiter of a
+	// full queue can still finish, by the queue's deadline bound less the
+	// service estimate (one that would finish exactly at its deadline still
+	// can): after it the tap lets requests through to Admit, which drops
+	// such waiters before it judges the queue full. 0: never.
 	hopeless atomic.Int64
 
 	// tapRefused counts the tap's refusals by reason (tapReasons), without
@@ -828,7 +829,7 @@ func (c *Controller) releaseLocked(p *Permit, now time.Time, observe bool) (late
 			}
 		}
 	}
-	if observe && cs.cfg.TenantRunning == 0 {
+	if observe && (c.cfg.stages&StageTenant == 0 || cs.cfg.TenantRunning == 0) {
 		// The estimate this release taught may leave waiters of its class
 		// unable to finish anywhere in its queue, where pump's walk, which
 		// stops at the first waiter that cannot start, would not reach

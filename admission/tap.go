@@ -47,7 +47,7 @@ func (c *Controller) TapHandle(ctx context.Context, info *tap.Info) (context.Con
 		// was set: let Admit, which advances the state, decide.
 		return ctx, nil
 	}
-	if h := cs.hopeless.Load(); h != 0 && c.cfg.now().UnixNano() >= h {
+	if h := cs.hopeless.Load(); h != 0 && c.cfg.now().UnixNano() > h {
 		// A waiter of the full queue may no longer be able to finish:
 		// Admit drops it before it judges the queue, and may queue this.
 		return ctx, nil
