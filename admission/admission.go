@@ -217,6 +217,15 @@ type classState struct {
 	tenants     map[string]tenantCount
 	est         estimator
 
+	// rose is closed, and replaced, when the class's service estimate rises
+	// by more than a tenth over roseAt, the estimate when it was last
+	// closed (or the lowest since): the give-up timers of its waiters, armed
+	// at deadline less the estimate then, re-arm, so that a waiter the new
+	// estimate makes unable to finish gives up on time, not late by the
+	// rise.
+	rose   chan struct{}
+	roseAt time.Duration
+
 	full atomic.Int32 // reason the tap refuses with; 0: open
 	hint atomic.Int64 // predicted wait (ns) when full, for the tap's retry-after
 	// hopeless is the last instant (Unix ns) at which every waiter of a
@@ -265,6 +274,7 @@ func New(opts ...Option) (*Controller, error) {
 			tenants:  map[string]tenantCount{},
 			est:      newEstimator(cl.ExpectedServiceTime, cl.maxServiceTime(), cfg.alpha),
 			refused:  map[status.Reason]uint64{},
+			rose:     make(chan struct{}),
 		}
 		c.classes = append(c.classes, cs)
 		c.byName[cl.Name] = cs
@@ -636,6 +646,7 @@ func (c *Controller) wait(ctx context.Context, w *waiter, timed bool) (*Permit, 
 	if timed && c.cfg.stages&StageDequeue != 0 && !w.deadline.IsZero() {
 		c.mu.Lock()
 		at := w.deadline.Add(-w.cs.est.service())
+		rose := w.cs.rose
 		c.mu.Unlock()
 		timer := time.NewTimer(time.Until(at) + time.Millisecond)
 		defer timer.Stop()
@@ -645,6 +656,11 @@ func (c *Controller) wait(ctx context.Context, w *waiter, timed bool) (*Permit, 
 				return c.woken(ctx, w)
 			case <-ctx.Done():
 				return c.ctxEnded(ctx, w, timed)
+			case <-rose:
+				// The estimate rose: re-arm by it, or give up now.
+				c.mu.Lock()
+				rose = w.cs.rose
+				c.mu.Unlock()
 			case <-timer.C:
 			}
 			c.mu.Lock()
@@ -810,6 +826,16 @@ func (c *Controller) releaseLocked(p *Permit, now time.Time, observe bool) (late
 	cs := p.cs
 	if observe {
 		cs.est.observe(now.Sub(p.start))
+		switch svc := cs.est.service(); {
+		case svc > cs.roseAt+cs.roseAt/10:
+			if cs.queue.n > 0 {
+				close(cs.rose)
+				cs.rose = make(chan struct{})
+			}
+			cs.roseAt = svc
+		case svc < cs.roseAt:
+			cs.roseAt = svc
+		}
 		if !p.deadline.IsZero() && now.After(p.deadline) {
 			cs.falseAccepts++
 			late = true
