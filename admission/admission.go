@@ -217,12 +217,15 @@ type classState struct {
 	tenants     map[string]tenantCount
 	est         estimator
 
-	// rose is closed, and replaced, when the class's service estimate rises
-	// by more than a tenth over roseAt, the estimate when it was last
-	// closed (or the lowest since): the give-up timers of its waiters, armed
-	// at deadline less the estimate then, re-arm, so that a waiter the new
-	// estimate makes unable to finish gives up on time, not late by the
-	// rise.
+	// rose is closed, and replaced, when a release at least doubles the
+	// class's service estimate over roseAt (the estimate at the last such
+	// rise, or the lowest since; the initial estimate at first): the
+	// give-up timers of its waiters, armed at deadline less the estimate
+	// then, re-arm, so that a waiter the new estimate makes unable to
+	// finish gives up on time. Below a doubling a timer fires late by the
+	// rise, but still before its deadline, at which no wait is useful; the
+	// estimator's own noise (its p95 steps by about a tenth of the mean)
+	// never wakes the whole queue.
 	rose   chan struct{}
 	roseAt time.Duration
 
@@ -276,6 +279,7 @@ func New(opts ...Option) (*Controller, error) {
 			refused:  map[status.Reason]uint64{},
 			rose:     make(chan struct{}),
 		}
+		cs.roseAt = cs.est.service()
 		c.classes = append(c.classes, cs)
 		c.byName[cl.Name] = cs
 	}
@@ -636,7 +640,8 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 // wait blocks until w is granted or dropped, or ctx ends. With timed (the
 // real clock, and the dequeue stage on), w also gives up by itself once it
 // can no longer finish by its deadline (its deadline less the class's
-// service estimate, re-read when the timer fires): it is dropped then,
+// service estimate, re-read when the timer fires and when a release at
+// least doubles the estimate — classState.rose): it is dropped then,
 // DEADLINE_EXPIRED, rather than left to wait until its caller's context ends
 // — the caller hears an honest refusal while it still listens, and the
 // place it held in the queue (which the tap sees) is free at once. Without
@@ -827,7 +832,7 @@ func (c *Controller) releaseLocked(p *Permit, now time.Time, observe bool) (late
 	if observe {
 		cs.est.observe(now.Sub(p.start))
 		switch svc := cs.est.service(); {
-		case svc > cs.roseAt+cs.roseAt/10:
+		case svc >= 2*cs.roseAt && svc > 0:
 			if cs.queue.n > 0 {
 				close(cs.rose)
 				cs.rose = make(chan struct{})

@@ -50,8 +50,9 @@
 // so it never holds a place useful work could take. On the real clock (Admit and AdmitDecision, not the …At
 // methods of virtual clocks) a waiting request also gives up by a timer of
 // its own as soon as its deadline less the class's service estimate has
-// passed (the timer follows the estimate: a release that raises it by more
-// than a tenth re-arms the class's waiters), so that its caller hears the
+// passed (the timer follows the estimate: a release that at least doubles
+// it re-arms the class's waiters; a smaller rise makes it fire late by the
+// rise, still before the deadline), so that its caller hears the
 // refusal while it still listens; and
 // a request leaving the queue may let a lender's idle slot start another
 // class's waiter. Refusals and drops of a request held back only by its own

@@ -52,7 +52,7 @@ func TestRegression12GiveUpTimerFollowsARisingEstimate(t *testing.T) {
 	waitQueued(t, ctrl, "B", 2)
 
 	time.Sleep(time.Until(t0.Add(750 * time.Millisecond)))
-	b2.Release() // B learns ~1.5s; W_A starts on the freed slot
+	b2.Release() // B learns ~0.75s; W_A starts on the freed slot
 	r := <-wa
 	require.NoError(t, r.err)
 	defer r.p.Abandon()
