@@ -24,27 +24,40 @@ import (
 func TestRegression8SingleRequestOverQueueWorkHidesOverload(t *testing.T) {
 	for _, qw := range []time.Duration{0, 50 * time.Millisecond} {
 		t.Run(fmt.Sprintf("TenantQueueWork=%v", qw), func(t *testing.T) {
-			h := newHarness(t, admission.WithClasses(
-				admission.Class{Name: "main", Slots: 1, QueueItems: 2, TenantQueueWork: qw, ExpectedServiceTime: 100 * time.Millisecond}),
-				admission.WithDefaultClass("main"),
-				admission.WithDegradation(admission.Degradation{Window: time.Second, MinDecisions: 5, EnterAfter: 1}))
-			p := h.admitted(work("/demo.Main/Do"))
-			defer p.Abandon()
-			reasons := map[string]int{}
-			for i := range 10 {
-				r := work("/demo.Main/Do")
-				r.Tenant = fmt.Sprintf("t%d", i) // one request per tenant: nothing queued, nothing running
-				id, e := h.arrive(r)
-				if e.Kind == admission.EventRefused {
-					reasons[status.ReasonName(status.OutcomeOf(h.take(id).err).Reason)]++
-				} else {
-					reasons["queued"]++
-				}
-			}
-			h.tick(time.Second)
-			if m := h.ctrl.Mode(); m != admission.ModeDegraded {
+			reasons, m := oneRequestPerTenant(t, qw, false)
+			if m != admission.ModeDegraded {
 				t.Fatalf("1 slot, 11 requests from 11 tenants (one each): %v; mode %v, want DEGRADED", reasons, m)
 			}
 		})
 	}
+}
+
+// oneRequestPerTenant runs one healthy request in a 1-slot class (queue 2,
+// TenantQueueWork qw, 100 ms of service) and sends ten more, one per
+// tenant, without a deadline or (expired) with one already passed, then
+// closes the window. It returns their outcomes (a refusal's reason, or
+// "queued") and the mode.
+func oneRequestPerTenant(t *testing.T, qw time.Duration, expired bool) (map[string]int, admission.Mode) {
+	h := newHarness(t, admission.WithClasses(
+		admission.Class{Name: "main", Slots: 1, QueueItems: 2, TenantQueueWork: qw, ExpectedServiceTime: 100 * time.Millisecond}),
+		admission.WithDefaultClass("main"),
+		admission.WithDegradation(admission.Degradation{Window: time.Second, MinDecisions: 5, EnterAfter: 1}))
+	p := h.admitted(work("/demo.Main/Do"))
+	defer p.Abandon()
+	reasons := map[string]int{}
+	for i := range 10 {
+		r := work("/demo.Main/Do")
+		r.Tenant = fmt.Sprintf("t%d", i) // one request per tenant: nothing queued, nothing running
+		if expired {
+			r.Deadline = h.clk.Now().Add(-time.Millisecond)
+		}
+		id, e := h.arrive(r)
+		if e.Kind == admission.EventRefused {
+			reasons[status.ReasonName(status.OutcomeOf(h.take(id).err).Reason)]++
+		} else {
+			reasons["queued"]++
+		}
+	}
+	h.tick(time.Second)
+	return reasons, h.ctrl.Mode()
 }

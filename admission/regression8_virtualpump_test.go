@@ -2,7 +2,6 @@ package admission_test
 
 import (
 	"testing"
-	"time"
 
 	"github.com/tollgate-go/tollgate/admission"
 )
@@ -20,19 +19,8 @@ import (
 // its idle slot lendable. The next call is a new B request B3: it is
 // admitted on L's slot at once, while B2, first in B's FIFO, keeps waiting.
 func TestRegression8VirtualClockNextAdmitOvertakesWaiter(t *testing.T) {
-	h := newHarness(t, admission.WithClasses(
-		admission.Class{Name: "B", Slots: 1, QueueItems: 4, ExpectedServiceTime: 100 * time.Millisecond},
-		admission.Class{Name: "L", Slots: 2, QueueItems: 4, TenantRunning: 1, LendIdle: true, ExpectedServiceTime: 100 * time.Millisecond}),
-		admission.WithMethods("B", "/demo.B/"), admission.WithMethods("L", "/demo.L/"),
-		admission.WithDefaultClass("L"))
-	rt := work("/demo.L/Do")
-	rt.Tenant = "t"
-	pt := h.admitted(rt)
+	h, pt, wt, b2 := lenderWithHeldWaiter(t)
 	defer pt.Abandon()
-	wt := h.queued(rt)
-	pb1 := h.admitted(work("/demo.B/Do"))
-	defer pb1.Abandon()
-	b2 := h.queued(work("/demo.B/Do"))
 	h.cancel(wt) // L's queue empties: its idle slot is lendable
 	if r, ok := h.done[b2]; ok {
 		r.permit.Abandon()
