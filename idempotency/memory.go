@@ -245,10 +245,15 @@ func (s *MemoryStore) room(key Key, size int64) error {
 	if s.perTenant > 0 && u.records >= s.perTenant {
 		return fmt.Errorf("%w: tenant %q holds its %d records", errFull, key.Tenant, s.perTenant)
 	}
-	if s.tenantCap > 0 && u.bytes+size > s.tenantCap {
+	if !s.tenantRoom(key.Tenant, size) {
 		return fmt.Errorf("%w: tenant %q holds its %d bytes", errFull, key.Tenant, s.tenantCap)
 	}
 	return nil
+}
+
+// tenantRoom reports whether n more bytes fit in tenant's byte bound.
+func (s *MemoryStore) tenantRoom(tenant string, n int64) bool {
+	return s.tenantCap == 0 || s.tenants[tenant].bytes+n <= s.tenantCap
 }
 
 // grow adds records and n bytes (either may be negative) to the accounts
@@ -370,7 +375,7 @@ func (s *MemoryStore) Finish(ctx context.Context, req FinishRequest) error {
 	case tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED:
 		n := int64(len(req.Response))
 		if !req.Withheld && len(req.Response) <= s.policy.MaxResponseBytes && s.bytes+n <= s.maxBytes &&
-			(s.tenantCap == 0 || s.tenants[req.Key.Tenant].bytes+n <= s.tenantCap) {
+			s.tenantRoom(req.Key.Tenant, n) {
 			r.response = append([]byte(nil), req.Response...)
 			r.retained = true
 		}
