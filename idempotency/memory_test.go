@@ -94,56 +94,34 @@ func TestMemoryStoreFullRefusesInsteadOfEvicting(t *testing.T) {
 }
 
 // A tenant at WithMaxRecordsPerTenant is refused new tries and fences as a
-// full store refuses them, while other tenants still begin theirs; its
-// records still answer; room comes back as its records expire.
+// full store refuses them, while other tenants still begin theirs
+// (storetest.RunPerTenantBound); Reset forgets the accounts with the
+// records.
 func TestMemoryStorePerTenantBound(t *testing.T) {
+	storetest.RunPerTenantBound(t, func(t *testing.T, clock *storetest.Clock, p idempotency.Policy) idempotency.Store {
+		return newMemory(t, clock, p, idempotency.WithMaxRecords(100), idempotency.WithMaxRecordsPerTenant(2))
+	})
 	clock := storetest.NewClock(time.Now())
 	p := storetest.Policy()
 	s := newMemory(t, clock, p, idempotency.WithMaxRecords(100), idempotency.WithMaxRecordsPerTenant(2))
 	ctx := context.Background()
 	clock.Advance(p.Skew)
+	begin := func(id string, i int) error {
+		res, err := s.Begin(ctx, idempotency.BeginRequest{Key: idempotency.Key{Tenant: "a", AttemptID: id, Call: fmt.Sprint(i), Method: "/x.Y/Z"}, Try: 1, Deadline: clock.Now().Add(time.Second)})
+		if err == nil {
+			require.True(t, res.Started)
+		}
+		return err
+	}
 	id := storetest.AttemptIDAt(clock.Now())
-	d := clock.Now().Add(time.Second)
-	key := func(tenant string, i int) idempotency.Key {
-		return idempotency.Key{Tenant: tenant, AttemptID: id, Call: fmt.Sprint(i), Method: "/x.Y/Z"}
-	}
-	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: key("a", 0), Try: 1, Deadline: d})
-	require.NoError(t, err)
-	require.True(t, res.Started)
-	_, err = s.Fence(ctx, key("a", 1), 1) // a tombstone counts as a record
-	require.NoError(t, err)
-	_, err = s.Begin(ctx, idempotency.BeginRequest{Key: key("a", 2), Try: 1, Deadline: d})
-	require.ErrorIs(t, err, idempotency.ErrStoreFull)
-	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
-	require.ErrorContains(t, err, `tenant "a"`)
-	_, err = s.Fence(ctx, key("a", 3), 1)
-	require.ErrorIs(t, err, idempotency.ErrStoreFull)
-	for _, other := range []string{"b", ""} {
-		res, err = s.Begin(ctx, idempotency.BeginRequest{Key: key(other, 0), Try: 1, Deadline: d})
-		require.NoError(t, err, "tenant %q", other)
-		require.True(t, res.Started)
-	}
-	// a's records still answer and finish.
-	res, err = s.Begin(ctx, idempotency.BeginRequest{Key: key("a", 0), Try: 2, Deadline: d})
-	require.NoError(t, err)
-	require.Equal(t, idempotency.RefusedInProgress, res.Refusal)
-	require.NoError(t, s.Finish(ctx, idempotency.FinishRequest{Key: key("a", 0), Try: 1, State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED}))
-	require.Equal(t, 4, s.Len())
-	// When a's records expire, a has room again.
-	clock.Advance(p.TTL + time.Second)
-	id2 := storetest.AttemptIDAt(clock.Now())
-	res, err = s.Begin(ctx, idempotency.BeginRequest{Key: idempotency.Key{Tenant: "a", AttemptID: id2, Call: "0", Method: "/x.Y/Z"}, Try: 1, Deadline: clock.Now().Add(time.Second)})
-	require.NoError(t, err)
-	require.True(t, res.Started)
-	// Reset forgets the accounts with the records.
+	require.NoError(t, begin(id, 0))
+	require.NoError(t, begin(id, 1))
+	require.ErrorIs(t, begin(id, 2), idempotency.ErrStoreFull)
 	s.Reset()
 	clock.Advance(p.Skew)
-	id3 := storetest.AttemptIDAt(clock.Now())
-	for i := range 2 {
-		res, err = s.Begin(ctx, idempotency.BeginRequest{Key: idempotency.Key{Tenant: "a", AttemptID: id3, Call: fmt.Sprint(i), Method: "/x.Y/Z"}, Try: 1, Deadline: clock.Now().Add(time.Second)})
-		require.NoError(t, err)
-		require.True(t, res.Started)
-	}
+	id = storetest.AttemptIDAt(clock.Now())
+	require.NoError(t, begin(id, 0))
+	require.NoError(t, begin(id, 1))
 }
 
 func TestMemoryStoreRefusesANegativePerTenantBound(t *testing.T) {

@@ -131,6 +131,24 @@ func WithReplicas(n int, timeout time.Duration) Option {
 	return optionFunc(func(s *Store) { s.replicas, s.waitTimeout = n, timeout })
 }
 
+// WithMaxRecordsPerTenant bounds the records one tenant (Key.Tenant, ""
+// included) holds, so that one tenant's callers — a trusted peer fencing
+// made-up attempts, say, whose tombstones last the TTL — cannot fill Redis
+// and have every other tenant's new tries refused. A tenant at its bound is
+// refused new tries and fences with an error wrapping
+// idempotency.ErrStoreFull (and ErrStoreUnavailable), as a full Redis
+// refuses them; its existing records still answer and finish. Each tenant
+// then keeps an index beside its records, a sorted set of its record keys
+// scored by their expiry, under the tenant's hash tag; it lives as long as
+// the tenant's longest-lived record. Records written while the store ran
+// without the bound are counted only once a script writes them again.
+// Bytes are bounded by the bound times the policy's MaxResponseBytes (plus
+// status messages and details), and by Redis's maxmemory.
+// Default 0: no bound, no index; it must not be negative.
+func WithMaxRecordsPerTenant(n int) Option {
+	return optionFunc(func(s *Store) { s.perTenant = n })
+}
+
 func init() {
 	hooks.RedisClock = func(now func() time.Time) any {
 		return optionFunc(func(s *Store) { s.now = now })
@@ -148,6 +166,7 @@ type Store struct {
 	replicas    int
 	waitTimeout time.Duration
 	tick        time.Duration // Redis's serverCron period (1000/hz ms), read by New when replicas > 0
+	perTenant   int           // WithMaxRecordsPerTenant's bound; 0: none
 	now         func() time.Time
 }
 
@@ -199,6 +218,9 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 	}
 	if strings.ContainsAny(s.prefix, "{}") {
 		return nil, fmt.Errorf("redisstore: prefix %q must not contain '{' or '}'", s.prefix)
+	}
+	if s.perTenant < 0 {
+		return nil, fmt.Errorf("redisstore: WithMaxRecordsPerTenant(%d) must not be negative", s.perTenant)
 	}
 	if s.replicas < 0 || (s.replicas > 0 && s.waitTimeout <= 0) {
 		return nil, errors.New("redisstore: WithReplicas needs n ≥ 0 and, for n > 0, a positive timeout")
@@ -320,9 +342,18 @@ func readTimeout(c redis.UniversalClient) time.Duration {
 	return max(rt, 0)
 }
 
+// keys returns the keys every script is given: the tenant's horizon, the
+// record of k and the tenant's index of records (WithMaxRecordsPerTenant),
+// all under the tenant's hash tag.
 func (s *Store) keys(k idempotency.Key) []string {
 	tag := s.prefix + "{t:" + k.Tenant + "}:"
-	return []string{tag + "h", tag + "r|" + k.AttemptID + "|" + k.Call + "|" + k.Method}
+	return []string{tag + "h", tag + "r|" + k.AttemptID + "|" + k.Call + "|" + k.Method, tag + "n"}
+}
+
+// tenantFull is the refusal of a new record of key's tenant at its bound.
+func (s *Store) tenantFull(key idempotency.Key) error {
+	return fmt.Errorf("%w: %w: redisstore: tenant %q holds its %d records",
+		idempotency.ErrStoreUnavailable, idempotency.ErrStoreFull, key.Tenant, s.perTenant)
 }
 
 // attemptMillis returns the attempt's UUIDv7 time, or -1.
@@ -440,7 +471,7 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 	tok := callToken()
 	v, acked, err := s.run(ctx, true, beginScript, s.keys(req.Key),
 		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
-		req.Try, req.Fingerprint[:], req.Deadline.UnixMilli(), tok, req.Minted)
+		req.Try, req.Fingerprint[:], req.Deadline.UnixMilli(), tok, req.Minted, s.perTenant)
 	if err != nil {
 		if errors.As(err, new(sentError)) {
 			// Redis may have begun the try and its reply was lost (the
@@ -485,6 +516,8 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 		return idempotency.BeginResult{Refusal: idempotency.RefusedDeadlineExpired}, nil
 	case kindUnverifiable:
 		return idempotency.BeginResult{Refusal: idempotency.RefusedUnverifiable, Record: idempotency.UnknownRecord(req.Key)}, nil
+	case kindTenantFull:
+		return idempotency.BeginResult{}, s.tenantFull(req.Key)
 	}
 	return idempotency.BeginResult{}, fmt.Errorf("%w: redisstore: unexpected begin reply %d", idempotency.ErrStoreUnavailable, kind)
 }
@@ -547,7 +580,7 @@ func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest, begin
 	}
 	v, _, err := s.run(ctx, false, finishScript, s.keys(req.Key),
 		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
-		req.Try, req.Fingerprint[:], int(req.State), code, msg, det, resp, retained, req.UnitsSpent, callToken(), beginTok, req.Minted)
+		req.Try, req.Fingerprint[:], int(req.State), code, msg, det, resp, retained, req.UnitsSpent, callToken(), beginTok, req.Minted, s.perTenant)
 	if err != nil {
 		return err
 	}
@@ -587,9 +620,12 @@ func (s *Store) Fence(ctx context.Context, key idempotency.Key, throughTry uint3
 	}
 	p := s.policy
 	v, acked, err := s.run(ctx, true, fenceScript, s.keys(key),
-		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(key.AttemptID), throughTry)
+		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(key.AttemptID), throughTry, s.perTenant)
 	if err != nil {
 		return nil, err
+	}
+	if len(v) == 1 && num(v[0]) == kindTenantFull {
+		return nil, s.tenantFull(key) // nothing was written
 	}
 	if acked >= 0 && acked < s.replicas {
 		return nil, s.short(acked)

@@ -444,3 +444,55 @@ func BenchmarkRedisStoreBeginFinish(b *testing.B) {
 		}
 	})
 }
+
+// WithMaxRecordsPerTenant bounds one tenant's records as the memory
+// store's does (storetest.RunPerTenantBound).
+func TestRedisStorePerTenantBound(t *testing.T) {
+	storetest.RunPerTenantBound(t, func(t *testing.T, clock *storetest.Clock, p idempotency.Policy) idempotency.Store {
+		c, prefix := newClient(t)
+		return newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithMaxRecordsPerTenant(2))
+	})
+}
+
+func TestRedisStoreRefusesANegativePerTenantBound(t *testing.T) {
+	c, prefix := newClient(t)
+	_, err := redisstore.New(context.Background(), c, redisstore.WithPrefix(prefix), redisstore.WithMaxRecordsPerTenant(-1))
+	require.ErrorContains(t, err, "WithMaxRecordsPerTenant")
+}
+
+// A tenant's index of records (WithMaxRecordsPerTenant) lives as long as
+// its longest-lived record, and no longer: it never outlives the records it
+// counts by more than a write's TTL, and never leaves them uncounted.
+func TestRedisTenantIndexFollowsItsRecords(t *testing.T) {
+	c, prefix := newClient(t)
+	p := storetest.Policy()
+	s := newStore(t, c, prefix, redisstore.WithPolicy(p), redisstore.WithMaxRecordsPerTenant(10))
+	ctx := context.Background()
+	_, err := s.Get(ctx, idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"})
+	require.NoError(t, err)
+	time.Sleep(p.Skew)
+	key := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: key, Try: 1, Deadline: time.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.True(t, res.Started)
+	index := prefix + "{t:acme}:n"
+	record := prefix + "{t:acme}:r|" + key.AttemptID + "|0|/x.Y/Z"
+	members, err := c.ZRange(ctx, index, 0, -1).Result()
+	require.NoError(t, err)
+	require.Equal(t, []string{record}, members)
+	recTTL, err := c.PTTL(ctx, record).Result()
+	require.NoError(t, err)
+	idxTTL, err := c.PTTL(ctx, index).Result()
+	require.NoError(t, err)
+	require.Positive(t, recTTL)
+	require.GreaterOrEqual(t, idxTTL, recTTL-time.Second, "the index lives as long as its record")
+	require.LessOrEqual(t, idxTTL, p.TTL+p.Skew+p.Grace+time.Second)
+	// Without the bound, no index is kept.
+	plain := newStore(t, c, prefix+"plain:", redisstore.WithPolicy(p))
+	res, err = plain.Begin(ctx, idempotency.BeginRequest{Key: key, Try: 1, Deadline: time.Now().Add(time.Second), Minted: true})
+	require.NoError(t, err)
+	require.True(t, res.Started)
+	n, err := c.Exists(ctx, prefix+"plain:{t:acme}:n").Result()
+	require.NoError(t, err)
+	require.Zero(t, n)
+}

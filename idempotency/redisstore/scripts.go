@@ -27,6 +27,7 @@ const (
 	kindUnseen       = 10
 	kindUnknown      = 11
 	kindOK           = 12
+	kindTenantFull   = 13
 )
 
 const prelude = `
@@ -80,10 +81,28 @@ end
 local function expire(rk, now, exp)
   redis.call('PEXPIRE', rk, n(exp - now))
 end
+
+-- room reports whether the tenant may hold one more record: with a bound
+-- (cap > 0), its index ik (a sorted set of its record keys scored by their
+-- expiry) is first rid of the records past their expiry.
+local function room(ik, now, cap)
+  if cap <= 0 then return true end
+  redis.call('ZREMRANGEBYSCORE', ik, '-inf', n(now))
+  return redis.call('ZCARD', ik) < cap
+end
+
+-- track notes record rk's expiry exp in the tenant's index ik, with a bound,
+-- and keeps the index at least as long as its longest-lived record.
+local function track(ik, rk, now, exp, cap)
+  if cap <= 0 then return end
+  redis.call('ZADD', ik, n(exp), rk)
+  if redis.call('PTTL', ik) < exp - now then redis.call('PEXPIRE', ik, n(exp - now)) end
+end
 `
 
-// begin: KEYS horizon, record. ARGV now, skew, ttl, grace, ts, try, fp, dl,
-// tok, minted. minted is 1 for an attempt the server minted for the request
+// begin: KEYS horizon, record, index. ARGV now, skew, ttl, grace, ts, try,
+// fp, dl, tok, minted, cap. cap is WithMaxRecordsPerTenant's bound (0: none);
+// a tenant at it is answered {13} for a try that would add a record. minted is 1 for an attempt the server minted for the request
 // (idempotency.BeginRequest.Minted), which skips ts - skew >= horizon. An
 // attempt refused only for lying before horizon + skew is answered {7,
 // horizon + skew}. tok is random, one per Begin call: a record IN_PROGRESS for the same
@@ -94,7 +113,7 @@ end
 var beginScript = redis.NewScript(prelude + `
 local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ts, try, fp, dl, tok = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8]), ARGV[9]
-local minted = ARGV[10] == '1'
+local minted, cap = ARGV[10] == '1', tonumber(ARGV[11])
 local hz = horizon(KEYS[1], now)
 if not inside(ts, hz, now, skew, minted) then
   if ts >= 0 and ts <= now + skew then return {7, hz + skew} end
@@ -116,16 +135,20 @@ if v then
 end
 if now >= dl + skew then return {6} end
 if not v and now >= ts - skew + ttl then return {7} end
+if not v and not room(KEYS[3], now, cap) then return {13} end
 local exp = math.max(now + ttl, dl + skew + grace)
 redis.call('HSET', KEYS[2], 'st', IN_PROGRESS, 'fp', fp, 'try', n(try), 'fen', fen, 'code', '0', 'msg', '',
   'det', '', 'resp', '', 'ret', '0', 'units', units, 'sa', n(now), 'fa', '0', 'lease', n(dl + skew),
   'dl', n(dl), 'exp', n(exp), 'tok', tok, 'ftok', '')
 expire(KEYS[2], now, exp)
+track(KEYS[3], KEYS[2], now, exp, cap)
 return {0}
 `)
 
-// finish: KEYS horizon, record. ARGV now, skew, ttl, grace, ts, try, fp,
-// state, code, msg, det, resp, ret, units, ftok, btok, minted. minted is the
+// finish: KEYS horizon, record, index. ARGV now, skew, ttl, grace, ts, try,
+// fp, state, code, msg, det, resp, ret, units, ftok, btok, minted, cap. cap
+// is WithMaxRecordsPerTenant's bound: a finish adds no record, and only
+// moves the record's expiry in the index. minted is the
 // try's Begin's, and skips ts - skew >= horizon as Begin did. ftok is random, one
 // per Finish call, and stored with the finish: a record of the same try
 // whose ftok is this one was finished by this very call, whose script runs
@@ -151,10 +174,11 @@ local exp = math.max(now + ttl, tonumber(v[14]) + skew + grace)
 redis.call('HSET', KEYS[2], 'st', n(st), 'fen', n(fen), 'code', ARGV[9], 'msg', ARGV[10], 'det', ARGV[11],
   'resp', ARGV[12], 'ret', ARGV[13], 'units', n(units), 'fa', n(now), 'exp', n(exp), 'ftok', ARGV[15])
 expire(KEYS[2], now, exp)
+track(KEYS[3], KEYS[2], now, exp, tonumber(ARGV[18]))
 return {12}
 `)
 
-// get: KEYS horizon, record. ARGV now, skew, ttl, ts.
+// get: KEYS horizon, record, index (unused). ARGV now, skew, ttl, ts.
 var getScript = redis.NewScript(prelude + `
 local now, skew, ttl, ts = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local hz = horizon(KEYS[1], now)
@@ -165,10 +189,12 @@ if now < ts - skew + ttl then return {10} end
 return {11}
 `)
 
-// fence: KEYS horizon, record. ARGV now, skew, ttl, grace, ts, through.
+// fence: KEYS horizon, record, index. ARGV now, skew, ttl, grace, ts,
+// through, cap. A tenant at cap (WithMaxRecordsPerTenant) is answered {13}
+// for a tombstone that would add a record.
 var fenceScript = redis.NewScript(prelude + `
 local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local ts, through = tonumber(ARGV[5]), tonumber(ARGV[6])
+local ts, through, cap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local hz = horizon(KEYS[1], now)
 if not inside(ts, hz, now, skew) then return {11} end
 local v = load(KEYS[2], now)
@@ -177,12 +203,15 @@ if v then
   local exp = math.max(now + ttl, tonumber(v[14]) + skew + grace)
   redis.call('HSET', KEYS[2], 'fen', n(through), 'fa', n(now), 'exp', n(exp))
   expire(KEYS[2], now, exp)
+  track(KEYS[3], KEYS[2], now, exp, cap)
 else
   if now >= ts - skew + ttl then return {11} end
+  if not room(KEYS[3], now, cap) then return {13} end
   local exp = now + ttl
   redis.call('HSET', KEYS[2], 'st', FENCED, 'fp', '', 'try', '0', 'fen', n(through), 'code', '0', 'msg', '',
     'det', '', 'resp', '', 'ret', '0', 'units', '0', 'sa', '0', 'fa', n(now), 'lease', '0', 'dl', '0', 'exp', n(exp))
   expire(KEYS[2], now, exp)
+  track(KEYS[3], KEYS[2], now, exp, cap)
 end
 return reply(9, load(KEYS[2], now), now)
 `)
