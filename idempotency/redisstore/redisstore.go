@@ -102,7 +102,8 @@ func WithPrefix(prefix string) Option { return optionFunc(func(s *Store) { s.pre
 func WithPolicy(p idempotency.Policy) Option { return optionFunc(func(s *Store) { s.policy = p }) }
 
 // WithReplicas makes Begin and Fence wait (Redis WAIT) until n replicas
-// acknowledged their write, at most timeout, and fail with
+// acknowledged their write, at most timeout (at least 1 ms: WAIT counts
+// whole milliseconds), and fail with
 // idempotency.ErrStoreUnavailable when fewer did. A try whose begin fell
 // short is fenced again at once (best effort, on a context of its own
 // bounded by a second, so that it is sent even when the caller's context is
@@ -222,8 +223,9 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 	if s.perTenant < 0 {
 		return nil, fmt.Errorf("redisstore: WithMaxRecordsPerTenant(%d) must not be negative", s.perTenant)
 	}
-	if s.replicas < 0 || (s.replicas > 0 && s.waitTimeout <= 0) {
-		return nil, errors.New("redisstore: WithReplicas needs n ≥ 0 and, for n > 0, a positive timeout")
+	if s.replicas < 0 || (s.replicas > 0 && s.waitTimeout < time.Millisecond) {
+		// WAIT counts whole milliseconds, and WAIT n 0 waits for ever.
+		return nil, fmt.Errorf("redisstore: WithReplicas(%d, %v) needs n ≥ 0 and, for n > 0, a timeout of at least 1 ms", s.replicas, s.waitTimeout)
 	}
 	if err := checkNoEviction(ctx, client); err != nil {
 		return nil, err
@@ -578,9 +580,22 @@ func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest, begin
 			det = b
 		}
 	}
-	v, _, err := s.run(ctx, false, finishScript, s.keys(req.Key),
-		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
-		req.Try, req.Fingerprint[:], int(req.State), code, msg, det, resp, retained, req.UnitsSpent, callToken(), beginTok, req.Minted, s.perTenant)
+	args := []any{s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
+		req.Try, req.Fingerprint[:], int(req.State), code, msg, det, resp, retained, req.UnitsSpent, callToken(), beginTok, req.Minted, s.perTenant}
+	v, _, err := s.run(ctx, false, finishScript, s.keys(req.Key), args...)
+	if errors.Is(err, idempotency.ErrStoreFull) {
+		// Redis is out of memory and refused the finish's write (a script
+		// stops at its first refused write, before the record's). A full
+		// store refuses new tries, not the end of a running one: finish it
+		// anyway, without its response (the record reads SUCCEEDED,
+		// response_retained false), as the memory store does.
+		args[11], args[12] = []byte(nil), 0
+		var ferr error
+		if v, _, ferr = s.run(ctx, false, finishFullScript, s.keys(req.Key), args...); ferr != nil {
+			return fmt.Errorf("%w; without its response: %w", err, ferr)
+		}
+		err = nil
+	}
 	if err != nil {
 		return err
 	}
@@ -658,6 +673,10 @@ func decode(key idempotency.Key, v []any) (int, *tollgatev1.AttemptRecord, error
 	}
 	kind := int(num(v[0]))
 	if len(v) == 1 {
+		switch kind {
+		case kindFinished, kindInProgress, kindAbandoned, kindFenced, kindMismatch, kindRecord:
+			return 0, nil, fmt.Errorf("%w: redisstore: script reply of kind %d without its record", idempotency.ErrStoreUnavailable, kind)
+		}
 		return kind, nil, nil
 	}
 	if len(v) != 14 {

@@ -58,9 +58,26 @@ local function inside(ts, hz, now, skew, minted)
   return ts >= 0 and (minted or ts - skew >= hz) and ts <= now + skew
 end
 
+-- STORED are the states a record can hold (ABANDONED is only ever a view).
+local STORED = {[2] = true, [3] = true, [4] = true, [5] = true, [7] = true}
+
+-- load returns record rk's fields, or nil when it is absent or past its
+-- expiry (and then deletes it). A hash at rk that is not a record this
+-- store wrote (a field missing, a number that does not read, a state no
+-- record holds) is an error: it must never read as an absent record or as
+-- a refusal.
 local function load(rk, now)
   local v = redis.call('HMGET', rk, unpack(FIELDS))
   if not v[1] then return nil end
+  for i = 1, 17 do
+    local numeric = i ~= 2 and i ~= 6 and i ~= 7 and i ~= 8 and i < 16
+    if (i < 16 and not v[i]) or (numeric and not tonumber(v[i])) then
+      error('tollgate: the hash at ' .. rk .. ' is not a record: field ' .. FIELDS[i])
+    end
+  end
+  if not STORED[tonumber(v[1])] then
+    error('tollgate: the hash at ' .. rk .. ' is not a record: state ' .. v[1])
+  end
   if tonumber(v[15]) <= now then
     redis.call('DEL', rk)
     return nil
@@ -157,7 +174,16 @@ return {0}
 // other Finish of the try is refused as before. btok, when not empty, is the
 // tok of the Begin call whose try this finish may end (the fence Begin sends
 // after a replica shortfall): a record another Begin call wrote is refused.
-var finishScript = redis.NewScript(prelude + `
+var finishScript = redis.NewScript(prelude + finishBody)
+
+// finishFullScript is finishScript allowed to run, and to write, while Redis
+// is out of memory (the allow-oom flag of Redis 7 and later): a full Redis
+// refuses new tries, never the end of one that runs. Store.finish sends it,
+// without the response, only after Redis refused finishScript for want of
+// memory, and does not load it ahead: Redis before 7 cannot read its flags.
+var finishFullScript = redis.NewScript("#!lua flags=allow-oom\n" + prelude + finishBody)
+
+const finishBody = `
 local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ts, try, fp, st = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
 local hz = horizon(KEYS[1], now)
@@ -176,7 +202,7 @@ redis.call('HSET', KEYS[2], 'st', n(st), 'fen', n(fen), 'code', ARGV[9], 'msg', 
 expire(KEYS[2], now, exp)
 track(KEYS[3], KEYS[2], now, exp, tonumber(ARGV[18]))
 return {12}
-`)
+`
 
 // get: KEYS horizon, record, index (unused). ARGV now, skew, ttl, ts.
 var getScript = redis.NewScript(prelude + `
