@@ -404,8 +404,9 @@ func WithoutStreamRequestFirst() ServerOption {
 // WithTenant sets the function that names the caller's tenant when the
 // caller is not a trusted peer (a trusted peer's header "n" is honoured).
 // Default: every caller is tenant "". A name that is not 1–64 characters of
-// [A-Za-z0-9._:-] (a SPIFFE ID, an e-mail) is used as "h." and 40 hex digits
-// of its SHA-256, so it keeps its records apart and travels in the header.
+// [A-Za-z0-9._:-] (a SPIFFE ID, an e-mail), or that starts with "h.", is
+// used as "h." and 40 hex digits of its SHA-256, so it keeps its records
+// apart and travels in the header; no name can pass for another's digest.
 func WithTenant(f func(ctx context.Context) string) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.tenant = f })
 }

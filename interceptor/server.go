@@ -154,11 +154,13 @@ func (sv *server) tenantOf(ctx context.Context) string {
 }
 
 // tenantToken returns t when it is a valid tenant token (1–64 characters of
-// [A-Za-z0-9._:-]) or empty, and otherwise a stable digest of it, "h." and
-// 40 hex digits of SHA-256, so that any tenant name (a SPIFFE ID, an e-mail)
-// keeps its records apart and can travel in the header.
+// [A-Za-z0-9._:-]) not starting with "h.", or empty, and otherwise a stable
+// digest of it, "h." and 40 hex digits of SHA-256, so that any tenant name
+// (a SPIFFE ID, an e-mail) keeps its records apart and can travel in the
+// header. A name that starts with "h." is hashed too, although it is a
+// token: else a tenant named like another's digest would be that tenant.
 func tenantToken(t string) string {
-	if t == "" || header.ValidToken(t, header.MaxTenantLen) == nil {
+	if t == "" || (!strings.HasPrefix(t, "h.") && header.ValidToken(t, header.MaxTenantLen) == nil) {
 		return t
 	}
 	sum := sha256.Sum256([]byte(t))

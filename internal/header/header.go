@@ -292,7 +292,7 @@ func Decimal(v string, lo, hi uint64) (uint64, error) {
 		if c < '0' || c > '9' {
 			return 0, ErrNumber
 		}
-		if n > (hi-uint64(c-'0'))/10 {
+		if d := uint64(c - '0'); d > hi || n > (hi-d)/10 {
 			// n*10 + d would exceed hi (and hi < 2^63, so it cannot wrap).
 			return 0, ErrRange
 		}
