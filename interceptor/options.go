@@ -183,7 +183,10 @@ func WithoutRetryBudget() ClientOption {
 // WithResolutionGrace sets how long after the attempt's deadline the owner
 // may still query the state of a try whose outcome is unknown (the queries do
 // no work, and an unresolved UNKNOWN is the worst answer tollgate gives).
-// Default DefaultResolutionGrace (1 s); at most 1 min.
+// The grace also runs past the caller's context's deadline (at the origin,
+// usually the attempt's): a call in doubt at its deadline may return up to
+// the grace later. A caller that cancels its context is answered UNKNOWN at
+// once. Default DefaultResolutionGrace (1 s); at most 1 min.
 func WithResolutionGrace(d time.Duration) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.grace = d })
 }

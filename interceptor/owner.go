@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -338,9 +339,11 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 	unknown := func(why string) error {
 		return status.OutcomeUnknown(last, status.WithAttempt(s.ID, w.cl.key, n), status.WithMessage(why))
 	}
-	if ctx.Err() != nil {
+	if cancelled(ctx) {
 		// The caller cancelled: it does not wait for the answer. The query
-		// is exempt from the deadline, not from the caller's will.
+		// is exempt from the deadline (the caller's context's deadline
+		// too, which is the attempt's at the origin), not from the
+		// caller's will.
 		return 0, unknown("interceptor: the caller stopped waiting before the try's state was known"), true
 	}
 	// One retry-budget token per resolution, however many polls it takes.
@@ -357,14 +360,19 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 	qctx = withHeader(qctx, h.String())
 	req := &tollgatev1.FenceAttemptRequest{AttemptId: s.ID, Call: w.cl.key, Method: w.cl.method, FenceThroughTry: n}
 	queryOpts := queryOptions(w.callOpts)
-	// Polls wait on wctx, which also ends when the caller cancels.
+	// Polls wait on wctx, which also ends when the caller cancels (not
+	// when its deadline passes: the grace is for that).
 	wctx, wcancel := context.WithCancel(qctx)
 	defer wcancel()
-	defer context.AfterFunc(ctx, wcancel)()
+	defer context.AfterFunc(ctx, func() {
+		if cancelled(ctx) {
+			wcancel()
+		}
+	})()
 	for poll := 1; ; poll++ {
 		rec := &tollgatev1.AttemptRecord{}
 		err := w.invoker(wctx, fenceMethod, req, rec, w.cc, queryOpts...)
-		if err != nil && ctx.Err() != nil {
+		if err != nil && cancelled(ctx) {
 			return 0, unknown("interceptor: the caller stopped waiting before the try's state was known"), true
 		}
 		state := rec.GetState()
@@ -389,7 +397,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 		switch state {
 		case tollgatev1.AttemptState_ATTEMPT_STATE_IN_PROGRESS:
 			if !sleep(wctx, w.p.backoff(poll+1, 0)) {
-				if ctx.Err() != nil {
+				if cancelled(ctx) {
 					return 0, unknown("interceptor: the caller stopped waiting while the try was in progress"), true
 				}
 				return 0, unknown("interceptor: the try was still in progress at the deadline"), true
@@ -432,6 +440,13 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 }
 
 const fenceMethod = "/tollgate.v1.AttemptService/FenceAttempt"
+
+// cancelled reports whether ctx was cancelled, rather than ended by its
+// deadline: the caller's will, which a resolution follows, where a deadline
+// leaves it its grace.
+func cancelled(ctx context.Context) bool {
+	return errors.Is(ctx.Err(), context.Canceled)
+}
 
 // queryOptions keeps the call options a resolution query needs (credentials,
 // wait-for-ready, size limits, compression…) and drops those that report on

@@ -262,8 +262,10 @@ func (cs *clientStream) abandon() {
 		return // ended, or RecvMsg will see the context's end
 	}
 	err := grpcstatus.FromContextError(cs.ctx.Err()).Err()
-	cs.finishLocked(err)
-	cs.endLocked(cs.n, err)
+	o := cs.finishLocked(err)
+	// Typed as a RecvMsg that saw the end would type it: UNKNOWN (or
+	// NOT_SENT), naming the attempt.
+	cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
 }
 
 // settleLocked ends the current try with err (nil or io.EOF: OK) and either
