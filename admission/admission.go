@@ -1234,14 +1234,19 @@ func (c *Controller) emitLocked(e Event) {
 // unlock refreshes the tap flags, checks invariants (tests), releases the
 // lock and then emits the events the locked section produced.
 func (c *Controller) unlock() {
+	flagged := false
 	for _, cs := range c.classes {
 		c.refreshFlag(cs)
+		flagged = flagged || cs.full.Load() != 0
 	}
 	var due int64
 	if len(c.ovr.list) > 0 {
 		due = c.ovr.nextExpiry.UnixNano()
 	}
-	if c.cfg.stages&StageDegradation != 0 && c.deg.mode != ModeNormal {
+	// The mode moves at a window's end; and while the tap refuses, the
+	// first request after the end must reach Admit to close the window, or
+	// the tap's refusals of later windows would all be counted in it.
+	if c.cfg.stages&StageDegradation != 0 && (c.deg.mode != ModeNormal || flagged) {
 		if w := c.deg.winEnd.UnixNano(); due == 0 || w < due {
 			due = w
 		}

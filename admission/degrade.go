@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"math"
 	"time"
 
 	"github.com/tollgate-go/tollgate/status"
@@ -83,6 +84,12 @@ func (d *degradeState) refusedN(cs *classState, reason status.Reason, n int) {
 		// The caller's doing: neither load nor a sign of health, so that
 		// a tenant flooding past its own limits cannot hide overload.
 		return
+	case status.ReasonShed, status.ReasonDraining:
+		// The server's own choice (degraded, or shutting down): counted as
+		// healthy decisions, shed optional traffic would dilute the
+		// refusals of the classes still served and end Degraded while they
+		// are as overloaded as before.
+		return
 	}
 	d.decisions += n
 	switch reason {
@@ -138,27 +145,31 @@ func (c *Controller) advance(now time.Time) {
 // rollWindows closes every window that ended by now, in order, and moves
 // the state machine. The tap's refusals since the last roll count in the
 // first window it closes. Windows without traffic are healthy unless a request
-// has been waiting MaxQueueAge by their end. After enough empty windows to
-// saturate the state machine the rest are skipped at once.
+// has been waiting MaxQueueAge by their end. Once enough empty windows closed
+// to saturate the state machine, the rest that would end alike are skipped
+// at once (see skipWindows).
 func (c *Controller) rollWindows(now time.Time) {
 	d := &c.deg
 	w := d.cfg.Window
 	before := c.mode()
 	c.foldTapRefusals()
+	saturate := d.cfg.EnterAfter + 2*d.cfg.ExitAfter + 2
 	for i := 0; !now.Before(d.winEnd); i++ {
 		overloaded := false
 		if d.cfg.MaxRefusalRatio >= 0 && d.decisions > 0 && d.decisions >= d.cfg.MinDecisions &&
 			float64(d.refusals) >= d.cfg.MaxRefusalRatio*float64(d.decisions) {
 			overloaded = true
 		}
-		if d.cfg.MaxQueueAge > 0 && max(d.maxWait, c.oldestWait(d.winEnd)) >= d.cfg.MaxQueueAge {
-			overloaded = true
+		if d.cfg.MaxQueueAge > 0 {
+			if age, _ := c.oldestWait(d.winEnd); max(d.maxWait, age) >= d.cfg.MaxQueueAge {
+				overloaded = true
+			}
 		}
 		c.step(overloaded, d.winEnd)
 		d.decisions, d.refusals, d.maxWait = 0, 0, 0
 		d.winEnd = d.winEnd.Add(w)
-		if i > d.cfg.EnterAfter+2*d.cfg.ExitAfter+2 && !now.Before(d.winEnd) {
-			d.winEnd = d.winEnd.Add((now.Sub(d.winEnd)/w + 1) * w)
+		if i > saturate && !now.Before(d.winEnd) && c.skipWindows(now, overloaded) {
+			i = 0 // the windows after the skip differ from those before it
 		}
 	}
 	if after := c.mode(); after != before && after == ModeDegraded {
@@ -167,10 +178,34 @@ func (c *Controller) rollWindows(now time.Time) {
 	c.pump(now)
 }
 
+// skipWindows moves past the empty windows ending by now that would close as
+// the last one did (overloaded or not), which no longer move the saturated
+// state machine: all of them, or, when a waiter's age reaches MaxQueueAge in
+// the range, those that end before it does, and reports the latter case.
+// Nothing starts or leaves a queue while windows roll, so a waiter's age at a
+// window's end grows with the window.
+func (c *Controller) skipWindows(now time.Time, overloaded bool) (changes bool) {
+	d := &c.deg
+	w := d.cfg.Window
+	until := now // skip the windows ending by until
+	if age, waiting := c.oldestWait(d.winEnd); !overloaded && waiting && d.cfg.MaxQueueAge > 0 {
+		if cross := d.winEnd.Add(d.cfg.MaxQueueAge - age); !now.Before(cross) {
+			until, changes = cross.Add(-1), true // the window ending at or after cross is overloaded
+		}
+	}
+	if until.Before(d.winEnd) {
+		return changes
+	}
+	// k whole windows, bounded so that k·w cannot overflow (a clock read as
+	// centuries ahead skips in several steps).
+	k := min(until.Sub(d.winEnd)/w+1, time.Duration(math.MaxInt64)/w)
+	d.winEnd = d.winEnd.Add(k * w)
+	return changes
+}
+
 // oldestWait is how long the oldest request waiting outside the control
-// class has waited at time at.
-func (c *Controller) oldestWait(at time.Time) time.Duration {
-	var oldest time.Duration
+// class has waited at time at, and whether any such request waits.
+func (c *Controller) oldestWait(at time.Time) (oldest time.Duration, waiting bool) {
 	for _, cs := range c.classes {
 		if cs.cfg.Name == ControlClass {
 			continue
@@ -188,10 +223,10 @@ func (c *Controller) oldestWait(at time.Time) time.Duration {
 			}
 		}
 		if w != nil {
-			oldest = max(oldest, at.Sub(w.enq))
+			oldest, waiting = max(oldest, at.Sub(w.enq)), true
 		}
 	}
-	return oldest
+	return oldest, waiting
 }
 
 // step moves the state machine by one closed window.

@@ -5,11 +5,16 @@ import "time"
 // estimator learns a class's service time: an exponentially weighted mean
 // and a streaming p95 (a frugal quantile estimate: it moves up by 0.95 of a
 // step on an observation above it and down by 0.05 of a step below it, so it
-// settles where 5% of observations lie above). Both start from the class's
+// settles where 5% of observations lie above). The step is a tenth of the
+// larger of the two, so a p95 that one slow sample raised far above the mean
+// comes down geometrically (by half in about 140 ordinary samples), not by a
+// tenth of the mean at a time. Both start from the class's
 // ExpectedServiceTime. Every observation is capped at MaxServiceTime (default
 // DefaultMaxServiceTime) and, once clipMinSamples observations were made, at
 // clipFactor times the current p95, so one huge sample (a hung handler) moves
-// the estimate by a bounded step instead of locking the class out.
+// the estimate by a bounded step instead of locking the class out. An
+// earlier one is not clipped (the first samples may correct a seed far too
+// low): it raises the p95 by one step, which comes down as above.
 // Not safe for concurrent use: the controller's lock guards it.
 type estimator struct {
 	mean, p95 float64 // nanoseconds
@@ -41,7 +46,7 @@ func (e *estimator) observe(d time.Duration) {
 		return
 	}
 	e.mean += e.alpha * (x - e.mean)
-	step := max(e.mean*0.1, 1)
+	step := max(max(e.mean, e.p95)*0.1, 1)
 	switch {
 	case x > e.p95:
 		e.p95 += 0.95 * step

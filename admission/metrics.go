@@ -109,8 +109,11 @@ func newInstruments(c *Controller) (*instruments, error) {
 	}
 	m.reg, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		c.mu.Lock()
-		defer c.mu.Unlock()
+		defer c.unlock()
 		now := maxTime(c.cfg.now(), c.last)
+		// Close the elapsed windows and expire overrides first, as Mode and
+		// Stats do: the gauges say how things are now, not at the last call.
+		c.advance(now)
 		for _, cs := range c.classes {
 			o.ObserveFloat64(work, time.Duration(cs.queuedWork).Seconds(), cs.attrs.observe...)
 			var oldest time.Duration

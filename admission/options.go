@@ -187,8 +187,8 @@ func (d *Degradation) fill() error {
 		return invalidConfig("degradation window must be positive")
 	case d.EnterAfter < 0 || d.ExitAfter < 0 || d.MinDecisions < 0:
 		return invalidConfig("degradation counts must not be negative")
-	case d.MaxRefusalRatio > 1:
-		return invalidConfig("MaxRefusalRatio %v above 1", d.MaxRefusalRatio)
+	case !(d.MaxRefusalRatio <= 1): // NaN too
+		return invalidConfig("MaxRefusalRatio %v above 1 or not a number", d.MaxRefusalRatio)
 	case d.MaxQueueAge < 0:
 		return invalidConfig("MaxQueueAge must not be negative")
 	}
@@ -238,6 +238,9 @@ func WithClasses(classes ...Class) Option {
 // ("/pkg.Service/Method"), a service ("/pkg.Service/", ending in a slash:
 // every method of it) or a prefix ending in "*" ("/pkg.*"). Exact names win
 // over services, services over prefixes; among prefixes the longest wins.
+// New refuses a pattern routed to two classes, and one that matches only
+// control methods (the control class serves them, unless
+// WithoutControlClass).
 func WithMethods(class string, patterns ...string) Option {
 	ps := make([]pattern, 0, len(patterns))
 	for _, p := range patterns {
@@ -399,12 +402,22 @@ func newConfig(opts []Option) (*config, error) {
 	if !names[c.def] {
 		return nil, invalidConfig("default class %q is not configured", c.def)
 	}
+	routed := map[string]string{} // pattern → class
 	for _, p := range c.patterns {
 		if !names[p.class] {
 			return nil, invalidConfig("pattern %q names unknown class %q", p.pat, p.class)
 		}
 		if !strings.HasPrefix(p.pat, "/") || len(p.pat) < 2 {
 			return nil, invalidConfig("pattern %q must start with \"/\"", p.pat)
+		}
+		if other, ok := routed[p.pat]; ok && other != p.class {
+			return nil, invalidConfig("pattern %q routed to both class %q and class %q", p.pat, other, p.class)
+		}
+		routed[p.pat] = p.class
+		if c.control && p.class != ControlClass && isControl(strings.TrimSuffix(p.pat, "*")) {
+			// classify places control methods first: the pattern would
+			// never match.
+			return nil, invalidConfig("pattern %q of class %q matches only control methods, which the control class serves (WithoutControlClass classifies them like others)", p.pat, p.class)
 		}
 	}
 	if names[ControlClass] && c.control {

@@ -20,10 +20,11 @@ var _ tap.ServerInHandle = (*Controller)(nil).TapHandle
 // stream through; the
 // interceptor still makes the full decision. A refusal is a NOT_ADMITTED
 // status with the class and a jittered retry-after from the class's
-// predicted wait. Overrides and windows are evaluated lazily: once an
-// override in force may have expired, or a degradation window ended while
-// the controller is not Normal, the tap lets requests through until an
-// Admit call brings the state up to date. It also lets requests through
+// predicted wait. Overrides and windows are evaluated lazily: the first
+// call after an override in force may have expired, or after a degradation
+// window ended while the controller is not Normal or a class is flagged,
+// takes the controller's lock once to bring the state up to date before it
+// reads the flag. It also lets requests through
 // once a waiter of the full queue may no longer be able to finish (the
 // queue's earliest deadline less the service estimate), so that Admit
 // drops that waiter before it judges the queue. grpc-go allows one tap per server: compose it with your
@@ -42,10 +43,19 @@ func (c *Controller) TapHandle(ctx context.Context, info *tap.Info) (context.Con
 	if r == 0 {
 		return ctx, nil
 	}
-	if due := c.due.Load(); due != 0 && c.cfg.now().UnixNano() >= due {
-		// An override may have expired or a window ended since the flag
-		// was set: let Admit, which advances the state, decide.
-		return ctx, nil
+	if due := c.due.Load(); due != 0 {
+		if now := c.cfg.now(); now.UnixNano() >= due {
+			// An override may have expired or a window ended since the
+			// flag was set: bring the state up to date (once: the next
+			// due is later), so that the tap's refusals count in the
+			// window they were made in, then read the flag again.
+			c.mu.Lock()
+			c.advance(now)
+			c.unlock()
+			if r = cs.full.Load(); r == 0 {
+				return ctx, nil
+			}
+		}
 	}
 	if h := cs.hopeless.Load(); h != 0 && c.cfg.now().UnixNano() > h {
 		// A waiter of the full queue may no longer be able to finish:
