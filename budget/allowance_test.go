@@ -317,6 +317,11 @@ func TestSplit(t *testing.T) {
 	require.Equal(t, []int64{0, 0}, grants(budget.Split(budget.NewContext(ctx, budget.NewAllowance(1)), 2)))
 	require.Equal(t, []int64{9}, grants(budget.Split(ctx, 1)))
 	require.Nil(t, budget.Split(ctx, 0))
+	// At the origin the calls' own sends are not charged: every free unit
+	// is shared.
+	origin := budget.NewContext(context.Background(), budget.NewAllowance(10, budget.AtOrigin()))
+	require.Equal(t, []int64{4, 3, 3}, grants(budget.Split(origin, 3)))
+	require.Equal(t, []int64{5, 5}, grants(budget.Split(budget.NewContext(context.Background(), budget.NewAllowance(10, budget.AtOrigin())), 2)))
 
 	for _, c := range budget.Split(context.Background(), 2) {
 		_, ok := budget.GrantFromContext(c)

@@ -44,16 +44,18 @@ func GrantFromContext(ctx context.Context) (int64, bool) {
 
 // Split divides the free units of the ledger in ctx among n upcoming calls,
 // for a handler that fans out: it returns n contexts, one per call, each
-// carrying a grant (see [WithGrant]). One unit is left for each call's own
-// send; the rest is shared as evenly as possible, the first calls getting
-// the remainder. For example, 10 free units split 3 ways are grants of 3, 2
-// and 2 (7 units) plus 3 units for the three sends.
+// carrying a grant (see [WithGrant]). Below the origin one unit is left for
+// each call's own send; the rest is shared as evenly as possible, the first
+// calls getting the remainder. For example, 10 free units split 3 ways are
+// grants of 3, 2 and 2 (7 units) plus 3 units for the three sends. At the
+// origin, whose own sends are not charged, all free units are shared: 10
+// split 3 ways are grants of 4, 3 and 3.
 //
 // Split reserves nothing: the grants are ceilings, and each call still lends
 // no more than is free when it is sent, so calls made in any order, repeated,
 // or beyond the n planned cannot overspend. When ctx carries no ledger the
 // contexts are ctx itself (default grants). n ≤ 0 returns nil. It costs one
-// allocation for the slice and one per context.
+// allocation for the slice and one per context (two for a grant over 255).
 func Split(ctx context.Context, n int) []context.Context {
 	if n <= 0 {
 		return nil
@@ -66,7 +68,12 @@ func Split(ctx context.Context, n int) []context.Context {
 		}
 		return out
 	}
-	share := max(a.Free()-int64(n), 0)
+	snap := a.Snapshot()
+	sends := int64(n) // a unit for each call's own send…
+	if snap.Origin {
+		sends = 0 // …which the origin is not charged
+	}
+	share := max(snap.Free-sends, 0)
 	base, extra := share/int64(n), share%int64(n)
 	for i := range out {
 		g := base

@@ -451,12 +451,15 @@ func cancelled(ctx context.Context) bool {
 // queryOptions keeps the call options a resolution query needs (credentials,
 // wait-for-ready, size limits, compression…) and drops those that report on
 // the caller's own call (its header, trailer, peer, finish callback), which
-// a query must not overwrite.
+// a query must not overwrite, and those that choose the call's codec: the
+// caller's codec is for its own messages, and AttemptService speaks
+// protobuf.
 func queryOptions(opts []grpc.CallOption) []grpc.CallOption {
 	var out []grpc.CallOption
 	for _, o := range opts {
 		switch o.(type) {
-		case grpc.HeaderCallOption, grpc.TrailerCallOption, grpc.PeerCallOption, grpc.OnFinishCallOption:
+		case grpc.HeaderCallOption, grpc.TrailerCallOption, grpc.PeerCallOption, grpc.OnFinishCallOption,
+			grpc.ForceCodecCallOption, grpc.ForceCodecV2CallOption, grpc.ContentSubtypeCallOption:
 			continue
 		}
 		out = append(out, o)

@@ -2,6 +2,7 @@ package interceptor_test
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -9,10 +10,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // tokenCreds is a per-RPC credential: every RPC carries authorization.
@@ -54,4 +57,52 @@ func TestResolutionQueryCarriesDefaultCallOptions(t *testing.T) {
 	require.False(t, refused.Load(), "the resolution query carries the dial's default call options")
 	require.NoError(t, err)
 	require.Equal(t, int64(5), resp.GetTotal(), "the stored response")
+}
+
+// appCodec is a caller's own codec for its own messages, named "proto" so
+// that the server decodes what it sends with its protobuf codec; it knows
+// nothing of tollgate's AttemptService messages.
+type appCodec struct{ used atomic.Int64 }
+
+func (c *appCodec) Marshal(v any) ([]byte, error) {
+	if _, ok := v.(*tollgatev1.FenceAttemptRequest); ok {
+		return nil, errors.New("appCodec: not one of the application's messages")
+	}
+	c.used.Add(1)
+	return proto.Marshal(v.(proto.Message))
+}
+
+func (c *appCodec) Unmarshal(data []byte, v any) error {
+	if _, ok := v.(*tollgatev1.AttemptRecord); ok {
+		return errors.New("appCodec: not one of the application's messages")
+	}
+	return proto.Unmarshal(data, v.(proto.Message))
+}
+
+func (*appCodec) Name() string { return "proto" }
+
+// A caller that forces its own codec on every call (grpc.ForceCodec as a
+// default call option) still has its tries resolved: the resolution query
+// to AttemptService does not go through the caller's codec.
+func TestResolutionQueryIgnoresTheCallersCodec(t *testing.T) {
+	ledger := newLedger(nil)
+	var dropped atomic.Bool
+	outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		resp, err := h(ctx, req)
+		if info.FullMethod == testingv1.TestService_Apply_FullMethodName && err == nil && dropped.CompareAndSwap(false, true) {
+			return nil, grpcstatus.Error(codes.Unavailable, "connection reset after commit")
+		}
+		return resp, err
+	})
+	codec := &appCodec{}
+	end := recordedServer(t, &ledger.Service, memoryStore(t), outer)
+	client := testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+	), grpc.WithDefaultCallOptions(grpc.ForceCodec(codec)))...))
+
+	resp, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "acct", Amount: 5})
+	require.Equal(t, int64(1), ledger.effects.Load(), "never twice")
+	require.NoError(t, err)
+	require.Equal(t, int64(5), resp.GetTotal(), "the stored response")
+	require.Positive(t, codec.used.Load(), "the tries used the caller's codec")
 }
