@@ -13,7 +13,10 @@ import (
 func TrustAll(context.Context) bool { return true }
 
 // TrustLoopback trusts peers connected over a loopback address (127.0.0.0/8
-// or ::1): processes on the same machine.
+// or ::1): processes on the same machine. Do not use it behind a local
+// proxy or service-mesh sidecar (Envoy connects from 127.0.0.6, say): every
+// caller the proxy forwards, external ones included, would then be trusted
+// with its header's attempt, deadline, units and tenant.
 func TrustLoopback(ctx context.Context) bool {
 	p, ok := peer.FromContext(ctx)
 	if !ok || p.Addr == nil {
