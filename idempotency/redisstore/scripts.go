@@ -62,7 +62,9 @@ end
 local STORED = {[2] = true, [3] = true, [4] = true, [5] = true, [7] = true}
 
 -- load returns record rk's fields, or nil when it is absent or past its
--- expiry (and then deletes it). A hash at rk that is not a record this
+-- expiry (Redis's TTL removes it at the same instant). It writes nothing: a
+-- script's first write is the one Redis refuses when it is out of memory,
+-- and that must be the record's own. A hash at rk that is not a record this
 -- store wrote (a field missing, a number that does not read, a state no
 -- record holds) is an error: it must never read as an absent record or as
 -- a refusal.
@@ -78,10 +80,7 @@ local function load(rk, now)
   if not STORED[tonumber(v[1])] then
     error('tollgate: the hash at ' .. rk .. ' is not a record: state ' .. v[1])
   end
-  if tonumber(v[15]) <= now then
-    redis.call('DEL', rk)
-    return nil
-  end
+  if tonumber(v[15]) <= now then return nil end
   return v
 end
 
@@ -100,19 +99,21 @@ local function expire(rk, now, exp)
 end
 
 -- room reports whether the tenant may hold one more record: with a bound
--- (cap > 0), its index ik (a sorted set of its record keys scored by their
--- expiry) is first rid of the records past their expiry.
+-- (cap > 0), whether its index ik (a sorted set of its record keys scored by
+-- their expiry) holds fewer than cap records not yet past their expiry. It
+-- only reads (see load).
 local function room(ik, now, cap)
   if cap <= 0 then return true end
-  redis.call('ZREMRANGEBYSCORE', ik, '-inf', n(now))
-  return redis.call('ZCARD', ik) < cap
+  return redis.call('ZCOUNT', ik, '(' .. n(now), '+inf') < cap
 end
 
 -- track notes record rk's expiry exp in the tenant's index ik, with a bound,
--- and keeps the index at least as long as its longest-lived record.
+-- rids the index of records past their expiry, and keeps it at least as long
+-- as its longest-lived record. It runs after the record's write.
 local function track(ik, rk, now, exp, cap)
   if cap <= 0 then return end
   redis.call('ZADD', ik, n(exp), rk)
+  redis.call('ZREMRANGEBYSCORE', ik, '-inf', n(now))
   if redis.call('PTTL', ik) < exp - now then redis.call('PEXPIRE', ik, n(exp - now)) end
 end
 `
@@ -235,7 +236,8 @@ else
   if not room(KEYS[3], now, cap) then return {13} end
   local exp = now + ttl
   redis.call('HSET', KEYS[2], 'st', FENCED, 'fp', '', 'try', '0', 'fen', n(through), 'code', '0', 'msg', '',
-    'det', '', 'resp', '', 'ret', '0', 'units', '0', 'sa', '0', 'fa', n(now), 'lease', '0', 'dl', '0', 'exp', n(exp))
+    'det', '', 'resp', '', 'ret', '0', 'units', '0', 'sa', '0', 'fa', n(now), 'lease', '0', 'dl', '0', 'exp', n(exp),
+    'tok', '', 'ftok', '')
   expire(KEYS[2], now, exp)
   track(KEYS[3], KEYS[2], now, exp, cap)
 end
