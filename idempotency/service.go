@@ -19,8 +19,11 @@ func (f serviceOptionFunc) applyService(s *AttemptService) { f(s) }
 
 // WithTenant sets the function that names the caller's tenant; every answer
 // is scoped to it. It must return a tenant of 0–64 characters of
-// [A-Za-z0-9._:-] and be safe for concurrent use. Default
-// [TenantFromContext], the tenant tollgate's server interceptor resolved.
+// [A-Za-z0-9._:-] and be safe for concurrent use, and name the tenant as the
+// server interceptor keys its records — which hashes any other name, and any
+// name starting with "h.", the same function given to the interceptor's
+// WithTenant would not. Default [TenantFromContext], the tenant tollgate's
+// server interceptor resolved: keep it unless the interceptor does not run.
 func WithTenant(tenant func(ctx context.Context) string) ServiceOption {
 	return serviceOptionFunc(func(s *AttemptService) { s.tenant = tenant })
 }

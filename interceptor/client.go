@@ -222,12 +222,20 @@ func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy
 	tctx, cancel := context.WithDeadline(base, deadline)
 	t.cancel = cancel
 	tctx = withHeader(tctx, h.String())
-	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+	return tctx, t, nil
+}
+
+// spendEvent records try t's tollgate.allowance.spend event on the call's
+// span once finish knows whether its unit was spent: units 1 for a try
+// below the origin that may have reached its callee, 0 for the origin's
+// own tries and for a try that never left the client (its unit went back);
+// the grant it lent; and the units free once it ended.
+func spendEvent(span trace.Span, s *attemptState, t *try) {
+	if span.IsRecording() {
 		span.AddEvent(eventSpend, trace.WithAttributes(
-			attrTry.Int64(int64(n)), attrUnits.Int64(boolInt(t.charged)), attrGranted.Int64(t.loan.Units()),
+			attrTry.Int64(int64(t.n)), attrUnits.Int64(boolInt(t.charged)), attrGranted.Int64(t.loan.Units()),
 			attrRemaining.Int64(s.ledger.Free())))
 	}
-	return tctx, t, nil
 }
 
 func boolInt(b bool) int64 {
@@ -266,6 +274,7 @@ func (c *client) finish(s *attemptState, key string, t *try, err error) status.D
 		t.loan.Refund()
 		if t.charged {
 			s.ledger.Unsend()
+			t.charged = false // its unit went back
 		}
 	case status.PeerStatus:
 		if !c.cfg.strict && spentNothing(err, s.ID, key, t.n) {
@@ -310,11 +319,12 @@ func withHeader(ctx context.Context, value string) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, headerKey, value)
 }
 
-// wait sleeps before try next, honouring the refusal's retry-after (its
-// RetryInfo or detail, or the grpc-retry-pushback-ms trailer), and
-// reports false when the wait would not leave a useful try before the
-// deadline or ctx ended.
-func (c *client) wait(ctx context.Context, s *attemptState, p *RetryPolicy, next int, err error, pushback time.Duration) bool {
+// wait sleeps before the next try, try (the next-th counted against the
+// policy, which sets the backoff), honouring the refusal's retry-after (its
+// RetryInfo or detail, or the grpc-retry-pushback-ms trailer), and reports
+// false when the wait would not leave a useful try before the deadline or
+// ctx ended.
+func (c *client) wait(ctx context.Context, s *attemptState, p *RetryPolicy, next int, try uint32, err error, pushback time.Duration) bool {
 	retryAfter, _ := status.RetryAfter(err)
 	d := p.backoff(next, max(retryAfter, pushback))
 	limit := s.Deadline
@@ -325,7 +335,7 @@ func (c *client) wait(ctx context.Context, s *attemptState, p *RetryPolicy, next
 		return false
 	}
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
-		span.AddEvent(eventRetry, trace.WithAttributes(attrTry.Int64(int64(next)),
+		span.AddEvent(eventRetry, trace.WithAttributes(attrTry.Int64(int64(try)),
 			attrReason.String(status.ReasonName(status.OutcomeOf(err).Reason)), attrDelay.Int64(d.Milliseconds())))
 	}
 	return sleep(ctx, d)
@@ -346,10 +356,11 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// record counts a try that was sent in tollgate.client.tries, by outcome.
-// Local refusals sent nothing and are not counted.
-func (c *client) record(ctx context.Context, o status.Outcome) {
-	if int(o.Kind) < len(outcomeOpts) {
+// record counts a try that may have been sent (d) in tollgate.client.tries,
+// by outcome. Local refusals, and tries that never left the client, sent
+// nothing and are not counted.
+func (c *client) record(ctx context.Context, o status.Outcome, d status.Delivery) {
+	if d != status.NotSent && int(o.Kind) < len(outcomeOpts) {
 		c.tel.tries.Add(ctx, 1, outcomeOpts[o.Kind]...)
 	}
 }
@@ -414,10 +425,18 @@ func (c *client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	cs.ctx = ctx
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
+	returned := false
+	defer func() {
+		if !returned { // a panic below the interceptor goes on; the span ends
+			cs.span.End()
+		}
+	}()
 	if !cs.tryFromLocked(1) {
+		returned = true
 		return nil, cs.final
 	}
 	cs.stop = context.AfterFunc(ctx, cs.abandon)
+	returned = true
 	return cs, nil
 }
 

@@ -148,13 +148,16 @@
 // The client starts a tollgate.call span per call (parent of each try's
 // RPC span) with the attempt ID, call key, try, allowance granted and spent,
 // outcome, reason and refusing class, and events tollgate.allowance.spend
-// (per try: units taken, grant, units remaining), tollgate.retry (try,
-// reason, delay) and tollgate.attempt.query (state). The server adds a
+// (per try, once it ended: units spent — 0 for the origin's tries and for
+// one that never left the client —, grant, units free after it),
+// tollgate.retry (the try about to be sent, reason, delay) and
+// tollgate.attempt.query (state). The server adds a
 // tollgate.admission event (decision, class, queued_ahead: the requests of
 // the class queued ahead of this one when the controller decided, from
 // admission.Controller.AdmitDecision) to the request's span when one is
-// recording (e.g. otelgrpc's). Metrics:
-// tollgate.client.tries{outcome}, tollgate.allowance.exhausted,
+// recording (e.g. otelgrpc's); it starts no span of its own. Metrics:
+// tollgate.client.tries{outcome} (tries that may have been sent),
+// tollgate.allowance.exhausted,
 // tollgate.retry_budget.exhausted, tollgate.metadata.malformed{trusted}, and
 // the admission package's. No tenant or attempt ID is a metric label.
 // Providers come from options, by default the global ones.

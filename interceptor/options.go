@@ -180,13 +180,12 @@ func WithoutRetryBudget() ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.noRetryBudget = true })
 }
 
-// WithResolutionGrace sets how long after the attempt's deadline the owner
-// may still query the state of a try whose outcome is unknown (the queries do
-// no work, and an unresolved UNKNOWN is the worst answer tollgate gives).
-// The grace also runs past the caller's context's deadline (at the origin,
-// usually the attempt's): a call in doubt at its deadline may return up to
-// the grace later. A caller that cancels its context is answered UNKNOWN at
-// once. Default DefaultResolutionGrace (1 s); at most 1 min.
+// WithResolutionGrace sets how long after the attempt's deadline, or the
+// caller's context's deadline when that is earlier, the owner may still
+// query the state of a try whose outcome is unknown (the queries do no work,
+// and an unresolved UNKNOWN is the worst answer tollgate gives): a call in
+// doubt at its deadline may return up to the grace later. A caller that
+// cancels its context is answered UNKNOWN at once. Default DefaultResolutionGrace (1 s); at most 1 min.
 func WithResolutionGrace(d time.Duration) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.grace = d })
 }
@@ -469,8 +468,13 @@ func WithMaxConcurrentStreams(n uint32) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.maxStreams = n })
 }
 
-// WithServerTracerProvider sets the tracer provider of the server's spans
-// and events. Default: otel.GetTracerProvider() at construction.
+// WithServerTracerProvider sets a tracer provider the server does not use:
+// the server starts no span of its own, and adds its tollgate.admission event
+// to the request's span when one is recording (otelgrpc's server span, say),
+// whichever provider made it.
+//
+// Deprecated: it has no effect; install your provider on the server's span
+// (otelgrpc.WithTracerProvider) instead.
 func WithServerTracerProvider(tp trace.TracerProvider) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.tracer = tp })
 }

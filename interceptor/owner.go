@@ -142,9 +142,16 @@ func (c *client) unary(ctx context.Context, method string, req, reply any, cc *g
 		tgt: c.target(cc), cc: cc, invoker: invoker, explicit: named}
 	w.loans = w.loanBuf[:0]
 	ctx, span := c.startSpan(ctx, cl.s, cl.key)
+	ended := false
+	defer func() {
+		if !ended { // a panic below the interceptor goes on; the span ends
+			span.End()
+		}
+	}()
 	w.callOpts = opts
 	n, err := w.run(ctx, start, req, reply, opts)
 	endSpan(span, cl.s, n, status.OutcomeOf(err))
+	ended = true
 	return err
 }
 
@@ -175,13 +182,14 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		}
 		err = w.invoker(tctx, w.cl.method, req, reply, w.cc, opts...)
 		d := c.finish(s, key, t, err)
+		spendEvent(trace.SpanFromContext(ctx), s, t)
 		w.pushback = t.delivery.pushback.Load()
 		if t.loan != nil {
 			w.loans = append(w.loans, t.loan)
 		}
 		o := status.OutcomeOfCall(err, d)
 		err = w.typed(n, err, o)
-		c.record(ctx, o)
+		c.record(ctx, o, d)
 
 		next, uncounted, result, done := w.decide(ctx, n, err, o, reply)
 		if done {
@@ -226,7 +234,7 @@ func (w *owner) proceed(ctx context.Context, n uint32, counted int, err error) e
 	if w.tgt.budget != nil && !w.tgt.budget.Withdraw() {
 		return w.budgetExhausted(ctx, n, err)
 	}
-	if !w.c.wait(ctx, w.cl.s, w.p, counted+1, err, time.Duration(max(w.pushback, 0))*time.Millisecond) {
+	if !w.c.wait(ctx, w.cl.s, w.p, counted+1, n+1, err, time.Duration(max(w.pushback, 0))*time.Millisecond) {
 		return w.conclude(n, err)
 	}
 	return nil
@@ -351,7 +359,14 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 		return 0, w.budgetExhausted(ctx, n, last), true
 	}
 	w.queries++
-	qctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), s.Deadline.Add(c.cfg.grace))
+	// The grace runs from the earlier of the attempt's deadline and the
+	// caller's own (a call under a longer attempt, or a handler's call with
+	// a timeout of its own).
+	limit := s.Deadline
+	if d, ok := ctx.Deadline(); ok && d.Before(limit) {
+		limit = d
+	}
+	qctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), limit.Add(c.cfg.grace))
 	defer cancel()
 	// The query carries the call's own outgoing metadata (a tenant function
 	// may read it) with the tollgate header replaced: the attempt and
@@ -459,7 +474,7 @@ func queryOptions(opts []grpc.CallOption) []grpc.CallOption {
 	for _, o := range opts {
 		switch o.(type) {
 		case grpc.HeaderCallOption, grpc.TrailerCallOption, grpc.PeerCallOption, grpc.OnFinishCallOption,
-			grpc.ForceCodecCallOption, grpc.ForceCodecV2CallOption, grpc.ContentSubtypeCallOption:
+			grpc.ForceCodecCallOption, grpc.ForceCodecV2CallOption, grpc.CustomCodecCallOption, grpc.ContentSubtypeCallOption:
 			continue
 		}
 		out = append(out, o)

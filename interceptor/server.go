@@ -632,11 +632,15 @@ func (sv *server) tapHandle(ctrl *admission.Controller, bound bool) tap.ServerIn
 		var (
 			h       header.Header
 			honored bool
+			trusted bool
+			perr    error // the header's, when it does not parse
 		)
-		if vs := info.Header.Get(headerKey); len(vs) > 0 && sv.cfg.trusted(ctx) {
-			var err error
-			h, err = header.ParseValues(vs)
-			honored = err == nil
+		vs := info.Header.Get(headerKey)
+		if len(vs) > 0 {
+			if trusted = sv.cfg.trusted(ctx); trusted {
+				h, perr = header.ParseValues(vs)
+				honored = perr == nil
+			}
 		}
 		now := sv.cfg.now()
 		var d time.Time
@@ -668,6 +672,18 @@ func (sv *server) tapHandle(ctrl *admission.Controller, bound bool) tap.ServerIn
 				}
 			}
 			return admitted, nil
+		}
+		// Refused here, the request never reaches the interceptor, which
+		// counts a malformed header and refuses a trusted peer's: do both.
+		if len(vs) > 0 && !trusted {
+			_, perr = header.ParseValues(vs)
+		}
+		switch {
+		case perr != nil && trusted:
+			sv.tel.malformed.Add(ctx, 1, malformedTrusted)
+			return ctx, status.NotAdmitted(status.ReasonMalformedHeader, status.WithMessage(perr.Error()))
+		case perr != nil:
+			sv.tel.malformed.Add(ctx, 1, malformedUntrusted)
 		}
 		if !honored {
 			return ctx, err

@@ -315,12 +315,13 @@ func (cs *clientStream) afterTryLocked(err error) (next uint32, result error, re
 func (cs *clientStream) finishLocked(err error) status.Outcome {
 	w, c := cs.w, cs.w.c
 	d := c.finish(w.cl.s, w.cl.key, cs.t, err)
+	spendEvent(cs.span, w.cl.s, cs.t)
 	w.pushback = cs.t.delivery.pushback.Load()
 	if cs.t.loan != nil {
 		w.loans = append(w.loans, cs.t.loan)
 	}
 	o := status.OutcomeOfCall(err, d)
-	c.record(cs.ctx, o)
+	c.record(cs.ctx, o, d)
 	return o
 }
 
