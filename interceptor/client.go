@@ -465,7 +465,7 @@ type clientStream struct {
 	unaryResponse bool
 
 	mu   sync.Mutex
-	cond sync.Cond // L is &mu; broadcast when receiving stops or a try ends
+	cond sync.Cond // L is &mu; broadcast when receiving or a replay stops, or a try ends
 	// The current try: its stream, its state, its number, a generation
 	// counted per try sent.
 	cur     grpc.ClientStream
@@ -488,6 +488,10 @@ type clientStream struct {
 	// receiving is true while RecvMsg waits on cur without the lock: only
 	// it may then read cur's status.
 	receiving bool
+	// replaying is true while a goroutine replays what the caller sent on
+	// the current try's stream (replayLocked): SendMsg waits for it, so that
+	// messages keep their order and one goroutine sends at a time.
+	replaying bool
 	// pending is a response message a probe read on the caller's behalf.
 	pending any
 	done    bool

@@ -128,15 +128,44 @@ func (cs *clientStream) tryFromLocked(n uint32) bool {
 // then hands the stream to CloseSend and Trailer, and closes its side if the
 // caller closed its own. A failure shows on the stream itself, where the
 // caller's next operation finds it.
+//
+// With messages to replay it does so on a goroutine of its own, and returns
+// at once: the caller's RecvMsg (which may be what repeats the stream) must
+// go on reading the new try's responses meanwhile, or a handler that answers
+// each message with more than the flow-control window holds stops reading,
+// and a replay larger than the window blocks for good. SendMsg waits until
+// the replay ends. The goroutine ends with the replay: a stream's SendMsg
+// returns once the stream ends.
 func (cs *clientStream) replayLocked(st grpc.ClientStream) {
-	var err error
-	for _, m := range cs.buf {
-		if err = st.SendMsg(m); err != nil {
-			break
-		}
+	if len(cs.buf) == 0 {
+		cs.openLocked(st, nil)
+		return
 	}
-	// Only now may CloseSend reach st: grpc-go forbids calling CloseSend
-	// concurrently with SendMsg.
+	buf, gen := cs.buf, cs.gen // buf's messages are clones, never written again
+	cs.replaying = true
+	go func() {
+		var err error
+		for _, m := range buf {
+			if err = st.SendMsg(m); err != nil {
+				break
+			}
+		}
+		cs.mu.Lock()
+		defer cs.mu.Unlock()
+		if gen != cs.gen {
+			return // a later try is current (this one ended): it has its own replay
+		}
+		cs.replaying = false
+		cs.cond.Broadcast()
+		cs.openLocked(st, err)
+	}()
+}
+
+// openLocked makes st, on which what the caller sent was replayed (with
+// err), the stream CloseSend and Trailer act on, and closes its side if the
+// caller closed its own. Only now may CloseSend reach st: grpc-go forbids
+// calling CloseSend concurrently with SendMsg.
+func (cs *clientStream) openLocked(st grpc.ClientStream, err error) {
 	if cs.side.open(st) && err == nil {
 		_ = st.CloseSend()
 	}
@@ -416,6 +445,9 @@ func deliverPending(m, pending any) error {
 // grpc-go's, says the stream ended and RecvMsg returns its status.
 func (cs *clientStream) SendMsg(m any) error {
 	cs.mu.Lock()
+	for cs.replaying && !cs.done {
+		cs.cond.Wait()
+	}
 	if cs.done {
 		cs.mu.Unlock()
 		return io.EOF
@@ -433,8 +465,14 @@ func (cs *clientStream) SendMsg(m any) error {
 		// A local error (m cannot be marshalled, or is too large): grpc-go
 		// ended the stream with it.
 		if gen == cs.gen && !cs.done {
-			cs.finishLocked(err)
-			cs.endLocked(cs.n, err)
+			// Typed as RecvMsg would type it (DESIGN.md §2.5: grpc-go's
+			// client-side RESOURCE_EXHAUSTED is UNKNOWN): earlier messages
+			// may have reached the handler.
+			o := cs.finishLocked(err)
+			cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
+		}
+		if cs.done && cs.final != nil {
+			return cs.final
 		}
 		return err
 	}
