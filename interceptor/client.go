@@ -185,8 +185,11 @@ func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy
 	t.delivery.reset(cl.method, c.statsInstalled, cl.seen)
 	if s.Origin {
 		// The origin's own tries are not charged; a repeat is pointless once
-		// the callee can never be lent a unit again.
-		if n > 1 {
+		// the units below were all spent, and the callee can never be lent
+		// one again (DESIGN.md §3.3's seed: the third origin try is refused).
+		// An allowance of 0 spends nothing: the origin's call, to a callee
+		// that needs no unit, repeats under its policy.
+		if n > 1 && s.ledger.Snapshot().Total > 0 {
 			if err := s.ledger.Check(); err != nil && status.IsFinal(err) {
 				return nil, nil, c.exhausted(ctx, s, key, n)
 			}

@@ -117,8 +117,10 @@ type owner struct {
 	pushback int64
 	// verify is set when a resolution found a finished record under an
 	// explicit key: the next try, which the store checks against the
-	// request's fingerprint, learns the answer, and does not count.
-	verify bool
+	// request's fingerprint, learns the answer. The first such try of a call
+	// does not count against its tries (verified); any later one does, so
+	// that answers lost again and again cannot repeat the call unbounded.
+	verify, verified bool
 	// callOpts are the caller's call options (with the dial's defaults,
 	// which grpc-go merged in before the interceptor); resolution queries
 	// carry them less those that report on the caller's own call
@@ -278,9 +280,10 @@ func (w *owner) decide(ctx context.Context, n uint32, err error, o status.Outcom
 		if done {
 			return 0, false, result, true
 		}
-		verify := w.verify
-		w.verify = false // a verifying try does not count against the tries
-		return next, verify, result, false
+		uncounted := w.verify && !w.verified // the first verifying try does not count
+		w.verified = w.verified || w.verify
+		w.verify = false
+		return next, uncounted, result, false
 	case status.KindNotAdmitted:
 		next, uncounted := n+1, false
 		switch o.Reason {
