@@ -100,7 +100,7 @@ func main() {
 	flag.IntVar(&cfg.Second, "second", 2, "jobs in the second wave")
 	flag.IntVar(&cfg.SecondDeadline, "second-deadline", 4, "deadline tick of the second wave")
 	flag.IntVar(&cfg.Horizon, "horizon", 4, "count useful completions through this tick")
-	flag.IntVar(&cfg.BoundedInside, "bounded-inside", 2, "bounded admission: jobs inside (running + waiting)")
+	flag.IntVar(&cfg.BoundedInside, "bounded-inside", 2, "bounded admission: jobs let in at once, the one holding the worker's slot and those queued for it (the report's inside + waiting)")
 	flag.IntVar(&cfg.ServiceTicks, "service-ticks", 1, "ticks one job takes on the worker")
 	flag.IntVar(&cfg.CatalogInside, "catalog-inside", 2, "catalog: requests the backend permits inside")
 	flag.IntVar(&cfg.CatalogWaiting, "catalog-waiting", 3, "catalog: requests held in the waiting room")
@@ -240,10 +240,11 @@ func (s *sim) observe(e admission.Event) {
 	s.cond.Broadcast()
 }
 
-// admit is the server's admission glue on the virtual clock. It will be
-// replaced by interceptor.ServerOptions(interceptor.WithAdmission(ctrl))
-// once the interceptor package lands (with a virtual-clock hook for this
-// simulation). It asks the controller at the current tick, counts refusals
+// admit is the server's admission glue on the virtual clock. It is not
+// interceptor.ServerOptions(interceptor.WithAdmission(ctrl)) on purpose:
+// that interceptor admits on the real clock, and this simulation drives the
+// controller tick by tick with AdmitAt and ReleaseAt. It asks the
+// controller at the current tick, counts refusals
 // by reason and hands the permit to the worker, which releases it at the
 // job's modelled completion; the deferred Release is then a no-op.
 func (s *sim) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
