@@ -164,7 +164,6 @@ type faultServer struct {
 	seed     uint64
 	addr     string
 	store    idempotency.Store
-	svc      grpc.ServiceRegistrar
 	opts     []grpc.ServerOption
 	register func(*grpc.Server)
 	mu       sync.Mutex
@@ -599,7 +598,6 @@ func TestFaultsAtMostOnceRedis(t *testing.T) {
 		})
 	}
 }
-
 
 func TestFaultsAtMostOnceStreams(t *testing.T) {
 	for _, seed := range faultSeeds(t, 3) {

@@ -38,6 +38,7 @@ func TestRegression13bResolutionQueryIgnoresCallCustomCodec(t *testing.T) {
 	})
 	codec := &appCodecV0{}
 	end := recordedServer(t, &ledger.Service, memoryStore(t), outer)
+	//lint:ignore SA1019 the deprecated option still sets a call's codec, and callers still use it
 	client := testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(
 		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
 	), grpc.WithDefaultCallOptions(grpc.CallCustomCodec(codec)))...))
