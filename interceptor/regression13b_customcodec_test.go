@@ -39,9 +39,10 @@ func TestRegression13bResolutionQueryIgnoresCallCustomCodec(t *testing.T) {
 	codec := &appCodecV0{}
 	end := recordedServer(t, &ledger.Service, memoryStore(t), outer)
 	//lint:ignore SA1019 the deprecated option still sets a call's codec, and callers still use it
+	custom := grpc.CallCustomCodec(codec)
 	client := testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(
 		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
-	), grpc.WithDefaultCallOptions(grpc.CallCustomCodec(codec)))...))
+	), grpc.WithDefaultCallOptions(custom))...))
 
 	resp, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "acct", Amount: 5})
 	require.Equal(t, int64(1), ledger.effects.Load(), "never twice")
