@@ -476,8 +476,9 @@ func WithMaxConcurrentStreams(n uint32) ServerOption {
 // to the request's span when one is recording (otelgrpc's server span, say),
 // whichever provider made it.
 //
-// Deprecated: it has no effect; install your provider on the server's span
-// (otelgrpc.WithTracerProvider) instead.
+// Deprecated: it has no effect (but a nil provider is still refused);
+// install your provider on the server's span (otelgrpc.WithTracerProvider)
+// instead.
 func WithServerTracerProvider(tp trace.TracerProvider) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.tracer = tp })
 }

@@ -225,6 +225,15 @@ func (w *owner) typed(n uint32, err error, o status.Outcome) error {
 	return err
 }
 
+// verifying reports whether the next try is the call's first verifying try
+// (see verify), which does not count against its tries, and clears verify.
+func (w *owner) verifying() bool {
+	uncounted := w.verify && !w.verified
+	w.verified = w.verified || w.verify
+	w.verify = false
+	return uncounted
+}
+
 // proceed returns nil when try n+1 may follow try n's failure err, after
 // counted tries that count against the policy, having waited for it
 // (backoff, retry-after) and paid its retry-budget token; otherwise it
@@ -280,10 +289,7 @@ func (w *owner) decide(ctx context.Context, n uint32, err error, o status.Outcom
 		if done {
 			return 0, false, result, true
 		}
-		uncounted := w.verify && !w.verified // the first verifying try does not count
-		w.verified = w.verified || w.verify
-		w.verify = false
-		return next, uncounted, result, false
+		return next, w.verifying(), result, false
 	case status.KindNotAdmitted:
 		next, uncounted := n+1, false
 		switch o.Reason {
@@ -299,7 +305,7 @@ func (w *owner) decide(ctx context.Context, n uint32, err error, o status.Outcom
 			if done {
 				return 0, false, result, true
 			}
-			err, next = result, nx
+			err, next, uncounted = result, nx, w.verifying()
 		}
 		if o.Final() {
 			return 0, false, w.conclude(n, err), true

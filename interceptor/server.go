@@ -613,7 +613,10 @@ func (s *serverStream) Context() context.Context { return s.ctx }
 // would read as a repeatable NOT_ADMITTED, even for a call whose record says
 // it committed. Without a store, the handle refuses a try late by more than
 // the skew DEADLINE_EXPIRED, final, as the interceptor would. An untrusted
-// peer's header is ignored here as in the interceptor.
+// peer's header is ignored here as in the interceptor. A request the handle
+// refuses never reaches the interceptor, so the handle does what it would
+// with a malformed header: counts it (tollgate.metadata.malformed) and, from
+// a trusted peer, refuses it MALFORMED_HEADER instead.
 func AdmissionTap(ctrl *admission.Controller, opts ...ServerOption) tap.ServerInHandle {
 	if ctrl == nil {
 		panic("interceptor: AdmissionTap: nil admission controller")

@@ -43,11 +43,13 @@ local function identity()
 end
 
 -- horizon returns the tenant's horizon, moving it to now when its key is
--- missing or was written by another Redis (restart, restore, failover).
-local function horizon(hk, now)
+-- missing or was written by another Redis (restart, restore, failover); or,
+-- readonly, nil then, writing nothing.
+local function horizon(hk, now, readonly)
   local h = redis.call('HMGET', hk, 'at', 'id')
   local id = identity()
   if h[1] and h[2] == id then return tonumber(h[1]) end
+  if readonly then return nil end
   redis.call('HSET', hk, 'at', n(now), 'id', id)
   return now
 end
@@ -70,7 +72,12 @@ local STORED = {[2] = true, [3] = true, [4] = true, [5] = true, [7] = true}
 -- a refusal.
 local function load(rk, now)
   local v = redis.call('HMGET', rk, unpack(FIELDS))
-  if not v[1] then return nil end
+  if not v[1] then
+    if redis.call('EXISTS', rk) == 1 then
+      error('tollgate: the hash at ' .. rk .. ' is not a record: field st')
+    end
+    return nil
+  end
   for i = 1, 17 do
     local numeric = i ~= 2 and i ~= 6 and i ~= 7 and i ~= 8 and i < 16
     if (i < 16 and not v[i]) or (numeric and not tonumber(v[i])) then
@@ -175,20 +182,23 @@ return {0}
 // other Finish of the try is refused as before. btok, when not empty, is the
 // tok of the Begin call whose try this finish may end (the fence Begin sends
 // after a replica shortfall): a record another Begin call wrote is refused.
-var finishScript = redis.NewScript(prelude + finishBody)
+var finishScript = redis.NewScript(prelude + "local FULL = false\n" + finishBody)
 
 // finishFullScript is finishScript allowed to run, and to write, while Redis
 // is out of memory (the allow-oom flag of Redis 7 and later): a full Redis
 // refuses new tries, never the end of one that runs. Store.finish sends it,
 // without the response, only after Redis refused finishScript for want of
 // memory, and does not load it ahead: Redis before 7 cannot read its flags.
-var finishFullScript = redis.NewScript("#!lua flags=allow-oom\n" + prelude + finishBody)
+// It writes only the running try's record and index entry: a horizon it
+// would have to move means no such record, and it answers so, writing
+// nothing (FULL).
+var finishFullScript = redis.NewScript("#!lua flags=allow-oom\n" + prelude + "local FULL = true\n" + finishBody)
 
 const finishBody = `
 local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ts, try, fp, st = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
-local hz = horizon(KEYS[1], now)
-if not inside(ts, hz, now, skew, ARGV[17] == '1') then return {8} end
+local hz = horizon(KEYS[1], now, FULL)
+if not hz or not inside(ts, hz, now, skew, ARGV[17] == '1') then return {8} end
 local v = load(KEYS[2], now)
 if not v then return {8} end
 if v[17] == ARGV[15] and tonumber(v[3]) == try and v[2] == fp then return {12} end
