@@ -112,6 +112,7 @@ func (cs *clientStream) tryFromLocked(n uint32) bool {
 			cs.cur = st
 			stCtx := st.Context()
 			cs.curCtx.Store(&stCtx)
+			cs.side.started(st)
 			cs.replayLocked(st)
 			return true
 		}
@@ -172,7 +173,7 @@ func (cs *clientStream) openLocked(st grpc.ClientStream, err error) {
 }
 
 // streamSide is what CloseSend and Trailer need of a clientStream: the
-// stream they act on and whether the caller closed its side. Its lock is
+// streams they act on and whether the caller closed its side. Its lock is
 // its own, not clientStream.mu, which the owner holds while it resolves and
 // repeats a try (queries that may poll until the deadline): neither
 // CloseSend nor Trailer waits for that. The lock is held only to read or
@@ -189,8 +190,17 @@ func (cs *clientStream) openLocked(st grpc.ClientStream, err error) {
 // never while the owner still replays on it.
 type streamSide struct {
 	mu     sync.Mutex
-	cur    grpc.ClientStream // the latest try's stream, replayed
+	cur    grpc.ClientStream // the latest try's stream that was replayed, for CloseSend
+	last   grpc.ClientStream // the latest try's stream, replayed or not, for Trailer
 	closed bool              // the caller called CloseSend
+}
+
+// started notes st, a new try's stream, as the one Trailer reads: a try
+// may end, and the stream with it, while its replay still runs.
+func (s *streamSide) started(st grpc.ClientStream) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.last = st
 }
 
 // open makes st, a new try's stream on which what the caller sent was
@@ -220,7 +230,7 @@ func (s *streamSide) close() grpc.ClientStream {
 func (s *streamSide) stream() grpc.ClientStream {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.cur
+	return s.last
 }
 
 // replayable reports whether the current try may still be repeated.
@@ -464,17 +474,16 @@ func (cs *clientStream) SendMsg(m any) error {
 	if err != io.EOF {
 		// A local error (m cannot be marshalled, or is too large): grpc-go
 		// ended the stream with it.
-		if gen == cs.gen && !cs.done {
+		if !cs.done {
 			// Typed as RecvMsg would type it (DESIGN.md §2.5: grpc-go's
 			// client-side RESOURCE_EXHAUSTED is UNKNOWN): earlier messages
-			// may have reached the handler.
+			// may have reached the handler. The stream cannot go on, on
+			// this try or on a repeat started meanwhile (gen != cs.gen),
+			// which would replay m and fail on it again.
 			o := cs.finishLocked(err)
 			cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
 		}
-		if cs.done && cs.final != nil {
-			return cs.final
-		}
-		return err
+		return cs.final
 	}
 	for {
 		switch {
