@@ -22,9 +22,13 @@ const ControlClass = "control"
 const DefaultClass = "default"
 
 // controlPatterns are the methods the built-in control class serves.
+// healthPrefix is the health service's methods: control methods that the tap
+// never refuses (see TapHandle).
+const healthPrefix = "/grpc.health.v1.Health/"
+
 var controlPatterns = []string{
 	"/tollgate.v1.AttemptService/",
-	"/grpc.health.v1.Health/",
+	healthPrefix,
 	"/grpc.reflection.*",
 }
 

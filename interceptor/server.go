@@ -426,11 +426,14 @@ func (sv *server) control(ctx context.Context, method string, req any, f func(co
 		tenant = sv.tenantOf(ctx)
 	}
 	ctx = idempotency.ContextWithTenant(ctx, tenant)
-	if req == nil {
+	if req == nil || strings.HasPrefix(method, healthServicePrefix) {
 		// A control stream (a health Watch, a reflection session) lives as
 		// long as its client: it would hold one of the control class's few
 		// slots for that long, and two of them would starve AttemptService
-		// queries. Streams on the control path take no slot.
+		// queries. Streams on the control path take no slot. Nor does a
+		// health Check, answered from memory at once: behind AttemptService
+		// queries waiting on a slow store it would be refused, and an
+		// orchestrator would restart a server whose data path is healthy.
 		return f(ctx)
 	}
 	permit, err := sv.admit(ctx, method, nil, req)
