@@ -160,6 +160,11 @@ func TestRegression13LocalSendErrorDuringRepeatIsTyped(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, st.Send(&testingv1.ChatRequest{Value: "gate-small"}))
 	<-firstRead
+	sent := make(chan error, 1)
+	go func() { sent <- st.Send(&testingv1.ChatRequest{Value: "gate" + strings.Repeat("x", 4096)}) }()
+	<-codec.reached[0] // the caller's send is marshalling the big message on try 1
+	// Only now the receiver, which repeats the stream: a repeat started
+	// earlier would make its replay's "gate-small" marshalling number 2.
 	var wg sync.WaitGroup
 	var recvErr error
 	wg.Go(func() { // the caller's receiver: it repeats the stream
@@ -169,9 +174,6 @@ func TestRegression13LocalSendErrorDuringRepeatIsTyped(t *testing.T) {
 			}
 		}
 	})
-	sent := make(chan error, 1)
-	go func() { sent <- st.Send(&testingv1.ChatRequest{Value: "gate" + strings.Repeat("x", 4096)}) }()
-	<-codec.reached[0] // the caller's send is marshalling the big message on try 1
 	select {
 	case <-codec.reached[1]: // try 2's replay reached it
 	case <-time.After(5 * time.Second):

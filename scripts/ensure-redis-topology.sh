@@ -56,15 +56,15 @@ info() { cli "$1" INFO "$2" | sed -n "s/^$3://p"; }
 cinfo() { cli "$1" CLUSTER INFO | sed -n "s/^$2://p"; }
 
 # wait_until SECONDS COMMAND...: runs COMMAND every 0.1 s until it succeeds;
-# fails after SECONDS.
+# fails once SECONDS of wall-clock time have passed (a check may itself take
+# seconds on a loaded machine).
 wait_until() {
-  local secs=$1; shift
-  local i
-  for ((i = 0; i < secs * 10; i++)); do
+  local end=$((SECONDS + $1)); shift
+  while ((SECONDS < end)); do
     if "$@"; then return 0; fi
     sleep 0.1
   done
-  return 1
+  "$@"
 }
 
 start() {
@@ -159,9 +159,9 @@ create() {
 reset() {
   echo "the Cluster is not healthy; flushing it and creating it anew"
   local p
-  # A replica cannot FLUSHALL; CLUSTER RESET empties it.
-  cli "$cluster_replica" CLUSTER RESET HARD >/dev/null || true
-  for p in "${primaries[@]}"; do
+  # A replica cannot FLUSHALL (CLUSTER RESET empties it); a master with keys
+  # cannot be reset, and any node may be a master after a failover.
+  for p in "$cluster_replica" "${primaries[@]}"; do
     cli "$p" FLUSHALL >/dev/null || true
     cli "$p" CLUSTER RESET HARD >/dev/null || true
   done
@@ -177,4 +177,12 @@ if ! healthy; then
   fi
   wait_until 60 healthy || die "the Cluster is not healthy (cluster_state:ok, every node known, replica in sync) 60s after its creation"
 fi
+# A run killed mid-test may leave a node with a test's setting (an evicting
+# maxmemory-policy, a tiny maxmemory, a slow hz) that the next run's tests would trip
+# over: set both back, on the pair's nodes too.
+for p in "$primary" "$replica" "${primaries[@]}" "$cluster_replica"; do
+  cli "$p" CONFIG SET maxmemory-policy noeviction >/dev/null
+  cli "$p" CONFIG SET maxmemory 0 >/dev/null
+  cli "$p" CONFIG SET hz 10 >/dev/null
+done
 echo "redis cluster at ${cluster} (cluster_state:ok), replica of 127.0.0.1:${primaries[0]} at 127.0.0.1:${cluster_replica}"

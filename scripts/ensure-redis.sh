@@ -8,7 +8,9 @@ host="${addr%:*}"
 port="${addr##*:}"
 
 ping_redis() {
-  exec 3<>"/dev/tcp/${host}/${port}" 2>/dev/null || return 1
+  # The braces keep 2>/dev/null to this exec: on exec itself it would
+  # silence the rest of the script.
+  { exec 3<>"/dev/tcp/${host}/${port}"; } 2>/dev/null || return 1
   printf 'PING\r\n' >&3
   local line=""
   read -r -t 2 line <&3 || true

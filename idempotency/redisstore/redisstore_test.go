@@ -217,24 +217,22 @@ func TestRedisNewChecks(t *testing.T) {
 	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
 }
 
-// New refuses a Redis that may evict keys. This changes the shared Redis's
-// maxmemory-policy for a moment and restores it.
+// New refuses a Redis that may evict keys. It runs on a Redis of its own:
+// the shared one serves other packages' tests at the same time.
 func TestRedisNewRefusesEvictingRedis(t *testing.T) {
-	c, _ := newClient(t)
+	c := privateRedis(t)
 	ctx := context.Background()
-	old, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
-	require.NoError(t, err)
 	require.NoError(t, c.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err())
-	_, err = redisstore.New(ctx, c)
-	require.NoError(t, c.ConfigSet(ctx, "maxmemory-policy", old["maxmemory-policy"]).Err())
+	_, err := redisstore.New(ctx, c)
 	require.ErrorContains(t, err, "noeviction")
 }
 
 // A Redis out of memory refuses writes (noeviction): Begin and Fence answer
-// ErrStoreFull, which is also ErrStoreUnavailable. This lowers the shared
-// Redis's maxmemory for the moment of two calls and restores it.
+// ErrStoreFull, which is also ErrStoreUnavailable. It runs on a Redis of its
+// own, whose maxmemory it lowers for the moment of two calls.
 func TestRedisOutOfMemoryIsStoreFull(t *testing.T) {
-	c, prefix := newClient(t)
+	c := privateRedis(t)
+	prefix := "oom:"
 	clock := storetest.NewClock(time.Now())
 	p := storetest.Policy()
 	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
@@ -243,12 +241,10 @@ func TestRedisOutOfMemoryIsStoreFull(t *testing.T) {
 	_, err := s.Get(ctx, k)
 	require.NoError(t, err)
 	clock.Advance(p.Skew)
-	old, err := c.ConfigGet(ctx, "maxmemory").Result()
-	require.NoError(t, err)
 	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "1").Err())
 	_, beginErr := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
 	_, fenceErr := s.Fence(ctx, k, 1)
-	require.NoError(t, c.ConfigSet(ctx, "maxmemory", old["maxmemory"]).Err())
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "0").Err())
 	for _, err := range []error{beginErr, fenceErr} {
 		require.ErrorIs(t, err, idempotency.ErrStoreFull)
 		require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
