@@ -99,6 +99,10 @@ func TestClassification(t *testing.T) {
 		{healthM, "vip", admission.ControlClass},
 		{attemptM, "", admission.ControlClass},
 		{"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", "", admission.ControlClass},
+		{"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", "", admission.ControlClass},
+		// A data service named like a control one is data.
+		{"/grpc.reflection.v1.ServerReflectionX/Info", "", "bulk"},
+		{"/grpc.health.v1.HealthX/Check", "", "bulk"},
 	} {
 		p, err := c.Admit(context.Background(), admission.Request{Method: tt.method, Tenant: tt.tenant, Size: -1})
 		require.NoError(t, err, tt.method)

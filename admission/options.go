@@ -29,7 +29,8 @@ const healthPrefix = "/grpc.health.v1.Health/"
 var controlPatterns = []string{
 	"/tollgate.v1.AttemptService/",
 	healthPrefix,
-	"/grpc.reflection.*",
+	"/grpc.reflection.v1.ServerReflection/",
+	"/grpc.reflection.v1alpha.ServerReflection/",
 }
 
 // Class is the plain configuration of one workload class: its reserved

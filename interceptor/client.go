@@ -48,7 +48,8 @@ type client struct {
 func isControl(method string) bool {
 	return strings.HasPrefix(method, attemptServicePrefix) ||
 		strings.HasPrefix(method, healthServicePrefix) ||
-		strings.HasPrefix(method, reflectionServicePrefix)
+		strings.HasPrefix(method, reflectionV1Prefix) ||
+		strings.HasPrefix(method, reflectionV1AlphaPrefix)
 }
 
 // call is one call's state on the client, allocated once per call: the

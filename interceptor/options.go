@@ -51,7 +51,8 @@ const (
 	spentTrailerKey         = "tollgate-spent"
 	attemptServicePrefix    = "/tollgate.v1.AttemptService/"
 	healthServicePrefix     = "/grpc.health.v1.Health/"
-	reflectionServicePrefix = "/grpc.reflection."
+	reflectionV1Prefix      = "/grpc.reflection.v1.ServerReflection/"
+	reflectionV1AlphaPrefix = "/grpc.reflection.v1alpha.ServerReflection/"
 )
 
 // ErrInvalidOption is wrapped by every error NewServerOptions and
