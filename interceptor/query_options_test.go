@@ -81,28 +81,46 @@ func (c *appCodec) Unmarshal(data []byte, v any) error {
 
 func (*appCodec) Name() string { return "proto" }
 
-// A caller that forces its own codec on every call (grpc.ForceCodec as a
-// default call option) still has its tries resolved: the resolution query
-// to AttemptService does not go through the caller's codec.
-func TestResolutionQueryIgnoresTheCallersCodec(t *testing.T) {
-	ledger := newLedger(nil)
-	var dropped atomic.Bool
-	outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		resp, err := h(ctx, req)
-		if info.FullMethod == testingv1.TestService_Apply_FullMethodName && err == nil && dropped.CompareAndSwap(false, true) {
-			return nil, grpcstatus.Error(codes.Unavailable, "connection reset after commit")
-		}
-		return resp, err
-	})
-	codec := &appCodec{}
-	end := recordedServer(t, &ledger.Service, memoryStore(t), outer)
-	client := testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
-	), grpc.WithDefaultCallOptions(grpc.ForceCodec(codec)))...))
+// appCodecV0 is appCodec as a grpc.Codec (String instead of Name), the kind
+// the deprecated grpc.CallCustomCodec takes.
+type appCodecV0 struct{ appCodec }
 
-	resp, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "acct", Amount: 5})
-	require.Equal(t, int64(1), ledger.effects.Load(), "never twice")
-	require.NoError(t, err)
-	require.Equal(t, int64(5), resp.GetTotal(), "the stored response")
-	require.Positive(t, codec.used.Load(), "the tries used the caller's codec")
+func (*appCodecV0) String() string { return "proto" }
+
+// A caller that sets its own codec on every call (grpc.ForceCodec, or the
+// deprecated grpc.CallCustomCodec, as a default call option) still has its
+// tries resolved: the resolution query to AttemptService does not go
+// through the caller's codec.
+func TestResolutionQueryIgnoresTheCallersCodec(t *testing.T) {
+	v0 := &appCodecV0{}
+	//lint:ignore SA1019 the deprecated option still sets a call's codec, and callers still use it
+	custom := grpc.CallCustomCodec(v0)
+	forced := &appCodec{}
+	for _, c := range []struct {
+		name  string
+		codec *appCodec
+		opt   grpc.CallOption
+	}{{"ForceCodec", forced, grpc.ForceCodec(forced)}, {"CallCustomCodec", &v0.appCodec, custom}} {
+		t.Run(c.name, func(t *testing.T) {
+			ledger := newLedger(nil)
+			var dropped atomic.Bool
+			outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+				resp, err := h(ctx, req)
+				if info.FullMethod == testingv1.TestService_Apply_FullMethodName && err == nil && dropped.CompareAndSwap(false, true) {
+					return nil, grpcstatus.Error(codes.Unavailable, "connection reset after commit")
+				}
+				return resp, err
+			})
+			end := recordedServer(t, &ledger.Service, memoryStore(t), outer)
+			client := testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(
+				interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+			), grpc.WithDefaultCallOptions(c.opt))...))
+
+			resp, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "acct", Amount: 5})
+			require.Equal(t, int64(1), ledger.effects.Load(), "never twice")
+			require.NoError(t, err, "the query must not use the caller's codec")
+			require.Equal(t, int64(5), resp.GetTotal(), "the stored response")
+			require.Positive(t, c.codec.used.Load(), "the tries used the caller's codec")
+		})
+	}
 }
