@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/idempotency"
 	"github.com/tollgate-go/tollgate/idempotency/redisstore"
@@ -19,16 +20,8 @@ import (
 // reply table, Redis cuts the array at the nil, and decode takes the
 // one-element reply as a kind without a record.
 func TestRegression13CorruptRecordNotReadAsNothing(t *testing.T) {
-	c, prefix := newClient(t)
-	clock := storetest.NewClock(time.Now())
-	p := storetest.Policy()
-	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
+	c, s, clock, k, rk := atRecordKey(t)
 	ctx := context.Background()
-	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
-	_, err := s.Get(ctx, k) // the horizon starts
-	require.NoError(t, err)
-	clock.Advance(p.Skew)
-	rk := prefix + "{t:acme}:r|" + k.AttemptID + "|0|/x.Y/Z"
 	require.NoError(t, c.HSet(ctx, rk, "st", "garbage", "fp", "", "exp", clock.Now().Add(time.Hour).UnixMilli()).Err())
 
 	rec, err := s.Get(ctx, k)
@@ -40,4 +33,19 @@ func TestRegression13CorruptRecordNotReadAsNothing(t *testing.T) {
 		require.False(t, res.Started)
 		require.NotNil(t, res.Record, "Begin refused the try (%v) with no record", res.Refusal)
 	}
+}
+
+// atRecordKey returns a store and the key of a record inside its tenant's
+// horizon, with the Redis key that record would have: a test writes a hash
+// there that the store did not write.
+func atRecordKey(t *testing.T) (*redis.Client, *redisstore.Store, *storetest.Clock, idempotency.Key, string) {
+	c, prefix := newClient(t)
+	clock := storetest.NewClock(time.Now())
+	p := storetest.Policy()
+	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
+	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
+	_, err := s.Get(context.Background(), k) // the horizon starts
+	require.NoError(t, err)
+	clock.Advance(p.Skew)
+	return c, s, clock, k, prefix + "{t:acme}:r|" + k.AttemptID + "|0|/x.Y/Z"
 }

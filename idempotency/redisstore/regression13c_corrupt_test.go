@@ -7,8 +7,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/idempotency"
-	"github.com/tollgate-go/tollgate/idempotency/redisstore"
-	"github.com/tollgate-go/tollgate/idempotency/storetest"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 )
 
@@ -21,16 +19,8 @@ import (
 // key that holds data — and Begin starts a try over it, merging its own
 // fields into the foreign hash.
 func TestRegression13cHashWithoutStateNotReadAsAbsent(t *testing.T) {
-	c, prefix := newClient(t)
-	clock := storetest.NewClock(time.Now())
-	p := storetest.Policy()
-	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
+	c, s, clock, k, rk := atRecordKey(t)
 	ctx := context.Background()
-	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
-	_, err := s.Get(ctx, k) // the horizon starts
-	require.NoError(t, err)
-	clock.Advance(p.Skew)
-	rk := prefix + "{t:acme}:r|" + k.AttemptID + "|0|/x.Y/Z"
 	// Every field of a FAILED record but its state.
 	require.NoError(t, c.HSet(ctx, rk, "fp", "", "try", "1", "fen", "0", "code", "9", "msg", "m", "det", "",
 		"resp", "", "ret", "0", "units", "3", "sa", clock.Now().UnixMilli(), "fa", clock.Now().UnixMilli(), "lease", "0",
