@@ -35,22 +35,8 @@ func TestRegression13SpendEventsOfNeverSentTriesAreNotReturned(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 
-	// The dependency is unreachable: every connection attempt fails, so
-	// grpc-go fails each RPC (not wait-for-ready) before any header is sent.
-	depConn, err := grpc.NewClient("passthrough:///unreachable",
-		append([]grpc.DialOption{
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) {
-				return nil, errors.New("r73: unreachable")
-			}),
-		}, interceptor.DialOptions(
-			interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
-			interceptor.WithoutRetryBudget(),
-			interceptor.WithClientTracerProvider(tp),
-		)...)...)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = depConn.Close() })
-	dep := testingv1.NewTestServiceClient(depConn)
+	// The dependency is unreachable.
+	dep := unreachable(t, interceptor.WithClientTracerProvider(tp))
 
 	var depErr error
 	mid := &testsvc.Service{GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
@@ -61,7 +47,7 @@ func TestRegression13SpendEventsOfNeverSentTriesAreNotReturned(t *testing.T) {
 	origin := testingv1.NewTestServiceClient(midEnd.DialT(t, interceptor.DialOptions(
 		interceptor.WithAllowance(8), interceptor.WithAttemptTimeout(10*time.Second))...))
 
-	_, err = origin.Get(t.Context(), &testingv1.GetRequest{})
+	_, err := origin.Get(t.Context(), &testingv1.GetRequest{})
 	require.NoError(t, err)
 	require.Error(t, depErr)
 	require.Equal(t, status.ReasonNotSent, status.OutcomeOf(depErr).Reason, "precondition: the dependency's tries were never sent: %v", depErr)
@@ -102,23 +88,29 @@ func TestRegression13NeverSentTriesCountedAsSentTries(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	conn, err := grpc.NewClient("passthrough:///unreachable",
-		append([]grpc.DialOption{
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) {
-				return nil, errors.New("r73: unreachable")
-			}),
-		}, interceptor.DialOptions(
-			interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
-			interceptor.WithoutRetryBudget(),
-			interceptor.WithClientMeterProvider(mp),
-		)...)...)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
-	_, err = testingv1.NewTestServiceClient(conn).Get(t.Context(), &testingv1.GetRequest{})
+	_, err := unreachable(t, interceptor.WithClientMeterProvider(mp)).Get(t.Context(), &testingv1.GetRequest{})
 	require.Equal(t, status.ReasonNotSent, status.OutcomeOf(err).Reason, "precondition: never sent: %v", err)
 	var rm metricdata.ResourceMetrics
 	require.NoError(t, reader.Collect(t.Context(), &rm))
 	require.Equal(t, int64(0), counter(rm, "tollgate.client.tries"),
 		"three tries that provably never left the client are counted as sent tries")
+}
+
+// unreachable returns a tollgate client (three tries, no retry budget, and
+// opts) of a server no connection reaches: grpc-go fails each of its RPCs
+// (not wait-for-ready) before any header is sent.
+func unreachable(t *testing.T, opts ...interceptor.ClientOption) testingv1.TestServiceClient {
+	conn, err := grpc.NewClient("passthrough:///unreachable",
+		append([]grpc.DialOption{
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) {
+				return nil, errors.New("unreachable")
+			}),
+		}, interceptor.DialOptions(append([]interceptor.ClientOption{
+			interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+			interceptor.WithoutRetryBudget(),
+		}, opts...)...)...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	return testingv1.NewTestServiceClient(conn)
 }
