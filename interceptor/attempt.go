@@ -93,6 +93,15 @@ func StartAttempt(ctx context.Context, units int64, timeout time.Duration) (cont
 	return budget.NewContext(context.WithValue(ctx, attemptKey{}, s), s.ledger), nil
 }
 
+// deadlineIn is the deadline a call made with ctx under s works to: the
+// attempt's, or ctx's when that is earlier.
+func (s *attemptState) deadlineIn(ctx context.Context) time.Time {
+	if d, ok := ctx.Deadline(); ok && d.Before(s.Deadline) {
+		return d
+	}
+	return s.Deadline
+}
+
 // initOrigin makes s a new attempt whose origin is this client.
 func (s *attemptState) initOrigin(ctx context.Context, now time.Time, units int64, timeout time.Duration) error {
 	id, err := newAttemptID(now)

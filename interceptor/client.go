@@ -163,11 +163,7 @@ type try struct {
 // try, which saves reading the clock twice).
 func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy, now time.Time) (context.Context, *try, error) {
 	s, key := cl.s, cl.key
-	limit := s.Deadline
-	if d, ok := ctx.Deadline(); ok && d.Before(limit) {
-		limit = d
-	}
-	deadline := limit.Add(-c.cfg.hopMargin)
+	deadline := s.deadlineIn(ctx).Add(-c.cfg.hopMargin)
 	remaining := deadline.Sub(now)
 	if remaining < c.cfg.minTryTime {
 		return nil, nil, status.NotAdmitted(status.ReasonDeadlineUnreachable, status.Fields{
@@ -331,11 +327,7 @@ func withHeader(ctx context.Context, value string) context.Context {
 func (c *client) wait(ctx context.Context, s *attemptState, p *RetryPolicy, next int, try uint32, err error, pushback time.Duration) bool {
 	retryAfter, _ := status.RetryAfter(err)
 	d := p.backoff(next, max(retryAfter, pushback))
-	limit := s.Deadline
-	if dl, ok := ctx.Deadline(); ok && dl.Before(limit) {
-		limit = dl
-	}
-	if c.cfg.now().Add(d).Add(c.cfg.hopMargin + c.cfg.minTryTime).After(limit) {
+	if c.cfg.now().Add(d).Add(c.cfg.hopMargin + c.cfg.minTryTime).After(s.deadlineIn(ctx)) {
 		return false
 	}
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {

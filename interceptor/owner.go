@@ -371,11 +371,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 	// The grace runs from the earlier of the attempt's deadline and the
 	// caller's own (a call under a longer attempt, or a handler's call with
 	// a timeout of its own).
-	limit := s.Deadline
-	if d, ok := ctx.Deadline(); ok && d.Before(limit) {
-		limit = d
-	}
-	qctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), limit.Add(c.cfg.grace))
+	qctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), s.deadlineIn(ctx).Add(c.cfg.grace))
 	defer cancel()
 	// The query carries the call's own outgoing metadata (a tenant function
 	// may read it) with the tollgate header replaced: the attempt and
