@@ -81,12 +81,11 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 	if vs := metadata.ValueFromIncomingContext(ctx, headerKey); len(vs) > 0 {
 		trusted := sv.cfg.trusted(ctx)
 		parsed, err := header.ParseValues(vs)
+		if refusal := sv.malformed(ctx, err, trusted); refusal != nil {
+			return nil, refusal
+		}
 		switch {
-		case err != nil && trusted:
-			sv.tel.malformed.Add(ctx, 1, malformedTrusted)
-			return nil, status.NotAdmitted(status.ReasonMalformedHeader, status.WithMessage(err.Error()))
-		case err != nil:
-			sv.tel.malformed.Add(ctx, 1, malformedUntrusted)
+		case err != nil: // counted and ignored
 		case trusted:
 			h, honored = parsed, true
 		default:
@@ -145,6 +144,22 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 	st.idempotent = in.info.Level == methodinfo.Idempotent
 	in.s = st
 	return in, nil
+}
+
+// malformed counts a tollgate header that does not parse (err) in
+// tollgate.metadata.malformed, and returns the refusal of a trusted peer's
+// (MALFORMED_HEADER, final; DESIGN.md §2.1); an untrusted peer's is only
+// counted, and ignored. It returns nil when err is nil.
+func (sv *server) malformed(ctx context.Context, err error, trusted bool) error {
+	switch {
+	case err == nil:
+		return nil
+	case trusted:
+		sv.tel.malformed.Add(ctx, 1, malformedTrusted)
+		return status.NotAdmitted(status.ReasonMalformedHeader, status.WithMessage(err.Error()))
+	}
+	sv.tel.malformed.Add(ctx, 1, malformedUntrusted)
+	return nil
 }
 
 // tenantOf names the caller's tenant with WithTenant's function, as a token
@@ -410,15 +425,12 @@ func (sv *server) control(ctx context.Context, method string, req any, f func(co
 	tenant := ""
 	if vs := metadata.ValueFromIncomingContext(ctx, headerKey); len(vs) > 0 {
 		h, err := header.ParseValues(vs)
-		switch {
-		case err != nil && trusted:
-			// As on the data path (DESIGN.md §2.1): a trusted peer's
-			// malformed header is refused, never read for its tenant.
-			sv.tel.malformed.Add(ctx, 1, malformedTrusted)
-			return nil, status.NotAdmitted(status.ReasonMalformedHeader, status.WithMessage(err.Error()))
-		case err != nil:
-			sv.tel.malformed.Add(ctx, 1, malformedUntrusted)
-		case trusted:
+		// As on the data path: a trusted peer's malformed header is
+		// refused, never read for its tenant.
+		if refusal := sv.malformed(ctx, err, trusted); refusal != nil {
+			return nil, refusal
+		}
+		if err == nil && trusted {
 			tenant = h.Tenant
 		}
 	}
@@ -684,12 +696,8 @@ func (sv *server) tapHandle(ctrl *admission.Controller, bound bool) tap.ServerIn
 		if len(vs) > 0 && !trusted {
 			_, perr = header.ParseValues(vs)
 		}
-		switch {
-		case perr != nil && trusted:
-			sv.tel.malformed.Add(ctx, 1, malformedTrusted)
-			return ctx, status.NotAdmitted(status.ReasonMalformedHeader, status.WithMessage(perr.Error()))
-		case perr != nil:
-			sv.tel.malformed.Add(ctx, 1, malformedUntrusted)
+		if refusal := sv.malformed(ctx, perr, trusted); refusal != nil {
+			return ctx, refusal
 		}
 		if !honored {
 			return ctx, err
