@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"context"
+	"errors"
 	"io"
 	"math"
 	"sync"
@@ -107,7 +108,7 @@ func (cs *clientStream) tryFromLocked(n uint32) bool {
 		}
 		cs.t, cs.n = t, n
 		cs.gen++
-		st, err := cs.streamer(tctx, cs.desc, w.cc, w.cl.method, cs.opts...)
+		st, err := cs.newTryStreamLocked(tctx)
 		if err == nil {
 			cs.cur = st
 			stCtx := st.Context()
@@ -123,6 +124,26 @@ func (cs *clientStream) tryFromLocked(n uint32) bool {
 		}
 		n = next
 	}
+}
+
+// newTryStreamLocked opens the current try's stream. A panic below the
+// interceptor (an inner interceptor, a codec) goes on up to the caller, but
+// first ends the stream, as an abandoned one ends: the try is settled (as
+// sent or not, as the stats handler saw it), the span ends, and the
+// stream's other methods return its typed result instead of sending
+// another try.
+func (cs *clientStream) newTryStreamLocked(ctx context.Context) (grpc.ClientStream, error) {
+	opened := false
+	defer func() {
+		if !opened {
+			err := errors.New("interceptor: a panic below the interceptor ended the stream")
+			o := cs.finishLocked(err)
+			cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
+		}
+	}()
+	st, err := cs.streamer(ctx, cs.desc, cs.w.cc, cs.w.cl.method, cs.opts...)
+	opened = true
+	return st, err
 }
 
 // replayLocked sends what the caller sent so far on a new try's stream,
