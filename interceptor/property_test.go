@@ -32,7 +32,8 @@ import (
 // connection) and checks DESIGN.md §3 invariants 1–4 on what the servers saw.
 //
 // A tree has 1–4 tiers below the origin, fan-out 0–3 and at most
-// propertyMaxNodes nodes; each edge is a unary call (Get NO_SIDE_EFFECTS,
+// propertyMaxNodes nodes (one tree in four is steered to reach the fourth
+// tier: see genTree; the test logs how deep the trees' RPCs went); each edge is a unary call (Get NO_SIDE_EFFECTS,
 // Put IDEMPOTENT, Apply with side effects) or a stream (Watch, Upload).
 // Every node's handler follows a plan drawn from the seed:
 //
@@ -294,9 +295,22 @@ func genTree(seed uint64) *ptree {
 	// Tiers below the origin: 2–4 (a lone root sends nothing below the
 	// origin, so it is left out).
 	maxDepth := 2 + rng.IntN(propertyMaxDepth-1)
+	// One tree in four is steered deep: drawn freely, few trees reach the
+	// fourth tier, since every hop's default grant keeps a unit back per
+	// try its owner may still repeat, and a node that refuses before it
+	// calls its children ends the descent. A deep tree has four tiers and
+	// 4–8 units, and its chain (the root and each chain node's first child)
+	// repeats at most once and refuses, if at all, after calling its
+	// children.
+	deep := rng.IntN(4) == 0
+	if deep {
+		maxDepth = propertyMaxDepth
+		tr.units = max(tr.units, int64(4+rng.IntN(5)))
+	}
 	methods := []string{"Get", "Get", "Get", "Apply", "Put", "Watch", "Upload"}
-	var gen func(parent *pnode, depth int, method string) *pnode
-	gen = func(parent *pnode, depth int, method string) *pnode {
+	var gen func(parent *pnode, depth int, method string, chain bool) *pnode
+	gen = func(parent *pnode, depth int, method string, chain bool) *pnode {
+		chain = chain && deep
 		n := &pnode{
 			id: len(tr.nodes), depth: depth, parent: parent, method: method,
 			tries:      1 + rng.IntN(3),
@@ -317,15 +331,19 @@ func genTree(seed uint64) *ptree {
 		if (depth > 1 || rootDrops) && rng.IntN(5) == 0 {
 			n.dropRuns = 1
 		}
+		if chain {
+			n.tries = min(n.tries, 2)
+			n.refuseLate = true
+		}
 		tr.nodes = append(tr.nodes, n)
 		fan := 0
 		if depth < maxDepth {
 			fan = rng.IntN(propertyMaxFanOut + 1)
-			if depth == 1 && fan == 0 {
+			if (depth == 1 || chain) && fan == 0 {
 				fan = 1
 			}
 		}
-		for range fan {
+		for i := range fan {
 			if len(tr.nodes) >= propertyMaxNodes {
 				break
 			}
@@ -338,7 +356,7 @@ func genTree(seed uint64) *ptree {
 				m = "Get"
 			}
 			e := &pedge{
-				to:            gen(n, depth+1, m),
+				to:            gen(n, depth+1, m, chain && i == 0),
 				grant:         int64(rng.IntN(4)),
 				detached:      rng.IntN(5) == 0,
 				withoutCancel: rng.IntN(3) != 0,
@@ -355,7 +373,7 @@ func genTree(seed uint64) *ptree {
 		}
 		return n
 	}
-	gen(nil, 1, methods[rng.IntN(len(methods))])
+	gen(nil, 1, methods[rng.IntN(len(methods))], true)
 	return tr
 }
 
@@ -945,6 +963,10 @@ func rootKeys(calls int) []string {
 
 type propertyTotals struct {
 	trees, nodes, rpcs, full, streams, proxies, refusals, drops, detached int64
+	// silent counts the trees that sent nothing below the origin; deepest[k]
+	// those whose deepest RPC reached tier k (the root is tier 1).
+	silent  int64
+	deepest [propertyMaxDepth + 1]int64
 }
 
 func TestPropertyCallTrees(t *testing.T) {
@@ -967,10 +989,12 @@ func TestPropertyCallTrees(t *testing.T) {
 			tot.trees++
 			tot.nodes += int64(len(tr.nodes))
 			var rpcs int64
+			deepest := 0
 			for _, a := range tr.arr {
 				if a.node != tr.nodes[0] {
 					rpcs++
 				}
+				deepest = max(deepest, a.node.depth)
 				if a.node.method == "Watch" || a.node.method == "Upload" {
 					tot.streams++
 				}
@@ -980,13 +1004,18 @@ func TestPropertyCallTrees(t *testing.T) {
 			if rpcs == tr.units {
 				tot.full++
 			}
+			if rpcs == 0 {
+				tot.silent++
+			}
+			tot.deepest[deepest]++
 			tot.refusals += tr.refusals.Load()
 			tot.drops += tr.drops.Load()
 			tot.detached += tr.detached.Load()
 		})
 	}
-	t.Logf("%d trees, %d nodes, %d proxies; %d RPCs below the origin (%d streams in all), %d trees spent their whole allowance; %d refusals, %d drops, %d detached calls; %v",
-		tot.trees, tot.nodes, tot.proxies, tot.rpcs, tot.streams, tot.full, tot.refusals, tot.drops, tot.detached, time.Since(start).Round(time.Millisecond))
+	t.Logf("%d trees, %d nodes, %d proxies; %d RPCs below the origin (%d streams in all), %d trees spent their whole allowance, %d sent nothing below the origin; deepest tier reached (none, 1–%d): %v; %d refusals, %d drops, %d detached calls; %v",
+		tot.trees, tot.nodes, tot.proxies, tot.rpcs, tot.streams, tot.full, tot.silent, propertyMaxDepth, tot.deepest,
+		tot.refusals, tot.drops, tot.detached, time.Since(start).Round(time.Millisecond))
 }
 
 // TestClientStreamingCallSettlesItsGrant: a client-streaming call ended by
