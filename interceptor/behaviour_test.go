@@ -100,6 +100,7 @@ func TestLocalRefusalsAreTyped(t *testing.T) {
 	o = status.OutcomeOf(err)
 	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
 	require.Equal(t, status.ReasonNotSent, o.Reason)
+	require.Equal(t, codes.Unavailable, grpcstatus.Code(err), "NOT_SENT is UNAVAILABLE (DESIGN.md §2.5), as the README says")
 	require.NotEmpty(t, o.Detail.GetAttemptId())
 	require.Zero(t, svc.Calls("Get"))
 

@@ -13,6 +13,11 @@ import (
 
 // A server that refuses with a typed outcome, and a client whose one call
 // repeats the refusal inside its attempt, then reports what it may conclude.
+// Get is declared NO_SIDE_EFFECTS in its proto, so its handler's refusal
+// reaches the client as NOT_ADMITTED. A handler of a method with side
+// effects refuses with status.WithoutEffect(status.NotAdmitted(...)) to say
+// that nothing took effect; without it the server answers UNKNOWN
+// (DESIGN.md §3.6).
 func Example() {
 	svc := &testsvc.Service{GetFunc: func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
 		return nil, status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Millisecond))

@@ -407,9 +407,11 @@ func WithoutStreamRequestFirst() ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.streamRequestFirst = false })
 }
 
-// WithTenant sets the function that names the caller's tenant when the
-// caller is not a trusted peer (a trusted peer's header "n" is honoured).
-// Default: every caller is tenant "". A name that is not 1–64 characters of
+// WithTenant sets the function that names the caller's tenant: of every
+// caller that is not a trusted peer, and of a trusted peer whose header
+// names none (header field "n"; a tollgate origin never sends one, so the
+// function names the tenant of every attempt minted by a client). A trusted
+// peer's "n" is honoured as it is. Default: every caller is tenant "". A name that is not 1–64 characters of
 // [A-Za-z0-9._:-] (a SPIFFE ID, an e-mail), or that starts with "h.", is
 // used as "h." and 40 hex digits of its SHA-256, so it keeps its records
 // apart and travels in the header; no name can pass for another's digest.
