@@ -56,3 +56,22 @@ func TestFlagsChangeCounts(t *testing.T) {
 	require.Equal(t, 3, rep.Unbounded) // jobs finishing at ticks 1, 2, 3
 	require.Equal(t, 4, rep.Bounded)   // inside=2 still bounds it: two of each wave
 }
+
+// TestOnTimeAfterTheHorizonIsNotLate: a job finished by its deadline but
+// after the horizon is neither useful (outside the window counted) nor late
+// (it met its deadline). A review found the low-load run with -horizon 0
+// reporting all four on-time jobs as late.
+func TestOnTimeAfterTheHorizonIsNotLate(t *testing.T) {
+	cfg := defaults()
+	cfg.Horizon = 0
+	rep, err := Run(cfg)
+	require.NoError(t, err)
+	low := rep.Scenarios["low"]
+	require.Equal(t, 4, low.Completed)
+	require.Zero(t, low.Useful)
+	require.Zero(t, low.Late, "every job met its deadline")
+	require.Equal(t, 4, low.After)
+	var out bytes.Buffer
+	Print(&out, rep)
+	require.Contains(t, out.String(), "completed 4 (late 0, 4 on time after the horizon)")
+}

@@ -72,7 +72,7 @@ type Report struct {
 	Config     Config                  `json:"config"`
 	Classes    map[string]*ClassReport `json:"classes"`
 	TotalSlots int                     `json:"total_slots"`
-	MaxRunning int64                   `json:"max_running"`
+	MaxRunning int64                   `json:"max_running"` // probes included
 	Probes     ProbeReport             `json:"control_probes"`
 	ElapsedMs  float64                 `json:"elapsed_ms"`
 }
@@ -129,7 +129,7 @@ func Print(w io.Writer, r *Report) {
 		fmt.Fprintf(w, "  %-7s offered %2d  accepted %2d  refused %d %v  max running %d of %d\n",
 			name, cr.Offered, cr.Accepted, n, cr.Refused, cr.MaxRunning, cr.Slots)
 	}
-	fmt.Fprintf(w, "accepted %d, refused %d with typed reasons, never more than %d running (slots %d)\n",
+	fmt.Fprintf(w, "accepted %d, refused %d with typed reasons, never more than %d running, probes included (slots %d)\n",
 		r.Classes[heavyClass].Accepted+r.Classes[controlClass].Accepted, refused, r.MaxRunning, r.TotalSlots)
 	p := r.Probes
 	delays := make([]time.Duration, 0, len(p.StartDelaysMs))
@@ -250,15 +250,17 @@ func (s *server) noteRefusal(err error) {
 }
 
 // task runs one task of class on its slot: it counts how many run at once
-// and waits for gate (nil: returns at once).
+// and waits for gate (nil: returns at once). A probe (a control task without
+// a gate) counts in the server's running tasks, which the slots bound, but
+// not in its class's, which report the burst as offered and accepted do.
 func (s *server) task(ctx context.Context, class string, gate chan struct{}) (*emptypb.Empty, error) {
 	n := s.running.Add(1)
 	raise(&s.maxRunning, n)
-	raise(s.classMax[class], s.classRun[class].Add(1))
-	defer func() {
-		s.running.Add(-1)
-		s.classRun[class].Add(-1)
-	}()
+	defer s.running.Add(-1)
+	if gate != nil {
+		raise(s.classMax[class], s.classRun[class].Add(1))
+		defer s.classRun[class].Add(-1)
+	}
 	if class == controlClass && gate == nil {
 		arrived, _ := ctx.Value(startKey{}).(time.Time)
 		s.mu.Lock()

@@ -53,3 +53,18 @@ func TestFlagsChangeCounts(t *testing.T) {
 	require.LessOrEqual(t, rep.MaxRunning, int64(8))
 	require.Equal(t, 1, rep.Probes.Admitted)
 }
+
+// TestProbesAreNotTheBurst: a class's max running reports its burst, as its
+// offered and accepted do, while the server's counts the probes too. A
+// review found "control offered 0 accepted 0 … max running 1 of 2".
+func TestProbesAreNotTheBurst(t *testing.T) {
+	cfg := defaults()
+	cfg.ControlOffered = 0
+	rep, err := Run(cfg)
+	require.NoError(t, err)
+	c := rep.Classes[controlClass]
+	require.Zero(t, c.Accepted)
+	require.Zero(t, c.MaxRunning, "no control burst task ran")
+	require.Equal(t, 4, rep.Probes.Admitted)
+	require.EqualValues(t, 7, rep.MaxRunning, "6 heavy and a probe at a time")
+}
