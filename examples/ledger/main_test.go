@@ -218,3 +218,32 @@ func TestLedgerFlagsChangeTheRun(t *testing.T) {
 	_, err = run(t.Context(), config{Tries: 0})
 	require.Error(t, err)
 }
+
+// TestLedgerFirstCallRefusedIsNotAdmitted: with no units, the frontend's
+// first call to the ledger is refused locally before anything took effect;
+// the frontend says so, and the origin learns NOT_ADMITTED, not UNKNOWN. A
+// review found it reported UNKNOWN for a request that changed nothing.
+func TestLedgerFirstCallRefusedIsNotAdmitted(t *testing.T) {
+	cfg := testConfig()
+	cfg.Allowance = 0
+	res, err := run(t.Context(), cfg)
+	require.NoError(t, err)
+	const name = "unknown-second-call"
+	var found bool
+	for _, s := range res.Scenarios {
+		if s.Name != name {
+			continue
+		}
+		found = true
+		require.NotEmpty(t, s.Calls)
+		for _, c := range s.Calls { // one per run of the frontend: the origin repeats a refusal
+			require.Equal(t, name+"-1", c.Account, "the frontend stops at its first call's refusal")
+			require.Equal(t, "ALLOWANCE_EXHAUSTED", c.Reason)
+			require.Equal(t, "not-run", c.Verdict)
+		}
+		require.Equal(t, "NOT_ADMITTED", s.Origin.Outcome, "%+v", s.Origin)
+		require.Equal(t, 1, s.IntendedEffects, "one change was asked for, however many times")
+		require.Zero(t, s.ExecutedEffects)
+	}
+	require.True(t, found)
+}
