@@ -319,12 +319,25 @@ func (cs *clientStream) abandon() {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if cs.done || cs.receiving {
-		return // ended, or RecvMsg will see the context's end
+		return // ended, or the RecvMsg under way ends it (abandonLocked)
 	}
-	err := grpcstatus.FromContextError(cs.ctx.Err()).Err()
+	cs.abandonLocked()
+}
+
+// abandonLocked ends the stream whose caller's context ended. A deadline
+// ends it as a RecvMsg that saw it would: the try is decided, and resolved
+// when its outcome is unknown (the queries have their grace after the
+// deadline), so the answer does not depend on whether the caller happened
+// to be inside RecvMsg. A cancellation ends it at once, UNKNOWN (or
+// NOT_SENT), naming the attempt: the caller has gone.
+func (cs *clientStream) abandonLocked() {
+	cerr := cs.ctx.Err()
+	err := grpcstatus.FromContextError(cerr).Err()
+	if errors.Is(cerr, context.DeadlineExceeded) {
+		cs.settleLocked(err)
+		return
+	}
 	o := cs.finishLocked(err)
-	// Typed as a RecvMsg that saw the end would type it: UNKNOWN (or
-	// NOT_SENT), naming the attempt.
 	cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
 }
 
@@ -557,8 +570,14 @@ func (cs *clientStream) RecvMsg(m any) error {
 		}
 		if err == nil {
 			cs.sawMessageLocked()
-			if cs.unaryResponse {
+			switch {
+			case cs.unaryResponse:
 				cs.settleLocked(nil)
+			case cs.ctx.Err() != nil:
+				// The caller's context ended while this RecvMsg was
+				// under way, and abandon left the end to it: the
+				// message is the caller's, and the stream ends.
+				cs.abandonLocked()
 			}
 			return nil
 		}
