@@ -416,7 +416,9 @@ func (c *client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	if err != nil {
 		return nil, err
 	}
+	opts, onFinish := withoutOnFinish(opts)
 	cs := newClientStream(ctx, c, cl, desc, cc, method, streamer, opts)
+	cs.onFinish = onFinish
 	ctx, cs.span = c.startSpan(ctx, cl.s, cl.key)
 	cs.ctx = ctx
 	cs.mu.Lock()
@@ -444,7 +446,8 @@ func (c *client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 // grpc.ClientStream's concurrency rules (one goroutine sending, one
 // receiving); they are in stream_owner.go.
 type clientStream struct {
-	w        *owner // the call's owner: classification, resolution, budget
+	w        *owner        // the call's owner: classification, resolution, budget
+	onFinish []func(error) // the caller's grpc.OnFinish callbacks, run once when the stream ends
 	ctx      context.Context
 	span     trace.Span
 	desc     *grpc.StreamDesc

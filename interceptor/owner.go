@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -150,10 +151,14 @@ func (c *client) unary(ctx context.Context, method string, req, reply any, cc *g
 			span.End()
 		}
 	}()
+	opts, onFinish := withoutOnFinish(opts)
 	w.callOpts = opts
 	n, err := w.run(ctx, start, req, reply, opts)
 	endSpan(span, cl.s, n, status.OutcomeOf(err))
 	ended = true
+	for _, f := range onFinish {
+		f(err)
+	}
 	return err
 }
 
@@ -485,6 +490,31 @@ func queryOptions(opts []grpc.CallOption) []grpc.CallOption {
 		out = append(out, o)
 	}
 	return out
+}
+
+// withoutOnFinish returns opts less their grpc.OnFinish options, and those
+// options' callbacks. grpc-go runs each once per RPC, so every try would run
+// them, the first with a refusal the caller never sees; the owner runs them
+// once, with the call's result. opts comes back as it is when it holds none.
+func withoutOnFinish(opts []grpc.CallOption) ([]grpc.CallOption, []func(error)) {
+	if !slices.ContainsFunc(opts, isOnFinish) {
+		return opts, nil
+	}
+	var fs []func(error)
+	out := make([]grpc.CallOption, 0, len(opts)-1)
+	for _, o := range opts {
+		if f, ok := o.(grpc.OnFinishCallOption); ok {
+			fs = append(fs, f.OnFinish)
+			continue
+		}
+		out = append(out, o)
+	}
+	return out, fs
+}
+
+func isOnFinish(o grpc.CallOption) bool {
+	_, ok := o.(grpc.OnFinishCallOption)
+	return ok
 }
 
 // reconcile settles the call's held grants from a finished record.

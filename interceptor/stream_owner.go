@@ -309,6 +309,9 @@ func (cs *clientStream) endLocked(n uint32, result error) {
 	}
 	endSpan(cs.span, cs.w.cl.s, n, status.OutcomeOf(result))
 	cs.cond.Broadcast()
+	for _, f := range cs.onFinish {
+		f(result)
+	}
 }
 
 // abandon ends the stream when the caller's context ends and no RecvMsg is
