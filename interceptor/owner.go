@@ -122,6 +122,12 @@ type owner struct {
 	// does not count against its tries (verified); any later one does, so
 	// that answers lost again and again cannot repeat the call unbounded.
 	verify, verified bool
+	// committed is set by a stream's owner while it resolves a try it can
+	// no longer repeat (a response committed it, or what was sent
+	// overflowed the replay buffer), and answered when the callee's
+	// response header or message was seen: only then is a record under an
+	// explicit key known to be this request's.
+	committed, answered bool
 	// callOpts are the caller's call options (with the dial's defaults,
 	// which grpc-go merged in before the interceptor); resolution queries
 	// carry them less those that report on the caller's own call
@@ -430,12 +436,17 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 			continue
 		case tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, tollgatev1.AttemptState_ATTEMPT_STATE_FAILED:
 			w.reconcile(rec)
-			if w.explicit && !w.cl.info.Stream {
+			if w.explicit && !w.answered {
 				// An explicit key is shared by every run of the calling
 				// handler, and the query carries no request: the record
 				// may hold another request's result. The next try asks
 				// the store, which checks the fingerprint (a mismatch is
-				// refused, never replayed).
+				// refused, never replayed). A stream that can no longer
+				// send that try, and saw no response that would show the
+				// store took its request, cannot tell.
+				if w.committed {
+					return 0, unknown("interceptor: the record under the call's explicit key may be another request's, and the stream can no longer be repeated to ask"), true
+				}
 				w.verify = true
 				return n + 1, last, false
 			}

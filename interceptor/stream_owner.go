@@ -426,6 +426,7 @@ func (cs *clientStream) committedResult(n uint32, err error, o status.Outcome) e
 	if w.cl.info.Level == methodinfo.Idempotent && w.c.recordless(w.tgt) {
 		return w.conclude(n, err)
 	}
+	w.committed, w.answered = true, cs.header || cs.message
 	_, res, done := w.resolve(cs.ctx, n, err, nil)
 	if done {
 		return res
