@@ -202,9 +202,9 @@ func NewMemoryStore(replicas Replicas, opts ...MemoryOption) (*MemoryStore, erro
 // Reset drops every record and moves the horizon to now, as a restart would:
 // from then on every attempt created before now (plus skew) reads UNKNOWN.
 func (s *MemoryStore) Reset() {
-	now := s.now().UnixMilli()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.now().UnixMilli() // under the lock: see Begin
 	clear(s.records)
 	clear(s.tenants)
 	s.expiry = s.expiry[:0]
@@ -287,13 +287,17 @@ func (s *MemoryStore) Begin(ctx context.Context, req BeginRequest) (BeginResult,
 	if err := ctx.Err(); err != nil {
 		return BeginResult{}, storeErr(err)
 	}
-	now := s.now().UnixMilli()
 	ts, isV7 := attemptMillis(req.Key.AttemptID)
 	deadline := req.Deadline.UnixMilli()
 	skew := s.policy.Skew.Milliseconds()
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// The clock is read under the lock, so that the calls' readings follow
+	// the order they act in: a reading taken before a wait for the lock
+	// could be older than a later call's that swept a record meanwhile, and
+	// would vouch for the absence of a record that expired after it.
+	now := s.now().UnixMilli()
 	s.sweep(now)
 	if !isV7 {
 		return BeginResult{Refusal: RefusedUnverifiable, Record: unknownRecord(req.Key)}, nil
@@ -355,9 +359,9 @@ func (s *MemoryStore) Finish(ctx context.Context, req FinishRequest) error {
 	if err := ctx.Err(); err != nil {
 		return storeErr(err)
 	}
-	now := s.now().UnixMilli()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.now().UnixMilli() // under the lock: see Begin
 	s.sweep(now)
 	r := s.records[req.Key]
 	if r == nil {
@@ -399,9 +403,9 @@ func (s *MemoryStore) Get(ctx context.Context, key Key) (*tollgatev1.AttemptReco
 	if err := ctx.Err(); err != nil {
 		return nil, storeErr(err)
 	}
-	now := s.now().UnixMilli()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.now().UnixMilli() // under the lock: see Begin
 	s.sweep(now)
 	if r, ok := s.vouch(key, now); !ok {
 		return unknownRecord(key), nil
@@ -419,9 +423,9 @@ func (s *MemoryStore) Fence(ctx context.Context, key Key, throughTry uint32) (*t
 	if err := ctx.Err(); err != nil {
 		return nil, storeErr(err)
 	}
-	now := s.now().UnixMilli()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.now().UnixMilli() // under the lock: see Begin
 	s.sweep(now)
 	r, ok := s.vouch(key, now)
 	if !ok {
