@@ -81,6 +81,7 @@ import (
 	"github.com/tollgate-go/tollgate/idempotency"
 	"github.com/tollgate-go/tollgate/idempotency/internal/hooks"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -154,6 +155,9 @@ func init() {
 	hooks.RedisClock = func(now func() time.Time) any {
 		return optionFunc(func(s *Store) { s.now = now })
 	}
+	hooks.RedisKeep = func(keep time.Duration) any {
+		return optionFunc(func(s *Store) { s.keep = keep })
+	}
 }
 
 // Store is an idempotency.Store kept in Redis; see the package documentation.
@@ -169,6 +173,41 @@ type Store struct {
 	tick        time.Duration // Redis's serverCron period (1000/hz ms), read by New when replicas > 0
 	perTenant   int           // WithMaxRecordsPerTenant's bound; 0: none
 	now         func() time.Time
+	keep        time.Duration // DefaultKeep, or a test's (hooks.RedisKeep)
+}
+
+// DefaultKeep is how long Redis keeps a record past its expiry, and the
+// longest a store call may take from reading the clock to its reply. A
+// script judges records by the time its call read (now), while Redis removes
+// a record by its own TTL, in real time: a call whose script ran later than
+// it read the clock (it waited for a pooled connection, or go-redis resent
+// it after a lost reply) would find a record that expired meanwhile gone,
+// and its older now would vouch for the absence: a finished call would be
+// begun again. Kept this long past its expiry, the record is still there
+// for every call that ran within DefaultKeep of its reading, which is
+// judged by the expiry it holds. A Begin, Get or Fence whose reply came
+// later fails with ErrStoreUnavailable instead of acting on its judgement
+// (a try such a Begin started is finished UNKNOWN: no handler runs it). A Fence whose script itself ran more than
+// DefaultKeep after its reading (Redis stalled that long) may still
+// tombstone a record that expired meanwhile; so may a Finish end a try whose
+// lease ended meanwhile. Records take up to DefaultKeep / TTL more memory
+// (10% with the default policy).
+const DefaultKeep = 30 * time.Second
+
+// clock returns the time a call's script judges records by, and the real
+// time it was read at.
+func (s *Store) clock() (int64, time.Time) {
+	return s.now().UnixMilli(), time.Now()
+}
+
+// late fails a call whose reply came more than the keep after its clock was
+// read (see DefaultKeep).
+func (s *Store) late(read time.Time) error {
+	if took := time.Since(read); took > s.keep {
+		return fmt.Errorf("%w: redisstore: the call took %v from reading the clock to its reply, more than the %v records are kept past their expiry",
+			idempotency.ErrStoreUnavailable, took.Round(time.Millisecond), s.keep)
+	}
+	return nil
 }
 
 // shortfallFenceTimeout bounds the fence Begin sends after a shortfall, on a
@@ -210,7 +249,7 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 	if err := honoursDeadlines(client); err != nil {
 		return nil, err
 	}
-	s := &Store{client: client, prefix: "tollgate:attempt:", policy: idempotency.DefaultPolicy(), now: time.Now}
+	s := &Store{client: client, prefix: "tollgate:attempt:", policy: idempotency.DefaultPolicy(), now: time.Now, keep: DefaultKeep}
 	for _, o := range opts {
 		o.apply(s)
 	}
@@ -471,9 +510,25 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 	}
 	p := s.policy
 	tok := callToken()
+	now, read := s.clock()
 	v, acked, err := s.run(ctx, true, beginScript, s.keys(req.Key),
-		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
-		req.Try, req.Fingerprint[:], req.Deadline.UnixMilli(), tok, req.Minted, s.perTenant)
+		now, s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
+		req.Try, req.Fingerprint[:], req.Deadline.UnixMilli(), tok, req.Minted, s.perTenant, s.ms(s.keep))
+	if err == nil {
+		if lerr := s.late(read); lerr != nil {
+			if len(v) == 1 && num(v[0]) == kindStarted {
+				// No handler will run it, and it may have been begun on an
+				// absence its old reading vouched for: the record says
+				// the store cannot vouch (UNKNOWN), never that no try ran.
+				ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), failedBeginFenceTimeout)
+				_ = s.finish(ectx, idempotency.FinishRequest{Key: req.Key, Try: req.Try, Fingerprint: req.Fingerprint,
+					State: tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN, Code: codes.Unavailable,
+					Message: "redisstore: begun by a call that took too long to vouch for what it read", Minted: req.Minted}, tok)
+				cancel()
+			}
+			return idempotency.BeginResult{}, lerr
+		}
+	}
 	if err != nil {
 		if errors.As(err, new(sentError)) {
 			// Redis may have begun the try and its reply was lost (the
@@ -581,7 +636,8 @@ func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest, begin
 		}
 	}
 	args := []any{s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
-		req.Try, req.Fingerprint[:], int(req.State), code, msg, det, resp, retained, req.UnitsSpent, callToken(), beginTok, req.Minted, s.perTenant}
+		req.Try, req.Fingerprint[:], int(req.State), code, msg, det, resp, retained, req.UnitsSpent, callToken(), beginTok, req.Minted, s.perTenant,
+		s.ms(s.keep)}
 	v, _, err := s.run(ctx, false, finishScript, s.keys(req.Key), args...)
 	if errors.Is(err, idempotency.ErrStoreFull) {
 		// Redis is out of memory and refused the finish's write (a script
@@ -621,7 +677,11 @@ func (s *Store) Get(ctx context.Context, key idempotency.Key) (*tollgatev1.Attem
 		return nil, err
 	}
 	p := s.policy
-	v, _, err := s.run(ctx, false, getScript, s.keys(key), s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), attemptMillis(key.AttemptID))
+	now, read := s.clock()
+	v, _, err := s.run(ctx, false, getScript, s.keys(key), now, s.ms(p.Skew), s.ms(p.TTL), attemptMillis(key.AttemptID))
+	if err == nil {
+		err = s.late(read)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -634,8 +694,12 @@ func (s *Store) Fence(ctx context.Context, key idempotency.Key, throughTry uint3
 		return nil, err
 	}
 	p := s.policy
+	now, read := s.clock()
 	v, acked, err := s.run(ctx, true, fenceScript, s.keys(key),
-		s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(key.AttemptID), throughTry, s.perTenant)
+		now, s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(key.AttemptID), throughTry, s.perTenant, s.ms(s.keep))
+	if err == nil {
+		err = s.late(read)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -67,8 +67,9 @@ local STORED = {[2] = true, [3] = true, [4] = true, [5] = true, [7] = true}
 -- expiry (Redis's TTL removes it at the same instant). It writes nothing: a
 -- script's first write is the one Redis refuses when it is out of memory,
 -- and that must be the record's own. A hash at rk that is not a record this
--- store wrote (a field missing, a number that does not read, a state no
--- record holds) is an error: it must never read as an absent record or as
+-- store wrote (a field missing, a number not written as n() writes it —
+-- Lua's tonumber also reads "inf", "0x10" and "1e3", Go's reader none of
+-- them —, a state no record holds) is an error: it must never read as an absent record or as
 -- a refusal.
 local function load(rk, now)
   local v = redis.call('HMGET', rk, unpack(FIELDS))
@@ -80,7 +81,7 @@ local function load(rk, now)
   end
   for i = 1, 17 do
     local numeric = i ~= 2 and i ~= 6 and i ~= 7 and i ~= 8 and i < 16
-    if (i < 16 and not v[i]) or (numeric and not tonumber(v[i])) then
+    if (i < 16 and not v[i]) or (numeric and not string.match(v[i], '^%-?%d+$')) then
       error('tollgate: the hash at ' .. rk .. ' is not a record: field ' .. FIELDS[i])
     end
   end
@@ -101,8 +102,10 @@ local function reply(kind, v, now)
   return {kind, view(v, now), v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12], v[13], v[2]}
 end
 
-local function expire(rk, now, exp)
-  redis.call('PEXPIRE', rk, n(exp - now))
+-- expire has Redis remove record rk keep ms after its expiry exp (see
+-- DefaultKeep): load judges it by exp.
+local function expire(rk, now, exp, keep)
+  redis.call('PEXPIRE', rk, n(exp - now + keep))
 end
 
 -- room reports whether the tenant may hold one more record: with a bound
@@ -126,7 +129,7 @@ end
 `
 
 // begin: KEYS horizon, record, index. ARGV now, skew, ttl, grace, ts, try,
-// fp, dl, tok, minted, cap. cap is WithMaxRecordsPerTenant's bound (0: none);
+// fp, dl, tok, minted, cap, keep. keep is DefaultKeep (see expire); cap is WithMaxRecordsPerTenant's bound (0: none);
 // a tenant at it is answered {13} for a try that would add a record. minted is 1 for an attempt the server minted for the request
 // (idempotency.BeginRequest.Minted), which skips ts - skew >= horizon. An
 // attempt refused only for lying before horizon + skew is answered {7,
@@ -138,7 +141,7 @@ end
 var beginScript = redis.NewScript(prelude + `
 local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ts, try, fp, dl, tok = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8]), ARGV[9]
-local minted, cap = ARGV[10] == '1', tonumber(ARGV[11])
+local minted, cap, keep = ARGV[10] == '1', tonumber(ARGV[11]), tonumber(ARGV[12])
 local hz = horizon(KEYS[1], now)
 if not inside(ts, hz, now, skew, minted) then
   if ts >= 0 and ts <= now + skew then return {7, hz + skew} end
@@ -165,13 +168,14 @@ local exp = math.max(now + ttl, dl + skew + grace)
 redis.call('HSET', KEYS[2], 'st', IN_PROGRESS, 'fp', fp, 'try', n(try), 'fen', fen, 'code', '0', 'msg', '',
   'det', '', 'resp', '', 'ret', '0', 'units', units, 'sa', n(now), 'fa', '0', 'lease', n(dl + skew),
   'dl', n(dl), 'exp', n(exp), 'tok', tok, 'ftok', '')
-expire(KEYS[2], now, exp)
+expire(KEYS[2], now, exp, keep)
 track(KEYS[3], KEYS[2], now, exp, cap)
 return {0}
 `)
 
 // finish: KEYS horizon, record, index. ARGV now, skew, ttl, grace, ts, try,
-// fp, state, code, msg, det, resp, ret, units, ftok, btok, minted, cap. cap
+// fp, state, code, msg, det, resp, ret, units, ftok, btok, minted, cap,
+// keep. cap
 // is WithMaxRecordsPerTenant's bound: a finish adds no record, and only
 // moves the record's expiry in the index. minted is the
 // try's Begin's, and skips ts - skew >= horizon as Begin did. ftok is random, one
@@ -210,7 +214,7 @@ local units = tonumber(v[10]) + tonumber(ARGV[14])
 local exp = math.max(now + ttl, tonumber(v[14]) + skew + grace)
 redis.call('HSET', KEYS[2], 'st', n(st), 'fen', n(fen), 'code', ARGV[9], 'msg', ARGV[10], 'det', ARGV[11],
   'resp', ARGV[12], 'ret', ARGV[13], 'units', n(units), 'fa', n(now), 'exp', n(exp), 'ftok', ARGV[15])
-expire(KEYS[2], now, exp)
+expire(KEYS[2], now, exp, tonumber(ARGV[19]))
 track(KEYS[3], KEYS[2], now, exp, tonumber(ARGV[18]))
 return {12}
 `
@@ -227,11 +231,11 @@ return {11}
 `)
 
 // fence: KEYS horizon, record, index. ARGV now, skew, ttl, grace, ts,
-// through, cap. A tenant at cap (WithMaxRecordsPerTenant) is answered {13}
+// through, cap, keep. A tenant at cap (WithMaxRecordsPerTenant) is answered {13}
 // for a tombstone that would add a record.
 var fenceScript = redis.NewScript(prelude + `
 local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local ts, through, cap = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local ts, through, cap, keep = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 local hz = horizon(KEYS[1], now)
 if not inside(ts, hz, now, skew) then return {11} end
 local v = load(KEYS[2], now)
@@ -239,7 +243,7 @@ if v then
   if view(v, now) ~= FENCED or through <= tonumber(v[4]) then return reply(9, v, now) end
   local exp = math.max(now + ttl, tonumber(v[14]) + skew + grace)
   redis.call('HSET', KEYS[2], 'fen', n(through), 'fa', n(now), 'exp', n(exp))
-  expire(KEYS[2], now, exp)
+  expire(KEYS[2], now, exp, keep)
   track(KEYS[3], KEYS[2], now, exp, cap)
 else
   if now >= ts - skew + ttl then return {11} end
@@ -248,7 +252,7 @@ else
   redis.call('HSET', KEYS[2], 'st', FENCED, 'fp', '', 'try', '0', 'fen', n(through), 'code', '0', 'msg', '',
     'det', '', 'resp', '', 'ret', '0', 'units', '0', 'sa', '0', 'fa', n(now), 'lease', '0', 'dl', '0', 'exp', n(exp),
     'tok', '', 'ftok', '')
-  expire(KEYS[2], now, exp)
+  expire(KEYS[2], now, exp, keep)
   track(KEYS[3], KEYS[2], now, exp, cap)
 end
 return reply(9, load(KEYS[2], now), now)

@@ -11,3 +11,8 @@ var MemoryClock func(now func() time.Time) any
 // RedisClock returns a redisstore.Option that makes a Redis store read time
 // from now. Set by package redisstore's init.
 var RedisClock func(now func() time.Time) any
+
+// RedisKeep returns a redisstore.Option that sets how long records are kept
+// past their expiry (redisstore.DefaultKeep). Set by package redisstore's
+// init.
+var RedisKeep func(keep time.Duration) any
