@@ -456,7 +456,9 @@ func WithClockSkew(d time.Duration) ServerOption {
 }
 
 // WithRecovery makes the server recover a handler's panic and answer it as
-// an UNKNOWN outcome (INTERNAL). Without it, a panic is not recovered.
+// an UNKNOWN outcome (INTERNAL), on the data path and on the control path
+// (AttemptService, whose Store may panic, health, reflection). Without it,
+// a panic is not recovered.
 func WithRecovery() ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.recoverPanics = true })
 }

@@ -446,14 +446,24 @@ func (sv *server) control(ctx context.Context, method string, req any, f func(co
 		// health Check, answered from memory at once: behind AttemptService
 		// queries waiting on a slow store it would be refused, and an
 		// orchestrator would restart a server whose data path is healthy.
-		return f(ctx)
+		return sv.runControl(ctx, f)
 	}
 	permit, err := sv.admit(ctx, method, nil, req)
 	if err != nil {
 		return nil, err
 	}
 	defer permit.Release()
-	return f(ctx)
+	return sv.runControl(ctx, f)
+}
+
+// runControl runs a control-path handler, recovering its panic (a third
+// party's Store, say) as the data path does when the server opted in.
+func (sv *server) runControl(ctx context.Context, f func(context.Context) (any, error)) (resp any, err error) {
+	err = sv.run(func() (err error) {
+		resp, err = f(ctx)
+		return err
+	})
+	return resp, err
 }
 
 // streamFinishTimeout bounds finishing a stream's record after its handler
