@@ -16,7 +16,9 @@
 // bytes; a request that finds the queue full is refused. The built-in
 // [ControlClass] (2 slots, 8 waiting) serves tollgate's AttemptService,
 // gRPC health and reflection, so that observation and recovery answer while
-// every other class is saturated.
+// every other class is saturated. tollgate's interceptor gives health and
+// reflection (and every control stream) no slot at all, and the tap never
+// refuses them.
 //
 // # The decision
 //

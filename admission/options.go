@@ -22,15 +22,28 @@ const ControlClass = "control"
 const DefaultClass = "default"
 
 // controlPatterns are the methods the built-in control class serves.
-// healthPrefix is the health service's methods: control methods that the tap
-// never refuses (see TapHandle).
-const healthPrefix = "/grpc.health.v1.Health/"
+// The control methods that tollgate's interceptor runs without a control
+// slot, and that the tap therefore never refuses (see TapHandle): health,
+// answered from memory, and reflection, whose sessions are streams that
+// live as long as their client.
+const (
+	healthPrefix            = "/grpc.health.v1.Health/"
+	reflectionV1Prefix      = "/grpc.reflection.v1.ServerReflection/"
+	reflectionV1AlphaPrefix = "/grpc.reflection.v1alpha.ServerReflection/"
+)
 
 var controlPatterns = []string{
 	"/tollgate.v1.AttemptService/",
 	healthPrefix,
-	"/grpc.reflection.v1.ServerReflection/",
-	"/grpc.reflection.v1alpha.ServerReflection/",
+	reflectionV1Prefix,
+	reflectionV1AlphaPrefix,
+}
+
+// slotless reports whether m is a control method the interceptor runs
+// without a control slot.
+func slotless(m string) bool {
+	return strings.HasPrefix(m, healthPrefix) || strings.HasPrefix(m, reflectionV1Prefix) ||
+		strings.HasPrefix(m, reflectionV1AlphaPrefix)
 }
 
 // Class is the plain configuration of one workload class: its reserved

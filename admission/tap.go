@@ -2,7 +2,6 @@ package admission
 
 import (
 	"context"
-	"strings"
 	"time"
 
 	"github.com/tollgate-go/tollgate/status"
@@ -33,10 +32,11 @@ var _ tap.ServerInHandle = (*Controller)(nil).TapHandle
 func (c *Controller) TapHandle(ctx context.Context, info *tap.Info) (context.Context, error) {
 	var cs *classState
 	switch {
-	case c.control != nil && c.cfg.control && strings.HasPrefix(info.FullMethodName, healthPrefix):
-		// Health answers from memory, at once: it is never refused for
-		// want of a control slot that AttemptService queries waiting on a
-		// slow store may hold (tollgate's interceptor gives it none).
+	case slotless(info.FullMethodName):
+		// Health answers from memory, at once, and a reflection session
+		// is a stream: tollgate's interceptor gives neither a control
+		// slot, so neither is refused for want of one that AttemptService
+		// queries waiting on a slow store may hold.
 		return ctx, nil
 	case c.control != nil && c.cfg.control && isControl(info.FullMethodName):
 		cs = c.control
