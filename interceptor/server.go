@@ -637,11 +637,14 @@ func (s *serverStream) Context() context.Context { return s.ctx }
 // taking no slot, or refuses it DEADLINE_EXPIRED; refused here, such a try
 // would read as a repeatable NOT_ADMITTED, even for a call whose record says
 // it committed. Without a store, the handle refuses a try late by more than
-// the skew DEADLINE_EXPIRED, final, as the interceptor would. An untrusted
-// peer's header is ignored here as in the interceptor. A request the handle
-// refuses never reaches the interceptor, so the handle does what it would
-// with a malformed header: counts it (tollgate.metadata.malformed) and, from
-// a trusted peer, refuses it MALFORMED_HEADER instead.
+// the skew DEADLINE_EXPIRED, final, as the interceptor would. These
+// decisions, and a trusted peer's malformed header (counted in
+// tollgate.metadata.malformed and refused MALFORMED_HEADER), come before
+// the controller's, which counts only the refusals the handle sends. An
+// untrusted peer's header grants nothing here, as in the interceptor, but a
+// refusal names its try, so that its owner refunds the units it lent (the
+// handle sends no tollgate-spent); its malformed header is counted when the
+// handle refuses the request, and otherwise by the interceptor.
 func AdmissionTap(ctrl *admission.Controller, opts ...ServerOption) tap.ServerInHandle {
 	if ctrl == nil {
 		panic("interceptor: AdmissionTap: nil admission controller")
@@ -659,68 +662,82 @@ func (sv *server) tapHandle(ctrl *admission.Controller, bound bool) tap.ServerIn
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
 		var (
 			h       header.Header
-			honored bool
-			trusted bool
+			parsed  bool  // h holds a well-formed header, trusted or not
+			trusted bool  // the peer is trusted (when it sent a header)
 			perr    error // the header's, when it does not parse
 		)
 		vs := info.Header.Get(headerKey)
 		if len(vs) > 0 {
-			if trusted = sv.cfg.trusted(ctx); trusted {
-				h, perr = header.ParseValues(vs)
-				honored = perr == nil
-			}
+			trusted = sv.cfg.trusted(ctx)
+			h, perr = header.ParseValues(vs)
+			parsed = perr == nil
 		}
+		// What does not depend on admission is decided first, so that the
+		// controller counts only the refusals this handle sends: a trusted
+		// peer's malformed header is refused MALFORMED_HEADER, and a
+		// trusted peer's data request past its attempt's deadline is let
+		// through to its record, or refused DEADLINE_EXPIRED without one,
+		// as the interceptor does.
+		if trusted && perr != nil {
+			return ctx, sv.malformed(ctx, perr, true)
+		}
+		honored := trusted && parsed
 		now := sv.cfg.now()
 		var d time.Time
 		if honored {
 			d, _ = h.DeadlineTime()
 		}
+		if !d.IsZero() && !isControl(info.FullMethodName) {
+			switch {
+			case sv.cfg.store != nil && !now.Before(d):
+				return sv.bounded(ctx, info.FullMethodName, bound, now, d), nil // its record answers it, taking no slot
+			case sv.cfg.store == nil && !now.Before(d.Add(sv.cfg.skew)):
+				return ctx, expiredTry(h.Attempt, h.Call, h.Try)
+			}
+		}
 		admitted, err := ctrl.TapHandle(ctx, info)
 		if err == nil {
-			if bound && !isControl(info.FullMethodName) {
-				// As the interceptor's handler deadline: the attempt's
-				// deadline plus the skew, the attempt's deadline being the
-				// caller's (capped by the maximum) or the maximum from now.
-				// Only for a request the tap lets in: grpc-go drops the
-				// context of a refused one without cancelling its parent,
-				// which would keep the timer, and what the context holds,
-				// alive until the bound.
-				limit := now.Add(sv.cfg.maxAttemptTime)
-				if !d.IsZero() {
-					limit = minTime(limit, d)
-				}
-				limit = limit.Add(sv.cfg.skew)
-				if dl, ok := admitted.Deadline(); limit.After(now) && (!ok || limit.Before(dl)) {
-					// cancel is not called: the bounded context is
-					// released with its parent, the stream's context,
-					// which grpc-go cancels when the stream ends.
-					bounded, cancel := context.WithDeadline(admitted, limit)
-					_ = cancel
-					admitted = bounded
-				}
-			}
-			return admitted, nil
+			return sv.bounded(admitted, info.FullMethodName, bound, now, d), nil
 		}
 		// Refused here, the request never reaches the interceptor, which
-		// counts a malformed header and refuses a trusted peer's: do both.
-		if len(vs) > 0 && !trusted {
-			_, perr = header.ParseValues(vs)
-		}
-		if refusal := sv.malformed(ctx, perr, trusted); refusal != nil {
-			return ctx, refusal
-		}
-		if !honored {
+		// counts an untrusted peer's malformed header: count it.
+		_ = sv.malformed(ctx, perr, trusted)
+		if !parsed {
 			return ctx, err
 		}
-		switch {
-		case d.IsZero():
-		case sv.cfg.store != nil && !now.Before(d):
-			return ctx, nil // its record answers it, taking no slot
-		case sv.cfg.store == nil && !now.Before(d.Add(sv.cfg.skew)):
-			return ctx, expiredTry(h.Attempt, h.Call, h.Try) // as the interceptor refuses it
-		}
+		// The refusal names the try it answers, also an untrusted peer's
+		// (whose grant is used for nothing here): nothing ran, and a
+		// caller that sees its own try named refunds the units it lent,
+		// as it would if the interceptor had answered tollgate-spent 0.
 		return ctx, status.With(err, status.WithAttempt(h.Attempt, h.Call, h.Try))
 	}
+}
+
+// bounded returns the context of a data request the tap lets in, bounded as
+// the interceptor's handler deadline is when bound is set: the attempt's
+// deadline d (zero: none) plus the skew, the attempt's deadline being the
+// caller's (capped by the maximum) or the maximum from now. Only for a
+// request the tap lets in: grpc-go drops the context of a refused one
+// without cancelling its parent, which would keep the timer, and what the
+// context holds, alive until the bound.
+func (sv *server) bounded(ctx context.Context, method string, bound bool, now, d time.Time) context.Context {
+	if !bound || isControl(method) {
+		return ctx
+	}
+	limit := now.Add(sv.cfg.maxAttemptTime)
+	if !d.IsZero() {
+		limit = minTime(limit, d)
+	}
+	limit = limit.Add(sv.cfg.skew)
+	if dl, ok := ctx.Deadline(); limit.After(now) && (!ok || limit.Before(dl)) {
+		// cancel is not called: the bounded context is released with its
+		// parent, the stream's context, which grpc-go cancels when the
+		// stream ends.
+		bctx, cancel := context.WithDeadline(ctx, limit)
+		_ = cancel
+		return bctx
+	}
+	return ctx
 }
 
 func minTime(a, b time.Time) time.Time {
