@@ -58,12 +58,28 @@ type inbound struct {
 	// expired is set for a recorded call whose try came after the attempt's
 	// deadline plus skew: only its record may answer it.
 	expired bool
+	// detached is set for a recorded unary call: its handler runs on a
+	// context detached from the client's, until the attempt's deadline
+	// plus the skew (server.detach), whatever the try's own deadline.
+	detached bool
 	// hctx is the storage of the handler's context (handlerContext).
 	hctx handlerCtx
 	// spentValue is the storage of the tollgate-spent trailer's value
 	// slice: grpc-go copies a trailer when it is set, and nothing writes
 	// the slice after.
 	spentValue [1]string
+}
+
+// runsUntil is the deadline the handler runs until: the attempt's plus the
+// skew for a detached (recorded unary) call, whose owner learns its outcome
+// from its record however soon the try's own deadline passes (DESIGN.md
+// §3.1: a per-try timeout only stops the client waiting); the try's own
+// otherwise. Admission judges by it whether the request can finish.
+func (sv *server) runsUntil(in *inbound) time.Time {
+	if in.detached {
+		return in.s.Deadline.Add(sv.cfg.skew)
+	}
+	return in.until
 }
 
 // begin reads the request's tollgate header and returns the attempt it runs
@@ -211,7 +227,7 @@ func (sv *server) admit(ctx context.Context, method string, in *inbound, req any
 	}
 	tenant, deadline := "", time.Time{}
 	if in != nil {
-		tenant, deadline = in.s.Tenant, in.until
+		tenant, deadline = in.s.Tenant, sv.runsUntil(in)
 	}
 	p, d, err := ctrl.AdmitDecision(ctx, admission.Request{Method: method, Tenant: tenant, Size: size, Deadline: deadline})
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
@@ -224,7 +240,7 @@ func (sv *server) admit(ctx context.Context, method string, in *inbound, req any
 	}
 	if err != nil {
 		if in != nil {
-			err = sv.tryDeadlineOnly(err, in)
+			err = sv.tryDeadlineOnly(err, in, deadline)
 			err = status.With(err, status.WithAttempt(in.s.ID, in.s.Call, in.s.Try))
 		}
 		return nil, err
@@ -235,12 +251,14 @@ func (sv *server) admit(ctx context.Context, method string, in *inbound, req any
 // tryDeadlineOnly returns admission's refusal err, made not final when it
 // is a final DEADLINE_EXPIRED (a waiter dropped because it can no longer
 // finish by its deadline) that only the try's own deadline explains:
-// admission is given the try's deadline, its grpc-timeout, which a client's
-// per-try timeout may set well before the attempt's; while the attempt's
-// deadline (with the skew) has not passed, a later try may fit.
-func (sv *server) tryDeadlineOnly(err error, in *inbound) error {
+// admission is given the deadline the handler runs until (deadline), for a
+// call whose handler keeps the client's cancellation the try's own, its
+// grpc-timeout, which a client's per-try timeout may set well before the
+// attempt's; while the attempt's deadline (with the skew) has not passed, a
+// later try may fit.
+func (sv *server) tryDeadlineOnly(err error, in *inbound, deadline time.Time) error {
 	o := status.OutcomeOf(err)
-	if o.Reason != status.ReasonDeadlineExpired || !o.Final() || !in.until.Before(in.s.Deadline) ||
+	if o.Reason != status.ReasonDeadlineExpired || !o.Final() || !deadline.Before(in.s.Deadline) ||
 		!sv.cfg.now().Before(in.s.Deadline.Add(sv.cfg.skew)) {
 		return err // not final only when the try's own deadline, before the attempt's, was lost
 	}
@@ -350,6 +368,8 @@ func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 		sv.setTrailer(ctx, in, 0, err)
 		return nil, err
 	}
+	recorded := sv.recorded(in)
+	in.detached = recorded
 	permit, err := sv.admit(ctx, info.FullMethod, in, req)
 	if err != nil {
 		sv.setTrailer(ctx, in, 0, err)
@@ -361,7 +381,6 @@ func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 	// handler ran.
 	defer permit.Abandon()
 
-	recorded := sv.recorded(in)
 	var fp idempotency.Digest
 	hctx, cancel := sv.handlerContext(ctx, in)
 	defer cancel()
