@@ -1105,7 +1105,11 @@ const overdueShare = 0.1
 // class, spread over the class's slots. Each running request's remainder is
 // clamped on its own: the learned mean minus its elapsed time, but at least
 // overdueShare of the mean, so that an overdue request neither hides the
-// others' remaining work nor makes a full class predict no wait.
+// others' remaining work nor makes a full class predict no wait. Requests
+// of other classes that borrowed this class's slots count too, with their
+// own class's mean: a class that lent every slot is full, and its next
+// request waits for a borrower to end. Finding them costs a pass over the
+// running requests of every class, only while this class lends.
 //
 // A tenant at its running limit with requests waiting (saturated) can
 // start none of them until one of its own requests ends, and then one of
@@ -1139,6 +1143,21 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 			}
 		}
 		remaining += r
+	}
+	if lent := cs.used - own; lent > 0 {
+		// Borrowers hold some of this class's slots: none frees before
+		// its borrower ends, which the borrower's class estimates.
+		for _, b := range c.classes {
+			if b == cs {
+				continue
+			}
+			for p := b.runHead; p != nil && lent > 0; p = p.next {
+				if p.owner == cs {
+					remaining += max(b.est.mean-(nowOff-p.startOff), b.est.mean*overdueShare)
+					lent--
+				}
+			}
+		}
 	}
 	queued := float64(cs.queuedWork)
 	if held > 0 && held < slots && own == cs.running && own == cs.used {
