@@ -476,7 +476,7 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 	classFull := false
 	refuse := func(reason status.Reason) (*Permit, *waiter, status.Reason, time.Duration, int) {
 		switch {
-		case callerOnly:
+		case callerOnly, c.stepped(cs):
 			cs.refused[reason]++ // stats only: not an overload signal
 		case classFull:
 			cs.refused[reason]++
@@ -761,6 +761,16 @@ func (c *Controller) slots(cs *classState) int {
 		}
 	}
 	return n
+}
+
+// stepped reports whether cs is an optional class that Recovering's
+// stepped re-admission holds below its slots: its refusals are the
+// controller's own doing, as shedding's are, and no sign of overload —
+// counted, they would make every Recovering window overloaded whenever
+// the optional load needs more than the first step, and the controller
+// would never return to Normal.
+func (c *Controller) stepped(cs *classState) bool {
+	return cs.cfg.Optional && c.mode() == ModeRecovering && c.slots(cs) < cs.slotsCap
 }
 
 // acquire returns the class whose slot a request of cs may take now: cs's

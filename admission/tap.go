@@ -101,7 +101,9 @@ func (c *Controller) foldTapRefusals() {
 			n := cs.tapRefused[i].Load()
 			if d := n - cs.tapFolded[i]; d > 0 {
 				cs.tapFolded[i] = n
-				c.deg.refusedN(cs, tapReasons[i], int(d))
+				if !c.stepped(cs) {
+					c.deg.refusedN(cs, tapReasons[i], int(d))
+				}
 			}
 		}
 	}
