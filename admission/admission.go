@@ -185,6 +185,12 @@ type Controller struct {
 	// 0: never. Past it the tap lets requests through to Admit, which
 	// brings the state up to date.
 	due atomic.Int64
+	// wake brings the state up to date at due (real clock only) while
+	// requests wait: an override's end or Recovering's next step may let
+	// a waiter start, and no other call may come to start it. wakeAt is
+	// when it is armed for (Unix nanoseconds; 0: not armed).
+	wake   *time.Timer
+	wakeAt int64
 }
 
 type prefixClass struct {
@@ -317,6 +323,9 @@ func (c *Controller) Close() error {
 		return nil
 	}
 	c.closed = true
+	if c.wake != nil {
+		c.wake.Stop()
+	}
 	for _, cs := range c.classes {
 		for w := cs.queue.head; w != nil; {
 			next := w.next
@@ -761,6 +770,30 @@ func (c *Controller) slots(cs *classState) int {
 		}
 	}
 	return n
+}
+
+// waiting reports whether a request of any class waits.
+func (c *Controller) waiting() bool {
+	for _, cs := range c.classes {
+		if cs.queue.n > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// awake is wake's function: it brings the state up to date, which starts
+// the waiters an expired override or a new step lets start, and arms wake
+// again while requests wait and time alone will change the state.
+func (c *Controller) awake() {
+	c.mu.Lock()
+	c.wakeAt = 0
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.advance(c.cfg.now())
+	c.unlock()
 }
 
 // stepped reports whether cs is an optional class that Recovering's
@@ -1282,6 +1315,14 @@ func (c *Controller) unlock() {
 	}
 	if due != c.due.Load() {
 		c.due.Store(due)
+	}
+	if c.cfg.realClock && !c.closed && due != 0 && (c.wakeAt == 0 || due < c.wakeAt) && c.waiting() {
+		c.wakeAt = due
+		if c.wake == nil {
+			c.wake = time.AfterFunc(time.Until(time.Unix(0, due)), c.awake)
+		} else {
+			c.wake.Reset(time.Until(time.Unix(0, due)))
+		}
 	}
 	if c.cfg.check != nil {
 		c.cfg.check(c.checkInvariants())

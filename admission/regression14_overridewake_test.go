@@ -8,12 +8,12 @@ import (
 	"github.com/tollgate-go/tollgate/admission"
 )
 
-// On the real clock, an operator lowers class X's slots from 2 to 1 for
-// 50 ms. One request runs (long), a second waits. When the override expires
-// X has a free slot, but nothing re-evaluates the controller: the waiter
-// stays queued, with a slot free, until some unrelated call (an Admit, a
-// Release, Stats) happens to advance the state. Here nothing else happens,
-// and it is still waiting two seconds after the override ended.
+// A review found that, on the real clock, when an operator lowered class
+// X's slots from 2 to 1 for 50 ms while one request ran (long) and a second
+// waited, the waiter stayed queued with a slot free once the override
+// expired: nothing re-evaluated the controller until some unrelated call
+// (an Admit, a Release, Stats) advanced the state. Here nothing else
+// happens; the controller now wakes itself at the override's end.
 func TestRegression14WaiterStartsWhenOverrideExpires(t *testing.T) {
 	queued := make(chan struct{}, 1)
 	ctrl, err := admission.New(
