@@ -536,13 +536,20 @@ func (w *owner) reconcile(rec *tollgatev1.AttemptRecord) {
 	budget.ReconcileCall(rec.GetUnitsSpent(), w.loans...)
 }
 
-// recordError rebuilds the definite error a FAILED record keeps.
+// recordError rebuilds the definite error a FAILED record keeps. A record
+// whose code is not definite (which no tollgate server writes: an
+// AttemptService or store of another make) is UNKNOWN naming its try, never
+// a bare UNAVAILABLE that a generic policy would repeat (DESIGN.md §2.5).
 func recordError(rec *tollgatev1.AttemptRecord) error {
 	code := codes.Code(rec.GetStatusCode())
 	if code == codes.OK {
 		code = codes.Unknown
 	}
-	return grpcstatus.ErrorProto(&spb.Status{Code: int32(code), Message: rec.GetStatusMessage(), Details: rec.GetStatusDetails()})
+	err := grpcstatus.ErrorProto(&spb.Status{Code: int32(code), Message: rec.GetStatusMessage(), Details: rec.GetStatusDetails()})
+	if !status.IsDefinite(code) {
+		return status.OutcomeUnknown(err, status.WithAttempt(rec.GetAttemptId(), rec.GetCall(), rec.GetTry()))
+	}
+	return err
 }
 
 func stateName(s tollgatev1.AttemptState, err error) string {
