@@ -246,7 +246,8 @@ type pattern struct {
 
 // WithClasses adds workload classes. The first class added is the default
 // class unless [WithDefaultClass] names another. A class named
-// [ControlClass] replaces the built-in control class's limits.
+// [ControlClass] replaces the built-in control class's limits; it may not
+// lend its slots or be optional.
 func WithClasses(classes ...Class) Option {
 	cl := append([]Class(nil), classes...)
 	return optionFunc(func(c *config) { c.classes = append(c.classes, cl...) })
@@ -256,9 +257,9 @@ func WithClasses(classes ...Class) Option {
 // ("/pkg.Service/Method"), a service ("/pkg.Service/", ending in a slash:
 // every method of it) or a prefix ending in "*" ("/pkg.*"). Exact names win
 // over services, services over prefixes; among prefixes the longest wins.
-// New refuses a pattern routed to two classes, and one that matches only
-// control methods (the control class serves them, unless
-// WithoutControlClass).
+// New refuses a pattern of any other form (it would never match), a
+// pattern routed to two classes, and one that matches only control methods
+// (the control class serves them, unless WithoutControlClass).
 func WithMethods(class string, patterns ...string) Option {
 	ps := make([]pattern, 0, len(patterns))
 	for _, p := range patterns {
@@ -405,6 +406,12 @@ func newConfig(opts []Option) (*config, error) {
 	if c.def == "" {
 		c.def = classes[0].Name
 	}
+	if control != nil && (control.LendIdle || control.Optional) {
+		// The control class keeps observation and recovery answering
+		// while every other class is saturated (DESIGN.md §3.12): data
+		// traffic must not borrow its slots, nor may it be shed.
+		return nil, invalidConfig("class %q cannot lend its slots or be optional", ControlClass)
+	}
 	if c.control || control != nil {
 		if control == nil {
 			control = &Class{Name: ControlClass, Slots: 2, QueueItems: 8}
@@ -428,6 +435,9 @@ func newConfig(opts []Option) (*config, error) {
 		if !strings.HasPrefix(p.pat, "/") || len(p.pat) < 2 {
 			return nil, invalidConfig("pattern %q must start with \"/\"", p.pat)
 		}
+		if err := validPattern(p.pat); err != nil {
+			return nil, err
+		}
 		if other, ok := routed[p.pat]; ok && other != p.class {
 			return nil, invalidConfig("pattern %q routed to both class %q and class %q", p.pat, other, p.class)
 		}
@@ -446,6 +456,23 @@ func newConfig(opts []Option) (*config, error) {
 		c.patterns = append(ps, c.patterns...)
 	}
 	return c, nil
+}
+
+// validPattern refuses a pattern that could never match a method name as
+// WithMethods reads it: a "*" anywhere but at its end, or, without one, a
+// name that is neither a service ("/pkg.Service/") nor a full method
+// ("/pkg.Service/Method").
+func validPattern(pat string) error {
+	if i := strings.IndexByte(pat, '*'); i >= 0 && i != len(pat)-1 {
+		return invalidConfig("pattern %q: \"*\" may only end a pattern", pat)
+	}
+	if strings.HasSuffix(pat, "*") || strings.HasSuffix(pat, "/") && strings.Count(pat, "/") == 2 {
+		return nil
+	}
+	if svc, method, ok := strings.Cut(pat[1:], "/"); !ok || svc == "" || method == "" || strings.Contains(method, "/") {
+		return invalidConfig("pattern %q is neither a full method (\"/pkg.Service/Method\"), a service (\"/pkg.Service/\") nor a prefix ending in \"*\"", pat)
+	}
+	return nil
 }
 
 // ErrInvalidConfig is wrapped by every error [New] returns for a
