@@ -155,8 +155,12 @@ type Decision struct {
 // slots, a bounded queue and per-tenant limits; requests are refused early
 // and with a typed reason when they cannot be served in time. Build it with
 // [New]; the zero value is not useful. A Controller is safe for concurrent
-// use. It starts no goroutine; [Controller.Close] unregisters its metric
-// callbacks and refuses waiting and later requests.
+// use. On the real clock it keeps timers: a waiter's give-up timer, and,
+// while requests wait, one that brings the state up to date when time alone
+// changes it (an override expires, a window ends), whose function runs on a
+// goroutine of its own as timers' do. [Controller.Close] stops that timer
+// (a run already under way finishes), unregisters its metric callbacks and
+// refuses waiting and later requests.
 type Controller struct {
 	cfg *config
 

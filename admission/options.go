@@ -334,7 +334,9 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 
 // WithObserver calls f with every admission event (admitted, queued, started
 // from the queue, refused, released, mode changed), synchronously, from the
-// goroutine that caused it, after the controller's lock is released. f must
+// goroutine that caused it (a waiter started because an override expired or
+// a window ended: the controller's timer's), after the controller's lock is
+// released. f must
 // be safe for concurrent use and must not block; nil removes the observer.
 // It is meant for logs, tests and simulations; metrics need no observer.
 func WithObserver(f func(Event)) Option {

@@ -650,14 +650,14 @@ func (s *serverStream) Context() context.Context { return s.ctx }
 // Watch lives as long as its client.
 //
 // A trusted peer's request whose header says its attempt's deadline has
-// passed is let through to the server's interceptor when the server keeps
-// records, which answers a try late by more than the clock skew from its
-// call's record (DESIGN.md §3.7: a finished record answers every later try),
-// taking no slot, or refuses it DEADLINE_EXPIRED; refused here, such a try
-// would read as a repeatable NOT_ADMITTED, even for a call whose record says
-// it committed. Without a store, the handle refuses a try late by more than
-// the skew DEADLINE_EXPIRED, final, as the interceptor would. These
-// decisions, and a trusted peer's malformed header (counted in
+// passed is let through to the server's interceptor. With records, it
+// answers a try late by more than the clock skew from its call's record
+// (DESIGN.md §3.7: a finished record answers every later try), taking no
+// slot, or refuses it DEADLINE_EXPIRED; refused here, such a try would read
+// as a repeatable NOT_ADMITTED, even for a call whose record says it
+// committed. Without a store, it refuses such a try DEADLINE_EXPIRED,
+// final, before admission, with the tollgate-spent a strict caller needs.
+// These decisions, and a trusted peer's malformed header (counted in
 // tollgate.metadata.malformed and refused MALFORMED_HEADER), come before
 // the controller's, which counts only the refusals the handle sends. An
 // untrusted peer's header grants nothing here, as in the interceptor, but a
@@ -695,8 +695,10 @@ func (sv *server) tapHandle(ctrl *admission.Controller, bound bool) tap.ServerIn
 		// controller counts only the refusals this handle sends: a trusted
 		// peer's malformed header is refused MALFORMED_HEADER, and a
 		// trusted peer's data request past its attempt's deadline is let
-		// through to its record, or refused DEADLINE_EXPIRED without one,
-		// as the interceptor does.
+		// through to the interceptor, which answers it from its record or
+		// refuses it DEADLINE_EXPIRED before admission, taking no slot,
+		// with the tollgate-spent a strict caller needs (a tap can send no
+		// trailer).
 		if trusted && perr != nil {
 			return ctx, sv.malformed(ctx, perr, true)
 		}
@@ -706,13 +708,8 @@ func (sv *server) tapHandle(ctrl *admission.Controller, bound bool) tap.ServerIn
 		if honored {
 			d, _ = h.DeadlineTime()
 		}
-		if !d.IsZero() && !isControl(info.FullMethodName) {
-			switch {
-			case sv.cfg.store != nil && !now.Before(d):
-				return sv.bounded(ctx, info.FullMethodName, bound, now, d), nil // its record answers it, taking no slot
-			case sv.cfg.store == nil && !now.Before(d.Add(sv.cfg.skew)):
-				return ctx, expiredTry(h.Attempt, h.Call, h.Try)
-			}
+		if !d.IsZero() && !isControl(info.FullMethodName) && !now.Before(d) {
+			return sv.bounded(ctx, info.FullMethodName, bound, now, d), nil
 		}
 		admitted, err := ctrl.TapHandle(ctx, info)
 		if err == nil {
