@@ -467,11 +467,15 @@ type clientStream struct {
 	cond sync.Cond // L is &mu; broadcast when receiving or a replay stops, or a try ends
 	// The current try: its stream, its state, its number, a generation
 	// counted per try sent.
-	cur     grpc.ClientStream
-	curCtx  atomic.Pointer[context.Context] // cur's context, read by Context without the lock
-	t       *try
-	n       uint32
-	gen     uint64
+	cur    grpc.ClientStream
+	curCtx atomic.Pointer[context.Context] // cur's context, read by Context without the lock
+	t      *try
+	n      uint32
+	gen    uint64
+	// settled is set once the current try was settled (finishLocked), until
+	// the next try starts: a panic that passes later must not settle it
+	// again (panickedLocked).
+	settled bool
 	counted int // tries counted against the policy (fence jumps are not)
 	// What the caller sent, for replay: clones of its messages, their size.
 	// overflow: replay is off for good (the limit was passed or a message

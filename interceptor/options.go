@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/grpclog"
 )
 
 // Defaults of the client and server options.
@@ -54,6 +55,9 @@ const (
 	reflectionV1Prefix      = "/grpc.reflection.v1.ServerReflection/"
 	reflectionV1AlphaPrefix = "/grpc.reflection.v1alpha.ServerReflection/"
 )
+
+// logger is tollgate's grpclog component.
+var logger = grpclog.Component("tollgate")
 
 // ErrInvalidOption is wrapped by every error NewServerOptions and
 // NewDialOptions return for an invalid option value.

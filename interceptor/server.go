@@ -22,7 +22,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/grpclog"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/proto"
@@ -820,7 +819,7 @@ func NewDialOptions(opts ...ClientOption) ([]grpc.DialOption, error) {
 	}
 	if cfg.serviceConfig != "" {
 		if loops := secondRetryLoops(cfg.serviceConfig); len(loops) > 0 {
-			grpclog.Component("tollgate").Warningf("interceptor: the service config's %s would repeat calls beside tollgate's owner; grpc-go's retry stays disabled and ignores it",
+			logger.Warningf("interceptor: the service config's %s would repeat calls beside tollgate's owner; grpc-go's retry stays disabled and ignores it",
 				strings.Join(loops, " and "))
 		}
 		out = append(out, grpc.WithDefaultServiceConfig(cfg.serviceConfig))

@@ -106,7 +106,7 @@ func (cs *clientStream) tryFromLocked(n uint32) bool {
 		if n == 1 && w.tgt.budget != nil {
 			w.tgt.budget.Deposit()
 		}
-		cs.t, cs.n = t, n
+		cs.t, cs.n, cs.settled = t, n, false
 		cs.gen++
 		st, err := cs.newTryStreamLocked(tctx)
 		if err == nil {
@@ -126,6 +126,66 @@ func (cs *clientStream) tryFromLocked(n uint32) bool {
 	}
 }
 
+// recvUnlocked receives the next message of cur (its header first, with
+// watch) without cs.mu, which the caller holds and gets back however the
+// receive ends. A panic below the interceptor (an inner interceptor, a
+// codec) goes on up to the caller, but first ends the stream (see
+// panickedLocked): the caller's deferred unlock then finds the lock held, as
+// it must.
+func (cs *clientStream) recvUnlocked(cur grpc.ClientStream, m any, watch bool) (md metadata.MD, err error) {
+	cs.mu.Unlock()
+	returned := false
+	defer func() {
+		cs.mu.Lock()
+		if !returned {
+			cs.receiving = false
+			cs.cond.Broadcast()
+			cs.panickedLocked()
+		}
+	}()
+	if watch {
+		md, _ = cur.Header()
+	}
+	err = cur.RecvMsg(m)
+	returned = true
+	return md, err
+}
+
+// headerUnlocked is cur.Header without cs.mu, as recvUnlocked is RecvMsg.
+func (cs *clientStream) headerUnlocked(cur grpc.ClientStream) (md metadata.MD, err error) {
+	cs.mu.Unlock()
+	returned := false
+	defer func() {
+		cs.mu.Lock()
+		if !returned {
+			cs.panickedLocked()
+		}
+	}()
+	md, err = cur.Header()
+	returned = true
+	return md, err
+}
+
+// panickedLocked ends the stream when a panic below the interceptor passes
+// through one of its methods, as an abandoned stream ends: the current try
+// is settled (as sent or not, as the stats handler saw it) unless it was
+// already, the span ends, and the stream's other methods return its typed
+// result instead of sending another try.
+func (cs *clientStream) panickedLocked() {
+	if cs.done {
+		return
+	}
+	err := errors.New("interceptor: a panic below the interceptor ended the stream")
+	if cs.settled {
+		// The panic came while the owner resolved or repeated a try it
+		// had settled: the outcome of that try is not known.
+		cs.endLocked(cs.n, status.OutcomeUnknown(err, status.WithAttempt(cs.w.cl.s.ID, cs.w.cl.key, cs.n)))
+		return
+	}
+	o := cs.finishLocked(err)
+	cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
+}
+
 // newTryStreamLocked opens the current try's stream. A panic below the
 // interceptor (an inner interceptor, a codec) goes on up to the caller, but
 // first ends the stream, as an abandoned one ends: the try is settled (as
@@ -136,14 +196,38 @@ func (cs *clientStream) newTryStreamLocked(ctx context.Context) (grpc.ClientStre
 	opened := false
 	defer func() {
 		if !opened {
-			err := errors.New("interceptor: a panic below the interceptor ended the stream")
-			o := cs.finishLocked(err)
-			cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
+			cs.panickedLocked()
 		}
 	}()
-	st, err := cs.streamer(ctx, cs.desc, cs.w.cc, cs.w.cl.method, cs.opts...)
+	gen := cs.gen
+	opts := append(cs.opts[:len(cs.opts):len(cs.opts)], grpc.OnFinish(func(err error) { cs.tryFinished(gen, err) }))
+	st, err := cs.streamer(ctx, cs.desc, cs.w.cc, cs.w.cl.method, opts...)
 	opened = true
 	return st, err
+}
+
+// tryFinished is the OnFinish of the try of generation gen: grpc-go ran it
+// because the try's stream ended, whatever ended it. When the stream was
+// cancelled from below while the caller's context lives and nothing reads it
+// (the ClientConn closed: grpc-go's first way to release a stream), no
+// method of the caller's will come to end it, and its grant, its span and
+// the caller's OnFinish would stay open: it is ended here, as an abandoned
+// stream is. grpc-go may run this while the owner holds cs.mu (a try that
+// failed to open), so it does the work on a goroutine of its own, which ends
+// with it.
+func (cs *clientStream) tryFinished(gen uint64, err error) {
+	if grpcstatus.Code(err) != codes.Canceled || cs.ctx.Err() != nil {
+		return // an answer, which the caller's RecvMsg reads, or the caller's own end (abandon)
+	}
+	go func() {
+		cs.mu.Lock()
+		defer cs.mu.Unlock()
+		if cs.done || cs.receiving || gen != cs.gen || cs.settled {
+			return // ended, or a RecvMsg or the owner sees it
+		}
+		o := cs.finishLocked(err)
+		cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
+	}()
 }
 
 // replayLocked sends what the caller sent so far on a new try's stream,
@@ -319,6 +403,14 @@ func (cs *clientStream) endLocked(n uint32, result error) {
 // its context, and the try's grant and the span must not stay open. The try
 // may have been sent: its grant is held, as for a lost call.
 func (cs *clientStream) abandon() {
+	defer func() {
+		// This runs on a goroutine of context.AfterFunc's: a panic below
+		// the interceptor in a resolution query, which ended the stream
+		// (settleLocked), would end the process here; it is logged.
+		if r := recover(); r != nil {
+			logger.Errorf("interceptor: a panic below the interceptor while a stream was ended by its context: %v", r)
+		}
+	}()
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if cs.done || cs.receiving {
@@ -347,6 +439,17 @@ func (cs *clientStream) abandonLocked() {
 // settleLocked ends the current try with err (nil or io.EOF: OK) and either
 // starts the next try or ends the stream.
 func (cs *clientStream) settleLocked(err error) {
+	returned := false
+	defer func() {
+		if !returned { // a panic below the interceptor in a query or a repeat: the stream ends
+			cs.panickedLocked()
+		}
+	}()
+	cs.settleTryLocked(err)
+	returned = true
+}
+
+func (cs *clientStream) settleTryLocked(err error) {
 	if err == io.EOF {
 		err = nil
 	}
@@ -390,6 +493,7 @@ func (cs *clientStream) afterTryLocked(err error) (next uint32, result error, re
 // its outcome.
 func (cs *clientStream) finishLocked(err error) status.Outcome {
 	w, c := cs.w, cs.w.c
+	cs.settled = true
 	d := c.finish(w.cl.s, w.cl.key, cs.t, err)
 	spendEvent(cs.span, w.cl.s, cs.t)
 	w.pushback = cs.t.delivery.pushback.Load()
@@ -557,13 +661,7 @@ func (cs *clientStream) RecvMsg(m any) error {
 		cur, gen := cs.cur, cs.gen
 		watch := cs.headerCommits && !cs.header
 		cs.receiving = true
-		cs.mu.Unlock()
-		var md metadata.MD
-		if watch {
-			md, _ = cur.Header()
-		}
-		err := cur.RecvMsg(m)
-		cs.mu.Lock()
+		md, err := cs.recvUnlocked(cur, m, watch)
 		cs.receiving = false
 		cs.cond.Broadcast()
 		if gen != cs.gen || cs.done {
@@ -600,9 +698,7 @@ func (cs *clientStream) Header() (metadata.MD, error) {
 		if cs.done {
 			return cur.Header()
 		}
-		cs.mu.Unlock()
-		md, err := cur.Header()
-		cs.mu.Lock()
+		md, err := cs.headerUnlocked(cur)
 		if md != nil || err != nil {
 			if md != nil && gen == cs.gen && !cs.done {
 				cs.sawHeaderLocked()
