@@ -128,6 +128,7 @@ type MemoryStore struct {
 	now        func() time.Time
 
 	mu      sync.Mutex
+	last    int64 // the latest clock reading, Unix ms (nowLocked)
 	horizon int64 // Unix ms
 	records map[Key]*memRecord
 	tenants map[string]tenantUse // with a per-tenant bound
@@ -204,7 +205,7 @@ func NewMemoryStore(replicas Replicas, opts ...MemoryOption) (*MemoryStore, erro
 func (s *MemoryStore) Reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now().UnixMilli() // under the lock: see Begin
+	now := s.nowLocked()
 	clear(s.records)
 	clear(s.tenants)
 	s.expiry = s.expiry[:0]
@@ -279,6 +280,16 @@ func (s *MemoryStore) add(r *memRecord) {
 	s.grow(r.key.Tenant, 1, r.size)
 }
 
+// nowLocked reads the clock, in Unix milliseconds, under the lock, so that
+// the calls' readings follow the order they act in, and never earlier than
+// an earlier call's (a wall clock may step back): a reading older than a
+// call's that swept a record would vouch for the absence of a record that
+// expired after it.
+func (s *MemoryStore) nowLocked() int64 {
+	s.last = max(s.last, s.now().UnixMilli())
+	return s.last
+}
+
 // Begin implements [Store.Begin].
 func (s *MemoryStore) Begin(ctx context.Context, req BeginRequest) (BeginResult, error) {
 	if err := req.validate(); err != nil {
@@ -293,11 +304,7 @@ func (s *MemoryStore) Begin(ctx context.Context, req BeginRequest) (BeginResult,
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	// The clock is read under the lock, so that the calls' readings follow
-	// the order they act in: a reading taken before a wait for the lock
-	// could be older than a later call's that swept a record meanwhile, and
-	// would vouch for the absence of a record that expired after it.
-	now := s.now().UnixMilli()
+	now := s.nowLocked()
 	s.sweep(now)
 	if !isV7 {
 		return BeginResult{Refusal: RefusedUnverifiable, Record: unknownRecord(req.Key)}, nil
@@ -361,7 +368,7 @@ func (s *MemoryStore) Finish(ctx context.Context, req FinishRequest) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now().UnixMilli() // under the lock: see Begin
+	now := s.nowLocked()
 	s.sweep(now)
 	r := s.records[req.Key]
 	if r == nil {
@@ -405,7 +412,7 @@ func (s *MemoryStore) Get(ctx context.Context, key Key) (*tollgatev1.AttemptReco
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now().UnixMilli() // under the lock: see Begin
+	now := s.nowLocked()
 	s.sweep(now)
 	if r, ok := s.vouch(key, now); !ok {
 		return unknownRecord(key), nil
@@ -425,7 +432,7 @@ func (s *MemoryStore) Fence(ctx context.Context, key Key, throughTry uint32) (*t
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now().UnixMilli() // under the lock: see Begin
+	now := s.nowLocked()
 	s.sweep(now)
 	r, ok := s.vouch(key, now)
 	if !ok {

@@ -121,7 +121,8 @@ func WithPolicy(p idempotency.Policy) Option { return optionFunc(func(s *Store) 
 // ErrStoreUnavailable (nothing was written; a server refuses the try
 // NOT_ADMITTED DEADLINE_UNREACHABLE). New refuses a timeout unless
 // timeout + tick ≤ ReadTimeout/2 of the Redis client: go-redis takes a longer silence for a lost reply and
-// sends the script again. Redis's dynamic-hz only raises hz, so the
+// sends the script again; and unless timeout + tick ≤ DefaultKeep/2 (15 s): a
+// reply later than DefaultKeep is refused. Redis's dynamic-hz only raises hz, so the
 // configured hz is the slowest tick; hz lowered after New is not seen.
 //
 // On a Cluster, Begin and Fence are then sent through the client of the
@@ -145,7 +146,8 @@ func WithReplicas(n int, timeout time.Duration) Option {
 // the tenant's longest-lived record. Records written while the store ran
 // without the bound are counted only once a script writes them again.
 // Bytes are bounded by the bound times the policy's MaxResponseBytes (plus
-// status messages and details), and by Redis's maxmemory.
+// status messages and details), and by Redis's maxmemory. The bound counts
+// a record until Redis removes it, DefaultKeep after its expiry.
 // Default 0: no bound, no index; it must not be negative.
 func WithMaxRecordsPerTenant(n int) Option {
 	return optionFunc(func(s *Store) { s.perTenant = n })
@@ -191,7 +193,8 @@ type Store struct {
 // DefaultKeep after its reading (Redis stalled that long) may still
 // tombstone a record that expired meanwhile; so may a Finish end a try whose
 // lease ended meanwhile. Records take up to DefaultKeep / TTL more memory
-// (10% with the default policy).
+// (10% with the default policy), and WithMaxRecordsPerTenant counts them
+// until Redis removes them.
 const DefaultKeep = 30 * time.Second
 
 // clock returns the time a call's script judges records by, and the real
@@ -278,6 +281,10 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 		if rt := readTimeout(client); rt > 0 && s.waitTimeout+s.tick > rt/2 {
 			return nil, fmt.Errorf("redisstore: the WithReplicas timeout %v plus Redis's tick %v (hz %d), by which it may answer WAIT late, must be at most half the Redis client's ReadTimeout %v, or go-redis takes a WAIT still waiting for a lost reply and sends the script again",
 				s.waitTimeout, s.tick, hz, rt)
+		}
+		if s.waitTimeout+s.tick > s.keep/2 {
+			return nil, fmt.Errorf("redisstore: the WithReplicas timeout %v plus Redis's tick %v (hz %d) must be at most half of DefaultKeep (%v): a call whose reply comes later than that is refused (see DefaultKeep)",
+				s.waitTimeout, s.tick, hz, s.keep)
 		}
 	}
 	for _, sc := range []*redis.Script{beginScript, finishScript, getScript, fenceScript} {
@@ -517,14 +524,7 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 	if err == nil {
 		if lerr := s.late(read); lerr != nil {
 			if len(v) == 1 && num(v[0]) == kindStarted {
-				// No handler will run it, and it may have been begun on an
-				// absence its old reading vouched for: the record says
-				// the store cannot vouch (UNKNOWN), never that no try ran.
-				ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), failedBeginFenceTimeout)
-				_ = s.finish(ectx, idempotency.FinishRequest{Key: req.Key, Try: req.Try, Fingerprint: req.Fingerprint,
-					State: tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN, Code: codes.Unavailable,
-					Message: "redisstore: begun by a call that took too long to vouch for what it read", Minted: req.Minted}, tok)
-				cancel()
+				s.endBegun(ctx, req, tok, true, failedBeginFenceTimeout)
 			}
 			return idempotency.BeginResult{}, lerr
 		}
@@ -533,10 +533,10 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 		if errors.As(err, new(sentError)) {
 			// Redis may have begun the try and its reply was lost (the
 			// context ended while it was on its way, say): no handler will
-			// run it, so end it as a tombstone, or it would read
-			// IN_PROGRESS, and refuse every later try of its call, until
-			// its lease ends at the attempt's deadline.
-			s.fenceBegun(ctx, req, tok, failedBeginFenceTimeout)
+			// run it, so end it, or it would read IN_PROGRESS, and refuse
+			// every later try of its call, until its lease ends at the
+			// attempt's deadline.
+			s.endBegun(ctx, req, tok, s.late(read) != nil, failedBeginFenceTimeout)
 		}
 		return idempotency.BeginResult{}, err
 	}
@@ -584,10 +584,26 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 // timeout, since the caller's may be about to end or have ended. The token
 // makes it end only the record this very call began, never another Begin's.
 func (s *Store) fenceBegun(ctx context.Context, req idempotency.BeginRequest, tok []byte, timeout time.Duration) {
+	s.endBegun(ctx, req, tok, false, timeout)
+}
+
+// endBegun ends the try that Begin call tok may have begun, and that no
+// handler will run: as a tombstone, so that the call's next try may start;
+// or, when the call was late (see DefaultKeep), UNKNOWN, since its script
+// may have begun it on an absence its old reading vouched for, and a
+// tombstone would say that no try of the call ever ran. Best effort, on a
+// context of its own bounded by timeout; the script ends the try even after
+// its lease, and only if tok began it.
+func (s *Store) endBegun(ctx context.Context, req idempotency.BeginRequest, tok []byte, late bool, timeout time.Duration) {
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	_ = s.finish(fctx, idempotency.FinishRequest{Key: req.Key, Try: req.Try, Fingerprint: req.Fingerprint,
-		State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, Minted: req.Minted}, tok)
+	fin := idempotency.FinishRequest{Key: req.Key, Try: req.Try, Fingerprint: req.Fingerprint,
+		State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, Minted: req.Minted}
+	if late {
+		fin.State, fin.Code = tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN, codes.Unavailable
+		fin.Message = "redisstore: begun by a call that took too long to vouch for what it read"
+	}
+	_ = s.finish(fctx, fin, tok)
 }
 
 // callToken returns a random token naming one Begin or Finish call. go-redis

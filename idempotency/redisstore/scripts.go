@@ -110,21 +110,22 @@ end
 
 -- room reports whether the tenant may hold one more record: with a bound
 -- (cap > 0), whether its index ik (a sorted set of its record keys scored by
--- their expiry) holds fewer than cap records not yet past their expiry. It
--- only reads (see load).
+-- when Redis removes them: their expiry plus the keep) holds fewer than cap
+-- records Redis still holds. It only reads (see load).
 local function room(ik, now, cap)
   if cap <= 0 then return true end
   return redis.call('ZCOUNT', ik, '(' .. n(now), '+inf') < cap
 end
 
--- track notes record rk's expiry exp in the tenant's index ik, with a bound,
--- rids the index of records past their expiry, and keeps it at least as long
--- as its longest-lived record. It runs after the record's write.
-local function track(ik, rk, now, exp, cap)
+-- track notes in the tenant's index ik, with a bound, that Redis removes
+-- record rk at gone (its expiry plus the keep), rids the index of records
+-- Redis removed, and keeps it at least as long as its longest-lived record.
+-- It runs after the record's write.
+local function track(ik, rk, now, gone, cap)
   if cap <= 0 then return end
-  redis.call('ZADD', ik, n(exp), rk)
+  redis.call('ZADD', ik, n(gone), rk)
   redis.call('ZREMRANGEBYSCORE', ik, '-inf', n(now))
-  if redis.call('PTTL', ik) < exp - now then redis.call('PEXPIRE', ik, n(exp - now)) end
+  if redis.call('PTTL', ik) < gone - now then redis.call('PEXPIRE', ik, n(gone - now)) end
 end
 `
 
@@ -169,7 +170,7 @@ redis.call('HSET', KEYS[2], 'st', IN_PROGRESS, 'fp', fp, 'try', n(try), 'fen', f
   'det', '', 'resp', '', 'ret', '0', 'units', units, 'sa', n(now), 'fa', '0', 'lease', n(dl + skew),
   'dl', n(dl), 'exp', n(exp), 'tok', tok, 'ftok', '')
 expire(KEYS[2], now, exp, keep)
-track(KEYS[3], KEYS[2], now, exp, cap)
+track(KEYS[3], KEYS[2], now, exp + keep, cap)
 return {0}
 `)
 
@@ -206,8 +207,12 @@ if not hz or not inside(ts, hz, now, skew, ARGV[17] == '1') then return {8} end
 local v = load(KEYS[2], now)
 if not v then return {8} end
 if v[17] == ARGV[15] and tonumber(v[3]) == try and v[2] == fp then return {12} end
-if view(v, now) ~= IN_PROGRESS or tonumber(v[3]) ~= try or v[2] ~= fp then return reply(8, v, now) end
-if ARGV[16] ~= '' and v[16] ~= ARGV[16] then return reply(8, v, now) end
+-- btok's Begin call ends the try it began even past its lease: no handler
+-- ran it, and it must not read ABANDONED.
+local own = ARGV[16] ~= '' and v[16] == ARGV[16]
+if ARGV[16] ~= '' and not own then return reply(8, v, now) end
+local running = view(v, now) == IN_PROGRESS or (own and tonumber(v[1]) == IN_PROGRESS)
+if not running or tonumber(v[3]) ~= try or v[2] ~= fp then return reply(8, v, now) end
 local fen = tonumber(v[4])
 if st == FENCED and try > fen then fen = try end
 local units = tonumber(v[10]) + tonumber(ARGV[14])
@@ -215,7 +220,7 @@ local exp = math.max(now + ttl, tonumber(v[14]) + skew + grace)
 redis.call('HSET', KEYS[2], 'st', n(st), 'fen', n(fen), 'code', ARGV[9], 'msg', ARGV[10], 'det', ARGV[11],
   'resp', ARGV[12], 'ret', ARGV[13], 'units', n(units), 'fa', n(now), 'exp', n(exp), 'ftok', ARGV[15])
 expire(KEYS[2], now, exp, tonumber(ARGV[19]))
-track(KEYS[3], KEYS[2], now, exp, tonumber(ARGV[18]))
+track(KEYS[3], KEYS[2], now, exp + tonumber(ARGV[19]), tonumber(ARGV[18]))
 return {12}
 `
 
@@ -244,7 +249,7 @@ if v then
   local exp = math.max(now + ttl, tonumber(v[14]) + skew + grace)
   redis.call('HSET', KEYS[2], 'fen', n(through), 'fa', n(now), 'exp', n(exp))
   expire(KEYS[2], now, exp, keep)
-  track(KEYS[3], KEYS[2], now, exp, cap)
+  track(KEYS[3], KEYS[2], now, exp + keep, cap)
 else
   if now >= ts - skew + ttl then return {11} end
   if not room(KEYS[3], now, cap) then return {13} end
@@ -253,7 +258,7 @@ else
     'det', '', 'resp', '', 'ret', '0', 'units', '0', 'sa', '0', 'fa', n(now), 'lease', '0', 'dl', '0', 'exp', n(exp),
     'tok', '', 'ftok', '')
   expire(KEYS[2], now, exp, keep)
-  track(KEYS[3], KEYS[2], now, exp, cap)
+  track(KEYS[3], KEYS[2], now, exp + keep, cap)
 end
 return reply(9, load(KEYS[2], now), now)
 `)

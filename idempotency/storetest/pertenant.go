@@ -21,6 +21,14 @@ import (
 // takes no room; room comes back as its records expire.
 func RunPerTenantBound(t *testing.T, newStore func(t *testing.T, clock *Clock, policy idempotency.Policy) idempotency.Store) {
 	t.Helper()
+	RunPerTenantBoundKept(t, 0, newStore)
+}
+
+// RunPerTenantBoundKept is RunPerTenantBound for a store that keeps a record,
+// and counts it against the bound, for kept after its expiry (redisstore's
+// DefaultKeep): room comes back that long after the records expire.
+func RunPerTenantBoundKept(t *testing.T, kept time.Duration, newStore func(t *testing.T, clock *Clock, policy idempotency.Policy) idempotency.Store) {
+	t.Helper()
 	clock := NewClock(time.Now())
 	p := Policy()
 	s := newStore(t, clock, p)
@@ -71,8 +79,8 @@ func RunPerTenantBound(t *testing.T, newStore func(t *testing.T, clock *Clock, p
 	res, err = begin(key("a", id, 1), 3)
 	require.NoError(t, err)
 	require.True(t, res.Started)
-	// When a's records expire, a has room again.
-	clock.Advance(p.TTL + p.Skew + p.Grace + 2*time.Second)
+	// When a's records expire (and are no longer kept), a has room again.
+	clock.Advance(p.TTL + p.Skew + p.Grace + 2*time.Second + kept)
 	id2 := AttemptIDAt(clock.Now())
 	d = clock.Now().Add(time.Second)
 	for i := range 2 {
