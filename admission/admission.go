@@ -253,6 +253,12 @@ type classState struct {
 	// degradation windows have already seen.
 	tapRefused [len(tapReasons)]atomic.Uint64
 	tapFolded  [len(tapReasons)]uint64
+	// tapStepped counts, of the tap's refusals, those made while the class
+	// was stepped (steppedNow, which refreshFlag keeps): they count in no
+	// window, as Admit's do not; tapSteppedFolded is tapFolded's for them.
+	tapStepped       [len(tapReasons)]atomic.Uint64
+	tapSteppedFolded [len(tapReasons)]uint64
+	steppedNow       atomic.Bool
 
 	admitted     uint64
 	refused      map[status.Reason]uint64
@@ -489,7 +495,7 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 	classFull := false
 	refuse := func(reason status.Reason) (*Permit, *waiter, status.Reason, time.Duration, int) {
 		switch {
-		case callerOnly, c.stepped(cs):
+		case callerOnly:
 			cs.refused[reason]++ // stats only: not an overload signal
 		case classFull:
 			cs.refused[reason]++
@@ -858,7 +864,9 @@ func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn 
 		tenant = ""
 	}
 	cs.admitted++
-	c.deg.started(cs, now.Sub(arrived))
+	if !c.stepped(cs) { // a wait Recovering's step caused is no overload signal
+		c.deg.started(cs, now.Sub(arrived))
+	}
 	c.judgeRejects(cs, arrived, now)
 	p := &Permit{c: c, cs: cs, owner: owner, tenant: tenant, start: now, startOff: off, deadline: deadline, ahead: ahead}
 	p.next = cs.runHead
@@ -1137,10 +1145,13 @@ func (c *Controller) dropWaiterCounted(w *waiter, reason status.Reason, ra time.
 	c.emitLocked(Event{Kind: EventDropped, Class: w.cs.cfg.Name, Tenant: w.tenant, Reason: reason, At: now, Deadline: w.deadline})
 }
 
-// countRefusal counts a refusal for the class's stats and the window.
+// countRefusal counts a refusal for the class's stats and the window (not
+// the window's when the refusal is Recovering's step's: see stepped).
 func (c *Controller) countRefusal(cs *classState, reason status.Reason) {
 	cs.refused[reason]++
-	c.deg.refused(cs, reason)
+	if !c.stepped(cs) {
+		c.deg.refused(cs, reason)
+	}
 }
 
 // overdueShare is the share of the learned mean a running request that has
@@ -1362,6 +1373,9 @@ func (c *Controller) refreshFlag(cs *classState) {
 	}
 	if int32(reason) != cs.full.Load() {
 		cs.full.Store(int32(reason))
+	}
+	if st := c.stepped(cs); st != cs.steppedNow.Load() {
+		cs.steppedNow.Store(st)
 	}
 	var hopeless int64
 	if reason == status.ReasonQueueFull && c.cfg.stages&StageDequeue != 0 && !cs.queue.soonest.IsZero() {

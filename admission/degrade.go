@@ -207,8 +207,8 @@ func (c *Controller) skipWindows(now time.Time, overloaded bool) (changes bool) 
 // class has waited at time at, and whether any such request waits.
 func (c *Controller) oldestWait(at time.Time) (oldest time.Duration, waiting bool) {
 	for _, cs := range c.classes {
-		if cs.cfg.Name == ControlClass {
-			continue
+		if cs.cfg.Name == ControlClass || c.stepped(cs) {
+			continue // a wait Recovering's step causes is no overload signal
 		}
 		// Skip the waiters held, now, by their own tenant's running limit
 		// alone (their class could start them): one tenant over its limit

@@ -98,9 +98,11 @@
 // wait, are the caller's problem and count in no window. After
 // EnterAfter overloaded windows the controller is Degraded and sheds
 // optional classes; a healthy window makes it Recovering, where optional
-// classes get their slots back in steps (the refusals those lowered slots
-// cause, like shedding's, are the controller's own and count in no
-// window); only ExitAfter consecutive healthy
+// classes get their slots back in steps (the refusals and waits those
+// lowered slots cause, like shedding's, are the controller's own and count
+// in no window; an optional class whose load exceeds even its configured
+// slots makes the controller cycle through Normal instead); only ExitAfter
+// consecutive healthy
 // windows (default 3) make it Normal again, and an overloaded window while
 // Recovering returns it to Degraded for ExitAfter healthy windows, so an
 // oscillating load cannot make it flap. Operators may freeze a class, lower its limits or force a

@@ -75,6 +75,9 @@ func (c *Controller) TapHandle(ctx context.Context, info *tap.Info) (context.Con
 	}
 	if i := tapReasonIndex(reason); i >= 0 {
 		cs.tapRefused[i].Add(1)
+		if cs.steppedNow.Load() {
+			cs.tapStepped[i].Add(1)
+		}
 	}
 	c.m.tapRefused(ctx, cs, reason)
 	return ctx, refusal(cs, reason, ra, false)
@@ -98,13 +101,16 @@ func tapReasonIndex(r status.Reason) int {
 func (c *Controller) foldTapRefusals() {
 	for _, cs := range c.classes {
 		for i := range tapReasons {
+			// Stepped refusals are loaded first: one the tap adds
+			// between the two loads counts as unstepped, the safe side.
+			st := cs.tapStepped[i].Load()
 			n := cs.tapRefused[i].Load()
-			if d := n - cs.tapFolded[i]; d > 0 {
-				cs.tapFolded[i] = n
-				if !c.stepped(cs) {
-					c.deg.refusedN(cs, tapReasons[i], int(d))
-				}
+			ds := st - cs.tapSteppedFolded[i]
+			cs.tapSteppedFolded[i] = st
+			if d := n - cs.tapFolded[i]; d > ds {
+				c.deg.refusedN(cs, tapReasons[i], int(d-ds))
 			}
+			cs.tapFolded[i] = n
 		}
 	}
 }
