@@ -30,6 +30,15 @@ type Request struct {
 	// Admit does not read ctx's deadline: the interceptor passes the
 	// attempt's deadline here.
 	Deadline time.Time
+	// StartBy is the time by which the work must start; zero for none. It
+	// is for work whose caller stops waiting before the work's deadline:
+	// the interceptor passes a recorded unary call's try deadline here (its
+	// handler runs detached until Deadline, but the try waits in the queue
+	// on its client's context). A request that finds no free slot and
+	// whose predicted wait ends after it is refused DEADLINE_UNREACHABLE
+	// (the deadline stage), rather than queued to be dropped when its
+	// caller gives up.
+	StartBy time.Time
 }
 
 // Permit is the right to run one admitted request. End it exactly once, when
@@ -617,6 +626,11 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 			tenantCaused = tenantWait > 0 && now.Add(tenantWait+svc+c.cfg.margin).After(r.Deadline)
 			return refuse(status.ReasonDeadlineUnreachable)
 		}
+	}
+	if c.cfg.stages&StageDeadline != 0 && !r.StartBy.IsZero() && owner == nil && now.Add(wait).After(r.StartBy) {
+		callerOnly = heldByTenant || !now.Add(classWait).After(r.StartBy)
+		tenantCaused = tenantWait > 0 && now.Add(tenantWait).After(r.StartBy)
+		return refuse(status.ReasonDeadlineUnreachable)
 	}
 	if owner != nil {
 		p := c.startLocked(cs, owner, r.Tenant, tenantOn, r.Deadline, now, now, 0)

@@ -224,11 +224,14 @@ func (sv *server) admit(ctx context.Context, method string, in *inbound, req any
 	if m, ok := req.(proto.Message); ok {
 		size = proto.Size(m)
 	}
-	tenant, deadline := "", time.Time{}
+	tenant, deadline, startBy := "", time.Time{}, time.Time{}
 	if in != nil {
 		tenant, deadline = in.s.Tenant, sv.runsUntil(in)
+		if in.detached {
+			startBy = in.until // the try waits in the queue on its client's context
+		}
 	}
-	p, d, err := ctrl.AdmitDecision(ctx, admission.Request{Method: method, Tenant: tenant, Size: size, Deadline: deadline})
+	p, d, err := ctrl.AdmitDecision(ctx, admission.Request{Method: method, Tenant: tenant, Size: size, Deadline: deadline, StartBy: startBy})
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		decision := "admitted"
 		if err != nil {
