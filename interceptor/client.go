@@ -319,17 +319,19 @@ func withHeader(ctx context.Context, value string) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, headerKey, value)
 }
 
-// wait sleeps before the next try, try (the next-th counted against the
+// backoff is the wait before the next try (the next-th counted against the
 // policy, which sets the backoff), honouring the refusal's retry-after (its
-// RetryInfo or detail, or the grpc-retry-pushback-ms trailer), and reports
-// false when the wait would not leave a useful try before the deadline or
-// ctx ended.
-func (c *client) wait(ctx context.Context, s *attemptState, p *RetryPolicy, next int, try uint32, err error, pushback time.Duration) bool {
+// RetryInfo or detail, or the grpc-retry-pushback-ms trailer); ok is false
+// when the wait would not leave a useful try before the deadline.
+func (c *client) backoff(ctx context.Context, s *attemptState, p *RetryPolicy, next int, err error, pushback time.Duration) (d time.Duration, ok bool) {
 	retryAfter, _ := status.RetryAfter(err)
-	d := p.backoff(next, max(retryAfter, pushback))
-	if c.cfg.now().Add(d).Add(c.cfg.hopMargin + c.cfg.minTryTime).After(s.deadlineIn(ctx)) {
-		return false
-	}
+	d = p.backoff(next, max(retryAfter, pushback))
+	return d, !c.cfg.now().Add(d).Add(c.cfg.hopMargin + c.cfg.minTryTime).After(s.deadlineIn(ctx))
+}
+
+// wait sleeps d before try, recording the retry event, and reports false
+// when ctx ended first.
+func (c *client) wait(ctx context.Context, d time.Duration, try uint32, err error) bool {
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		span.AddEvent(eventRetry, trace.WithAttributes(attrTry.Int64(int64(try)),
 			attrReason.String(status.ReasonName(status.OutcomeOf(err).Reason)), attrDelay.Int64(d.Milliseconds())))

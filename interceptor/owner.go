@@ -253,10 +253,14 @@ func (w *owner) proceed(ctx context.Context, n uint32, counted int, err error) e
 	if counted >= w.p.MaxTries || ctx.Err() != nil || w.pushback == stopPushback {
 		return w.conclude(n, err) // out of tries, cancelled, or the callee said not to retry
 	}
+	d, ok := w.c.backoff(ctx, w.cl.s, w.p, counted+1, err, time.Duration(max(w.pushback, 0))*time.Millisecond)
+	if !ok {
+		return w.conclude(n, err) // no useful try fits: no retry-budget token is spent on it
+	}
 	if w.tgt.budget != nil && !w.tgt.budget.Withdraw() {
 		return w.budgetExhausted(ctx, n, err)
 	}
-	if !w.c.wait(ctx, w.cl.s, w.p, counted+1, n+1, err, time.Duration(max(w.pushback, 0))*time.Millisecond) {
+	if !w.c.wait(ctx, d, n+1, err) {
 		return w.conclude(n, err)
 	}
 	return nil
