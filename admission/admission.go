@@ -37,7 +37,10 @@ type Request struct {
 	// on its client's context). A request that finds no free slot and
 	// whose predicted wait ends after it is refused DEADLINE_UNREACHABLE
 	// (the deadline stage), rather than queued to be dropped when its
-	// caller gives up.
+	// caller gives up. It bounds the predicted wait on arrival only: a
+	// waiter is not dropped at StartBy (its context, which the caller ends
+	// when it stops waiting, ends the wait), nor is a request refused that
+	// finds a free slot.
 	StartBy time.Time
 }
 
@@ -268,6 +271,11 @@ type classState struct {
 	tapStepped       [len(tapReasons)]atomic.Uint64
 	tapSteppedFolded [len(tapReasons)]uint64
 	steppedNow       atomic.Bool
+	// wasStepped is stepped as noteSteps last saw it, and unsteppedAt when
+	// it last stopped being stepped: a wait counts in the windows only from
+	// then, the part before it being the step's.
+	wasStepped  bool
+	unsteppedAt time.Time
 
 	admitted     uint64
 	refused      map[status.Reason]uint64
@@ -508,7 +516,9 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 			cs.refused[reason]++ // stats only: not an overload signal
 		case classFull:
 			cs.refused[reason]++
-			c.deg.refused(cs, status.ReasonQueueFull)
+			if !c.stepped(cs) { // see countRefusal
+				c.deg.refused(cs, status.ReasonQueueFull)
+			}
 		default:
 			c.countRefusal(cs, reason)
 		}
@@ -517,7 +527,7 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 		case status.ReasonDeadlineExpired, status.ReasonDraining:
 		case status.ReasonDeadlineUnreachable:
 			if !tenantCaused {
-				c.rememberReject(cs, r.Deadline, now)
+				c.rememberReject(cs, r.Deadline, r.StartBy, now)
 			}
 			ra = c.retryAfterLocked(cs, reason, now)
 		case status.ReasonTenantLimit:
@@ -796,6 +806,19 @@ func (c *Controller) slots(cs *classState) int {
 	return n
 }
 
+// noteSteps notes, at at, which classes Recovering's step holds below their
+// slots (stepped), after the mode or the limits changed: a class released
+// from the step at at counts its waits in the windows only from then.
+func (c *Controller) noteSteps(at time.Time) {
+	for _, cs := range c.classes {
+		st := c.stepped(cs)
+		if cs.wasStepped && !st {
+			cs.unsteppedAt = at
+		}
+		cs.wasStepped = st
+	}
+}
+
 // waiting reports whether a request of any class waits.
 func (c *Controller) waiting() bool {
 	for _, cs := range c.classes {
@@ -879,7 +902,7 @@ func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn 
 	}
 	cs.admitted++
 	if !c.stepped(cs) { // a wait Recovering's step caused is no overload signal
-		c.deg.started(cs, now.Sub(arrived))
+		c.deg.started(cs, now.Sub(maxTime(arrived, cs.unsteppedAt)))
 	}
 	c.judgeRejects(cs, arrived, now)
 	p := &Permit{c: c, cs: cs, owner: owner, tenant: tenant, start: now, startOff: off, deadline: deadline, ahead: ahead}

@@ -223,7 +223,7 @@ func (c *Controller) oldestWait(at time.Time) (oldest time.Duration, waiting boo
 			}
 		}
 		if w != nil {
-			oldest, waiting = max(oldest, at.Sub(w.enq)), true
+			oldest, waiting = max(oldest, at.Sub(maxTime(w.enq, cs.unsteppedAt))), true
 		}
 	}
 	return oldest, waiting
@@ -266,6 +266,7 @@ func (c *Controller) step(overloaded bool, at time.Time) {
 			d.mode = ModeRecovering
 		}
 	}
+	c.noteSteps(at)
 	if d.mode != prev {
 		d.transitions++
 		c.emitLocked(Event{Kind: EventMode, Mode: d.mode, At: at})

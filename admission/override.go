@@ -198,6 +198,7 @@ func (c *Controller) applyOverrides(now time.Time) {
 			cs.queueCap = min(cs.queueCap, a.QueueItems)
 		}
 	}
+	c.noteSteps(now)
 	c.shedQueued(now)
 	c.pump(now)
 	c.trimQueues(now)

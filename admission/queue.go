@@ -84,17 +84,18 @@ type rejectRing struct {
 }
 
 type rejected struct {
-	at, deadline time.Time
+	at, deadline, startBy time.Time
 }
 
-// rememberReject records a DEADLINE_UNREACHABLE refusal at now.
-func (c *Controller) rememberReject(cs *classState, deadline, now time.Time) {
+// rememberReject records a DEADLINE_UNREACHABLE refusal at now of a request
+// with deadline and startBy (Request's fields; zero: none).
+func (c *Controller) rememberReject(cs *classState, deadline, startBy, now time.Time) {
 	r := &cs.rejects
 	if r.size == len(r.buf) {
 		r.head = (r.head + 1) % len(r.buf)
 		r.size--
 	}
-	r.buf[(r.head+r.size)%len(r.buf)] = rejected{at: now, deadline: deadline}
+	r.buf[(r.head+r.size)%len(r.buf)] = rejected{at: now, deadline: deadline, startBy: startBy}
 	r.size++
 }
 
@@ -102,8 +103,9 @@ func (c *Controller) rememberReject(cs *classState, deadline, now time.Time) {
 // of cs that arrived at arrived and starts at now: had a refused request been
 // admitted, it would have been ahead of this one in the FIFO and started by
 // now, so it counts as a false reject when now plus the learned mean service
-// time is within its deadline. The estimate is conservative: it may miss
-// false rejects, it does not invent them from later arrivals.
+// time is within its deadline, and now is no later than the time it had to
+// start by. The estimate is conservative: it may miss false rejects, it
+// does not invent them from later arrivals.
 func (c *Controller) judgeRejects(cs *classState, arrived, now time.Time) {
 	r := &cs.rejects
 	for r.size > 0 {
@@ -111,7 +113,7 @@ func (c *Controller) judgeRejects(cs *classState, arrived, now time.Time) {
 		if e.at.After(arrived) {
 			return
 		}
-		if !now.Add(cs.est.meanD()).After(e.deadline) {
+		if !now.Add(cs.est.meanD()).After(e.deadline) && (e.startBy.IsZero() || !now.After(e.startBy)) {
 			cs.falseRejects++
 		}
 		r.head = (r.head + 1) % len(r.buf)
