@@ -534,8 +534,18 @@ func isOnFinish(o grpc.CallOption) bool {
 
 // reconcile settles the call's held grants from a finished record.
 func (w *owner) reconcile(rec *tollgatev1.AttemptRecord) {
-	if rec.GetFinishedAt() == nil && rec.GetState() != tollgatev1.AttemptState_ATTEMPT_STATE_FENCED {
-		return // not a finished record: nothing to learn
+	switch rec.GetState() {
+	case tollgatev1.AttemptState_ATTEMPT_STATE_FENCED:
+	case tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, tollgatev1.AttemptState_ATTEMPT_STATE_FAILED,
+		tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN:
+		if rec.GetFinishedAt() == nil {
+			return // not a finished record: nothing to learn
+		}
+	default:
+		// IN_PROGRESS, ABANDONED, UNSEEN or a state this version does not
+		// know: whatever its timestamps (an AttemptService of another
+		// make may set them), it settles nothing (DESIGN.md §3.3).
+		return
 	}
 	budget.ReconcileCall(rec.GetUnitsSpent(), w.loans...)
 }
