@@ -12,6 +12,7 @@ import (
 	"github.com/tollgate-go/tollgate/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
 	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -207,23 +208,28 @@ func (cs *clientStream) newTryStreamLocked(ctx context.Context) (grpc.ClientStre
 }
 
 // tryFinished is the OnFinish of the try of generation gen: grpc-go ran it
-// because the try's stream ended, whatever ended it. When the stream was
-// cancelled from below while the caller's context lives and nothing reads it
-// (the ClientConn closed: grpc-go's first way to release a stream), no
+// because the try's stream ended, whatever ended it. When the ClientConn
+// closed (grpc-go's first way to release a stream; the conn is shut down)
+// while the caller's context lives, nothing reads the stream and the try's
+// status had not arrived, no
 // method of the caller's will come to end it, and its grant, its span and
 // the caller's OnFinish would stay open: it is ended here, as an abandoned
 // stream is. grpc-go may run this while the owner holds cs.mu (a try that
 // failed to open), so it does the work on a goroutine of its own, which ends
 // with it.
 func (cs *clientStream) tryFinished(gen uint64, err error) {
-	if grpcstatus.Code(err) != codes.Canceled || cs.ctx.Err() != nil {
-		return // an answer, which the caller's RecvMsg reads, or the caller's own end (abandon)
+	if cs.ctx.Err() != nil || cs.w.cc == nil || cs.w.cc.GetState() != connectivity.Shutdown {
+		return // an answer (a peer's CANCELLED too), which the caller reads, or the caller's own end (abandon)
 	}
 	go func() {
 		cs.mu.Lock()
 		defer cs.mu.Unlock()
-		if cs.done || cs.receiving || gen != cs.gen || cs.settled {
-			return // ended, or a RecvMsg or the owner sees it
+		if cs.done || cs.receiving || gen != cs.gen || cs.settled ||
+			cs.t.delivery.state() == status.PeerStatus {
+			// Ended; or a RecvMsg or the owner sees it; or the try's
+			// status arrived before the close, and the caller's reads
+			// still drain its messages and that status.
+			return
 		}
 		o := cs.finishLocked(err)
 		cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
