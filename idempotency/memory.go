@@ -205,7 +205,8 @@ func NewMemoryStore(replicas Replicas, opts ...MemoryOption) (*MemoryStore, erro
 func (s *MemoryStore) Reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.nowLocked()
+	now := s.now().UnixMilli()
+	s.last = now // no record is left to vouch for by an earlier reading
 	clear(s.records)
 	clear(s.tenants)
 	s.expiry = s.expiry[:0]
@@ -281,13 +282,25 @@ func (s *MemoryStore) add(r *memRecord) {
 }
 
 // nowLocked reads the clock, in Unix milliseconds, under the lock, so that
-// the calls' readings follow the order they act in, and never earlier than
-// an earlier call's (a wall clock may step back): a reading older than a
-// call's that swept a record would vouch for the absence of a record that
-// expired after it.
-func (s *MemoryStore) nowLocked() int64 {
-	s.last = max(s.last, s.now().UnixMilli())
-	return s.last
+// the calls' readings follow the order they act in. It returns the reading,
+// by which deadlines, leases and the horizon are judged, and the one by
+// which records are swept and an absence is vouched for: the latest reading
+// any call made, when it is at most the skew plus the grace ahead of this
+// one (a wall clock stepping back that far), else this one. A reading older
+// than a call's that swept a record would vouch for the absence of a record
+// that expired after it; a reading further ahead is taken for a clock that
+// stepped forward and was corrected, and is forgotten, so that it does not
+// keep the store from vouching until real time catches up with it. The
+// store assumes its clock goes forward, give or take the skew plus the
+// grace: a record swept by a reading stepped further ahead may be vouched
+// absent once the clock is corrected.
+func (s *MemoryStore) nowLocked() (now, latest int64) {
+	now = s.now().UnixMilli()
+	if s.last-now > (s.policy.Skew + s.policy.Grace).Milliseconds() {
+		s.last = now
+	}
+	s.last = max(s.last, now)
+	return now, s.last
 }
 
 // Begin implements [Store.Begin].
@@ -304,8 +317,8 @@ func (s *MemoryStore) Begin(ctx context.Context, req BeginRequest) (BeginResult,
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.nowLocked()
-	s.sweep(now)
+	now, latest := s.nowLocked()
+	s.sweep(latest)
 	if !isV7 {
 		return BeginResult{Refusal: RefusedUnverifiable, Record: unknownRecord(req.Key)}, nil
 	}
@@ -335,7 +348,7 @@ func (s *MemoryStore) Begin(ctx context.Context, req BeginRequest) (BeginResult,
 		return BeginResult{Refusal: RefusedDeadlineExpired}, nil
 	}
 	if r == nil {
-		if now >= ts-skew+s.policy.TTL.Milliseconds() {
+		if latest >= ts-skew+s.policy.TTL.Milliseconds() {
 			return BeginResult{Refusal: RefusedUnverifiable, Record: unknownRecord(req.Key)}, nil
 		}
 		size := recordOverhead + keySize(req.Key)
@@ -368,8 +381,8 @@ func (s *MemoryStore) Finish(ctx context.Context, req FinishRequest) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.nowLocked()
-	s.sweep(now)
+	now, latest := s.nowLocked()
+	s.sweep(latest)
 	r := s.records[req.Key]
 	if r == nil {
 		return fmt.Errorf("%w: no record (lost or expired)", ErrNotRunning)
@@ -412,9 +425,9 @@ func (s *MemoryStore) Get(ctx context.Context, key Key) (*tollgatev1.AttemptReco
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.nowLocked()
-	s.sweep(now)
-	if r, ok := s.vouch(key, now); !ok {
+	now, latest := s.nowLocked()
+	s.sweep(latest)
+	if r, ok := s.vouch(key, now, latest); !ok {
 		return unknownRecord(key), nil
 	} else if r != nil {
 		return r.proto(now), nil
@@ -432,9 +445,9 @@ func (s *MemoryStore) Fence(ctx context.Context, key Key, throughTry uint32) (*t
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.nowLocked()
-	s.sweep(now)
-	r, ok := s.vouch(key, now)
+	now, latest := s.nowLocked()
+	s.sweep(latest)
+	r, ok := s.vouch(key, now, latest)
 	if !ok {
 		return unknownRecord(key), nil
 	}
@@ -455,9 +468,9 @@ func (s *MemoryStore) Fence(ctx context.Context, key Key, throughTry uint32) (*t
 }
 
 // vouch returns the live record of key, or nil and whether the store can
-// vouch for its absence. A present record of an attempt outside the horizon
-// is not returned: ok is false then.
-func (s *MemoryStore) vouch(key Key, now int64) (r *memRecord, ok bool) {
+// vouch for its absence (judged by latest: see nowLocked). A present record
+// of an attempt outside the horizon is not returned: ok is false then.
+func (s *MemoryStore) vouch(key Key, now, latest int64) (r *memRecord, ok bool) {
 	ts, isV7 := attemptMillis(key.AttemptID)
 	if !isV7 || !s.policy.inHorizon(ts, s.horizon, now) {
 		return nil, false
@@ -465,7 +478,7 @@ func (s *MemoryStore) vouch(key Key, now int64) (r *memRecord, ok bool) {
 	if r = s.records[key]; r != nil {
 		return r, true
 	}
-	return nil, now < ts-s.policy.Skew.Milliseconds()+s.policy.TTL.Milliseconds()
+	return nil, latest < ts-s.policy.Skew.Milliseconds()+s.policy.TTL.Milliseconds()
 }
 
 // written sets r's expiry after a write at now: TTL from now, and never
