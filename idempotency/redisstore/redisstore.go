@@ -187,12 +187,16 @@ type Store struct {
 // and its older now would vouch for the absence: a finished call would be
 // begun again. Kept this long past its expiry, the record is still there
 // for every call that ran within DefaultKeep of its reading, which is
-// judged by the expiry it holds. A Begin, Get or Fence whose reply came
-// later fails with ErrStoreUnavailable instead of acting on its judgement
-// (a try such a Begin started is finished UNKNOWN: no handler runs it). A Fence whose script itself ran more than
-// DefaultKeep after its reading (Redis stalled that long) may still
-// tombstone a record that expired meanwhile; so may a Finish end a try whose
-// lease ended meanwhile. Records take up to DefaultKeep / TTL more memory
+// judged by the expiry it holds. The Begin and Fence scripts, which may
+// write on an absence they vouch for, check Redis's clock (TIME) first: one
+// that runs more than DefaultKeep less the skew after its call's reading
+// (the pool was busy, go-redis resent it, Redis stalled) writes nothing and
+// answers so. A Begin, Get or Fence whose reply comes more than DefaultKeep
+// after the reading fails too, instead of acting on its judgement (a try
+// such a Begin started is finished UNKNOWN: no handler runs it), and so
+// does one whose script found itself stale. This assumes Redis's clock
+// within the skew of the servers'. A Finish that ran late may still end a
+// try whose lease ended meanwhile. Records take up to DefaultKeep / TTL more memory
 // (10% with the default policy), and WithMaxRecordsPerTenant counts them
 // until Redis removes them.
 const DefaultKeep = 30 * time.Second
@@ -201,6 +205,14 @@ const DefaultKeep = 30 * time.Second
 // time it was read at.
 func (s *Store) clock() (int64, time.Time) {
 	return s.now().UnixMilli(), time.Now()
+}
+
+// stale is the error of a Begin or Fence whose script found, by Redis's
+// clock, that it ran too long after its call read the clock, and wrote
+// nothing (see DefaultKeep).
+func (s *Store) stale() error {
+	return fmt.Errorf("%w: redisstore: the script ran more than %v after its call read the clock (by Redis's clock), and wrote nothing",
+		idempotency.ErrStoreUnavailable, s.keep-s.policy.Skew)
 }
 
 // late fails a call whose reply came more than the keep after its clock was
@@ -522,8 +534,14 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 		now, s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
 		req.Try, req.Fingerprint[:], req.Deadline.UnixMilli(), tok, req.Minted, s.perTenant, s.ms(s.keep))
 	if err == nil {
-		if lerr := s.late(read); lerr != nil {
-			if len(v) == 1 && num(v[0]) == kindStarted {
+		lerr := s.late(read)
+		if lerr == nil && len(v) == 1 && num(v[0]) == kindStale {
+			lerr = s.stale()
+		}
+		if lerr != nil {
+			if len(v) == 1 && (num(v[0]) == kindStarted || num(v[0]) == kindStale) {
+				// kindStale: this run wrote nothing, but go-redis may have
+				// sent the script before, and that run may have begun it.
 				s.endBegun(ctx, req, tok, true, failedBeginFenceTimeout)
 			}
 			return idempotency.BeginResult{}, lerr
@@ -715,6 +733,9 @@ func (s *Store) Fence(ctx context.Context, key idempotency.Key, throughTry uint3
 		now, s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(key.AttemptID), throughTry, s.perTenant, s.ms(s.keep))
 	if err == nil {
 		err = s.late(read)
+	}
+	if err == nil && len(v) == 1 && num(v[0]) == kindStale {
+		err = s.stale()
 	}
 	if err != nil {
 		return nil, err

@@ -28,6 +28,7 @@ const (
 	kindUnknown      = 11
 	kindOK           = 12
 	kindTenantFull   = 13
+	kindStale        = 14 // the script ran too long after its call read the clock (stale): it wrote nothing
 )
 
 const prelude = `
@@ -102,6 +103,16 @@ local function reply(kind, v, now)
   return {kind, view(v, now), v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12], v[13], v[2]}
 end
 
+-- stale reports whether this script runs more than keep - skew after its
+-- call read the clock (now), by Redis's own clock (TIME): Redis may have
+-- removed, meanwhile, a record that now still counts as alive, and an
+-- absence judged by now is no evidence (see DefaultKeep). Redis's clock is
+-- assumed within the skew of the servers'.
+local function stale(now, keep, skew)
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - now > keep - skew
+end
+
 -- expire has Redis remove record rk keep ms after its expiry exp (see
 -- DefaultKeep): load judges it by exp.
 local function expire(rk, now, exp, keep)
@@ -143,6 +154,7 @@ var beginScript = redis.NewScript(prelude + `
 local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ts, try, fp, dl, tok = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8]), ARGV[9]
 local minted, cap, keep = ARGV[10] == '1', tonumber(ARGV[11]), tonumber(ARGV[12])
+if stale(now, keep, skew) then return {14} end
 local hz = horizon(KEYS[1], now)
 if not inside(ts, hz, now, skew, minted) then
   if ts >= 0 and ts <= now + skew then return {7, hz + skew} end
@@ -241,6 +253,7 @@ return {11}
 var fenceScript = redis.NewScript(prelude + `
 local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ts, through, cap, keep = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+if stale(now, keep, skew) then return {14} end
 local hz = horizon(KEYS[1], now)
 if not inside(ts, hz, now, skew) then return {11} end
 local v = load(KEYS[2], now)

@@ -1,0 +1,78 @@
+package redisstore_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/idempotency"
+	"github.com/tollgate-go/tollgate/idempotency/internal/hooks"
+	"github.com/tollgate-go/tollgate/idempotency/redisstore"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+)
+
+// A review found that a Fence that waited for a pooled connection (no Redis stall) longer than
+// the keep runs its script with its stale reading: the SUCCEEDED record is
+// gone from Redis, the stale now vouches for its absence, and the script
+// writes a tombstone FENCED(1). Fence then fails STORE_UNAVAILABLE ("instead
+// of acting on its judgement", DefaultKeep's doc) but the tombstone stays,
+// live for a TTL from the stale reading: try 2 of the call that SUCCEEDED
+// begins. Begin's same case was fixed (the begun try is ended UNKNOWN);
+// Fence's was not. Real clock; the keep shortened to 300 ms.
+func TestRegression14cStoreLateFenceTombstoneLetsSucceededCallRunAgain(t *testing.T) {
+	_, prefix := newClient(t)
+	c := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true, PoolSize: 1, PoolTimeout: 30 * time.Second})
+	t.Cleanup(func() { _ = c.Close() })
+	plain, _ := newClient(t)
+	p := idempotency.Policy{Skew: 100 * time.Millisecond, Grace: 100 * time.Millisecond,
+		MaxAttemptDeadline: 3 * time.Second, TTL: 3200 * time.Millisecond, MaxResponseBytes: 1024}
+	var armed atomic.Bool
+	readNow := make(chan struct{}, 1)
+	clock := func() time.Time {
+		n := time.Now()
+		if armed.CompareAndSwap(true, false) {
+			readNow <- struct{}{}
+		}
+		return n
+	}
+	s := newStore(t, c, prefix, redisstore.WithPolicy(p), hooks.RedisClock(clock).(redisstore.Option),
+		hooks.RedisKeep(300*time.Millisecond).(redisstore.Option))
+	ctx := context.Background()
+	k := idempotency.Key{Tenant: "acme", AttemptID: attemptIDNow(p.Skew), Call: "0", Method: "/x.Y/Z"}
+	ts, _ := idempotency.AttemptTime(k.AttemptID)
+	_, err := s.Get(ctx, k)
+	require.NoError(t, err)
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: time.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.True(t, res.Started)
+	require.NoError(t, s.Finish(ctx, idempotency.FinishRequest{Key: k, Try: 1,
+		State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("charged")}))
+	rk := recordKey(prefix, k)
+
+	// The owner's FenceAttempt(1) reads the clock shortly before absence
+	// stops being evidence, then waits for the only pooled connection.
+	time.Sleep(time.Until(ts.Add(-p.Skew + p.TTL - 300*time.Millisecond)))
+	held := c.Conn()
+	require.NoError(t, held.Ping(ctx).Err())
+	done := make(chan error, 1)
+	armed.Store(true)
+	go func() {
+		_, err := s.Fence(ctx, k, 1)
+		done <- err
+	}()
+	<-readNow
+	waitFor(t, 10*time.Second, "Redis removing the SUCCEEDED record", func() bool { return plain.Exists(ctx, rk).Val() == 0 })
+	require.NoError(t, held.Close())
+	require.ErrorIs(t, <-done, idempotency.ErrStoreUnavailable, "the late Fence is refused")
+
+	rec, err := s.Get(ctx, k)
+	require.NoError(t, err)
+	t.Logf("after the late Fence the key reads %v (fenced through %d)", rec.GetState(), rec.GetFencedThroughTry())
+	res, err = s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: time.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.False(t, res.Started,
+		"try 2 of a call whose try 1 SUCCEEDED started: the late Fence's tombstone, written on an absence its stale reading vouched for, stayed")
+}
