@@ -178,8 +178,9 @@ type Store struct {
 	keep        time.Duration // DefaultKeep, or a test's (hooks.RedisKeep)
 }
 
-// DefaultKeep is how long Redis keeps a record past its expiry, and the
-// longest a store call may take from reading the clock to its reply. A
+// DefaultKeep, plus the policy's skew, is how long Redis keeps a record past
+// its expiry, and the longest a store call may take from reading the clock
+// to its reply. A
 // script judges records by the time its call read (now), while Redis removes
 // a record by its own TTL, in real time: a call whose script ran later than
 // it read the clock (it waited for a pooled connection, or go-redis resent
@@ -189,7 +190,7 @@ type Store struct {
 // for every call that ran within DefaultKeep of its reading, which is
 // judged by the expiry it holds. The Begin and Fence scripts, which may
 // write on an absence they vouch for, check Redis's clock (TIME) first: one
-// that runs more than DefaultKeep less the skew after its call's reading
+// that runs more than DefaultKeep after its call's reading
 // (the pool was busy, go-redis resent it, Redis stalled) writes nothing and
 // answers so. A Begin, Get or Fence whose reply comes more than DefaultKeep
 // after the reading fails too, instead of acting on its judgement (a try
@@ -271,6 +272,9 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 	if err := s.policy.Validate(); err != nil {
 		return nil, err
 	}
+	// The keep is counted in the reading's clock; a script judges it by
+	// Redis's, which may differ by the skew (see DefaultKeep).
+	s.keep += s.policy.Skew
 	if strings.ContainsAny(s.prefix, "{}") {
 		return nil, fmt.Errorf("redisstore: prefix %q must not contain '{' or '}'", s.prefix)
 	}
@@ -295,7 +299,7 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 				s.waitTimeout, s.tick, hz, rt)
 		}
 		if s.waitTimeout+s.tick > s.keep/2 {
-			return nil, fmt.Errorf("redisstore: the WithReplicas timeout %v plus Redis's tick %v (hz %d) must be at most half of DefaultKeep (%v): a call whose reply comes later than that is refused (see DefaultKeep)",
+			return nil, fmt.Errorf("redisstore: the WithReplicas timeout %v plus Redis's tick %v (hz %d) must be at most half of DefaultKeep plus the policy's skew (%v): a call whose reply comes later than that is refused (see DefaultKeep)",
 				s.waitTimeout, s.tick, hz, s.keep)
 		}
 	}
