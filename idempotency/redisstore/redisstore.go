@@ -208,6 +208,22 @@ func (s *Store) clock() (int64, time.Time) {
 	return s.now().UnixMilli(), time.Now()
 }
 
+// checkClock refuses a Redis whose clock runs ahead of this server's by
+// more than half of DefaultKeep: the Begin and Fence scripts would take
+// every call for one that ran too long after its reading, and refuse it
+// (see DefaultKeep). A Redis clock behind costs nothing.
+func (s *Store) checkClock(ctx context.Context) error {
+	t, err := s.client.Time(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("%w: redisstore: reading Redis's clock: %w", idempotency.ErrStoreUnavailable, err)
+	}
+	if ahead := t.Sub(s.now()); ahead > DefaultKeep/2 {
+		return fmt.Errorf("redisstore: Redis's clock is %v ahead of this server's: the store's scripts, which compare the two, would refuse every call (keep the clocks within the policy's skew)",
+			ahead.Round(time.Millisecond))
+	}
+	return nil
+}
+
 // stale is the error of a Begin or Fence whose script found, by Redis's
 // clock, that it ran too long after its call read the clock, and wrote
 // nothing (see DefaultKeep).
@@ -286,6 +302,9 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 		return nil, fmt.Errorf("redisstore: WithReplicas(%d, %v) needs n ≥ 0 and, for n > 0, a timeout of at least 1 ms", s.replicas, s.waitTimeout)
 	}
 	if err := checkNoEviction(ctx, client); err != nil {
+		return nil, err
+	}
+	if err := s.checkClock(ctx); err != nil {
 		return nil, err
 	}
 	if s.replicas > 0 {

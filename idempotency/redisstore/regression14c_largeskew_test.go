@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/idempotency"
+	"github.com/tollgate-go/tollgate/idempotency/internal/hooks"
 	"github.com/tollgate-go/tollgate/idempotency/redisstore"
 	"github.com/tollgate-go/tollgate/idempotency/storetest"
 )
@@ -25,4 +26,14 @@ func TestRegression14cSkewAboveDefaultKeepStillBegins(t *testing.T) {
 	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: time.Now().Add(time.Second), Minted: true})
 	require.NoError(t, err)
 	require.True(t, res.Started, "refused %v", res.Refusal)
+}
+
+// New refuses a Redis whose clock runs far ahead of the server's (here the
+// server's clock is made to lag by a minute): every Begin and Fence script
+// would take its call for a stale one and refuse it.
+func TestRegression14cNewRefusesARedisClockFarAhead(t *testing.T) {
+	c, prefix := newClient(t)
+	lagging := func() time.Time { return time.Now().Add(-time.Minute) }
+	_, err := redisstore.New(context.Background(), c, redisstore.WithPrefix(prefix), hooks.RedisClock(lagging).(redisstore.Option))
+	require.ErrorContains(t, err, "ahead of this server's")
 }
