@@ -1173,6 +1173,13 @@ func (c *Controller) countDropLocked(cs *classState, reason status.Reason, overl
 // in the degradation window (false: an operator's doing, not load).
 func (c *Controller) dropWaiterCounted(w *waiter, reason status.Reason, ra time.Duration, now time.Time, overload bool) {
 	c.removeWaiter(w)
+	if overload && reason == status.ReasonDeadlineExpired && !w.deadline.IsZero() &&
+		!w.deadline.Add(-w.cs.est.service()).After(w.cs.unsteppedAt) {
+		// It could no longer finish while Recovering's step still held its
+		// class: the step's doing, though the drop comes after the step
+		// ended (a window roll steps before it drops; see stepped).
+		overload = false
+	}
 	c.countDropLocked(w.cs, reason, overload)
 	final := reason == status.ReasonDeadlineExpired
 	w.reason = reason

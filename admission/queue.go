@@ -113,7 +113,7 @@ func (c *Controller) judgeRejects(cs *classState, arrived, now time.Time) {
 		if e.at.After(arrived) {
 			return
 		}
-		if !now.Add(cs.est.meanD()).After(e.deadline) && (e.startBy.IsZero() || !now.After(e.startBy)) {
+		if (e.deadline.IsZero() || !now.Add(cs.est.meanD()).After(e.deadline)) && (e.startBy.IsZero() || !now.After(e.startBy)) {
 			cs.falseRejects++
 		}
 		r.head = (r.head + 1) % len(r.buf)
