@@ -205,13 +205,14 @@ func NewMemoryStore(replicas Replicas, opts ...MemoryOption) (*MemoryStore, erro
 func (s *MemoryStore) Reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now().UnixMilli()
-	s.last = now // no record is left to vouch for by an earlier reading
+	// The latest reading (see nowLocked): a clock stepped back a little
+	// must not set the horizon before records it just dropped were written.
+	_, latest := s.nowLocked()
 	clear(s.records)
 	clear(s.tenants)
 	s.expiry = s.expiry[:0]
 	s.bytes = 0
-	s.horizon = now
+	s.horizon = latest
 }
 
 // Policy returns the store's policy (WithPolicy's, or DefaultPolicy).

@@ -523,7 +523,9 @@ func TestRedisClusterPrimaryCrashMovesHorizon(t *testing.T) {
 	require.Equal(t, int64(3), cl.replica.client.Exists(ctx, recordKey(prefix, done), recordKey(prefix, fenced), recordKey(prefix, running)).Val())
 	require.Equal(t, runID+"/"+newReplID, cl.replica.client.HGet(ctx, hk, "id").Val(), "the horizon names the promoted replica")
 
-	// Attempts created after the takeover, plus skew.
+	// Attempts created after the takeover, plus skew (by Redis's clock: the
+	// horizon moved to its time less the skew, later than the test clock's).
+	catchUp(clock)
 	clock.Advance(p.Skew)
 	fresh := idempotency.Key{Tenant: tenant, AttemptID: storetest.AttemptIDAt(clock.Now()), Call: "0", Method: done.Method}
 	rec, err = plain.Get(ctx, fresh)

@@ -147,7 +147,7 @@ func WithReplicas(n int, timeout time.Duration) Option {
 // without the bound are counted only once a script writes them again.
 // Bytes are bounded by the bound times the policy's MaxResponseBytes (plus
 // status messages and details), and by Redis's maxmemory. The bound counts
-// a record until Redis removes it, DefaultKeep after its expiry.
+// a record until Redis removes it, DefaultKeep plus twice the skew after its expiry.
 // Default 0: no bound, no index; it must not be negative.
 func WithMaxRecordsPerTenant(n int) Option {
 	return optionFunc(func(s *Store) { s.perTenant = n })
@@ -178,7 +178,7 @@ type Store struct {
 	keep        time.Duration // DefaultKeep, or a test's (hooks.RedisKeep)
 }
 
-// DefaultKeep, plus the policy's skew, is how long Redis keeps a record past
+// DefaultKeep, plus twice the policy's skew, is how long Redis keeps a record past
 // its expiry, and the longest a store call may take from reading the clock
 // to its reply. A
 // script judges records by the time its call read (now), while Redis removes
@@ -209,7 +209,7 @@ func (s *Store) clock() (int64, time.Time) {
 }
 
 // checkClock refuses a Redis whose clock runs ahead of this server's by
-// more than half of DefaultKeep: the Begin and Fence scripts would take
+// more than the skew plus half of DefaultKeep: the Begin and Fence scripts would take
 // every call for one that ran too long after its reading, and refuse it
 // (see DefaultKeep). A Redis clock behind costs nothing.
 func (s *Store) checkClock(ctx context.Context) error {
@@ -217,7 +217,7 @@ func (s *Store) checkClock(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%w: redisstore: reading Redis's clock: %w", idempotency.ErrStoreUnavailable, err)
 	}
-	if ahead := t.Sub(s.now()); ahead > DefaultKeep/2 {
+	if ahead := t.Sub(s.now()); ahead > s.policy.Skew+DefaultKeep/2 {
 		return fmt.Errorf("redisstore: Redis's clock is %v ahead of this server's: the store's scripts, which compare the two, would refuse every call (keep the clocks within the policy's skew)",
 			ahead.Round(time.Millisecond))
 	}
@@ -289,8 +289,9 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 		return nil, err
 	}
 	// The keep is counted in the reading's clock; a script judges it by
-	// Redis's, which may differ by the skew (see DefaultKeep).
-	s.keep += s.policy.Skew
+	// Redis's, which may differ by the skew either way (see DefaultKeep):
+	// the scripts refuse a call DefaultKeep plus the skew late.
+	s.keep += 2 * s.policy.Skew
 	if strings.ContainsAny(s.prefix, "{}") {
 		return nil, fmt.Errorf("redisstore: prefix %q must not contain '{' or '}'", s.prefix)
 	}

@@ -45,14 +45,19 @@ end
 
 -- horizon returns the tenant's horizon, moving it to now when its key is
 -- missing or was written by another Redis (restart, restore, failover); or,
--- readonly, nil then, writing nothing.
-local function horizon(hk, now, readonly)
+-- readonly, nil then, writing nothing. A call may run a while after it read
+-- the clock (see DefaultKeep): its now may be older than records the lost
+-- Redis held, so the horizon moves to Redis's own time less the skew when
+-- that is later.
+local function horizon(hk, now, skew, readonly)
   local h = redis.call('HMGET', hk, 'at', 'id')
   local id = identity()
   if h[1] and h[2] == id then return tonumber(h[1]) end
   if readonly then return nil end
-  redis.call('HSET', hk, 'at', n(now), 'id', id)
-  return now
+  local t = redis.call('TIME')
+  local at = math.max(now, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - skew)
+  redis.call('HSET', hk, 'at', n(at), 'id', id)
+  return at
 end
 
 -- inside reports whether an attempt created at ts lies inside the horizon;
@@ -155,7 +160,7 @@ local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARG
 local ts, try, fp, dl, tok = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8]), ARGV[9]
 local minted, cap, keep = ARGV[10] == '1', tonumber(ARGV[11]), tonumber(ARGV[12])
 if stale(now, keep, skew) then return {14} end
-local hz = horizon(KEYS[1], now)
+local hz = horizon(KEYS[1], now, skew)
 if not inside(ts, hz, now, skew, minted) then
   if ts >= 0 and ts <= now + skew then return {7, hz + skew} end
   return {7}
@@ -214,7 +219,7 @@ var finishFullScript = redis.NewScript("#!lua flags=allow-oom\n" + prelude + "lo
 const finishBody = `
 local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ts, try, fp, st = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
-local hz = horizon(KEYS[1], now, FULL)
+local hz = horizon(KEYS[1], now, skew, FULL)
 if not hz or not inside(ts, hz, now, skew, ARGV[17] == '1') then return {8} end
 local v = load(KEYS[2], now)
 if not v then return {8} end
@@ -239,7 +244,7 @@ return {12}
 // get: KEYS horizon, record, index (unused). ARGV now, skew, ttl, ts.
 var getScript = redis.NewScript(prelude + `
 local now, skew, ttl, ts = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local hz = horizon(KEYS[1], now)
+local hz = horizon(KEYS[1], now, skew)
 if not inside(ts, hz, now, skew) then return {11} end
 local v = load(KEYS[2], now)
 if v then return reply(9, v, now) end
@@ -254,7 +259,7 @@ var fenceScript = redis.NewScript(prelude + `
 local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ts, through, cap, keep = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 if stale(now, keep, skew) then return {14} end
-local hz = horizon(KEYS[1], now)
+local hz = horizon(KEYS[1], now, skew)
 if not inside(ts, hz, now, skew) then return {11} end
 local v = load(KEYS[2], now)
 if v then
