@@ -256,12 +256,7 @@ func (cs *clientStream) replayLocked(st grpc.ClientStream) {
 	buf, gen := cs.buf, cs.gen // buf's messages are clones, never written again
 	cs.replaying = true
 	go func() {
-		var err error
-		for _, m := range buf {
-			if err = st.SendMsg(m); err != nil {
-				break
-			}
-		}
+		panicked, err := replay(st, buf)
 		cs.mu.Lock()
 		defer cs.mu.Unlock()
 		if gen != cs.gen {
@@ -269,8 +264,29 @@ func (cs *clientStream) replayLocked(st grpc.ClientStream) {
 		}
 		cs.replaying = false
 		cs.cond.Broadcast()
+		if panicked != nil {
+			// On tollgate's own goroutine, where the caller cannot recover
+			// it: logged, and the stream ends as a panic below ends it.
+			logger.Errorf("interceptor: a panic below the interceptor while a stream was replayed: %v", panicked)
+			cs.panickedLocked()
+			return
+		}
 		cs.openLocked(st, err)
 	}()
+}
+
+// replay sends buf on st, stopping at the first error, and recovers a panic
+// below the interceptor (an inner interceptor's SendMsg, a codec).
+func replay(st grpc.ClientStream, buf []any) (panicked any, err error) {
+	defer func() {
+		panicked = recover()
+	}()
+	for _, m := range buf {
+		if err = st.SendMsg(m); err != nil {
+			break
+		}
+	}
+	return nil, err
 }
 
 // openLocked makes st, on which what the caller sent was replayed (with
