@@ -422,15 +422,6 @@ func (c *client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	cs := newClientStream(ctx, c, cl, desc, cc, method, streamer, opts)
 	cs.onFinish = onFinish
 	ctx, cs.span = c.startSpan(ctx, cl.s, cl.key)
-	if dl := cl.s.deadlineIn(ctx); dl != (time.Time{}) {
-		if cur, ok := ctx.Deadline(); !ok || dl.Before(cur) {
-			// The stream's context ends with the attempt, as its tries'
-			// do: when nothing reads it then, abandon ends it (and the
-			// caller's OnFinish, the span and the grant with it),
-			// however long the caller's own context lives.
-			ctx, cs.cancelCtx = context.WithDeadline(ctx, dl)
-		}
-	}
 	cs.ctx = ctx
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
@@ -459,14 +450,11 @@ func (c *client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 type clientStream struct {
 	w        *owner        // the call's owner: classification, resolution, budget
 	onFinish []func(error) // the caller's grpc.OnFinish callbacks, run once when the stream ends
-	// cancelCtx releases ctx's attempt deadline (nil when the caller's
-	// context ends first); the stream's end calls it.
-	cancelCtx context.CancelFunc
-	ctx       context.Context
-	span      trace.Span
-	desc      *grpc.StreamDesc
-	streamer  grpc.Streamer
-	opts      []grpc.CallOption
+	ctx      context.Context
+	span     trace.Span
+	desc     *grpc.StreamDesc
+	streamer grpc.Streamer
+	opts     []grpc.CallOption
 	// p is the call's retry policy, its per-try timeout lifted (a stream's
 	// length is the caller's).
 	p RetryPolicy

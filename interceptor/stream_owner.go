@@ -413,9 +413,6 @@ func (cs *clientStream) endLocked(n uint32, result error) {
 	if cs.stop != nil {
 		cs.stop()
 	}
-	if cs.cancelCtx != nil {
-		cs.cancelCtx()
-	}
 	endSpan(cs.span, cs.w.cl.s, n, status.OutcomeOf(result))
 	cs.cond.Broadcast()
 	for _, f := range cs.onFinish {
