@@ -178,28 +178,36 @@ type Store struct {
 	keep        time.Duration // DefaultKeep, or a test's (hooks.RedisKeep)
 }
 
-// DefaultKeep, plus twice the policy's skew, is how long Redis keeps a record past
-// its expiry, and the longest a store call may take from reading the clock
-// to its reply. A
-// script judges records by the time its call read (now), while Redis removes
-// a record by its own TTL, in real time: a call whose script ran later than
-// it read the clock (it waited for a pooled connection, or go-redis resent
-// it after a lost reply) would find a record that expired meanwhile gone,
-// and its older now would vouch for the absence: a finished call would be
-// begun again. Kept this long past its expiry, the record is still there
-// for every call that ran within DefaultKeep of its reading, which is
-// judged by the expiry it holds. The Begin and Fence scripts, which may
-// write on an absence they vouch for, check Redis's clock (TIME) first: one
-// that runs more than DefaultKeep after its call's reading
-// (the pool was busy, go-redis resent it, Redis stalled) writes nothing and
-// answers so. A Begin, Get or Fence whose reply comes more than DefaultKeep
-// after the reading fails too, instead of acting on its judgement (a try
-// such a Begin started is finished UNKNOWN: no handler runs it), and so
-// does one whose script found itself stale. This assumes Redis's clock
-// within the skew of the servers'. A Finish that ran late may still end a
-// try whose lease ended meanwhile. Records take up to DefaultKeep / TTL more memory
-// (10% with the default policy), and WithMaxRecordsPerTenant counts them
-// until Redis removes them.
+// DefaultKeep, plus twice the policy's skew (the keep), is how long Redis
+// keeps a record past its expiry, and the longest a store call may take from
+// reading the clock to its reply. A script judges records by the time its
+// call read (now), while Redis removes a record by its own TTL, in real
+// time: a call whose script ran later than it read the clock (it waited for
+// a pooled connection, or go-redis resent it after a lost reply) would find
+// a record that expired meanwhile gone, and its older now would vouch for
+// the absence: a finished call would be begun again. Kept this long past its
+// expiry, the record is still there for every call that ran within the keep
+// of its reading, which is judged by the expiry it holds.
+//
+// The Begin and Fence scripts, which may write on an absence they vouch
+// for, check Redis's clock (TIME) first: one that runs more than DefaultKeep
+// plus the skew after its call's reading (the pool was busy, go-redis resent
+// it, Redis stalled) writes nothing and answers so. A Begin, Get or Fence
+// whose reply comes more than the keep after the reading fails too, instead
+// of acting on its judgement (a try such a Begin started is finished
+// UNKNOWN: no handler runs it), and so does one whose script found itself
+// stale. A horizon a script moves (a tenant's first request, a restart, a
+// failover) moves to the later of its call's reading and Redis's TIME less
+// the skew.
+//
+// This assumes Redis's clock within the skew of the servers': New refuses a
+// node whose clock differs by more than the skew plus a second. With Redis's
+// clock lagging the servers' by up to the skew, a call stale by more than two
+// skews that moves a horizon after a failover may still place it up to a
+// skew before records the lost node held. A Finish that ran late may still
+// end a try whose lease ended meanwhile. Records take up to the keep / TTL
+// more memory (10% with the default policy), and WithMaxRecordsPerTenant
+// counts them until Redis removes them.
 const DefaultKeep = 30 * time.Second
 
 // clock returns the time a call's script judges records by, and the real
@@ -208,21 +216,29 @@ func (s *Store) clock() (int64, time.Time) {
 	return s.now().UnixMilli(), time.Now()
 }
 
-// checkClock refuses a Redis whose clock runs ahead of this server's by
-// more than the skew plus half of DefaultKeep: the Begin and Fence scripts would take
-// every call for one that ran too long after its reading, and refuse it
-// (see DefaultKeep). A Redis clock behind costs nothing.
+// checkClock refuses a Redis whose clock differs from this server's by
+// more than the skew plus clockMargin, either way, on every node (replicas
+// included: they are promoted in a failover). The scripts compare the two
+// clocks: a Redis far ahead would make them refuse every call as stale and
+// keep fresh attempts unverifiable after its horizon moved; one far behind
+// would turn the staleness check off (see DefaultKeep).
 func (s *Store) checkClock(ctx context.Context) error {
-	t, err := s.client.Time(ctx).Result()
-	if err != nil {
-		return fmt.Errorf("%w: redisstore: reading Redis's clock: %w", idempotency.ErrStoreUnavailable, err)
-	}
-	if ahead := t.Sub(s.now()); ahead > s.policy.Skew+DefaultKeep/2 {
-		return fmt.Errorf("redisstore: Redis's clock is %v ahead of this server's: the store's scripts, which compare the two, would refuse every call (keep the clocks within the policy's skew)",
-			ahead.Round(time.Millisecond))
-	}
-	return nil
+	return eachNode(ctx, s.client, func(ctx context.Context, c redis.UniversalClient, where string) error {
+		t, err := c.Time(ctx).Result()
+		if err != nil {
+			return fmt.Errorf("%w: redisstore: reading Redis's clock%s: %w", idempotency.ErrStoreUnavailable, where, err)
+		}
+		if d := t.Sub(s.now()); d > s.policy.Skew+clockMargin || -d > s.policy.Skew+clockMargin {
+			return fmt.Errorf("redisstore: Redis's clock%s differs from this server's by %v, more than the policy's skew %v plus %v: the store's scripts compare the two (keep the clocks within the skew)",
+				where, d.Round(time.Millisecond), s.policy.Skew, clockMargin)
+		}
+		return nil
+	})
 }
+
+// clockMargin is what checkClock allows beyond the skew: the round trip of
+// its TIME and the time between two clock readings.
+const clockMargin = time.Second
 
 // stale is the error of a Begin or Fence whose script found, by Redis's
 // clock, that it ran too long after its call read the clock, and wrote
