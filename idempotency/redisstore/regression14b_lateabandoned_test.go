@@ -2,11 +2,9 @@ package redisstore_test
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/idempotency"
 	"github.com/tollgate-go/tollgate/idempotency/internal/hooks"
@@ -23,44 +21,26 @@ import (
 // subtest reads UNKNOWN only because there the new record has expired too.)
 func TestRegression14bRecordsLateBeginOfShortTryIsLeftAbandoned(t *testing.T) {
 	_, prefix := newClient(t)
-	c := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true, PoolSize: 1, PoolTimeout: 30 * time.Second})
-	t.Cleanup(func() { _ = c.Close() })
+	c := onePoolClient(t, nil)
 	plain, _ := newClient(t)
-	p := idempotency.Policy{Skew: 100 * time.Millisecond, Grace: 100 * time.Millisecond,
-		MaxAttemptDeadline: 3 * time.Second, TTL: 3200 * time.Millisecond, MaxResponseBytes: 1024}
-	var armed atomic.Bool
-	readNow := make(chan struct{}, 1)
-	clock := func() time.Time {
-		n := time.Now()
-		if armed.CompareAndSwap(true, false) {
-			readNow <- struct{}{}
-		}
-		return n
-	}
-	s := newStore(t, c, prefix, redisstore.WithPolicy(p), hooks.RedisClock(clock).(redisstore.Option),
+	p := latePolicy
+	clk := newArmedClock(0)
+	s := newStore(t, c, prefix, redisstore.WithPolicy(p), hooks.RedisClock(clk.now).(redisstore.Option),
 		hooks.RedisKeep(300*time.Millisecond).(redisstore.Option))
 	ctx := context.Background()
-	k := idempotency.Key{Tenant: "acme", AttemptID: attemptIDNow(p.Skew), Call: "0", Method: "/x.Y/Z"}
-	ts, _ := idempotency.AttemptTime(k.AttemptID)
-	_, err := s.Get(ctx, k)
-	require.NoError(t, err)
-	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: time.Now().Add(time.Second)})
-	require.NoError(t, err)
-	require.True(t, res.Started)
-	require.NoError(t, s.Finish(ctx, idempotency.FinishRequest{Key: k, Try: 1,
-		State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("charged")}))
+	k, ts := succeededCall(t, s, clk.now, p.Skew)
 	rk := recordKey(prefix, k)
 
 	time.Sleep(time.Until(ts.Add(-p.Skew + p.TTL - 300*time.Millisecond)))
 	held := c.Conn()
 	require.NoError(t, held.Ping(ctx).Err())
 	done := make(chan error, 1)
-	armed.Store(true)
+	clk.arm()
 	go func() {
 		_, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: time.Now().Add(100 * time.Millisecond)})
 		done <- err
 	}()
-	<-readNow
+	<-clk.read
 	waitFor(t, 10*time.Second, "Redis removing the SUCCEEDED record", func() bool { return plain.Exists(ctx, rk).Val() == 0 })
 	require.NoError(t, held.Close())
 	require.ErrorIs(t, <-done, idempotency.ErrStoreUnavailable)

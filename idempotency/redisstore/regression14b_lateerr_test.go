@@ -2,7 +2,6 @@ package redisstore_test
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,7 +10,6 @@ import (
 	"github.com/tollgate-go/tollgate/idempotency"
 	"github.com/tollgate-go/tollgate/idempotency/internal/hooks"
 	"github.com/tollgate-go/tollgate/idempotency/redisstore"
-	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 )
 
 // A review found that commit 98391f5 handles a Begin whose script ran more than the keep
@@ -28,36 +26,14 @@ import (
 func TestRegression14bRecordsLateBeginLostReplyFencesSucceededCall(t *testing.T) {
 	_, prefix := newClient(t)
 	d := &lossyDialer{mode: lossTimeout}
-	c := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true, Dialer: d.dial,
-		PoolSize: 1, PoolTimeout: 30 * time.Second, ReadTimeout: lossyReadTimeout})
-	t.Cleanup(func() { _ = c.Close() })
+	c := onePoolClient(t, func(o *redis.Options) { o.Dialer, o.ReadTimeout = d.dial, lossyReadTimeout })
 	plain, _ := newClient(t)
-
-	p := idempotency.Policy{Skew: 100 * time.Millisecond, Grace: 100 * time.Millisecond,
-		MaxAttemptDeadline: 3 * time.Second, TTL: 3200 * time.Millisecond, MaxResponseBytes: 1024}
-	var armed atomic.Bool
-	readNow := make(chan struct{}, 1)
-	clock := func() time.Time {
-		n := time.Now()
-		if armed.CompareAndSwap(true, false) {
-			readNow <- struct{}{}
-		}
-		return n
-	}
-	s := newStore(t, c, prefix, redisstore.WithPolicy(p), hooks.RedisClock(clock).(redisstore.Option),
+	p := latePolicy
+	clk := newArmedClock(0)
+	s := newStore(t, c, prefix, redisstore.WithPolicy(p), hooks.RedisClock(clk.now).(redisstore.Option),
 		hooks.RedisKeep(300*time.Millisecond).(redisstore.Option))
 	ctx := context.Background()
-
-	k := idempotency.Key{Tenant: "acme", AttemptID: attemptIDNow(p.Skew), Call: "0", Method: "/x.Y/Z"}
-	ts, ok := idempotency.AttemptTime(k.AttemptID)
-	require.True(t, ok)
-	_, err := s.Get(ctx, k) // the tenant's horizon starts now
-	require.NoError(t, err)
-	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: time.Now().Add(time.Second)})
-	require.NoError(t, err)
-	require.True(t, res.Started)
-	require.NoError(t, s.Finish(ctx, idempotency.FinishRequest{Key: k, Try: 1,
-		State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("charged")}))
+	k, ts := succeededCall(t, s, clk.now, p.Skew)
 	rk := recordKey(prefix, k)
 
 	// Try 2's Begin reads the clock shortly before absence stops being
@@ -70,12 +46,12 @@ func TestRegression14bRecordsLateBeginLostReplyFencesSucceededCall(t *testing.T)
 	bctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan error, 1)
-	armed.Store(true)
+	clk.arm()
 	go func() {
 		_, err := s.Begin(bctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: time.Now().Add(2 * time.Second)})
 		done <- err
 	}()
-	<-readNow
+	<-clk.read
 	waitFor(t, 10*time.Second, "Redis removing the SUCCEEDED record", func() bool {
 		return plain.Exists(ctx, rk).Val() == 0
 	})
@@ -90,7 +66,7 @@ func TestRegression14bRecordsLateBeginLostReplyFencesSucceededCall(t *testing.T)
 	rec, err := s.Get(ctx, k)
 	require.NoError(t, err)
 	t.Logf("the key now reads %v (fenced through %d)", rec.GetState(), rec.GetFencedThroughTry())
-	res, err = s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 3, Deadline: time.Now().Add(time.Second)})
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 3, Deadline: time.Now().Add(time.Second)})
 	require.NoError(t, err)
 	require.False(t, res.Started,
 		"try 3 of a call whose try 1 SUCCEEDED started: the late Begin's lost reply had its try fenced, not ended UNKNOWN")

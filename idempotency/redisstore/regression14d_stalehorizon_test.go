@@ -2,11 +2,9 @@ package redisstore_test
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/idempotency"
 	"github.com/tollgate-go/tollgate/idempotency/internal/hooks"
@@ -33,18 +31,9 @@ func TestRegression14dRecordsRedisStaleReadingMovesHorizonBeforeLostRecord(t *te
 	plain, prefix := newClient(t)
 	p := idempotency.Policy{Skew: 100 * time.Millisecond, Grace: 100 * time.Millisecond,
 		MaxAttemptDeadline: 3 * time.Second, TTL: 10 * time.Second, MaxResponseBytes: 1024}
-	var armed atomic.Bool
-	readNow := make(chan struct{}, 1)
-	aClock := func() time.Time {
-		n := time.Now()
-		if armed.CompareAndSwap(true, false) {
-			readNow <- struct{}{}
-		}
-		return n
-	}
-	ca := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true, PoolSize: 1, PoolTimeout: 30 * time.Second})
-	t.Cleanup(func() { _ = ca.Close() })
-	a := newStore(t, ca, prefix, redisstore.WithPolicy(p), hooks.RedisClock(aClock).(redisstore.Option))
+	aClock := newArmedClock(0)
+	ca := onePoolClient(t, nil)
+	a := newStore(t, ca, prefix, redisstore.WithPolicy(p), hooks.RedisClock(aClock.now).(redisstore.Option))
 	b := newStore(t, plain, prefix, redisstore.WithPolicy(p))
 	ctx := context.Background()
 	tenant := "acme"
@@ -56,13 +45,13 @@ func TestRegression14dRecordsRedisStaleReadingMovesHorizonBeforeLostRecord(t *te
 	// Server A's Get reads the clock, then waits for its only connection.
 	held := ca.Conn()
 	require.NoError(t, held.Ping(ctx).Err())
-	armed.Store(true)
+	aClock.arm()
 	done := make(chan error, 1)
 	go func() {
 		_, err := a.Get(ctx, other)
 		done <- err
 	}()
-	<-readNow
+	<-aClock.read
 
 	// Meanwhile server B runs call X to SUCCEEDED.
 	time.Sleep(time.Second)

@@ -1,0 +1,79 @@
+package redisstore_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/idempotency"
+	"github.com/tollgate-go/tollgate/idempotency/redisstore"
+	"github.com/tollgate-go/tollgate/idempotency/storetest"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+)
+
+// The helpers of the tests of calls that read the clock a while before
+// their script runs (see redisstore.DefaultKeep).
+
+// latePolicy is their policy: times short enough for records to expire
+// during a test.
+var latePolicy = idempotency.Policy{Skew: 100 * time.Millisecond, Grace: 100 * time.Millisecond,
+	MaxAttemptDeadline: 3 * time.Second, TTL: 3200 * time.Millisecond, MaxResponseBytes: 1024}
+
+// armedClock is a store's clock, the real one shifted by off, that signals
+// read the first time it is read after arm: the moment a call read the
+// clock, before it waits for a connection.
+type armedClock struct {
+	off   time.Duration
+	armed atomic.Bool
+	read  chan struct{}
+}
+
+func newArmedClock(off time.Duration) *armedClock {
+	return &armedClock{off: off, read: make(chan struct{}, 1)}
+}
+
+func (c *armedClock) now() time.Time {
+	n := time.Now().Add(c.off)
+	if c.armed.CompareAndSwap(true, false) {
+		c.read <- struct{}{}
+	}
+	return n
+}
+
+func (c *armedClock) arm() { c.armed.Store(true) }
+
+// onePoolClient returns a client of the shared Redis with one pooled
+// connection, so that a test can hold it while a call waits; change may set
+// more options.
+func onePoolClient(t *testing.T, change func(*redis.Options)) *redis.Client {
+	t.Helper()
+	o := &redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true, PoolSize: 1, PoolTimeout: 30 * time.Second}
+	if change != nil {
+		change(o)
+	}
+	c := redis.NewClient(o)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// succeededCall starts the tenant's horizon on s, then runs try 1 of a new
+// call, minted skew ahead of now, to SUCCEEDED. It returns the call's key
+// and its attempt's time.
+func succeededCall(t *testing.T, s *redisstore.Store, now func() time.Time, skew time.Duration) (idempotency.Key, time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(now().Add(skew)), Call: "0", Method: "/x.Y/Z"}
+	ts, ok := idempotency.AttemptTime(k.AttemptID)
+	require.True(t, ok)
+	_, err := s.Get(ctx, k) // the tenant's horizon starts now
+	require.NoError(t, err)
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: now().Add(time.Second)})
+	require.NoError(t, err)
+	require.True(t, res.Started, "refused %v", res.Refusal)
+	require.NoError(t, s.Finish(ctx, idempotency.FinishRequest{Key: k, Try: 1,
+		State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("charged")}))
+	return k, ts
+}
