@@ -478,7 +478,11 @@ type clientStream struct {
 	// the next try starts: a panic that passes later must not settle it
 	// again (panickedLocked).
 	settled bool
-	counted int // tries counted against the policy (fence jumps are not)
+	// released is set when the caller's context ended after the try's
+	// status arrived, unread: the bookkeeping ended (releaseLocked), the
+	// stream still answers the caller's reads.
+	released bool
+	counted  int // tries counted against the policy (fence jumps are not)
 	// What the caller sent, for replay: clones of its messages, their size.
 	// overflow: replay is off for good (the limit was passed or a message
 	// could not be kept).

@@ -264,15 +264,26 @@ func (cs *clientStream) replayLocked(st grpc.ClientStream) {
 		}
 		cs.replaying = false
 		cs.cond.Broadcast()
+		if panicked == nil {
+			panicked = cs.openRecoveringLocked(st, err)
+		}
 		if panicked != nil {
 			// On tollgate's own goroutine, where the caller cannot recover
 			// it: logged, and the stream ends as a panic below ends it.
 			logger.Errorf("interceptor: a panic below the interceptor while a stream was replayed: %v", panicked)
 			cs.panickedLocked()
-			return
 		}
-		cs.openLocked(st, err)
 	}()
+}
+
+// openRecoveringLocked is openLocked on the replay's goroutine, recovering a
+// panic in an inner interceptor's CloseSend.
+func (cs *clientStream) openRecoveringLocked(st grpc.ClientStream, err error) (panicked any) {
+	defer func() {
+		panicked = recover()
+	}()
+	cs.openLocked(st, err)
+	return nil
 }
 
 // replay sends buf on st, stopping at the first error, and recovers a panic
@@ -413,8 +424,11 @@ func (cs *clientStream) endLocked(n uint32, result error) {
 	if cs.stop != nil {
 		cs.stop()
 	}
-	endSpan(cs.span, cs.w.cl.s, n, status.OutcomeOf(result))
 	cs.cond.Broadcast()
+	if cs.released {
+		return // the span ended and OnFinish ran when the stream was released
+	}
+	endSpan(cs.span, cs.w.cl.s, n, status.OutcomeOf(result))
 	for _, f := range cs.onFinish {
 		f(result)
 	}
@@ -448,14 +462,40 @@ func (cs *clientStream) abandon() {
 // to be inside RecvMsg. A cancellation ends it at once, UNKNOWN (or
 // NOT_SENT), naming the attempt: the caller has gone.
 func (cs *clientStream) abandonLocked() {
+	if cs.released {
+		return
+	}
 	cerr := cs.ctx.Err()
 	err := grpcstatus.FromContextError(cerr).Err()
+	if !cs.settled && cs.t.delivery.state() == status.PeerStatus {
+		cs.releaseLocked(err)
+		return
+	}
 	if errors.Is(cerr, context.DeadlineExceeded) {
 		cs.settleLocked(err)
 		return
 	}
 	o := cs.finishLocked(err)
 	cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
+}
+
+// releaseLocked releases a stream whose caller's context ended (err) after
+// its try's status arrived, unread: as grpc-go's, the caller's reads still
+// drain its messages and the real status, so the stream does not end; but
+// the caller may have gone, so its bookkeeping ends now: the try is settled
+// (from its tollgate-spent when it came), the span ends and the caller's
+// OnFinish runs, with err. The stream's later end does neither again.
+func (cs *clientStream) releaseLocked(err error) {
+	o := cs.finishLocked(err)
+	result := cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o))
+	cs.released = true
+	if cs.stop != nil {
+		cs.stop()
+	}
+	endSpan(cs.span, cs.w.cl.s, cs.n, status.OutcomeOf(result))
+	for _, f := range cs.onFinish {
+		f(result)
+	}
 }
 
 // settleLocked ends the current try with err (nil or io.EOF: OK) and either
@@ -515,6 +555,11 @@ func (cs *clientStream) afterTryLocked(err error) (next uint32, result error, re
 // its outcome.
 func (cs *clientStream) finishLocked(err error) status.Outcome {
 	w, c := cs.w, cs.w.c
+	if cs.settled {
+		// Settled already (the stream was released): what the try's end
+		// says, without settling it twice.
+		return status.OutcomeOfCall(err, cs.t.delivery.state())
+	}
 	cs.settled = true
 	d := c.finish(w.cl.s, w.cl.key, cs.t, err)
 	spendEvent(cs.span, w.cl.s, cs.t)
