@@ -201,10 +201,13 @@ type Store struct {
 // the skew.
 //
 // This assumes Redis's clock within the skew of the servers': New refuses a
-// node whose clock differs by more than the skew plus a second. With Redis's
-// clock lagging the servers' by up to the skew, a call stale by more than two
-// skews that moves a horizon after a failover may still place it up to a
-// skew before records the lost node held. A Finish that ran late may still
+// node whose clock differs by more than the skew plus a second. A window
+// remains: a horizon moved (after a restart or failover) by a call whose
+// reading is older than the time since a lost record's attempt was created
+// lands at Redis's time less the skew, so an attempt created within a skew
+// before the move by a client whose clock ran ahead may read as inside it,
+// and its lost record as absent. Closing it means moving the horizon to
+// Redis's time itself, which this stop did not do. A Finish that ran late may still
 // end a try whose lease ended meanwhile. Records take up to the keep / TTL
 // more memory (10% with the default policy), and WithMaxRecordsPerTenant
 // counts them until Redis removes them.
