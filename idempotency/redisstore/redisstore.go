@@ -178,7 +178,7 @@ type Store struct {
 	keep        time.Duration // DefaultKeep, or a test's (hooks.RedisKeep)
 }
 
-// DefaultKeep, plus twice the policy's skew (the keep), is how long Redis
+// DefaultKeep, plus twice the policy's skew and a second (the keep), is how long Redis
 // keeps a record past its expiry, and the longest a store call may take from
 // reading the clock to its reply. A script judges records by the time its
 // call read (now), while Redis removes a record by its own TTL, in real
@@ -240,7 +240,8 @@ func (s *Store) checkClock(ctx context.Context) error {
 }
 
 // clockMargin is what checkClock allows beyond the skew: the round trip of
-// its TIME and the time between two clock readings.
+// its TIME and the time between two clock readings. The scripts' CLOCK_MARGIN
+// is the same, in milliseconds.
 const clockMargin = time.Second
 
 // stale is the error of a Begin or Fence whose script found, by Redis's
@@ -308,9 +309,11 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 		return nil, err
 	}
 	// The keep is counted in the reading's clock; a script judges it by
-	// Redis's, which may differ by the skew either way (see DefaultKeep):
-	// the scripts refuse a call DefaultKeep plus the skew late.
-	s.keep += 2 * s.policy.Skew
+	// Redis's, which may differ by the skew plus clockMargin either way (see
+	// DefaultKeep and checkClock): the scripts refuse a call DefaultKeep
+	// plus the skew late by Redis's clock, and records are kept that long
+	// plus the most by which Redis's clock may lag.
+	s.keep += 2*s.policy.Skew + clockMargin
 	if strings.ContainsAny(s.prefix, "{}") {
 		return nil, fmt.Errorf("redisstore: prefix %q must not contain '{' or '}'", s.prefix)
 	}

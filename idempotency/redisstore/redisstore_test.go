@@ -148,14 +148,14 @@ func TestRedisRecordsCarryTTL(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, res.Started)
 	// Redis keeps a record DefaultKeep past its expiry (see DefaultKeep).
-	require.InDelta(t, (p.TTL + redisstore.DefaultKeep).Seconds(), pttl().Seconds(), 2)
+	require.InDelta(t, (p.TTL + keepOf(p)).Seconds(), pttl().Seconds(), 2)
 	long := time.Now().Add(p.TTL + time.Minute)
 	k.Call = "1"
 	require.NoError(t, c.Del(ctx, prefix+"{t:acme}:r|"+k.AttemptID+"|0|/x.Y/Z").Err())
 	res, err = s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: long})
 	require.NoError(t, err)
 	require.True(t, res.Started)
-	require.InDelta(t, time.Until(long.Add(p.Skew+p.Grace+redisstore.DefaultKeep)).Seconds(), pttl().Seconds(), 2)
+	require.InDelta(t, time.Until(long.Add(p.Skew+p.Grace+keepOf(p))).Seconds(), pttl().Seconds(), 2)
 	d, err := c.PTTL(ctx, prefix+"{t:acme}:h").Result()
 	require.NoError(t, err)
 	require.Equal(t, time.Duration(-1), d)
@@ -445,7 +445,7 @@ func BenchmarkRedisStoreBeginFinish(b *testing.B) {
 // WithMaxRecordsPerTenant bounds one tenant's records as the memory
 // store's does (storetest.RunPerTenantBound).
 func TestRedisStorePerTenantBound(t *testing.T) {
-	storetest.RunPerTenantBoundKept(t, redisstore.DefaultKeep, func(t *testing.T, clock *storetest.Clock, p idempotency.Policy) idempotency.Store {
+	storetest.RunPerTenantBoundKept(t, keepOf(storetest.Policy()), func(t *testing.T, clock *storetest.Clock, p idempotency.Policy) idempotency.Store {
 		c, prefix := newClient(t)
 		return newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithMaxRecordsPerTenant(2))
 	})
@@ -485,7 +485,7 @@ func TestRedisTenantIndexFollowsItsRecords(t *testing.T) {
 	// The index counts a record until Redis removes it, DefaultKeep after
 	// its expiry.
 	require.GreaterOrEqual(t, idxTTL, recTTL-time.Second, "the index lives as long as its record")
-	require.LessOrEqual(t, idxTTL, p.TTL+p.Skew+p.Grace+redisstore.DefaultKeep+time.Second)
+	require.LessOrEqual(t, idxTTL, p.TTL+p.Skew+p.Grace+keepOf(p)+time.Second)
 	// Without the bound, no index is kept.
 	plain := newStore(t, c, prefix+"plain:", redisstore.WithPolicy(p))
 	res, err = plain.Begin(ctx, idempotency.BeginRequest{Key: key, Try: 1, Deadline: time.Now().Add(time.Second), Minted: true})
@@ -494,4 +494,10 @@ func TestRedisTenantIndexFollowsItsRecords(t *testing.T) {
 	n, err := c.Exists(ctx, prefix+"plain:{t:acme}:n").Result()
 	require.NoError(t, err)
 	require.Zero(t, n)
+}
+
+// keepOf is how long a store with policy p keeps records past their expiry
+// (redisstore.DefaultKeep's doc): DefaultKeep, twice the skew and a second.
+func keepOf(p idempotency.Policy) time.Duration {
+	return redisstore.DefaultKeep + 2*p.Skew + time.Second
 }

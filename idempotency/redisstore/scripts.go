@@ -37,6 +37,10 @@ local IN_PROGRESS, FENCED, ABANDONED = 2, 5, 6
 
 local function n(x) return string.format('%d', x) end
 
+-- CLOCK_MARGIN is clockMargin in ms: what New allows between Redis's clock
+-- and a server's beyond the skew.
+local CLOCK_MARGIN = 1000
+
 local function identity()
   local s = redis.call('INFO', 'server')
   local r = redis.call('INFO', 'replication')
@@ -117,7 +121,7 @@ end
 -- assumed within the skew of the servers'.
 local function stale(now, keep, skew)
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - now > keep - skew
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - now > keep - skew - CLOCK_MARGIN
 end
 
 -- expire has Redis remove record rk keep ms after its expiry exp (see
