@@ -100,9 +100,10 @@ func staleBegin(t *testing.T, opt redisstore.Option) (*redisstore.Store, *redis.
 	require.NoError(t, err)
 	ctx := context.Background()
 
-	k := idempotency.Key{Tenant: "acme", AttemptID: attemptIDNow(p.Skew), Call: "0", Method: "/x.Y/Z"}
-	_, err = s.Get(ctx, k) // the tenant's horizon starts now; k was minted skew ahead: inside it
+	// The tenant's horizon starts, then k is minted skew ahead: inside it.
+	_, err = s.Get(ctx, idempotency.Key{Tenant: "acme", AttemptID: attemptIDNow(0), Call: "h", Method: "/x.Y/Z"})
 	require.NoError(t, err)
+	k := idempotency.Key{Tenant: "acme", AttemptID: attemptIDNow(p.Skew), Call: "0", Method: "/x.Y/Z"}
 	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: time.Now().Add(time.Second)})
 	require.NoError(t, err)
 	require.True(t, res.Started)

@@ -71,10 +71,11 @@ func TestRegression14cStoreStalledLostReplyFenceTombstonesSucceededCall(t *testi
 		hooks.RedisKeep(300*time.Millisecond).(redisstore.Option))
 	require.NoError(t, err)
 	ctx := context.Background()
+	// The tenant's horizon starts, then k is minted skew ahead: inside it.
+	_, err = s.Get(ctx, idempotency.Key{Tenant: "acme", AttemptID: attemptIDNow(0), Call: "h", Method: "/x.Y/Z"})
+	require.NoError(t, err)
 	k := idempotency.Key{Tenant: "acme", AttemptID: attemptIDNow(p.Skew), Call: "0", Method: "/x.Y/Z"}
 	ts, _ := idempotency.AttemptTime(k.AttemptID)
-	_, err = s.Get(ctx, k)
-	require.NoError(t, err)
 	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: time.Now().Add(time.Second)})
 	require.NoError(t, err)
 	require.True(t, res.Started)
