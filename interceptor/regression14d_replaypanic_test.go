@@ -29,7 +29,8 @@ func TestRegression14dPanicDuringReplayEndsTheStream(t *testing.T) {
 		if runs.Add(1) == 1 {
 			return status.NotAdmitted(status.ReasonQueueFull) // before any response: repeated
 		}
-		return nil
+		_, err := ss.Recv() // the replayed request, which never comes
+		return err
 	}}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 	var opened atomic.Int32

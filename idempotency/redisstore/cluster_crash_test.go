@@ -384,7 +384,7 @@ func TestRedisClusterPrimaryCrashMovesHorizon(t *testing.T) {
 	})
 	_, addr := primaryOf(t, c, hk)
 	require.Equal(t, owner.addr, addr, "the tenant's slot %d is on the primary with the replica", cl.slot)
-	clock := storetest.NewClock(time.Now())
+	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
 	p := storetest.Policy()
 	p.TTL = 5 * time.Minute // nothing expires during the test
 	waiting := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithReplicas(1, 100*time.Millisecond))

@@ -193,7 +193,7 @@ func TestRedisClusterFailoverMovesHorizon(t *testing.T) {
 	hk := horizonKey(prefix, tenant)
 	slot, _ := primaryOf(t, c, hk)
 
-	clock := storetest.NewClock(time.Now())
+	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
 	p := storetest.Policy()
 	// Records outlive a takeover that waits for the previous one (above).
 	p.TTL = 5 * time.Minute
@@ -292,7 +292,7 @@ func TestRedisClusterFailoverMovesHorizon(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, runID+"/"+after, id, "the horizon names the new primary")
 
-	catchUp(clock) // the horizon moved to Redis's time less the skew, later than the test clock's
+	catchUp(clock) // the horizon moved to Redis's time, later than the test clock's
 	clock.Advance(p.Skew)
 	for i, st := range stores {
 		fresh := idempotency.Key{Tenant: tenant, AttemptID: storetest.AttemptIDAt(clock.Now()), Call: fmt.Sprint(2 + 2*i), Method: "/x.Y/Z"}
@@ -312,7 +312,7 @@ func TestRedisClusterFailoverMovesHorizon(t *testing.T) {
 }
 
 // catchUp moves clock to real time when it lags it: a horizon moved after a
-// failover or a restart is Redis's own time less the skew when that is later
+// failover or a restart is Redis's own time when that is later
 // than the call's reading, and a test clock that stood still while the test
 // waited for Redis lags it.
 func catchUp(c *storetest.Clock) {

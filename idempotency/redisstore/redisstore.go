@@ -197,17 +197,11 @@ type Store struct {
 // of acting on its judgement (a try such a Begin started is finished
 // UNKNOWN: no handler runs it), and so does one whose script found itself
 // stale. A horizon a script moves (a tenant's first request, a restart, a
-// failover) moves to the later of its call's reading and Redis's TIME less
-// the skew.
+// failover) moves to the later of its call's reading and Redis's TIME, so a
+// call whose reading is old cannot set it before records Redis lost.
 //
 // This assumes Redis's clock within the skew of the servers': New refuses a
-// node whose clock differs by more than the skew plus a second. A window
-// remains: a horizon moved (after a restart or failover) by a call whose
-// reading is older than the time since a lost record's attempt was created
-// lands at Redis's time less the skew, so an attempt created within a skew
-// before the move by a client whose clock ran ahead may read as inside it,
-// and its lost record as absent. Closing it means moving the horizon to
-// Redis's time itself, which this stop did not do. A Finish that ran late may still
+// node whose clock differs by more than the skew plus a second. A Finish that ran late may still
 // end a try whose lease ended meanwhile. Records take up to the keep / TTL
 // more memory (10% with the default policy), and WithMaxRecordsPerTenant
 // counts them until Redis removes them.

@@ -133,6 +133,7 @@ func TestRedisRecordsCarryTTL(t *testing.T) {
 	ctx := context.Background()
 	_, err := s.Get(ctx, idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"})
 	require.NoError(t, err)
+	afterHorizon()
 	// The store reads the real clock here: an attempt minted skew ahead is
 	// inside the horizon just started.
 	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
@@ -166,7 +167,7 @@ func TestRedisRecordsCarryTTL(t *testing.T) {
 // earlier attempt no longer answers.
 func TestRedisIdentityChangeMovesHorizon(t *testing.T) {
 	c, prefix := newClient(t)
-	clock := storetest.NewClock(time.Now())
+	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
 	p := storetest.Policy()
 	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
 	ctx := context.Background()
@@ -234,7 +235,7 @@ func TestRedisNewRefusesEvictingRedis(t *testing.T) {
 func TestRedisOutOfMemoryIsStoreFull(t *testing.T) {
 	c := privateRedis(t)
 	prefix := "oom:"
-	clock := storetest.NewClock(time.Now())
+	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
 	p := storetest.Policy()
 	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
 	ctx := context.Background()
@@ -275,7 +276,7 @@ func TestRedisHonoursDeadline(t *testing.T) {
 // can start once replicas are back.
 func TestRedisWaitForReplicas(t *testing.T) {
 	c, prefix := newClient(t)
-	clock := storetest.NewClock(time.Now())
+	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
 	p := storetest.Policy()
 	waiting := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithReplicas(1, 10*time.Millisecond))
 	plain := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
@@ -311,11 +312,16 @@ func TestRedisWaitForReplicas(t *testing.T) {
 func TestKilledServerLeavesInProgressThenAbandoned(t *testing.T) {
 	c, prefix := newClient(t)
 	p := storetest.Policy()
+	// The child begins the try by the real clock: the test's clock keeps to it.
 	clock := storetest.NewClock(time.Now())
 	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
 	ctx := context.Background()
+	_, err := s.Get(ctx, idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now()), Call: "h", Method: "/x.Y/Z"})
+	require.NoError(t, err) // the horizon starts before the attempt
+	afterHorizon()
+	catchUp(clock)
 	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
-	rec, err := s.Get(ctx, k) // the horizon starts before the attempt
+	rec, err := s.Get(ctx, k)
 	require.NoError(t, err)
 	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN, rec.GetState())
 	// Far enough ahead that a slow machine still starts the child in time,

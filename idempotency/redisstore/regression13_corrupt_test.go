@@ -40,7 +40,7 @@ func TestRegression13CorruptRecordNotReadAsNothing(t *testing.T) {
 // there that the store did not write.
 func atRecordKey(t *testing.T) (*redis.Client, *redisstore.Store, *storetest.Clock, idempotency.Key, string) {
 	c, prefix := newClient(t)
-	clock := storetest.NewClock(time.Now())
+	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
 	p := storetest.Policy()
 	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
 	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}

@@ -54,7 +54,7 @@ func privateRedis(t *testing.T) *redis.Client {
 // units stay held.
 func TestRegression13FullRedisStillFinishesRunningTry(t *testing.T) {
 	c := privateRedis(t)
-	clock := storetest.NewClock(time.Now())
+	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
 	p := storetest.Policy()
 	s := newStore(t, c, "r63:", redisstore.WithPolicy(p), clockOption(clock))
 	ctx := context.Background()

@@ -20,7 +20,7 @@ import (
 // construction: New must refuse it.
 func TestRegression13SubMillisecondWaitTimeoutRefused(t *testing.T) {
 	c, prefix := newClient(t)
-	clock := storetest.NewClock(time.Now())
+	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
 	p := storetest.Policy()
 	s, err := redisstore.New(context.Background(), c, redisstore.WithPrefix(prefix), redisstore.WithPolicy(p),
 		clockOption(clock), redisstore.WithReplicas(1, 500*time.Microsecond))

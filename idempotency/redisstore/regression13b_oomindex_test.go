@@ -21,7 +21,7 @@ import (
 // Begin and Fence of a new record is written past maxmemory.
 func TestRegression13bFullRedisRefusesNewTriesWithPerTenantBound(t *testing.T) {
 	c := privateRedis(t)
-	clock := storetest.NewClock(time.Now())
+	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
 	p := storetest.Policy()
 	s := newStore(t, c, "r71oom:", redisstore.WithPolicy(p), clockOption(clock), redisstore.WithMaxRecordsPerTenant(100))
 	ctx := context.Background()
@@ -57,7 +57,7 @@ func TestRegression13bFullRedisRefusesNewTriesWithPerTenantBound(t *testing.T) {
 // Control: the same without the bound is refused, as it should be.
 func TestRegression13bFullRedisRefusesNewTriesWithoutBound(t *testing.T) {
 	c := privateRedis(t)
-	clock := storetest.NewClock(time.Now())
+	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
 	p := storetest.Policy()
 	s := newStore(t, c, "r71oom0:", redisstore.WithPolicy(p), clockOption(clock))
 	ctx := context.Background()

@@ -22,7 +22,7 @@ import (
 // nothing here: there is no record).
 func TestRegression13cRefusedBeginWritesNothingOnFullRedis(t *testing.T) {
 	c := privateRedis(t)
-	clock := storetest.NewClock(time.Now())
+	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
 	p := storetest.Policy()
 	s := newStore(t, c, "r83oomh:", redisstore.WithPolicy(p), clockOption(clock))
 	ctx := context.Background()

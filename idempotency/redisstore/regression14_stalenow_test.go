@@ -103,6 +103,7 @@ func staleBegin(t *testing.T, opt redisstore.Option) (*redisstore.Store, *redis.
 	// The tenant's horizon starts, then k is minted skew ahead: inside it.
 	_, err = s.Get(ctx, idempotency.Key{Tenant: "acme", AttemptID: attemptIDNow(0), Call: "h", Method: "/x.Y/Z"})
 	require.NoError(t, err)
+	afterHorizon()
 	k := idempotency.Key{Tenant: "acme", AttemptID: attemptIDNow(p.Skew), Call: "0", Method: "/x.Y/Z"}
 	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: time.Now().Add(time.Second)})
 	require.NoError(t, err)

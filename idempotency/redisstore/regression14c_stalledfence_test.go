@@ -74,6 +74,7 @@ func TestRegression14cStoreStalledLostReplyFenceTombstonesSucceededCall(t *testi
 	// The tenant's horizon starts, then k is minted skew ahead: inside it.
 	_, err = s.Get(ctx, idempotency.Key{Tenant: "acme", AttemptID: attemptIDNow(0), Call: "h", Method: "/x.Y/Z"})
 	require.NoError(t, err)
+	afterHorizon()
 	k := idempotency.Key{Tenant: "acme", AttemptID: attemptIDNow(p.Skew), Call: "0", Method: "/x.Y/Z"}
 	ts, _ := idempotency.AttemptTime(k.AttemptID)
 	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: time.Now().Add(time.Second)})

@@ -27,7 +27,17 @@ import (
 // again. The horizon must move past every record Redis may have lost
 // (DESIGN §3.8): to Redis's TIME, not to a reading that may be DefaultKeep
 // old. Real clocks; skew 100 ms.
+//
+// A final review found the same window, narrowed to a skew, when the horizon
+// moved to Redis's time less the skew: the client that minted X ran a skew
+// ahead (as the skew allows). It now moves to Redis's time itself.
 func TestRegression14dRecordsRedisStaleReadingMovesHorizonBeforeLostRecord(t *testing.T) {
+	for _, ahead := range []time.Duration{0, 100 * time.Millisecond} { // the client's clock, ahead of the servers'
+		t.Run("client ahead "+ahead.String(), func(t *testing.T) { staleHorizon(t, ahead) })
+	}
+}
+
+func staleHorizon(t *testing.T, ahead time.Duration) {
 	plain, prefix := newClient(t)
 	p := idempotency.Policy{Skew: 100 * time.Millisecond, Grace: 100 * time.Millisecond,
 		MaxAttemptDeadline: 3 * time.Second, TTL: 10 * time.Second, MaxResponseBytes: 1024}
@@ -55,7 +65,7 @@ func TestRegression14dRecordsRedisStaleReadingMovesHorizonBeforeLostRecord(t *te
 
 	// Meanwhile server B runs call X to SUCCEEDED.
 	time.Sleep(time.Second)
-	x := idempotency.Key{Tenant: tenant, AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}
+	x := idempotency.Key{Tenant: tenant, AttemptID: storetest.AttemptIDAt(time.Now().Add(ahead)), Call: "0", Method: "/x.Y/Z"}
 	res, err := b.Begin(ctx, idempotency.BeginRequest{Key: x, Try: 1, Deadline: time.Now().Add(time.Second)})
 	require.NoError(t, err)
 	require.True(t, res.Started, "refused %v", res.Refusal)

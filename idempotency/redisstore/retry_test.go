@@ -144,7 +144,7 @@ type lossyStore struct {
 
 func newLossyStore(t *testing.T, c redis.UniversalClient, d *lossyDialer, prefix string, opts ...redisstore.Option) lossyStore {
 	t.Helper()
-	clock := storetest.NewClock(time.Now())
+	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
 	p := storetest.Policy()
 	s := newStore(t, c, prefix, append([]redisstore.Option{redisstore.WithPolicy(p), clockOption(clock)}, opts...)...)
 	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}

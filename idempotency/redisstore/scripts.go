@@ -51,17 +51,18 @@ end
 -- missing or was written by another Redis (restart, restore, failover); or,
 -- readonly, nil then, writing nothing. A call may run a while after it read
 -- the clock (see DefaultKeep): its now may be older than records the lost
--- Redis held, so the horizon moves to Redis's own time less the skew when
--- that is later (from the next millisecond: an attempt of the very
--- millisecond the horizon moved in, whose record may have been lost, stays
--- outside it).
+-- Redis held, so the horizon moves to Redis's own time when that is later
+-- (from the next millisecond: an attempt of the very millisecond the
+-- horizon moved in, whose record may have been lost, stays outside it). An
+-- attempt lies inside only when created a skew after it, so one created
+-- before the move by a client a skew ahead stays outside too.
 local function horizon(hk, now, skew, readonly)
   local h = redis.call('HMGET', hk, 'at', 'id')
   local id = identity()
   if h[1] and h[2] == id then return tonumber(h[1]) end
   if readonly then return nil end
   local t = redis.call('TIME')
-  local at = math.max(now, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + 1 - skew)
+  local at = math.max(now, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + 1)
   redis.call('HSET', hk, 'at', n(at), 'id', id)
   return at
 end

@@ -69,6 +69,7 @@ func succeededCall(t *testing.T, s *redisstore.Store, now func() time.Time, skew
 	// that the attempt lies inside it whatever millisecond each falls in.
 	_, err := s.Get(ctx, idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(now()), Call: "h", Method: "/x.Y/Z"})
 	require.NoError(t, err)
+	afterHorizon()
 	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(now().Add(skew)), Call: "0", Method: "/x.Y/Z"}
 	ts, ok := idempotency.AttemptTime(k.AttemptID)
 	require.True(t, ok)
@@ -79,3 +80,9 @@ func succeededCall(t *testing.T, s *redisstore.Store, now func() time.Time, skew
 		State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("charged")}))
 	return k, ts
 }
+
+// afterHorizon waits until the millisecond after a horizon a Redis store
+// just started: the store starts it at the later of the call's reading and
+// Redis's time, from the next millisecond, and an attempt minted by the real
+// clock in the same millisecond lies outside it.
+func afterHorizon() { time.Sleep(2 * time.Millisecond) }

@@ -257,7 +257,7 @@ func TestRedisClusterConformance(t *testing.T) {
 // store's scripts run.
 func TestRedisClusterTenantsSpreadOverNodes(t *testing.T) {
 	c, prefix := newClusterClient(t)
-	clock := storetest.NewClock(time.Now())
+	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
 	p := storetest.Policy()
 	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
 	ctx := context.Background()
@@ -342,7 +342,7 @@ func TestRedisClusterTenantsSpreadOverNodes(t *testing.T) {
 // keys over the primaries.
 func TestRedisClusterWaitForReplicas(t *testing.T) {
 	c, prefix := newClusterClient(t)
-	clock := storetest.NewClock(time.Now())
+	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
 	p := storetest.Policy()
 	ctx := context.Background()
 	nodes := primaries(t, c)
@@ -438,7 +438,7 @@ func TestRedisClusterNewChecksEveryNode(t *testing.T) {
 // the contrast: the lone Redis has no replica and they are refused).
 func TestRedisReplicatedWaitForReplicas(t *testing.T) {
 	primary, replica, prefix := newReplicatedClients(t)
-	clock := storetest.NewClock(time.Now())
+	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
 	p := storetest.Policy()
 	s := newStore(t, primary, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithReplicas(1, 2*time.Second))
 	ctx := context.Background()
@@ -477,7 +477,7 @@ func TestRedisReplicatedWaitForReplicas(t *testing.T) {
 // The replica is made a replica of the primary again at the end.
 func TestRedisFailoverMovesHorizon(t *testing.T) {
 	primary, replica, prefix := newReplicatedClients(t)
-	clock := storetest.NewClock(time.Now())
+	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
 	p := storetest.Policy()
 	s := newStore(t, primary, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithReplicas(1, 2*time.Second))
 	ctx := context.Background()

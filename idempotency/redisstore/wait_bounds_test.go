@@ -35,7 +35,7 @@ func tick(t testing.TB, c *redis.Client) time.Duration {
 // store sharing its clock, and a key inside their started horizon.
 func waitingStores(t *testing.T, c *redis.Client, prefix string, timeout time.Duration) (waiting, plain *redisstore.Store, clock *storetest.Clock, k idempotency.Key) {
 	t.Helper()
-	clock = storetest.NewClock(time.Now())
+	clock = storetest.NewClock(time.Now().Add(storetest.ClockLead))
 	p := storetest.Policy()
 	waiting = newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithReplicas(1, timeout))
 	plain = newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))

@@ -48,3 +48,11 @@ func AttemptIDAt(t time.Time) string {
 	copy(u[0:6], ms[2:8])
 	return u.String()
 }
+
+// ClockLead is how far ahead of the real clock the suites start their
+// clocks. A Redis store moves a lost or new horizon to the later of the
+// call's reading and Redis's own time (TIME), so that a call whose reading
+// is old cannot set it before records Redis lost; a test clock that starts
+// at the real time falls behind Redis's as soon as real time passes, and
+// the horizon would then follow Redis's time instead of the test's.
+const ClockLead = time.Second

@@ -29,7 +29,7 @@ func RunPerTenantBound(t *testing.T, newStore func(t *testing.T, clock *Clock, p
 // DefaultKeep): room comes back that long after the records expire.
 func RunPerTenantBoundKept(t *testing.T, kept time.Duration, newStore func(t *testing.T, clock *Clock, policy idempotency.Policy) idempotency.Store) {
 	t.Helper()
-	clock := NewClock(time.Now())
+	clock := NewClock(time.Now().Add(ClockLead))
 	p := Policy()
 	s := newStore(t, clock, p)
 	ctx := context.Background()

@@ -61,7 +61,7 @@ func Policy() idempotency.Policy {
 func Run(t *testing.T, newStore func(t *testing.T, clock *Clock, policy idempotency.Policy) Harness) {
 	t.Helper()
 	setup := func(t *testing.T) *env {
-		clock := NewClock(time.Now())
+		clock := NewClock(time.Now().Add(ClockLead))
 		p := Policy()
 		h := newStore(t, clock, p)
 		e := &env{t: t, clock: clock, p: p, h: h, s: h.Store, ctx: context.Background(), start: clock.Now()}
