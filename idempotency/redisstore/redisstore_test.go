@@ -424,6 +424,7 @@ func BenchmarkRedisStoreBeginFinish(b *testing.B) {
 	if _, err := s.Get(ctx, idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}); err != nil {
 		b.Fatal(err)
 	}
+	afterHorizon()
 	id := storetest.AttemptIDAt(time.Now().Add(idempotency.DefaultPolicy().Skew))
 	const method = "/shop.v1.Orders/Place"
 	req := make([]byte, 128)
@@ -474,6 +475,7 @@ func TestRedisTenantIndexFollowsItsRecords(t *testing.T) {
 	_, err := s.Get(ctx, idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"})
 	require.NoError(t, err)
 	time.Sleep(p.Skew)
+	afterHorizon() // the horizon starts at Redis's time, from the next millisecond
 	key := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}
 	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: key, Try: 1, Deadline: time.Now().Add(time.Second)})
 	require.NoError(t, err)
