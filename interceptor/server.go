@@ -198,13 +198,9 @@ func tenantToken(t string) string {
 }
 
 // expired is the refusal of a try that came after its attempt's deadline.
-func expired(s *attemptState) error { return expiredTry(s.ID, s.Call, s.Try) }
-
-// expiredTry is the refusal of try of call of attempt, which came after the
-// attempt's deadline.
-func expiredTry(attempt, call string, try uint32) error {
+func expired(s *attemptState) error {
 	return status.NotAdmitted(status.ReasonDeadlineExpired, status.Fields{
-		AttemptID: attempt, Call: call, Try: try, Final: true,
+		AttemptID: s.ID, Call: s.Call, Try: s.Try, Final: true,
 		Message: "interceptor: the attempt's deadline has passed",
 	})
 }

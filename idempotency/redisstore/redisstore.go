@@ -613,7 +613,7 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 		if acked >= 0 && acked < s.replicas {
 			// The handler will not run: make the try a tombstone so its
 			// next try may start.
-			s.fenceBegun(ctx, req, tok, shortfallFenceTimeout)
+			s.endBegun(ctx, req, tok, false, shortfallFenceTimeout)
 			return idempotency.BeginResult{}, s.short(acked)
 		}
 		return idempotency.BeginResult{Started: true}, nil
@@ -635,14 +635,6 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 		return idempotency.BeginResult{}, s.tenantFull(req.Key)
 	}
 	return idempotency.BeginResult{}, fmt.Errorf("%w: redisstore: unexpected begin reply %d", idempotency.ErrStoreUnavailable, kind)
-}
-
-// fenceBegun ends, as a tombstone, the try that the Begin call which sent
-// tok began, if it did: best effort, on a context of its own bounded by
-// timeout, since the caller's may be about to end or have ended. The token
-// makes it end only the record this very call began, never another Begin's.
-func (s *Store) fenceBegun(ctx context.Context, req idempotency.BeginRequest, tok []byte, timeout time.Duration) {
-	s.endBegun(ctx, req, tok, false, timeout)
 }
 
 // endBegun ends the try that Begin call tok may have begun, and that no

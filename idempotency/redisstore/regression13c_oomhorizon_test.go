@@ -14,7 +14,7 @@ import (
 // A full Redis refuses a new try, and the refused script writes nothing
 // (its first write, horizon()'s HSET for a tenant without a horizon key, is
 // the one Redis refuses). But Begin takes the OOM error as "may have run"
-// and sends fenceBegun's finish; that finish is refused for OOM too, and
+// and sends the fence of the try it began (endBegun); that finish is refused for OOM too, and
 // Store.finish then resends it as finishFullScript (allow-oom), whose
 // horizon() writes the tenant's horizon key past maxmemory. A refused new
 // try of a tenant Redis has not seen leaves a key behind on a full Redis:
