@@ -16,7 +16,7 @@ import (
 // after its clock reading only when the reply arrives (late → finish the
 // begun try UNKNOWN). When the reply of such a late run is lost (the context
 // ends, or go-redis gives up), Begin took the error path and its fence (endBegun)
-// ends the begun try FENCED — a tombstone that licenses the next try. The
+// ended the begun try FENCED — a tombstone that licenses the next try. The
 // late run had vouched, with its stale now, for the absence of a SUCCEEDED
 // record that Redis had already removed: the next try starts and the
 // handler of a call that SUCCEEDED runs again (DESIGN.md §3.7).
