@@ -38,28 +38,9 @@ func (h trailerSeen) HandleConn(context.Context, stats.ConnStats)               
 func TestRegression14cClientStreamCompletedBeforeConnCloseKeepsItsMessages(t *testing.T) {
 	for _, tollgate := range []bool{false, true} {
 		t.Run(map[bool]string{false: "plain grpc-go", true: "tollgate"}[tollgate], func(t *testing.T) {
-			svc := &testsvc.Service{WatchFunc: func(_ *testingv1.WatchRequest, ss grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
-				return sendWatch(ss, 3)
-			}}
-			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
-			seen := trailerSeen{ch: make(chan struct{}, 1)}
-			dial := []grpc.DialOption{grpc.WithStatsHandler(seen)}
-			if tollgate {
-				dial = append(interceptor.DialOptions(fastRetry(3), interceptor.WithAttemptTimeout(time.Minute)), dial...)
-			}
-			conn, err := end.Dial(dial...)
-			require.NoError(t, err)
-			client := testingv1.NewTestServiceClient(conn)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			finished := make(chan error, 1)
-			st, err := client.Watch(ctx, &testingv1.WatchRequest{Key: "k"}, grpc.OnFinish(func(err error) { finished <- err }))
-			require.NoError(t, err)
-			select {
-			case <-seen.ch: // the whole stream arrived, unread
-			case <-time.After(10 * time.Second):
-				t.Fatal("precondition: the server's status never arrived")
-			}
+			conn, st, finished := completedUnreadWatch(t, ctx, tollgate)
 			require.NoError(t, conn.Close())
 			select {
 			case err := <-finished:
@@ -72,4 +53,34 @@ func TestRegression14cClientStreamCompletedBeforeConnCloseKeepsItsMessages(t *te
 			require.Equal(t, []string{"0", "1", "2"}, got)
 		})
 	}
+}
+
+// completedUnreadWatch opens a Watch on ctx (through tollgate's dial
+// options, with tollgate) whose server sends three messages and OK, and
+// waits until all of it arrived, unread. It returns the connection, the
+// stream and the channel of the caller's OnFinish.
+func completedUnreadWatch(t *testing.T, ctx context.Context, tollgate bool) (*grpc.ClientConn, grpc.ServerStreamingClient[testingv1.WatchResponse], chan error) {
+	t.Helper()
+	svc := &testsvc.Service{WatchFunc: func(_ *testingv1.WatchRequest, ss grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
+		return sendWatch(ss, 3)
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	seen := trailerSeen{ch: make(chan struct{}, 1)}
+	dial := []grpc.DialOption{grpc.WithStatsHandler(seen)}
+	if tollgate {
+		dial = append(interceptor.DialOptions(fastRetry(3), interceptor.WithAttemptTimeout(time.Minute)), dial...)
+	}
+	conn, err := end.Dial(dial...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	finished := make(chan error, 1)
+	st, err := testingv1.NewTestServiceClient(conn).Watch(ctx, &testingv1.WatchRequest{Key: "k"},
+		grpc.OnFinish(func(err error) { finished <- err }))
+	require.NoError(t, err)
+	select {
+	case <-seen.ch: // the whole stream arrived, unread
+	case <-time.After(10 * time.Second):
+		t.Fatal("precondition: the server's status never arrived")
+	}
+	return conn, st, finished
 }

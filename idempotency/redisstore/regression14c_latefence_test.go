@@ -29,23 +29,9 @@ func TestRegression14cStoreLateFenceTombstoneLetsSucceededCallRunAgain(t *testin
 		hooks.RedisKeep(300*time.Millisecond).(redisstore.Option))
 	ctx := context.Background()
 	k, ts := succeededCall(t, s, clk.now, p.Skew)
-	rk := recordKey(prefix, k)
-
 	// The owner's FenceAttempt(1) reads the clock shortly before absence
 	// stops being evidence, then waits for the only pooled connection.
-	time.Sleep(time.Until(ts.Add(-p.Skew + p.TTL - 300*time.Millisecond)))
-	held := c.Conn()
-	require.NoError(t, held.Ping(ctx).Err())
-	done := make(chan error, 1)
-	clk.arm()
-	go func() {
-		_, err := s.Fence(ctx, k, 1)
-		done <- err
-	}()
-	<-clk.read
-	waitFor(t, 10*time.Second, "Redis removing the SUCCEEDED record", func() bool { return plain.Exists(ctx, rk).Val() == 0 })
-	require.NoError(t, held.Close())
-	require.ErrorIs(t, <-done, idempotency.ErrStoreUnavailable, "the late Fence is refused")
+	require.ErrorIs(t, lateFence(t, s, c, plain, prefix, clk, p, k, ts), idempotency.ErrStoreUnavailable, "the late Fence is refused")
 
 	rec, err := s.Get(ctx, k)
 	require.NoError(t, err)

@@ -41,23 +41,9 @@ func redisBehind(t *testing.T, ahead time.Duration) {
 	}
 	ctx := context.Background()
 	k, ts := succeededCall(t, s, clk.now, p.Skew)
-	rk := recordKey(prefix, k)
-
 	// The owner's FenceAttempt(1) reads the clock shortly before absence
 	// stops being evidence, then waits for the only pooled connection.
-	time.Sleep(ts.Add(-p.Skew + p.TTL - 300*time.Millisecond).Sub(clk.now()))
-	held := c.Conn()
-	require.NoError(t, held.Ping(ctx).Err())
-	done := make(chan error, 1)
-	clk.arm()
-	go func() {
-		_, err := s.Fence(ctx, k, 1)
-		done <- err
-	}()
-	<-clk.read
-	waitFor(t, 10*time.Second, "Redis removing the SUCCEEDED record", func() bool { return plain.Exists(ctx, rk).Val() == 0 })
-	require.NoError(t, held.Close())
-	t.Logf("the late Fence answered %v", <-done)
+	t.Logf("the late Fence answered %v", lateFence(t, s, c, plain, prefix, clk, p, k, ts))
 
 	rec, err := s.Get(ctx, k)
 	require.NoError(t, err)

@@ -86,3 +86,27 @@ func succeededCall(t *testing.T, s *redisstore.Store, now func() time.Time, skew
 // Redis's time, from the next millisecond, and an attempt minted by the real
 // clock in the same millisecond lies outside it.
 func afterHorizon() { time.Sleep(2 * time.Millisecond) }
+
+// lateFence sends FenceAttempt(1) of k (its records under prefix), whose
+// attempt was created at ts, so that it reads the clock shortly before the
+// absence of k's record stops being evidence, then waits for c's only pooled
+// connection until Redis has removed the record; it returns the Fence's
+// error.
+func lateFence(t *testing.T, s *redisstore.Store, c, plain *redis.Client, prefix string, clk *armedClock, p idempotency.Policy, k idempotency.Key, ts time.Time) error {
+	t.Helper()
+	ctx := context.Background()
+	rk := recordKey(prefix, k)
+	time.Sleep(ts.Add(-p.Skew + p.TTL - 300*time.Millisecond).Sub(clk.now()))
+	held := c.Conn()
+	require.NoError(t, held.Ping(ctx).Err())
+	done := make(chan error, 1)
+	clk.arm()
+	go func() {
+		_, err := s.Fence(ctx, k, 1)
+		done <- err
+	}()
+	<-clk.read
+	waitFor(t, 10*time.Second, "Redis removing the SUCCEEDED record", func() bool { return plain.Exists(ctx, rk).Val() == 0 })
+	require.NoError(t, held.Close())
+	return <-done
+}
