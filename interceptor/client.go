@@ -478,11 +478,18 @@ type clientStream struct {
 	// the next try starts: a panic that passes later must not settle it
 	// again (panickedLocked).
 	settled bool
-	// released is set when the caller's context ended after the try's
-	// status arrived, unread: the bookkeeping ended (releaseLocked), the
-	// stream still answers the caller's reads.
+	// released is set when the stream's bookkeeping ended (releaseLocked)
+	// while the caller may still read it: its context ended, or its
+	// ClientConn closed, after the try's status arrived, unread; or the
+	// try's deadline cut it while nothing read it (expireLocked). The stream
+	// still answers the caller's reads.
 	released bool
-	counted  int // tries counted against the policy (fence jumps are not)
+	// kept is the result a stream was released with at its try's deadline
+	// (keptSet): its reads end with it once they have had the messages that
+	// came before the cut, rather than with a second resolution.
+	kept    error
+	keptSet bool
+	counted int // tries counted against the policy (fence jumps are not)
 	// What the caller sent, for replay: clones of its messages, their size.
 	// overflow: replay is off for good (the limit was passed or a message
 	// could not be kept).

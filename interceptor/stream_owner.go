@@ -201,39 +201,81 @@ func (cs *clientStream) newTryStreamLocked(ctx context.Context) (grpc.ClientStre
 		}
 	}()
 	gen := cs.gen
-	opts := append(cs.opts[:len(cs.opts):len(cs.opts)], grpc.OnFinish(func(err error) { cs.tryFinished(gen, err) }))
+	opts := append(cs.opts[:len(cs.opts):len(cs.opts)], grpc.OnFinish(func(err error) { cs.tryFinished(gen, ctx, err) }))
 	st, err := cs.streamer(ctx, cs.desc, cs.w.cc, cs.w.cl.method, opts...)
 	opened = true
 	return st, err
 }
 
-// tryFinished is the OnFinish of the try of generation gen: grpc-go ran it
-// because the try's stream ended, whatever ended it. When the ClientConn
-// closed (grpc-go's first way to release a stream; the conn is shut down)
-// while the caller's context lives, nothing reads the stream and the try's
-// status had not arrived, no
-// method of the caller's will come to end it, and its grant, its span and
-// the caller's OnFinish would stay open: it is ended here, as an abandoned
-// stream is. grpc-go may run this while the owner holds cs.mu (a try that
-// failed to open), so it does the work on a goroutine of its own, which ends
-// with it.
-func (cs *clientStream) tryFinished(gen uint64, err error) {
-	if cs.ctx.Err() != nil || cs.w.cc == nil || cs.w.cc.GetState() != connectivity.Shutdown {
-		return // an answer (a peer's CANCELLED too), which the caller reads, or the caller's own end (abandon)
+// tryFinished is the OnFinish of the try of generation gen, whose context
+// is tctx: grpc-go ran it because the try's stream ended, whatever ended it.
+// Two ends come while the caller's context lives and may leave nothing of
+// the caller's to see them: the ClientConn closed (the conn is shut down),
+// or the try's own deadline passed (the attempt's, or the caller's, less
+// the hop margin: a stream's try has no shorter one). grpc-go ends its
+// stream at either, read or not, and runs OnFinish; so, when no RecvMsg is
+// under way to do it, the stream is ended here, as a read would have ended
+// it, or released (see releaseLocked) when the caller still has something
+// to read: the try's status, or messages that came before the deadline.
+// Any other end is an answer, which the caller reads. grpc-go may run this
+// while the owner holds cs.mu (a try that failed to open), so the work is
+// done on a goroutine of its own, which ends with it.
+func (cs *clientStream) tryFinished(gen uint64, tctx context.Context, err error) {
+	if cs.ctx.Err() != nil {
+		return // the caller's own end (abandon)
+	}
+	expired := errors.Is(tctx.Err(), context.DeadlineExceeded)
+	if !expired && (cs.w.cc == nil || cs.w.cc.GetState() != connectivity.Shutdown) {
+		return // an answer (a peer's CANCELLED too), which the caller reads
 	}
 	go func() {
+		defer func() {
+			// A panic below the interceptor in a resolution query ended the
+			// stream (expireLocked); on this goroutine it is logged.
+			if r := recover(); r != nil {
+				logger.Errorf("interceptor: a panic below the interceptor while a stream was ended unread: %v", r)
+			}
+		}()
 		cs.mu.Lock()
 		defer cs.mu.Unlock()
-		if cs.done || cs.receiving || gen != cs.gen || cs.settled ||
-			cs.t.delivery.state() == status.PeerStatus {
-			// Ended; or a RecvMsg or the owner sees it; or the try's
-			// status arrived before the close, and the caller's reads
-			// still drain its messages and that status.
-			return
+		if cs.done || cs.receiving || gen != cs.gen || cs.settled || cs.released {
+			return // ended, or a RecvMsg or the owner sees it
 		}
-		o := cs.finishLocked(err)
-		cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
+		switch {
+		case cs.t.delivery.state() == status.PeerStatus:
+			// The try's status arrived first: the caller's reads still
+			// drain its messages and that status.
+			cs.releaseLocked(err)
+		case expired:
+			cs.expireLocked(err)
+		default:
+			o := cs.finishLocked(err)
+			cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
+		}
 	}()
+}
+
+// expireLocked ends the current try, cut by its deadline (err) while nothing
+// read the stream: its outcome is decided, and resolved when unknown, as a
+// RecvMsg that saw the cut would; then the stream is released with that
+// result, so that the caller's reads still get the messages that arrived
+// before the cut (grpc-go hands them out before the deadline's error) and
+// then the same result.
+func (cs *clientStream) expireLocked(err error) {
+	returned := false
+	defer func() {
+		if !returned { // a panic below the interceptor in a query: the stream ends
+			cs.panickedLocked()
+		}
+	}()
+	next, result, repeat := cs.afterTryLocked(err)
+	returned = true
+	if repeat {
+		cs.tryFromLocked(next) // never under way after the deadline; nothing was read of the cut try
+		return
+	}
+	cs.kept, cs.keptSet = result, true
+	cs.releaseWithLocked(result)
 }
 
 // replayLocked sends what the caller sent so far on a new try's stream,
@@ -479,15 +521,21 @@ func (cs *clientStream) abandonLocked() {
 	cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
 }
 
-// releaseLocked releases a stream whose caller's context ended (err) after
-// its try's status arrived, unread: as grpc-go's, the caller's reads still
+// releaseLocked releases a stream whose caller's context ended, or whose
+// ClientConn closed or try's deadline passed (err), after its try's status
+// arrived, unread: as grpc-go's, the caller's reads still
 // drain its messages and the real status, so the stream does not end; but
 // the caller may have gone, so its bookkeeping ends now: the try is settled
 // (from its tollgate-spent when it came), the span ends and the caller's
 // OnFinish runs, with err. The stream's later end does neither again.
 func (cs *clientStream) releaseLocked(err error) {
 	o := cs.finishLocked(err)
-	result := cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o))
+	cs.releaseWithLocked(cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
+}
+
+// releaseWithLocked ends a stream's bookkeeping with result, leaving the
+// stream readable.
+func (cs *clientStream) releaseWithLocked(result error) {
 	cs.released = true
 	if cs.stop != nil {
 		cs.stop()
@@ -512,6 +560,10 @@ func (cs *clientStream) settleLocked(err error) {
 }
 
 func (cs *clientStream) settleTryLocked(err error) {
+	if cs.keptSet {
+		cs.endLocked(cs.n, cs.kept) // the result the stream was released with
+		return
+	}
 	if err == io.EOF {
 		err = nil
 	}
