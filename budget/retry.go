@@ -35,13 +35,24 @@ const (
 // time.Now; the …At methods take it as an argument instead (for tests), and
 // a time earlier than one already seen counts as no time elapsed.
 type RetryBudget struct {
-	mu     sync.Mutex
-	ratio  float64
-	rate   float64 // tokens per second
-	max    float64
-	tokens float64
-	last   time.Time
+	mu    sync.Mutex
+	ratio float64
+	rate  float64 // tokens per second
+	max   float64
+	// The bucket counts in millionths of a token (micro), so that ten
+	// deposits of 0.1 make exactly one token: float64 sums of the ratio fall
+	// short of a whole token and refuse the retry they paid for.
+	microRatio  int64
+	microMax    int64
+	microTokens int64
+	last        time.Time
 }
+
+// micro is one token in the bucket's unit.
+const micro = 1_000_000
+
+// MaxRetryTokensLimit is the largest [WithMaxRetryTokens] accepts.
+const MaxRetryTokensLimit = 1e12
 
 // RetryBudgetOption configures a budget built by [NewRetryBudget].
 type RetryBudgetOption interface{ applyRetryBudget(*RetryBudget) }
@@ -51,7 +62,8 @@ type retryBudgetFunc func(*RetryBudget)
 func (f retryBudgetFunc) applyRetryBudget(b *RetryBudget) { f(b) }
 
 // WithRetryRatio sets the tokens each first try earns, the share of requests
-// that may be retried: 0 to 1, default [DefaultRetryRatio].
+// that may be retried: 0 to 1, default [DefaultRetryRatio]. It is kept to
+// six decimal places.
 func WithRetryRatio(r float64) RetryBudgetOption {
 	return retryBudgetFunc(func(b *RetryBudget) { b.ratio = r })
 }
@@ -62,8 +74,8 @@ func WithMinRetriesPerSecond(n float64) RetryBudgetOption {
 	return retryBudgetFunc(func(b *RetryBudget) { b.rate = n })
 }
 
-// WithMaxRetryTokens caps the tokens saved up: ≥ 1, default
-// [DefaultMaxRetryTokens].
+// WithMaxRetryTokens caps the tokens saved up: 1 to [MaxRetryTokensLimit],
+// default [DefaultMaxRetryTokens].
 func WithMaxRetryTokens(n float64) RetryBudgetOption {
 	return retryBudgetFunc(func(b *RetryBudget) { b.max = n })
 }
@@ -91,13 +103,15 @@ func NewRetryBudget(opts ...RetryBudgetOption) (*RetryBudget, error) {
 		return nil, fmt.Errorf("%w: retry ratio %v is not within [0, 1]", ErrInvalidRetryBudget, b.ratio)
 	case !(b.rate >= 0) || math.IsInf(b.rate, 0):
 		return nil, fmt.Errorf("%w: minimum retries per second %v is not finite and >= 0", ErrInvalidRetryBudget, b.rate)
-	case !(b.max >= 1) || math.IsInf(b.max, 0):
-		return nil, fmt.Errorf("%w: maximum retry tokens %v is not finite and >= 1", ErrInvalidRetryBudget, b.max)
+	case !(b.max >= 1 && b.max <= MaxRetryTokensLimit):
+		return nil, fmt.Errorf("%w: maximum retry tokens %v is not within [1, %g]", ErrInvalidRetryBudget, b.max, float64(MaxRetryTokensLimit))
 	}
+	b.microRatio = int64(math.Round(b.ratio * micro))
+	b.microMax = int64(math.Round(b.max * micro))
 	// Start with the whole reserve, as gRPC's retry throttling and
 	// Finagle's retry budget do: a client that has just started, or sends
 	// little, may still repeat a few calls; a storm drains it at once.
-	b.tokens = b.max
+	b.microTokens = b.microMax
 	return b, nil
 }
 
@@ -111,10 +125,10 @@ func (b *RetryBudget) WithdrawAt(now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.refillLocked(now)
-	if b.tokens < 1 {
+	if b.microTokens < micro {
 		return false
 	}
-	b.tokens--
+	b.microTokens -= micro
 	return true
 }
 
@@ -127,7 +141,7 @@ func (b *RetryBudget) DepositAt(now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.refillLocked(now)
-	b.tokens = min(b.tokens+b.ratio, b.max)
+	b.microTokens = min(b.microTokens+b.microRatio, b.microMax)
 }
 
 // Tokens returns the tokens available now.
@@ -138,7 +152,7 @@ func (b *RetryBudget) TokensAt(now time.Time) float64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.refillLocked(now)
-	return b.tokens
+	return float64(b.microTokens) / micro
 }
 
 func (b *RetryBudget) refillLocked(now time.Time) {
@@ -149,9 +163,19 @@ func (b *RetryBudget) refillLocked(now time.Time) {
 	if !now.After(b.last) {
 		return
 	}
-	elapsed := now.Sub(b.last)
-	b.last = now
-	if b.rate > 0 && b.tokens < b.max {
-		b.tokens = min(b.tokens+elapsed.Seconds()*b.rate, b.max)
+	room := b.microMax - b.microTokens
+	if b.rate == 0 || room <= 0 {
+		b.last = now // nothing accrues while the bucket is full
+		return
 	}
+	add := now.Sub(b.last).Seconds() * b.rate * micro
+	switch {
+	case add >= float64(room):
+		b.microTokens = b.microMax
+	case add >= 1:
+		b.microTokens += int64(add)
+	default:
+		return // less than a millionth of a token: the time counts towards the next refill
+	}
+	b.last = now
 }
