@@ -245,15 +245,35 @@ func boolInt(b bool) int64 {
 	return 0
 }
 
-// exhausted builds the local ALLOWANCE_EXHAUSTED refusal of try n and counts it.
+// exhausted builds the local ALLOWANCE_EXHAUSTED refusal of try n and counts
+// it. A sealed ledger's free units went back to its caller: none remain.
 func (c *client) exhausted(ctx context.Context, s *attemptState, key string, n uint32) error {
 	snap := s.ledger.Snapshot()
 	c.tel.exhausted.Add(ctx, 1)
-	return status.NotAdmitted(status.ReasonAllowanceExhausted, status.Fields{
+	f := status.Fields{
 		AttemptID: s.ID, Call: key, Try: n,
 		Final:   snap.Origin && snap.Spent >= snap.Total,
 		Message: "interceptor: the attempt's allowance has no free unit",
-	}, status.WithUnitsRemaining(snap.Free))
+	}
+	if snap.Sealed {
+		f.Message = "interceptor: the handler's allowance was sealed when it answered"
+		return status.NotAdmitted(status.ReasonAllowanceExhausted, f)
+	}
+	return status.NotAdmitted(status.ReasonAllowanceExhausted, f, status.WithUnitsRemaining(snap.Free))
+}
+
+// unpayable reports whether prepare is sure to refuse try n of a call under
+// s ALLOWANCE_EXHAUSTED, whatever happens meanwhile: below the origin, the
+// ledger is sealed or holds no unit free or able to come back (reserved or
+// held); at the origin, a repeat once every unit below was spent. The owner
+// asks before it spends a retry-budget token and waits a backoff for a
+// repeat.
+func unpayable(s *attemptState, n uint32) bool {
+	snap := s.ledger.Snapshot()
+	if s.Origin {
+		return n > 1 && snap.Total > 0 && snap.Spent >= snap.Total
+	}
+	return snap.Sealed || snap.Free+snap.Reserved+snap.Held <= 0
 }
 
 // finish ends try t with err: it settles the callee's grant as DESIGN.md

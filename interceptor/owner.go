@@ -111,9 +111,6 @@ type owner struct {
 	// ATTEMPT_FENCED: from then on only a finished record or a FENCED
 	// answer may end the call NOT_ADMITTED.
 	doubt bool
-	// queries counts the resolution queries sent; the first one of the call
-	// spends its retry-budget token.
-	queries int
 	// pushback is the last try's grpc-retry-pushback-ms (see delivery).
 	pushback int64
 	// verify is set when a resolution found a finished record under an
@@ -257,6 +254,11 @@ func (w *owner) proceed(ctx context.Context, n uint32, counted int, err error) e
 	if !ok {
 		return w.conclude(n, err) // no useful try fits: no retry-budget token is spent on it
 	}
+	if unpayable(w.cl.s, n+1) {
+		// The allowance refuses the repeat whatever happens meanwhile: no
+		// token is spent and no backoff waited for a try never sent.
+		return w.conclude(n+1, w.c.exhausted(ctx, w.cl.s, w.cl.key, n+1))
+	}
 	if w.tgt.budget != nil && !w.tgt.budget.Withdraw() {
 		return w.budgetExhausted(ctx, n, err)
 	}
@@ -382,7 +384,6 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 	if w.tgt.budget != nil && !w.tgt.budget.Withdraw() {
 		return 0, w.budgetExhausted(ctx, n, last), true
 	}
-	w.queries++
 	// The grace runs from the earlier of the attempt's deadline and the
 	// caller's own (a call under a longer attempt, or a handler's call with
 	// a timeout of its own).
