@@ -76,7 +76,11 @@ func AttemptFromContext(ctx context.Context) (Attempt, bool) {
 // keyed 0, 1, 2, … in the order they are made. Without it, each call made
 // outside a handler is an attempt of its own. The returned context also
 // carries the attempt's ledger (budget.FromContext), whose Snapshot shows
-// what the calls below spent. units must be in [0, 1,000,000]
+// what the calls below spent. Under a handler's context it starts a new
+// attempt all the same, outside the handler's: its calls carry another
+// identity and are not charged to the caller's allowance, so use it there
+// only for work that is not part of serving the caller (a handler's own
+// calls need nothing: they belong to its attempt). units must be in [0, 1,000,000]
 // and timeout in (0, 24h], as WithAttemptTimeout's; otherwise the error
 // wraps ErrInvalidOption.
 func StartAttempt(ctx context.Context, units int64, timeout time.Duration) (context.Context, error) {
