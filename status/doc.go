@@ -64,13 +64,17 @@
 // table for errors without a tollgate detail:
 //
 //	delivery          code                  outcome
-//	NotSent           any                   NOT_ADMITTED, reason NOT_SENT
+//	NotSent           definite (as above)   FAILED (that definite error)
+//	NotSent           any other             NOT_ADMITTED, reason NOT_SENT
 //	PeerStatus        definite (as above)   FAILED (that definite error)
 //	PeerStatus        any other             UNKNOWN
 //	MaybeSent         any                   UNKNOWN, reason CALL_LOST
 //
-// A definite code stays definite only when the peer's status arrived: a
-// client-side NOT_FOUND, say, proves nothing about the server.
+// A definite code stays definite only when the peer's status arrived, or
+// when nothing left the client: then it is the client's own failure
+// (credentials refused UNAUTHENTICATED, an inner interceptor's
+// INVALID_ARGUMENT), which no repeat mends. After the request may have been
+// sent, a client-side NOT_FOUND, say, proves nothing about the server.
 //
 // # Classifying a handler's result
 //

@@ -53,15 +53,22 @@ func ExampleOutcomeOf() {
 }
 
 func ExampleOutcomeOfCall() {
-	err := grpcstatus.Error(codes.NotFound, "no such order")
-	for _, d := range []status.Delivery{status.NotSent, status.MaybeSent, status.PeerStatus} {
-		o := status.OutcomeOfCall(err, d)
-		fmt.Println(d, o.Kind, status.ReasonName(o.Reason))
+	for _, err := range []error{
+		grpcstatus.Error(codes.Unavailable, "connection refused"),
+		grpcstatus.Error(codes.NotFound, "no such order"),
+	} {
+		for _, d := range []status.Delivery{status.NotSent, status.MaybeSent, status.PeerStatus} {
+			o := status.OutcomeOfCall(err, d)
+			fmt.Println(o.Code, d, o.Kind, status.ReasonName(o.Reason))
+		}
 	}
 	// Output:
-	// NOT_SENT NOT_ADMITTED NOT_SENT
-	// MAYBE_SENT UNKNOWN CALL_LOST
-	// PEER_STATUS FAILED UNSPECIFIED
+	// Unavailable NOT_SENT NOT_ADMITTED NOT_SENT
+	// Unavailable MAYBE_SENT UNKNOWN CALL_LOST
+	// Unavailable PEER_STATUS UNKNOWN UNSPECIFIED
+	// NotFound NOT_SENT FAILED UNSPECIFIED
+	// NotFound MAYBE_SENT UNKNOWN CALL_LOST
+	// NotFound PEER_STATUS FAILED UNSPECIFIED
 }
 
 func ExampleHandlerOutcome() {

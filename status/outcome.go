@@ -117,8 +117,11 @@ func OutcomeOf(err error) Outcome {
 
 // OutcomeOfCall classifies the error a client's call ended with, using what
 // the client knows of its delivery. An error with a tollgate detail is
-// classified by the detail, as [OutcomeOf] does; otherwise: never sent →
-// NOT_ADMITTED, NOT_SENT; the peer's status arrived with a definite code →
+// classified by the detail, as [OutcomeOf] does; otherwise: never sent with
+// a definite code (a client-side failure that no repeat can mend: credentials
+// refused UNAUTHENTICATED, an inner interceptor's INVALID_ARGUMENT) → FAILED;
+// never sent with any other code → NOT_ADMITTED, NOT_SENT; the peer's status
+// arrived with a definite code →
 // FAILED; the peer's status arrived with any other code → UNKNOWN; no peer
 // status → UNKNOWN, CALL_LOST. A Delivery value not declared here counts as
 // [MaybeSent]. A nil error is [KindOK].
@@ -132,6 +135,9 @@ func OutcomeOfCall(err error, d Delivery) Outcome {
 	}
 	switch d {
 	case NotSent:
+		if definite(x.code) && !x.ctxErr {
+			return Outcome{Kind: KindFailed, Code: x.code}
+		}
 		return Outcome{Kind: KindNotAdmitted, Reason: ReasonNotSent, Code: x.code}
 	case PeerStatus:
 		if definite(x.code) && !x.ctxErr {

@@ -145,6 +145,9 @@ func TestOutcomeOfCall(t *testing.T) {
 		for code := codes.Canceled; code <= codes.Unauthenticated; code++ {
 			var want status.Outcome
 			switch {
+			case d == status.NotSent && definiteCodes[code]:
+				// A client-side failure no repeat can mend.
+				want = status.Outcome{Kind: status.KindFailed, Code: code}
 			case d == status.NotSent:
 				want = status.Outcome{Kind: status.KindNotAdmitted, Reason: status.ReasonNotSent, Code: code}
 			case d == status.PeerStatus && definiteCodes[code]:
