@@ -7,6 +7,7 @@ import (
 	"unicode/utf8"
 
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
@@ -340,7 +341,8 @@ func (e *Error) Detail() *tollgatev1.OutcomeDetail {
 
 // GRPCStatus returns the status that carries the error across gRPC: its code
 // and message, the OutcomeDetail, a google.rpc.ErrorInfo and, when a delay was
-// suggested, a google.rpc.RetryInfo, in that order. The status is built on the
+// suggested, a google.rpc.RetryInfo, in that order; an unknown outcome then
+// carries its cause's details, but for tollgate's own and a RetryInfo. The status is built on the
 // first call and shared by later ones (a grpc-go Status is immutable). A nil
 // *Error has no status (grpc-go then sends UNKNOWN).
 func (e *Error) GRPCStatus() *grpcstatus.Status {
@@ -379,7 +381,40 @@ func (e *Error) buildStatus() *grpcstatus.Status {
 		n = 3
 	}
 	p.s.Code, p.s.Message, p.s.Details = int32(e.code), e.msg, p.details[:n:n]
+	if e.outcome == tollgatev1.Outcome_OUTCOME_UNKNOWN {
+		p.s.Details = append(p.s.Details, causeDetails(e.cause)...)
+	}
 	return grpcstatus.FromProto(&p.s)
+}
+
+// causeDetails returns the status details of an unknown outcome's cause that
+// still say something true of the call (a callee's google.rpc.ErrorInfo,
+// BadRequest, QuotaFailure, DebugInfo…), after tollgate's own: every detail
+// but a tollgate OutcomeDetail or ErrorInfo, which describe the call below,
+// and a RetryInfo, which would invite generic clients to repeat what may
+// have taken effect.
+func causeDetails(cause error) []*anypb.Any {
+	if cause == nil {
+		return nil
+	}
+	st, ok := grpcstatus.FromError(cause)
+	if !ok {
+		return nil
+	}
+	var out []*anypb.Any
+	for _, d := range st.Proto().GetDetails() {
+		switch d.GetTypeUrl() {
+		case outcomeDetailURL, retryInfoURL:
+			continue
+		case errorInfoURL:
+			var ei errdetails.ErrorInfo
+			if d.UnmarshalTo(&ei) == nil && ei.GetDomain() == Domain {
+				continue
+			}
+		}
+		out = append(out, d)
+	}
+	return out
 }
 
 // unknownCode is the code an UNKNOWN outcome carries for an underlying code c.

@@ -20,6 +20,7 @@ const typeURLPrefix = "type.googleapis.com/"
 var (
 	outcomeDetailURL = typeURL(&tollgatev1.OutcomeDetail{})
 	retryInfoURL     = typeURL(&errdetails.RetryInfo{})
+	errorInfoURL     = typeURL(&errdetails.ErrorInfo{})
 )
 
 func typeURL(m proto.Message) string {
