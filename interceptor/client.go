@@ -434,11 +434,12 @@ func (c *client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	if isControl(method) {
 		return streamer(ctx, desc, cc, method, opts...)
 	}
+	opts, onFinish := withoutOnFinish(opts)
 	cl, err := c.newCall(ctx, cc, method, c.cfg.now())
 	if err != nil {
+		runOnFinish(onFinish, err) // as grpc-go runs it for a stream that never started
 		return nil, err
 	}
-	opts, onFinish := withoutOnFinish(opts)
 	cs := newClientStream(ctx, c, cl, desc, cc, method, streamer, opts)
 	cs.onFinish = onFinish
 	ctx, cs.span = c.startSpan(ctx, cl.s, cl.key)
@@ -489,11 +490,15 @@ type clientStream struct {
 	cond sync.Cond // L is &mu; broadcast when receiving or a replay stops, or a try ends
 	// The current try: its stream, its state, its number, a generation
 	// counted per try sent.
-	cur    grpc.ClientStream
-	curCtx atomic.Pointer[context.Context] // cur's context, read by Context without the lock
-	t      *try
-	n      uint32
-	gen    uint64
+	cur grpc.ClientStream
+	// callerCtx is the context Context hands out, made on its first call:
+	// it lives as long as the stream, across repeats, and is cancelled when
+	// the stream ends or is released (ctxEnded).
+	callerCtx atomic.Pointer[cancelableCtx]
+	ctxEnded  atomic.Bool
+	t         *try
+	n         uint32
+	gen       uint64
 	// settled is set once the current try was settled (finishLocked), until
 	// the next try starts: a panic that passes later must not settle it
 	// again (panickedLocked).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -17,6 +18,7 @@ import (
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
@@ -138,8 +140,10 @@ func (c *client) unary(ctx context.Context, method string, req, reply any, cc *g
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
 	start := c.cfg.now()
+	opts, onFinish := withoutOnFinish(opts)
 	cl, err := c.newCall(ctx, cc, method, start)
 	if err != nil {
+		runOnFinish(onFinish, err) // as grpc-go runs it for a call that never started
 		return err
 	}
 	_, named := ctx.Value(callNameKey{}).(string)
@@ -154,15 +158,20 @@ func (c *client) unary(ctx context.Context, method string, req, reply any, cc *g
 			span.End()
 		}
 	}()
-	opts, onFinish := withoutOnFinish(opts)
 	w.callOpts = opts
 	n, err := w.run(ctx, start, req, reply, opts)
 	endSpan(span, cl.s, n, status.OutcomeOf(err))
 	ended = true
-	for _, f := range onFinish {
+	runOnFinish(onFinish, err)
+	return err
+}
+
+// runOnFinish runs the caller's grpc.OnFinish callbacks with the call's
+// result.
+func runOnFinish(fs []func(error), err error) {
+	for _, f := range fs {
 		f(err)
 	}
-	return err
 }
 
 // run sends tries until the call has an answer; it returns the number of the
@@ -249,6 +258,9 @@ func (w *owner) verifying() bool {
 func (w *owner) proceed(ctx context.Context, n uint32, counted int, err error) error {
 	if counted >= w.p.MaxTries || ctx.Err() != nil || w.pushback == stopPushback {
 		return w.conclude(n, err) // out of tries, cancelled, or the callee said not to retry
+	}
+	if w.cc != nil && w.cc.GetState() == connectivity.Shutdown {
+		return w.conclude(n, err) // the caller closed the ClientConn: every repeat would fail the same way
 	}
 	d, ok := w.c.backoff(ctx, w.cl.s, w.p, counted+1, err, time.Duration(max(w.pushback, 0))*time.Millisecond)
 	if !ok {
@@ -395,7 +407,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 	h := header.Header{Attempt: s.ID, Tenant: s.Tenant}
 	qctx = withHeader(qctx, h.String())
 	req := &tollgatev1.FenceAttemptRequest{AttemptId: s.ID, Call: w.cl.key, Method: w.cl.method, FenceThroughTry: n}
-	queryOpts := queryOptions(w.callOpts)
+	queryOpts, recvLimit := queryOptions(w.callOpts)
 	// Polls wait on wctx, which also ends when the caller cancels (not
 	// when its deadline passes: the grace is for that).
 	wctx, wcancel := context.WithCancel(qctx)
@@ -458,7 +470,9 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 			if state == tollgatev1.AttemptState_ATTEMPT_STATE_FAILED {
 				return 0, recordError(rec), true
 			}
-			if rec.GetResponseRetained() && !w.cl.info.Stream {
+			if rec.GetResponseRetained() && !w.cl.info.Stream && len(rec.GetResponse()) <= recvLimit {
+				// A response over the call's receive limit is not handed
+				// over: grpc-go would have refused it on the try itself.
 				if m, ok := reply.(proto.Message); ok {
 					if err := proto.Unmarshal(rec.GetResponse(), m); err == nil {
 						return 0, nil, true
@@ -490,23 +504,40 @@ func cancelled(ctx context.Context) bool {
 }
 
 // queryOptions keeps the call options a resolution query needs (credentials,
-// wait-for-ready, size limits, compression…) and drops those that report on
-// the caller's own call (its header, trailer, peer, finish callback), which
-// a query must not overwrite, and those that choose the call's codec: the
-// caller's codec is for its own messages, and AttemptService speaks
-// protobuf.
-func queryOptions(opts []grpc.CallOption) []grpc.CallOption {
-	var out []grpc.CallOption
+// wait-for-ready, compression…) and drops those that report on the caller's
+// own call (its header, trailer, peer, finish callback), which a query must
+// not overwrite, and those that choose the call's codec: the caller's codec
+// is for its own messages, and AttemptService speaks protobuf. The caller's
+// size limits are for its own messages too: an AttemptRecord wraps the
+// stored response in more bytes, so the query may receive
+// recordOverhead more than the call, and its small request is sent
+// whatever the call's send limit. recvLimit is the call's receive limit
+// (the last one set, as grpc-go applies them; grpc-go's default when none
+// is), which a stored response must fit to be handed over.
+func queryOptions(opts []grpc.CallOption) (out []grpc.CallOption, recvLimit int) {
+	recvLimit = defaultRecvLimit
 	for _, o := range opts {
-		switch o.(type) {
+		switch o := o.(type) {
 		case grpc.HeaderCallOption, grpc.TrailerCallOption, grpc.PeerCallOption, grpc.OnFinishCallOption,
-			grpc.ForceCodecCallOption, grpc.ForceCodecV2CallOption, grpc.CustomCodecCallOption, grpc.ContentSubtypeCallOption:
+			grpc.ForceCodecCallOption, grpc.ForceCodecV2CallOption, grpc.CustomCodecCallOption, grpc.ContentSubtypeCallOption,
+			grpc.MaxSendMsgSizeCallOption:
+			continue
+		case grpc.MaxRecvMsgSizeCallOption:
+			recvLimit = o.MaxRecvMsgSize
 			continue
 		}
 		out = append(out, o)
 	}
-	return out
+	return append(out, grpc.MaxCallRecvMsgSize(min(recvLimit, math.MaxInt32-recordOverhead)+recordOverhead)), recvLimit
 }
+
+const (
+	// defaultRecvLimit is grpc-go's receive limit when none is set.
+	defaultRecvLimit = 4 << 20
+	// recordOverhead bounds what an AttemptRecord adds to the response it
+	// holds: identifiers, method, state, timestamps and a status.
+	recordOverhead = 64 << 10
+)
 
 // withoutOnFinish returns opts less their grpc.OnFinish options, and those
 // options' callbacks. grpc-go runs each once per RPC, so every try would run

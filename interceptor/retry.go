@@ -27,12 +27,16 @@ type RetryPolicy struct {
 	// below InitialBackoff; neither may exceed 24 h.
 	MaxBackoff time.Duration
 	// PerTryTimeout bounds how long the client waits for one try; it never
-	// extends the attempt's deadline, and it only stops the client's wait: a
-	// server with a record store finishes the try, and the owner learns its
-	// outcome by querying. Default 0: the remaining time divided by the tries
-	// left (the last try gets all of it), which leaves room to resolve and
-	// repeat. It does not apply to streams: a stream's try may last until
-	// the attempt's deadline.
+	// extends the attempt's deadline. It is the try's grpc-timeout: a server
+	// with a record store finishes the try anyway (its handler runs detached
+	// until the attempt's deadline plus the skew), and the owner learns its
+	// outcome by querying; a server without one cancels its handler then, so
+	// a call that needs longer fails every try. Default 0: the remaining time
+	// divided by the tries left (the last try gets all of it), which leaves
+	// room to resolve and repeat. Against servers without a store, set it to
+	// the attempt's timeout or more: each try then gets all the time left. It
+	// does not apply to streams: a stream's try may last until the attempt's
+	// deadline.
 	PerTryTimeout time.Duration
 }
 

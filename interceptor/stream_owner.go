@@ -112,8 +112,6 @@ func (cs *clientStream) tryFromLocked(n uint32) bool {
 		st, err := cs.newTryStreamLocked(tctx)
 		if err == nil {
 			cs.cur = st
-			stCtx := st.Context()
-			cs.curCtx.Store(&stCtx)
 			cs.side.started(st)
 			cs.replayLocked(st)
 			return true
@@ -466,14 +464,13 @@ func (cs *clientStream) endLocked(n uint32, result error) {
 	if cs.stop != nil {
 		cs.stop()
 	}
+	cs.endCtx()
 	cs.cond.Broadcast()
 	if cs.released {
 		return // the span ended and OnFinish ran when the stream was released
 	}
 	endSpan(cs.span, cs.w.cl.s, n, status.OutcomeOf(result))
-	for _, f := range cs.onFinish {
-		f(result)
-	}
+	runOnFinish(cs.onFinish, result)
 }
 
 // abandon ends the stream when the caller's context ends and no RecvMsg is
@@ -540,10 +537,9 @@ func (cs *clientStream) releaseWithLocked(result error) {
 	if cs.stop != nil {
 		cs.stop()
 	}
+	cs.endCtx()
 	endSpan(cs.span, cs.w.cl.s, cs.n, status.OutcomeOf(result))
-	for _, f := range cs.onFinish {
-		f(result)
-	}
+	runOnFinish(cs.onFinish, result)
 }
 
 // settleLocked ends the current try with err (nil or io.EOF: OK) and either
@@ -864,11 +860,37 @@ func (cs *clientStream) Trailer() metadata.MD {
 	return cur.Trailer()
 }
 
-// Context returns the current try's stream context.
+// Context returns the stream's context: it carries the caller's values
+// and the attempt's deadline, and ends when the stream does (or is
+// released), not when one of its tries does, so a repeat never cancels what
+// the caller holds. grpc-go's stream context is its one try's, which is why
+// grpc-go stops repeating once it is asked for; tollgate's repeats go on.
+// A try's own peer is in grpc.Peer, as for unary calls.
 func (cs *clientStream) Context() context.Context {
-	// Without the lock: a repeat or a resolution may hold it for long.
-	if p := cs.curCtx.Load(); p != nil {
-		return *p
+	if p := cs.callerCtx.Load(); p != nil {
+		return p.ctx
 	}
-	return cs.ctx
+	ctx, cancel := context.WithDeadline(cs.ctx, cs.w.cl.s.deadlineIn(cs.ctx))
+	if !cs.callerCtx.CompareAndSwap(nil, &cancelableCtx{ctx: ctx, cancel: cancel}) {
+		cancel()
+		return cs.callerCtx.Load().ctx
+	}
+	if cs.ctxEnded.Load() {
+		cancel() // the stream ended meanwhile (endCtx saw no context)
+	}
+	return ctx
+}
+
+// cancelableCtx is a context with its cancel function.
+type cancelableCtx struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// endCtx ends the context Context handed out, or the one it will hand out.
+func (cs *clientStream) endCtx() {
+	cs.ctxEnded.Store(true)
+	if p := cs.callerCtx.Load(); p != nil {
+		p.cancel()
+	}
 }
