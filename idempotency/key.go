@@ -65,7 +65,7 @@ func ValidateKey(k Key) error {
 		return fmt.Errorf("%w: method is empty", ErrMalformedKey)
 	}
 	if !validMethod(k.Method) {
-		return fmt.Errorf("%w: method must be a full gRPC method name, \"/package.Service/Method\"", ErrMalformedKey)
+		return fmt.Errorf("%w: method must be a full gRPC method name, \"/package.Service/Method\", of printable ASCII without spaces, '{', '}' or '|'", ErrMalformedKey)
 	}
 	return nil
 }
@@ -90,8 +90,11 @@ func tokenChars(s string) bool {
 	return true
 }
 
-// validMethod reports whether m is "/service/method" where service is a dotted
-// protobuf name and method an identifier.
+// validMethod reports whether m is a gRPC path, "/service/method": both
+// parts non-empty, of printable ASCII without '/', a space, or the '{', '}'
+// and '|' that Redis keys and hash tags are built with. gRPC asks little
+// more of a method's name; a service need not be described in protobuf (a
+// hand-written ServiceDesc may name its methods "apply-v2").
 func validMethod(m string) bool {
 	if len(m) < 4 || len(m) > maxMethodLen || m[0] != '/' {
 		return false
@@ -105,16 +108,11 @@ func validMethod(m string) bool {
 				return false
 			}
 			slash = i
-		case c == '.':
-			if slash >= 0 || m[i-1] == '.' || m[i-1] == '/' {
-				return false
-			}
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '_':
-		default:
+		case c < 0x21 || c > 0x7e, c == '{', c == '}', c == '|':
 			return false
 		}
 	}
-	return slash > 1 && slash < len(m)-1 && m[slash-1] != '.'
+	return slash > 1 && slash < len(m)-1
 }
 
 // AttemptTime returns the creation time carried by an attempt ID that is a

@@ -79,7 +79,9 @@ func TestValidateKey(t *testing.T) {
 		"method must be":            func(k *idempotency.Key) { k.Method = "tollgate.v1.AttemptService/GetAttempt" },
 		"method must be a":          func(k *idempotency.Key) { k.Method = "/tollgate.v1.AttemptService/" },
 		"method must be a full":     func(k *idempotency.Key) { k.Method = "/a/b/c" },
-		"method must be a full gRP": func(k *idempotency.Key) { k.Method = "/a..b/c" },
+		"method must be a full gRP": func(k *idempotency.Key) { k.Method = "/a b/c" },
+		"method must be a full gR":  func(k *idempotency.Key) { k.Method = "/a/b\n" },
+		"method must be a full g":   func(k *idempotency.Key) { k.Method = "/a/{b}" },
 		"tenant must be":            func(k *idempotency.Key) { k.Tenant = "{acme}" },
 	}
 	for want, mutate := range cases {
@@ -93,6 +95,13 @@ func TestValidateKey(t *testing.T) {
 	k := good
 	k.Call = strings.Repeat("c", 128)
 	require.NoError(t, idempotency.ValidateKey(k))
+	// Any gRPC path: a hand-written ServiceDesc's names need not be
+	// protobuf identifiers.
+	for _, m := range []string{"/pkg.Svc/apply-v2", "/a..b/c", "/Svc/do:it"} {
+		k := good
+		k.Method = m
+		require.NoError(t, idempotency.ValidateKey(k), m)
+	}
 }
 
 // FuzzValidateKey: key validation reads peer input (AttemptService requests,
