@@ -317,9 +317,17 @@ func (c *serverConfig) validate() error {
 	case c.store != nil && typedNil(c.store):
 		return invalid("nil attempt store (a nil %T); pass no WithAttemptStore for none", c.store)
 	}
-	if p, ok := c.store.(interface{ Policy() idempotency.Policy }); ok && p.Policy().Skew != c.skew {
-		return invalid("clock skew %v differs from the attempt store's policy skew %v: set both alike (WithClockSkew, the store's WithPolicy)",
-			c.skew, p.Policy().Skew)
+	if p, ok := c.store.(interface{ Policy() idempotency.Policy }); ok {
+		switch pol := p.Policy(); {
+		case pol.Skew != c.skew:
+			return invalid("clock skew %v differs from the attempt store's policy skew %v: set both alike (WithClockSkew, the store's WithPolicy)",
+				c.skew, pol.Skew)
+		case c.maxAttemptTime > pol.MaxAttemptDeadline:
+			// The store keeps records TTL ≥ MaxAttemptDeadline + skew +
+			// grace: an attempt allowed longer could outlive its records.
+			return invalid("maximum attempt time %v exceeds the attempt store's policy MaxAttemptDeadline %v: raise the store's (WithPolicy) or lower WithMaxAttemptTime",
+				c.maxAttemptTime, pol.MaxAttemptDeadline)
+		}
 	}
 	return nil
 }

@@ -138,8 +138,13 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 	// RefusedUnverifiable for another reason, and any refusal this build
 	// does not know.
 	return false, nil, status.OutcomeUnknown(nil, id, status.WithReason(status.ReasonAttemptUnverifiable), status.Final(),
-		status.WithMessage("interceptor: the record store cannot vouch for this attempt's earlier tries"))
+		status.WithMessage(msgUnverifiable))
 }
+
+const msgUnverifiable = "interceptor: the record store cannot vouch for this attempt's earlier tries: " +
+	"the attempt was created longer ago than the store keeps records (its TTL, less the clock skew), " +
+	"so records of earlier tries may have expired, or its ID's time lies ahead of this server's clock by more than the skew; " +
+	"an attempt's recorded calls must be made within the store's TTL of its start"
 
 // beforeHorizon is the refusal of a try of a caller's attempt created before
 // verifiableFrom, its store's horizon plus the clock skew: the store began

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/proto"
 )
@@ -63,6 +65,9 @@ type inbound struct {
 	detached bool
 	// hctx is the storage of the handler's context (handlerContext).
 	hctx handlerCtx
+	// sts is the storage of the handler's transport stream, which keeps
+	// the trailer keys the interceptor owns out of the handler's trailer.
+	sts handlerTransport
 	// spentValue is the storage of the tollgate-spent trailer's value
 	// slice: grpc-go copies a trailer when it is set, and nothing writes
 	// the slice after.
@@ -117,7 +122,14 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 	if honored {
 		st.ID, st.Call, st.Try = h.Attempt, h.Call, h.Try
 		st.Deadline = latest
-		if d, ok := h.DeadlineTime(); ok && d.Before(latest) {
+		d, ok := h.DeadlineTime()
+		if !ok && hasDeadline {
+			// A header without d (it is optional on the wire): the
+			// request's own deadline bounds the attempt, as for one minted
+			// here; no layer extends it (DESIGN.md §3.1).
+			d, ok = ctxDeadline, true
+		}
+		if ok && d.Before(latest) {
 			st.Deadline = d
 		}
 		st.Tenant = h.Tenant
@@ -274,6 +286,10 @@ func (sv *server) handlerContext(ctx context.Context, in *inbound) (context.Cont
 	if d, ok := ctx.Deadline(); !ok || in.until.Before(d) {
 		ctx, cancel = context.WithDeadline(ctx, in.until)
 	}
+	if sts := grpc.ServerTransportStreamFromContext(ctx); sts != nil {
+		in.sts.ServerTransportStream = sts
+		ctx = grpc.NewContextWithServerTransportStream(ctx, &in.sts)
+	}
 	in.hctx = handlerCtx{Context: ctx, s: in.s}
 	return &in.hctx, cancel
 }
@@ -356,6 +372,34 @@ func (sv *server) run(f func() error) (err error) {
 	return f()
 }
 
+// passPanic, deferred before a handler runs, acts when the handler panicked
+// and the panic goes on up (the server did not opt into WithRecovery;
+// another interceptor or grpc-go's own recovery may answer it): *ran is
+// still false. The panic is not recovered, but the call's bookkeeping ends
+// as for a recovered one: the ledger is sealed, so the handler's goroutines
+// spend nothing more, and a recorded call's record is finished UNKNOWN
+// (DESIGN.md §3.7), rather than read IN_PROGRESS until its lease ends,
+// which would keep the owner polling. A failure or panic of the store here
+// is dropped: the handler's panic is the one that goes on.
+func (sv *server) passPanic(ran *bool, ctx context.Context, method string, in *inbound, fp idempotency.Digest, recorded, stream bool) {
+	if *ran {
+		return
+	}
+	spent := in.s.ledger.Seal()
+	if !recorded {
+		return
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			logger.Errorf("interceptor: a panic while recording a handler's panic: %v", r)
+		}
+	}()
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), streamFinishTimeout)
+	defer cancel()
+	answer := status.OutcomeUnknown(errors.New("interceptor: the handler panicked"), status.WithCode(codes.Internal))
+	_ = sv.finishTry(fctx, method, in, fp, nil, answer, spent, stream)
+}
+
 // unary is the unary server interceptor.
 func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if isControl(info.FullMethod) {
@@ -397,10 +441,13 @@ func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 		hctx = dctx
 	}
 	var resp any
+	ran := false
+	defer sv.passPanic(&ran, ctx, info.FullMethod, in, fp, recorded, false)
 	herr := sv.run(func() (err error) {
 		resp, err = handler(hctx, req)
 		return err
 	})
+	ran = true
 	permit.Release()
 	spent := in.s.ledger.Seal()
 	answer := sv.answer(in, herr)
@@ -429,16 +476,33 @@ func (sv *server) setTrailer(ctx context.Context, in *inbound, spent int64, err 
 // the same tenant as the try it asks about. A trusted peer's malformed
 // header is refused MALFORMED_HEADER, as on the data path; an untrusted
 // peer's is counted and ignored.
-func (sv *server) control(ctx context.Context, method string, req any, f func(context.Context) (any, error)) (any, error) {
-	trusted := sv.cfg.trusted(ctx)
-	if fence, ok := req.(*tollgatev1.FenceAttemptRequest); ok && method == fenceMethod && !trusted {
-		// An untrusted peer's tries are re-minted here under attempt IDs it
-		// never sees, so its ballot can never stop one of them: answering
-		// FENCED would tell its owner that a try which may have run never
-		// did. The honest answer is UNKNOWN, and nothing is fenced.
+// fenceShortcut answers a ballot the AttemptService must not: a malformed
+// one (INVALID_ARGUMENT, as the service would); any, when this server keeps
+// no records (UNIMPLEMENTED: its data path never begins a record, so a
+// fence the service stored would tell the owner that a try which ran never
+// did, and the owner would run it again); and an untrusted peer's. An
+// untrusted peer's tries are re-minted here under attempt IDs it never
+// sees, so its ballot can never stop one of them: the honest answer is
+// UNKNOWN, and nothing is fenced. It returns nil, nil for a ballot the
+// service answers.
+func (sv *server) fenceShortcut(fence *tollgatev1.FenceAttemptRequest, tenant string, trusted bool) (*tollgatev1.AttemptRecord, error) {
+	key := idempotency.Key{Tenant: tenant, AttemptID: fence.GetAttemptId(), Call: fence.GetCall(), Method: fence.GetMethod()}
+	if err := idempotency.ValidateFence(key, fence.GetFenceThroughTry()); err != nil {
+		return nil, grpcstatus.Error(codes.InvalidArgument, err.Error())
+	}
+	if sv.cfg.store == nil {
+		return nil, grpcstatus.Error(codes.Unimplemented,
+			"interceptor: this server keeps no attempt records (no WithAttemptStore): it cannot fence a call")
+	}
+	if !trusted {
 		return &tollgatev1.AttemptRecord{AttemptId: fence.GetAttemptId(), Call: fence.GetCall(), Method: fence.GetMethod(),
 			State: tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN}, nil
 	}
+	return nil, nil
+}
+
+func (sv *server) control(ctx context.Context, method string, req any, f func(context.Context) (any, error)) (any, error) {
+	trusted := sv.cfg.trusted(ctx)
 	tenant := ""
 	if vs := metadata.ValueFromIncomingContext(ctx, headerKey); len(vs) > 0 {
 		h, err := header.ParseValues(vs)
@@ -453,6 +517,11 @@ func (sv *server) control(ctx context.Context, method string, req any, f func(co
 	}
 	if tenant == "" {
 		tenant = sv.tenantOf(ctx)
+	}
+	if fence, ok := req.(*tollgatev1.FenceAttemptRequest); ok && method == fenceMethod {
+		if rec, err := sv.fenceShortcut(fence, tenant, trusted); rec != nil || err != nil {
+			return rec, err
+		}
 	}
 	ctx = idempotency.ContextWithTenant(ctx, tenant)
 	if req == nil || strings.HasPrefix(method, healthServicePrefix) {
@@ -592,7 +661,10 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	// cancellation: it talks to the client, and a cancelled stream must not
 	// hold its slot until the deadline. Its record is finished on a context
 	// of its own, so it resolves all the same.
+	ran := false
+	defer sv.passPanic(&ran, ctx, info.FullMethod, in, fp, recorded, true)
 	herr := sv.run(func() error { return handler(srv, hss) })
+	ran = true
 	spent := in.s.ledger.Seal()
 	answer := sv.answer(in, herr)
 	if recorded {
@@ -610,13 +682,51 @@ func (sv *server) setStreamTrailer(ss grpc.ServerStream, in *inbound, spent int6
 	}
 }
 
-// serverStream gives the handler the attempt's context.
+// serverStream gives the handler the attempt's context, and keeps the
+// trailer keys the interceptor owns out of the handler's trailer.
 type serverStream struct {
 	grpc.ServerStream
 	ctx context.Context
 }
 
 func (s *serverStream) Context() context.Context { return s.ctx }
+
+func (s *serverStream) SetTrailer(md metadata.MD) { s.ServerStream.SetTrailer(withoutOwnedKeys(md)) }
+
+// handlerTransport is the transport stream a handler's grpc.SetTrailer
+// reaches: the call's own, less the trailer keys the interceptor owns.
+type handlerTransport struct{ grpc.ServerTransportStream }
+
+func (t *handlerTransport) SetTrailer(md metadata.MD) error {
+	return t.ServerTransportStream.SetTrailer(withoutOwnedKeys(md))
+}
+
+// withoutOwnedKeys returns md less tollgate-spent and
+// grpc-retry-pushback-ms: the interceptor alone sets them on its answers
+// (what this server and everything below it spent; whether its refusal may
+// be repeated). A handler that relays its upstream's trailer, as a gateway
+// does, would otherwise send two tollgate-spent values, which no caller can
+// read (so it holds the whole grant), or an upstream's pushback as this
+// server's.
+func withoutOwnedKeys(md metadata.MD) metadata.MD {
+	owned := false
+	for k := range md {
+		if strings.EqualFold(k, spentTrailerKey) || strings.EqualFold(k, status.PushbackKey) {
+			owned = true
+			break
+		}
+	}
+	if !owned {
+		return md
+	}
+	out := make(metadata.MD, len(md))
+	for k, v := range md {
+		if !strings.EqualFold(k, spentTrailerKey) && !strings.EqualFold(k, status.PushbackKey) {
+			out[k] = v
+		}
+	}
+	return out
+}
 
 // AdmissionTap returns the tap handle ServerOptions installs with an
 // admission controller, for a server that installs a tap of its own
