@@ -307,10 +307,14 @@ func (w *owner) decide(ctx context.Context, n uint32, err error, o status.Outcom
 		if o.Final() {
 			return 0, false, w.conclude(n, err), true // the callee says no query or repeat can help
 		}
+		// Whatever the method's level, this try may have reached the
+		// handler: the call can no longer end NOT_ADMITTED by a later
+		// refusal (DESIGN.md §3.5: "once any try was UNKNOWN ... only a
+		// finished record or a FENCED answer can end the call NOT_ADMITTED").
+		w.doubt = true
 		if w.cl.info.Level == methodinfo.NoSideEffects {
 			return n + 1, false, err, false // repeats freely
 		}
-		w.doubt = true
 		if w.cl.info.Level == methodinfo.Idempotent && w.c.recordless(w.tgt) {
 			return n + 1, false, err, false // IDEMPOTENT at a callee without records: repeat without the query
 		}
