@@ -46,7 +46,9 @@ func TestRegression14ClientStreamDeadlineWithoutRecvIsResolved(t *testing.T) {
 			spans := tracetest.NewInMemoryExporter()
 			tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
 			client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
-				fastRetry(3), interceptor.WithClientTracerProvider(tp))...))
+				fastRetry(3), interceptor.WithClientTracerProvider(tp),
+				// A grace no loaded machine runs out of: the query must answer.
+				interceptor.WithResolutionGrace(10*time.Second))...))
 
 			actx, err := interceptor.StartAttempt(t.Context(), 4, 30*time.Second)
 			require.NoError(t, err)

@@ -86,7 +86,12 @@ func TestTapAndAdmitAgreeBehindAWaiterThatCannotFinish(t *testing.T) {
 	for _, tap := range []bool{false, true} {
 		t.Run("tap="+strconv.FormatBool(tap), func(t *testing.T) {
 			client, _, bErr, release := queueScene(t, tap)
-			time.Sleep(560 * time.Millisecond) // B can no longer finish (needs 100ms, 40ms left)
+			// B gives up once it can no longer finish (it needs 100 ms),
+			// before its own deadline: it left the queue by itself. (A
+			// fixed sleep before C raced the give-up timer on a loaded
+			// machine.)
+			berr := <-bErr
+			require.Equal(t, status.KindNotAdmitted, status.OutcomeOf(berr).Kind, "B waited until its deadline: %v", berr)
 			cErr := make(chan error, 1)
 			go func() {
 				ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
@@ -101,7 +106,6 @@ func TestTapAndAdmitAgreeBehindAWaiterThatCannotFinish(t *testing.T) {
 				release()
 				require.NoError(t, <-cErr)
 			}
-			<-bErr
 		})
 	}
 }

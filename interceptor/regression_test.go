@@ -39,18 +39,19 @@ func TestRegressionUntrustedPeerFenceLiesHandlerRunsTwice(t *testing.T) {
 	}, interceptor.ServerOptions(interceptor.WithClockSkew(0), interceptor.WithAttemptStore(store))...) // default: no peer trusted
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
 		interceptor.WithAttemptTimeout(5*time.Second),
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, PerTryTimeout: 50 * time.Millisecond,
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, PerTryTimeout: 500 * time.Millisecond,
 			InitialBackoff: time.Millisecond, MaxBackoff: 20 * time.Millisecond}),
 	)...))
 	go func() {
 		for ledger.effects.Load() == 0 {
 			time.Sleep(time.Millisecond)
 		}
-		time.Sleep(300 * time.Millisecond)
+		time.Sleep(1200 * time.Millisecond) // past try 1's per-try timeout: the owner fences and may repeat
 		close(release)
 	}()
 	_, _ = client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "acct", Amount: 3})
 	time.Sleep(400 * time.Millisecond)
+	require.GreaterOrEqual(t, ledger.effects.Load(), int64(1), "try 1 never reached the handler: the scenario did not happen")
 	require.Equal(t, int64(1), ledger.effects.Load(), "handler of a state-changing method ran more than once for one call")
 }
 
