@@ -267,6 +267,7 @@ type serverConfig struct {
 	defaultAllowance   int64
 	maxAllowance       int64
 	maxAttemptTime     time.Duration
+	maxAttemptTimeSet  bool // by WithMaxAttemptTime; else the default, lowered to the store's policy
 	skew               time.Duration
 	recoverPanics      bool
 	maxRecvMsgSize     int
@@ -322,6 +323,8 @@ func (c *serverConfig) validate() error {
 		case pol.Skew != c.skew:
 			return invalid("clock skew %v differs from the attempt store's policy skew %v: set both alike (WithClockSkew, the store's WithPolicy)",
 				c.skew, pol.Skew)
+		case c.maxAttemptTime > pol.MaxAttemptDeadline && !c.maxAttemptTimeSet:
+			c.maxAttemptTime = pol.MaxAttemptDeadline // the default, within what the store keeps records for
 		case c.maxAttemptTime > pol.MaxAttemptDeadline:
 			// The store keeps records TTL ≥ MaxAttemptDeadline + skew +
 			// grace: an attempt allowed longer could outlive its records.
@@ -455,9 +458,12 @@ func WithMaxAllowance(units int64) ServerOption {
 
 // WithMaxAttemptTime caps how far in the future an attempt's deadline may be
 // when a request reaches this server, and is the deadline of a request that
-// has none. Default DefaultMaxAttemptTime (30 s); at most 24 h.
+// has none. Default DefaultMaxAttemptTime (30 s), or the attempt store's
+// policy MaxAttemptDeadline when that is shorter; at most 24 h, and with a
+// store that has a policy (idempotency's stores), at most its
+// MaxAttemptDeadline: its records must outlive every attempt it accepts.
 func WithMaxAttemptTime(d time.Duration) ServerOption {
-	return serverOptionFunc(func(c *serverConfig) { c.maxAttemptTime = d })
+	return serverOptionFunc(func(c *serverConfig) { c.maxAttemptTime, c.maxAttemptTimeSet = d, true })
 }
 
 // WithClockSkew sets the largest difference assumed between trusted peers'

@@ -137,9 +137,16 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 	}
 	// RefusedUnverifiable for another reason, and any refusal this build
 	// does not know.
+	msg := msgUnverifiable
+	if _, ok := idempotency.AttemptTime(s.ID); !ok {
+		msg = msgNotV7
+	}
 	return false, nil, status.OutcomeUnknown(nil, id, status.WithReason(status.ReasonAttemptUnverifiable), status.Final(),
-		status.WithMessage(msgUnverifiable))
+		status.WithMessage(msg))
 }
+
+const msgNotV7 = "interceptor: the record store cannot vouch for this attempt's earlier tries: " +
+	"its ID is not a UUIDv7, so it carries no creation time to judge by; mint attempt IDs as tollgate's client does"
 
 const msgUnverifiable = "interceptor: the record store cannot vouch for this attempt's earlier tries: " +
 	"the attempt was created longer ago than the store keeps records (its TTL, less the clock skew), " +

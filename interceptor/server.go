@@ -65,9 +65,6 @@ type inbound struct {
 	detached bool
 	// hctx is the storage of the handler's context (handlerContext).
 	hctx handlerCtx
-	// sts is the storage of the handler's transport stream, which keeps
-	// the trailer keys the interceptor owns out of the handler's trailer.
-	sts handlerTransport
 	// spentValue is the storage of the tollgate-spent trailer's value
 	// slice: grpc-go copies a trailer when it is set, and nothing writes
 	// the slice after.
@@ -286,10 +283,6 @@ func (sv *server) handlerContext(ctx context.Context, in *inbound) (context.Cont
 	if d, ok := ctx.Deadline(); !ok || in.until.Before(d) {
 		ctx, cancel = context.WithDeadline(ctx, in.until)
 	}
-	if sts := grpc.ServerTransportStreamFromContext(ctx); sts != nil {
-		in.sts.ServerTransportStream = sts
-		ctx = grpc.NewContextWithServerTransportStream(ctx, &in.sts)
-	}
 	in.hctx = handlerCtx{Context: ctx, s: in.s}
 	return &in.hctx, cancel
 }
@@ -377,15 +370,23 @@ func (sv *server) run(f func() error) (err error) {
 // another interceptor or grpc-go's own recovery may answer it): *ran is
 // still false. The panic is not recovered, but the call's bookkeeping ends
 // as for a recovered one: the ledger is sealed, so the handler's goroutines
-// spend nothing more, and a recorded call's record is finished UNKNOWN
-// (DESIGN.md §3.7), rather than read IN_PROGRESS until its lease ends,
-// which would keep the owner polling. A failure or panic of the store here
-// is dropped: the handler's panic is the one that goes on.
-func (sv *server) passPanic(ran *bool, ctx context.Context, method string, in *inbound, fp idempotency.Digest, recorded, stream bool) {
+// spend nothing more; tollgate-spent is set (on ss for a stream, ctx's
+// transport for a unary call), so that a strict caller, or one whose grant
+// was used, learns what was spent; and a recorded call's record is
+// finished UNKNOWN (DESIGN.md §3.7), rather than read IN_PROGRESS until its
+// lease ends, which would keep the owner polling. A failure or panic of
+// the store here is dropped: the handler's panic is the one that goes on.
+func (sv *server) passPanic(ran *bool, ctx context.Context, ss grpc.ServerStream, method string, in *inbound, fp idempotency.Digest, recorded bool) {
 	if *ran {
 		return
 	}
 	spent := in.s.ledger.Seal()
+	answer := status.OutcomeUnknown(errors.New("interceptor: the handler panicked"), status.WithCode(codes.Internal))
+	if ss != nil {
+		sv.setStreamTrailer(ss, in, spent, answer)
+	} else {
+		sv.setTrailer(ctx, in, spent, answer)
+	}
 	if !recorded {
 		return
 	}
@@ -396,8 +397,7 @@ func (sv *server) passPanic(ran *bool, ctx context.Context, method string, in *i
 	}()
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), streamFinishTimeout)
 	defer cancel()
-	answer := status.OutcomeUnknown(errors.New("interceptor: the handler panicked"), status.WithCode(codes.Internal))
-	_ = sv.finishTry(fctx, method, in, fp, nil, answer, spent, stream)
+	_ = sv.finishTry(fctx, method, in, fp, nil, answer, spent, ss != nil)
 }
 
 // unary is the unary server interceptor.
@@ -442,7 +442,7 @@ func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 	}
 	var resp any
 	ran := false
-	defer sv.passPanic(&ran, ctx, info.FullMethod, in, fp, recorded, false)
+	defer sv.passPanic(&ran, ctx, nil, info.FullMethod, in, fp, recorded)
 	herr := sv.run(func() (err error) {
 		resp, err = handler(hctx, req)
 		return err
@@ -477,10 +477,7 @@ func (sv *server) setTrailer(ctx context.Context, in *inbound, spent int64, err 
 // header is refused MALFORMED_HEADER, as on the data path; an untrusted
 // peer's is counted and ignored.
 // fenceShortcut answers a ballot the AttemptService must not: a malformed
-// one (INVALID_ARGUMENT, as the service would); any, when this server keeps
-// no records (UNIMPLEMENTED: its data path never begins a record, so a
-// fence the service stored would tell the owner that a try which ran never
-// did, and the owner would run it again); and an untrusted peer's. An
+// one (INVALID_ARGUMENT, as the service would), and an untrusted peer's. An
 // untrusted peer's tries are re-minted here under attempt IDs it never
 // sees, so its ballot can never stop one of them: the honest answer is
 // UNKNOWN, and nothing is fenced. It returns nil, nil for a ballot the
@@ -489,10 +486,6 @@ func (sv *server) fenceShortcut(fence *tollgatev1.FenceAttemptRequest, tenant st
 	key := idempotency.Key{Tenant: tenant, AttemptID: fence.GetAttemptId(), Call: fence.GetCall(), Method: fence.GetMethod()}
 	if err := idempotency.ValidateFence(key, fence.GetFenceThroughTry()); err != nil {
 		return nil, grpcstatus.Error(codes.InvalidArgument, err.Error())
-	}
-	if sv.cfg.store == nil {
-		return nil, grpcstatus.Error(codes.Unimplemented,
-			"interceptor: this server keeps no attempt records (no WithAttemptStore): it cannot fence a call")
 	}
 	if !trusted {
 		return &tollgatev1.AttemptRecord{AttemptId: fence.GetAttemptId(), Call: fence.GetCall(), Method: fence.GetMethod(),
@@ -517,6 +510,14 @@ func (sv *server) control(ctx context.Context, method string, req any, f func(co
 	}
 	if tenant == "" {
 		tenant = sv.tenantOf(ctx)
+	}
+	if sv.cfg.store == nil && strings.HasPrefix(method, attemptServicePrefix) {
+		// Its data path never begins a record, so the service, whatever
+		// store it reads, would answer UNSEEN (nothing ran) for calls that
+		// ran, and fence them (they never will): an owner would run them
+		// again, an operator would think they never ran.
+		return nil, grpcstatus.Error(codes.Unimplemented,
+			"interceptor: this server keeps no attempt records (no WithAttemptStore): it cannot say what ran")
 	}
 	if fence, ok := req.(*tollgatev1.FenceAttemptRequest); ok && method == fenceMethod {
 		if rec, err := sv.fenceShortcut(fence, tenant, trusted); rec != nil || err != nil {
@@ -662,7 +663,7 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	// hold its slot until the deadline. Its record is finished on a context
 	// of its own, so it resolves all the same.
 	ran := false
-	defer sv.passPanic(&ran, ctx, info.FullMethod, in, fp, recorded, true)
+	defer sv.passPanic(&ran, ctx, ss, info.FullMethod, in, fp, recorded)
 	herr := sv.run(func() error { return handler(srv, hss) })
 	ran = true
 	spent := in.s.ledger.Seal()
@@ -682,51 +683,13 @@ func (sv *server) setStreamTrailer(ss grpc.ServerStream, in *inbound, spent int6
 	}
 }
 
-// serverStream gives the handler the attempt's context, and keeps the
-// trailer keys the interceptor owns out of the handler's trailer.
+// serverStream gives the handler the attempt's context.
 type serverStream struct {
 	grpc.ServerStream
 	ctx context.Context
 }
 
 func (s *serverStream) Context() context.Context { return s.ctx }
-
-func (s *serverStream) SetTrailer(md metadata.MD) { s.ServerStream.SetTrailer(withoutOwnedKeys(md)) }
-
-// handlerTransport is the transport stream a handler's grpc.SetTrailer
-// reaches: the call's own, less the trailer keys the interceptor owns.
-type handlerTransport struct{ grpc.ServerTransportStream }
-
-func (t *handlerTransport) SetTrailer(md metadata.MD) error {
-	return t.ServerTransportStream.SetTrailer(withoutOwnedKeys(md))
-}
-
-// withoutOwnedKeys returns md less tollgate-spent and
-// grpc-retry-pushback-ms: the interceptor alone sets them on its answers
-// (what this server and everything below it spent; whether its refusal may
-// be repeated). A handler that relays its upstream's trailer, as a gateway
-// does, would otherwise send two tollgate-spent values, which no caller can
-// read (so it holds the whole grant), or an upstream's pushback as this
-// server's.
-func withoutOwnedKeys(md metadata.MD) metadata.MD {
-	owned := false
-	for k := range md {
-		if strings.EqualFold(k, spentTrailerKey) || strings.EqualFold(k, status.PushbackKey) {
-			owned = true
-			break
-		}
-	}
-	if !owned {
-		return md
-	}
-	out := make(metadata.MD, len(md))
-	for k, v := range md {
-		if !strings.EqualFold(k, spentTrailerKey) && !strings.EqualFold(k, status.PushbackKey) {
-			out[k] = v
-		}
-	}
-	return out
-}
 
 // AdmissionTap returns the tap handle ServerOptions installs with an
 // admission controller, for a server that installs a tap of its own

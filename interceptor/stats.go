@@ -63,9 +63,8 @@ const (
 	noPushback   = -1
 	stopPushback = -2
 	// badSpent marks a tollgate-spent trailer that was sent but does not
-	// read: more than one value (a handler that forwarded its own callee's
-	// trailer, which grpc-go appends to), or not a decimal in range. The
-	// callee reported something, so the grant is held, never refunded as if
+	// read: a value that is not a decimal in range, or no value. The callee
+	// reported something, so the grant is held, never refunded as if
 	// nothing was spent.
 	badSpent = -2
 )
@@ -172,15 +171,28 @@ func (d *delivery) trailer(tr metadata.MD) {
 func (statsHandler) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
 func (statsHandler) HandleConn(context.Context, stats.ConnStats)                       {}
 
-// parseSpent reads a tollgate-spent trailer: exactly one strict decimal in
-// [0, 1,000,000]. Anything else does not read (badSpent): the grant is then
-// held, in lenient accounting too, the safe side.
+// parseSpent reads a tollgate-spent trailer: strict decimals in
+// [0, 1,000,000], and the largest of them when there are several. A
+// handler that relays its upstream's trailer (a gateway) adds the
+// upstream's report to its own server's: each counts everything below the
+// hop that sent it, so the largest is the gateway's own (which includes its
+// upstream's), or, behind a proxy that lent nothing itself, the upstream's.
+// Taking the largest never reports less than any hop did. Anything that does
+// not read (badSpent) makes the grant held, in lenient accounting too, the
+// safe side.
 func parseSpent(vs []string) (int64, bool) {
-	if len(vs) != 1 {
+	if len(vs) == 0 {
 		return 0, false
 	}
-	n, err := header.Decimal(vs[0], 0, maxUnitsOnWire)
-	return int64(n), err == nil
+	var most uint64
+	for _, v := range vs {
+		n, err := header.Decimal(v, 0, maxUnitsOnWire)
+		if err != nil {
+			return 0, false
+		}
+		most = max(most, n)
+	}
+	return int64(most), true
 }
 
 // parsePushback reads grpc-retry-pushback-ms as grpc-go does: one

@@ -19,8 +19,12 @@ func FuzzTrailers(f *testing.F) {
 				t.Fatalf("parseSpent(%q) = %d, not a canonical decimal in range", v, n)
 			}
 		}
-		if _, ok := parseSpent([]string{v, v}); ok {
-			t.Fatalf("two tollgate-spent values accepted")
+		// Several values read as their largest, and only if each reads.
+		if m, ok2 := parseSpent([]string{"0", v}); ok2 != ok || (ok && m != n) {
+			t.Fatalf("parseSpent([0 %q]) = %d, %v; alone %d, %v", v, m, ok2, n, ok)
+		}
+		if m, ok2 := parseSpent([]string{v, "1000000"}); ok2 != ok || (ok && m != maxUnitsOnWire) {
+			t.Fatalf("parseSpent([%q 1000000]) = %d, %v", v, m, ok2)
 		}
 		p := parsePushback([]string{v})
 		if p != stopPushback && (p < 0 || strconv.FormatInt(p, 10) != trimZeros(v)) {
@@ -47,6 +51,15 @@ func TestTrailerParsers(t *testing.T) {
 		if _, ok := parseSpent([]string{v}); ok {
 			t.Fatalf("parseSpent(%q) accepted", v)
 		}
+	}
+	if n, ok := parseSpent([]string{"3", "1"}); !ok || n != 3 {
+		t.Fatalf("two values read as %d, %v, not their largest", n, ok)
+	}
+	if _, ok := parseSpent([]string{"3", "x"}); ok {
+		t.Fatal("a value that does not read was ignored")
+	}
+	if _, ok := parseSpent(nil); ok {
+		t.Fatal("no value accepted")
 	}
 	if parsePushback([]string{"120"}) != 120 || parsePushback([]string{"-1"}) != stopPushback || parsePushback(nil) != stopPushback {
 		t.Fatal("parsePushback")
