@@ -132,6 +132,15 @@ func (b *RetryBudget) WithdrawAt(now time.Time) bool {
 	return true
 }
 
+// Return gives back the token [RetryBudget.Withdraw] took for a retry that
+// was never sent (the caller found, after its backoff, that it could not
+// send it): the budget bounds retries sent, not retries meant.
+func (b *RetryBudget) Return() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.microTokens = min(b.microTokens+micro, b.microMax)
+}
+
 // Deposit earns the tokens of one request: call it once for each call's
 // first try.
 func (b *RetryBudget) Deposit() { b.DepositAt(time.Now()) }

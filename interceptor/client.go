@@ -264,16 +264,17 @@ func (c *client) exhausted(ctx context.Context, s *attemptState, key string, n u
 
 // unpayable reports whether prepare is sure to refuse try n of a call under
 // s ALLOWANCE_EXHAUSTED, whatever happens meanwhile: below the origin, the
-// ledger is sealed or holds no unit free or able to come back (reserved or
-// held); at the origin, a repeat once every unit below was spent. The owner
-// asks before it spends a retry-budget token and waits a backoff for a
-// repeat.
+// ledger is sealed; at the origin, a repeat once every unit below was spent.
+// The owner asks before it spends a retry-budget token and waits a backoff
+// for a repeat. An unsealed ledger below the origin with no unit free may
+// still get one back (a sibling's try found never sent, a grant refunded):
+// the owner waits, and gives the token back if prepare then refuses.
 func unpayable(s *attemptState, n uint32) bool {
 	snap := s.ledger.Snapshot()
 	if s.Origin {
 		return n > 1 && snap.Total > 0 && snap.Spent >= snap.Total
 	}
-	return snap.Sealed || snap.Free+snap.Reserved+snap.Held <= 0
+	return snap.Sealed
 }
 
 // finish ends try t with err: it settles the callee's grant as DESIGN.md
@@ -514,7 +515,10 @@ type clientStream struct {
 	// came before the cut, rather than with a second resolution.
 	kept    error
 	keptSet bool
-	counted int // tries counted against the policy (fence jumps are not)
+	// unreadEnd is a try's end tryFinished saw while a RecvMsg was under
+	// way; that RecvMsg applies it if it returned a message instead.
+	unreadEnd tryEnd
+	counted   int // tries counted against the policy (fence jumps are not)
 	// What the caller sent, for replay: clones of its messages, their size.
 	// overflow: replay is off for good (the limit was passed or a message
 	// could not be kept).

@@ -194,6 +194,9 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		first = false
 		tctx, t, perr := c.prepare(ctx, w.cl, n, w.p, now)
 		if perr != nil {
+			if n > 1 && w.tgt.budget != nil {
+				w.tgt.budget.Return() // the repeat's token: it was never sent
+			}
 			return n, w.conclude(n, perr)
 		}
 		if n == 1 && w.tgt.budget != nil {
@@ -209,6 +212,9 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		o := status.OutcomeOfCall(err, d)
 		err = w.typed(n, err, o)
 		c.record(ctx, o, d)
+		if failedUnsent := w.unsentInDoubt(n, err, o, d); failedUnsent != nil {
+			return n, failedUnsent
+		}
 
 		next, uncounted, result, done := w.decide(ctx, n, err, o, reply)
 		if done {
@@ -223,6 +229,19 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		}
 		n++
 	}
+}
+
+// unsentInDoubt returns the result of a call whose try n failed with a
+// definite code before it was sent (o FAILED, d NotSent: the client's own
+// failure) while an earlier try is in doubt: UNKNOWN, since that earlier
+// try may have taken effect and a call's outcome combines all its tries
+// (DESIGN.md §3.5). It returns nil otherwise.
+func (w *owner) unsentInDoubt(n uint32, err error, o status.Outcome, d status.Delivery) error {
+	if !w.doubt || o.Kind != status.KindFailed || d != status.NotSent {
+		return nil
+	}
+	return status.OutcomeUnknown(err, status.WithAttempt(w.cl.s.ID, w.cl.key, n),
+		status.WithMessage("interceptor: this try failed before it was sent, and an earlier try's outcome is not known"))
 }
 
 // typed gives an error the client classified from the try's delivery (not

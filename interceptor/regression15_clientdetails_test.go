@@ -19,14 +19,15 @@ import (
 // status.OutcomeUnknown built the status callers read with
 // grpc/status.FromError (and status.Convert) from tollgate's own details
 // only: the server's google.rpc details (an ErrorInfo naming the
-// conflict, a QuotaFailure, a RetryInfo, a BadRequest...) were gone, and
+// conflict, a QuotaFailure, a BadRequest...) were gone, and
 // FromError stops at tollgate's error, so the wrapped cause is out of reach
 // of the grpc API. With grpc-go alone, FromError(err).Details() has them;
-// they now follow tollgate's own (but a RetryInfo).
+// they now follow tollgate's own (but an ErrorInfo, of which a status
+// carries one, tollgate's, and a RetryInfo).
 func TestRegression15ClientServerDetailsKept(t *testing.T) {
 	svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
-		st, err := grpcstatus.New(codes.Aborted, "version conflict").WithDetails(&errdetails.ErrorInfo{
-			Reason: "VERSION_CONFLICT", Domain: "ledger.example.com",
+		st, err := grpcstatus.New(codes.Aborted, "version conflict").WithDetails(&errdetails.PreconditionFailure{
+			Violations: []*errdetails.PreconditionFailure_Violation{{Type: "VERSION", Subject: "ledger.example.com/k"}},
 		})
 		if err != nil {
 			return nil, err
@@ -41,7 +42,8 @@ func TestRegression15ClientServerDetailsKept(t *testing.T) {
 	hasConflict := func(err error) bool {
 		st, _ := grpcstatus.FromError(err)
 		for _, d := range st.Details() {
-			if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetDomain() == "ledger.example.com" {
+			if pf, ok := d.(*errdetails.PreconditionFailure); ok && len(pf.GetViolations()) == 1 &&
+				pf.GetViolations()[0].GetSubject() == "ledger.example.com/k" {
 				return true
 			}
 		}
@@ -54,5 +56,5 @@ func TestRegression15ClientServerDetailsKept(t *testing.T) {
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3))...))
 	_, err = client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "k"})
 	require.Equal(t, codes.Aborted, grpcstatus.Code(err), "the code is kept: %v", err)
-	require.True(t, hasConflict(err), "the server's ErrorInfo is lost from status.FromError(err).Details(): %v", err)
+	require.True(t, hasConflict(err), "the server's PreconditionFailure is lost from status.FromError(err).Details(): %v", err)
 }

@@ -12,6 +12,9 @@ import (
 	"google.golang.org/grpc/encoding/gzip"
 )
 
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
 // f78bea8 wraps the handler's ServerTransportStream (handlerTransport) so
 // that a handler's grpc.SetTrailer loses tollgate-spent. But grpc-go's
 // grpc.SetSendCompressor and grpc.ClientSupportedCompressors type-assert

@@ -16,6 +16,9 @@ import (
 	"google.golang.org/grpc/metadata"
 )
 
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
 // f78bea8 makes a server whose interceptor has no WithAttemptStore answer
 // FenceAttempt UNIMPLEMENTED "whatever service is registered: its data path
 // keeps no records, so a fence would tell the owner a try never ran when it

@@ -16,6 +16,9 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 )
 
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
 // f78bea8's passPanic ends a passing panic's bookkeeping "as for a
 // recovered one": it seals the ledger and finishes the record, but sets no
 // tollgate-spent trailer, although the panic's answer (the user's outer

@@ -14,6 +14,9 @@ import (
 	"google.golang.org/grpc/metadata"
 )
 
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
 // DESIGN.md §2.3/§3.3 let a hop between two tollgate peers forward each
 // request to exactly one upstream without speaking tollgate's client: a
 // transparent proxy passes the incoming metadata (the tollgate header, so

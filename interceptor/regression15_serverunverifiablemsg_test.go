@@ -12,6 +12,9 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 )
 
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
 // f78bea8 gave every RefusedUnverifiable without VerifiableFrom one
 // message (msgUnverifiable, records.go): "the attempt was created longer
 // ago than the store keeps records (its TTL, less the clock skew) ... or

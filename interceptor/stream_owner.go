@@ -101,6 +101,9 @@ func (cs *clientStream) tryFromLocked(n uint32) bool {
 		tcl := &call{s: w.cl.s, key: w.cl.key, method: w.cl.method, seen: w.cl.seen}
 		tctx, t, err := c.prepare(cs.ctx, tcl, n, &cs.p, c.cfg.now())
 		if err != nil {
+			if n > 1 && w.tgt.budget != nil {
+				w.tgt.budget.Return() // the repeat's token: it was never sent
+			}
 			cs.endLocked(n, w.conclude(n, err))
 			return false
 		}
@@ -236,21 +239,53 @@ func (cs *clientStream) tryFinished(gen uint64, tctx context.Context, err error)
 		}()
 		cs.mu.Lock()
 		defer cs.mu.Unlock()
-		if cs.done || cs.receiving || gen != cs.gen || cs.settled || cs.released {
-			return // ended, or a RecvMsg or the owner sees it
+		if cs.done || gen != cs.gen || cs.settled || cs.released {
+			return // ended, or the owner sees it
 		}
-		switch {
-		case cs.t.delivery.state() == status.PeerStatus:
-			// The try's status arrived first: the caller's reads still
-			// drain its messages and that status.
-			cs.releaseLocked(err)
-		case expired:
-			cs.expireLocked(err)
-		default:
-			o := cs.finishLocked(err)
-			cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
+		if cs.receiving {
+			// The RecvMsg under way sees the end, or returns a message
+			// that came before it: then it ends the stream here after
+			// (unreadEndLocked).
+			cs.unreadEnd = tryEnd{gen: gen, err: err, expired: expired, set: true}
+			return
 		}
+		cs.endUnreadLocked(err, expired)
 	}()
+}
+
+// tryEnd is a try's end that tryFinished saw while a RecvMsg was under way.
+type tryEnd struct {
+	gen     uint64
+	err     error
+	expired bool
+	set     bool
+}
+
+// endUnreadLocked ends the current try, which ended with err while nothing
+// read the stream (expired: by its deadline; else by the ClientConn's
+// close): released when its status arrived first, so that the caller's
+// reads still drain its messages and that status; decided and released
+// when cut by its deadline (expireLocked); ended otherwise.
+func (cs *clientStream) endUnreadLocked(err error, expired bool) {
+	switch {
+	case cs.t.delivery.state() == status.PeerStatus:
+		cs.releaseLocked(err)
+	case expired:
+		cs.expireLocked(err)
+	default:
+		o := cs.finishLocked(err)
+		cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
+	}
+}
+
+// unreadEndLocked applies, after a RecvMsg returned a message, the end of
+// its try that tryFinished saw meanwhile: the caller may read no more.
+func (cs *clientStream) unreadEndLocked() {
+	e := cs.unreadEnd
+	cs.unreadEnd = tryEnd{}
+	if e.set && e.gen == cs.gen && !cs.done && !cs.settled && !cs.released && cs.ctx.Err() == nil {
+		cs.endUnreadLocked(e.err, e.expired)
+	}
 }
 
 // expireLocked ends the current try, cut by its deadline (err) while nothing
@@ -578,6 +613,9 @@ func (cs *clientStream) afterTryLocked(err error) (next uint32, result error, re
 	w, n := cs.w, cs.n
 	o := cs.finishLocked(err)
 	err = w.typed(n, err, o)
+	if failedUnsent := w.unsentInDoubt(n, err, o, cs.t.delivery.state()); failedUnsent != nil {
+		return n, failedUnsent, false
+	}
 	if !cs.replayable() {
 		return n, cs.committedResult(n, err, o), false
 	}
@@ -605,8 +643,17 @@ func (cs *clientStream) finishLocked(err error) status.Outcome {
 	w, c := cs.w, cs.w.c
 	if cs.settled {
 		// Settled already (the stream was released): what the try's end
-		// says, without settling it twice.
-		return status.OutcomeOfCall(err, cs.t.delivery.state())
+		// says, without settling it twice; but a grant held at the release
+		// (its status had arrived unread, with no tollgate-spent) is
+		// refunded once the read status proves, as at any try's end, that
+		// nothing was spent (DESIGN.md §2.3).
+		d := cs.t.delivery.state()
+		if cs.released && d == status.PeerStatus && !c.cfg.strict && !cs.t.delivery.reportedBadly() {
+			if _, reported := cs.t.delivery.reported(); !reported && spentNothing(err, w.cl.s.ID, w.cl.key, cs.n) {
+				cs.t.loan.Reconcile(0)
+			}
+		}
+		return status.OutcomeOfCall(err, d)
 	}
 	cs.settled = true
 	d := c.finish(w.cl.s, w.cl.key, cs.t, err)
@@ -795,6 +842,8 @@ func (cs *clientStream) RecvMsg(m any) error {
 				// under way, and abandon left the end to it: the
 				// message is the caller's, and the stream ends.
 				cs.abandonLocked()
+			default:
+				cs.unreadEndLocked()
 			}
 			return nil
 		}

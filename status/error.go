@@ -7,7 +7,6 @@ import (
 	"unicode/utf8"
 
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
@@ -342,7 +341,8 @@ func (e *Error) Detail() *tollgatev1.OutcomeDetail {
 // GRPCStatus returns the status that carries the error across gRPC: its code
 // and message, the OutcomeDetail, a google.rpc.ErrorInfo and, when a delay was
 // suggested, a google.rpc.RetryInfo, in that order; an unknown outcome then
-// carries its cause's details, but for tollgate's own and a RetryInfo. The status is built on the
+// carries its cause's details, but for a tollgate OutcomeDetail, an
+// ErrorInfo and a RetryInfo. The status is built on the
 // first call and shared by later ones (a grpc-go Status is immutable). A nil
 // *Error has no status (grpc-go then sends UNKNOWN).
 func (e *Error) GRPCStatus() *grpcstatus.Status {
@@ -388,11 +388,12 @@ func (e *Error) buildStatus() *grpcstatus.Status {
 }
 
 // causeDetails returns the status details of an unknown outcome's cause that
-// still say something true of the call (a callee's google.rpc.ErrorInfo,
-// BadRequest, QuotaFailure, DebugInfo…), after tollgate's own: every detail
-// but a tollgate OutcomeDetail or ErrorInfo, which describe the call below,
-// and a RetryInfo, which would invite generic clients to repeat what may
-// have taken effect.
+// still say something true of the call (a callee's BadRequest,
+// PreconditionFailure, QuotaFailure, DebugInfo…), after tollgate's own:
+// every detail but a tollgate OutcomeDetail, which describes the call below;
+// an ErrorInfo, of which a status carries one (AIP-193), tollgate's; and a
+// RetryInfo, which would invite generic clients to repeat what may have
+// taken effect.
 func causeDetails(cause error) []*anypb.Any {
 	if cause == nil {
 		return nil
@@ -404,13 +405,8 @@ func causeDetails(cause error) []*anypb.Any {
 	var out []*anypb.Any
 	for _, d := range st.Proto().GetDetails() {
 		switch d.GetTypeUrl() {
-		case outcomeDetailURL, retryInfoURL:
+		case outcomeDetailURL, retryInfoURL, errorInfoURL:
 			continue
-		case errorInfoURL:
-			var ei errdetails.ErrorInfo
-			if d.UnmarshalTo(&ei) == nil && ei.GetDomain() == Domain {
-				continue
-			}
 		}
 		out = append(out, d)
 	}
