@@ -21,7 +21,7 @@ type Key struct {
 	// Call is the call key (the header's "c"), 1–128 characters of
 	// [A-Za-z0-9._:-].
 	Call string
-	// Method is the full gRPC method name, "/package.Service/Method".
+	// Method is the call's gRPC path, "/service/method" (see ValidateKey).
 	Method string
 }
 
@@ -41,7 +41,9 @@ const (
 
 // ValidateKey reports whether k is well formed: a tenant of 0–64 and an
 // attempt ID of 1–64 characters of [A-Za-z0-9._:-], a call key of 1–128 such
-// characters, and a method of the form "/package.Service/Method". The error
+// characters, and a method that is a gRPC path, "/service/method": both parts
+// non-empty, at most 512 bytes of printable ASCII without spaces, '{', '}'
+// or '|'. The error
 // wraps [ErrMalformedKey] and says which part is wrong. It does not require the
 // attempt ID to be a UUIDv7: an ID that is not one is well formed but lies
 // outside every store's horizon.

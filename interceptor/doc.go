@@ -110,7 +110,9 @@
 //
 // A call is repeated, under its RetryPolicy (WithRetry, WithMethodRetry) and
 // the target's retry budget (WithRetryBudget), only when its last try is
-// known to have had no effect: NOT_ADMITTED (and not final) or never sent.
+// known to have had no effect: NOT_ADMITTED (and not final), which includes
+// a try never sent unless its error has a definite code (then the call ends
+// with that error, FAILED).
 // Waits are exponential with full jitter, never shorter than the peer's
 // retry-after (itself jittered), and never past the deadline. A try whose
 // outcome is UNKNOWN is first resolved: the owner sends FenceAttempt(n) to

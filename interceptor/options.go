@@ -382,8 +382,9 @@ func WithAdmission(ctrl *admission.Controller) ServerOption {
 // deadline plus the server's, so a larger server skew lets a record read
 // ABANDONED while its handler still runs (its call then ends UNKNOWN). A
 // store that tells its policy (a Policy() idempotency.Policy method, as
-// both of tollgate's stores have) is checked: a different skew is
-// ErrInvalidOption.
+// both of tollgate's stores have) is checked: a different skew, or a
+// WithMaxAttemptTime over its policy's MaxAttemptDeadline, is
+// ErrInvalidOption (the default maximum attempt time is lowered to it).
 func WithAttemptStore(store idempotency.Store) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.store = store })
 }

@@ -151,7 +151,7 @@ const msgNotV7 = "interceptor: the record store cannot vouch for this attempt's 
 const msgUnverifiable = "interceptor: the record store cannot vouch for this attempt's earlier tries: " +
 	"the attempt was created longer ago than the store keeps records (its TTL, less the clock skew), " +
 	"so records of earlier tries may have expired, or its ID's time lies ahead of this server's clock by more than the skew; " +
-	"an attempt's recorded calls must be made within the store's TTL of its start"
+	"an attempt's recorded calls must be made within the store's TTL, less the clock skew, of its start"
 
 // beforeHorizon is the refusal of a try of a caller's attempt created before
 // verifiableFrom, its store's horizon plus the clock skew: the store began

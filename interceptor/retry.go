@@ -11,7 +11,8 @@ import (
 // RetryPolicy is plain data, safe to copy.
 //
 // Whatever the policy, a call is repeated only when its last try is known to
-// have had no effect (NOT_ADMITTED and not final, or never sent), inside the
+// have had no effect (NOT_ADMITTED and not final, a try never sent included
+// unless it failed with a definite code), inside the
 // attempt's deadline and allowance and the target's retry budget. A try whose
 // outcome is UNKNOWN is first resolved with the callee's AttemptService (see
 // the package documentation).
@@ -28,12 +29,14 @@ type RetryPolicy struct {
 	MaxBackoff time.Duration
 	// PerTryTimeout bounds how long the client waits for one try; it never
 	// extends the attempt's deadline. It is the try's grpc-timeout: a server
-	// with a record store finishes the try anyway (its handler runs detached
-	// until the attempt's deadline plus the skew), and the owner learns its
-	// outcome by querying; a server without one cancels its handler then, so
-	// a call that needs longer fails every try. Default 0: the remaining time
+	// with a record store finishes a recorded try (of a method not declared
+	// NO_SIDE_EFFECTS) anyway, its handler detached until the attempt's
+	// deadline plus the skew, and the owner learns its outcome by querying;
+	// a server without one, and any server for a NO_SIDE_EFFECTS method,
+	// cancels its handler then, so a call that needs longer fails every try. Default 0: the remaining time
 	// divided by the tries left (the last try gets all of it), which leaves
-	// room to resolve and repeat. Against servers without a store, set it to
+	// room to resolve and repeat. Against servers without a store, and for
+	// NO_SIDE_EFFECTS methods, set it to
 	// the attempt's timeout or more: each try then gets all the time left. It
 	// does not apply to streams: a stream's try may last until the attempt's
 	// deadline.

@@ -366,8 +366,9 @@ func (sv *server) run(f func() error) (err error) {
 }
 
 // passPanic, deferred before a handler runs, acts when the handler panicked
-// and the panic goes on up (the server did not opt into WithRecovery;
-// another interceptor or grpc-go's own recovery may answer it): *ran is
+// and the panic goes on up (the server did not opt into WithRecovery; a
+// recovery interceptor chained outside this one may answer it — grpc-go
+// recovers none, and without one the process exits): *ran is
 // still false. The panic is not recovered, but the call's bookkeeping ends
 // as for a recovered one: the ledger is sealed, so the handler's goroutines
 // spend nothing more; tollgate-spent is set (on ss for a stream, ctx's

@@ -38,7 +38,8 @@ import (
 //   - a NO_SIDE_EFFECTS stream is repeated while no response message
 //     arrived, whatever its kind;
 //   - a try is repeated only when its outcome allows it, as for unary
-//     calls: NOT_ADMITTED and not final, never sent, or UNKNOWN resolved
+//     calls: NOT_ADMITTED and not final (a try never sent without a
+//     definite code included), or UNKNOWN resolved
 //     FENCED by the query (NO_SIDE_EFFECTS: freely);
 //   - once committed, a failure is final for the stream: UNKNOWN is resolved
 //     with the query for a method with side effects and ends COMMITTED (the

@@ -61,7 +61,9 @@
 //
 // A client knows more than the error: whether the request left it at all.
 // [OutcomeOfCall] takes that knowledge ([Delivery]) and applies the contract's
-// table for errors without a tollgate detail:
+// table (DESIGN.md §2.5) for errors without a tollgate detail, except that a
+// try never sent whose error has a definite code is that definite error, not
+// NOT_SENT:
 //
 //	delivery          code                  outcome
 //	NotSent           definite (as above)   FAILED (that definite error)

@@ -241,7 +241,9 @@ func NotAdmitted(reason Reason, opts ...Option) error {
 // outcome from below, re-addressed here), which is then used instead;
 // WithMessage appends to either.
 // cause may be nil (the code is then UNKNOWN); it is returned by Unwrap. The
-// reason is UNSPECIFIED unless [WithReason] sets one.
+// reason is UNSPECIFIED unless [WithReason] sets one. Its status carries,
+// after tollgate's own details, the cause's status details but for a
+// tollgate OutcomeDetail, an ErrorInfo and a RetryInfo.
 func OutcomeUnknown(cause error, opts ...Option) error {
 	code := codes.Unknown
 	msg := "tollgate: outcome unknown"

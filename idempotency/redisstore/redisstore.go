@@ -147,7 +147,8 @@ func WithReplicas(n int, timeout time.Duration) Option {
 // without the bound are counted only once a script writes them again.
 // Bytes are bounded by the bound times the policy's MaxResponseBytes (plus
 // status messages and details), and by Redis's maxmemory. The bound counts
-// a record until Redis removes it, DefaultKeep plus twice the skew after its expiry.
+// a record until Redis removes it, DefaultKeep plus twice the skew and a
+// second after its expiry.
 // Default 0: no bound, no index; it must not be negative.
 func WithMaxRecordsPerTenant(n int) Option {
 	return optionFunc(func(s *Store) { s.perTenant = n })

@@ -447,7 +447,8 @@ type GetAttemptRequest struct {
 	AttemptId string `protobuf:"bytes,1,opt,name=attempt_id,json=attemptId,proto3" json:"attempt_id,omitempty"`
 	// call is the call key (the header's "c").
 	Call string `protobuf:"bytes,2,opt,name=call,proto3" json:"call,omitempty"`
-	// method is the full gRPC method name, "/package.Service/Method".
+	// method is the call's gRPC path, "/service/method" (for a protobuf
+	// service, "/package.Service/Method").
 	Method        string `protobuf:"bytes,3,opt,name=method,proto3" json:"method,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -512,7 +513,8 @@ type FenceAttemptRequest struct {
 	AttemptId string `protobuf:"bytes,1,opt,name=attempt_id,json=attemptId,proto3" json:"attempt_id,omitempty"`
 	// call is the call key (the header's "c").
 	Call string `protobuf:"bytes,2,opt,name=call,proto3" json:"call,omitempty"`
-	// method is the full gRPC method name, "/package.Service/Method".
+	// method is the call's gRPC path, "/service/method" (for a protobuf
+	// service, "/package.Service/Method").
 	Method string `protobuf:"bytes,3,opt,name=method,proto3" json:"method,omitempty"`
 	// fence_through_try is the highest try number that must never start.
 	FenceThroughTry uint32 `protobuf:"varint,4,opt,name=fence_through_try,json=fenceThroughTry,proto3" json:"fence_through_try,omitempty"`
