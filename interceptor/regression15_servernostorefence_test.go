@@ -36,22 +36,30 @@ func TestRegression15ServerNoStoreFence(t *testing.T) {
 	first.Store(true)
 	ledger := newLedger(func(ctx context.Context, _ *testingv1.ApplyRequest) {
 		if first.Swap(false) {
-			time.Sleep(300 * time.Millisecond) // the effect has happened; the answer is late
+			time.Sleep(900 * time.Millisecond) // past the per-try timeout: the answer is late
 		}
 	})
-	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
-		ledger.Register(s)
-		tollgatev1.RegisterAttemptServiceServer(s, idempotency.NewAttemptService(store))
-	}, interceptor.ServerOptions(interceptor.WithTrustedPeer(interceptor.TrustAll), interceptor.WithClockSkew(0))...) // no WithAttemptStore
+	end := storelessServer(t, store, ledger.Register)
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
 		interceptor.WithAttemptTimeout(5*time.Second),
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, PerTryTimeout: 50 * time.Millisecond,
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, PerTryTimeout: 300 * time.Millisecond,
 			InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}))...))
 
 	_, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "acct", Amount: 1})
 	o := status.OutcomeOf(err)
-	time.Sleep(400 * time.Millisecond) // let the first run finish
+	time.Sleep(1200 * time.Millisecond) // let the first run finish
 	require.Equal(t, int64(1), ledger.effects.Load(),
 		"the handler ran %d times: the fence answered FENCED for a call the server never records (call ended %v %v: %v)",
 		ledger.effects.Load(), o.Kind, status.ReasonName(o.Reason), err)
+}
+
+// storelessServer starts a server whose interceptor has no
+// WithAttemptStore but which registers an AttemptService over store beside
+// register's services.
+func storelessServer(t *testing.T, store idempotency.Store, register func(*grpc.Server)) *testsvc.Endpoint {
+	t.Helper()
+	return testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
+		register(s)
+		tollgatev1.RegisterAttemptServiceServer(s, idempotency.NewAttemptService(store))
+	}, interceptor.ServerOptions(interceptor.WithTrustedPeer(interceptor.TrustAll), interceptor.WithClockSkew(0))...)
 }

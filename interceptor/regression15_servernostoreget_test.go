@@ -7,12 +7,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"github.com/tollgate-go/tollgate/idempotency"
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 )
 
@@ -38,11 +36,7 @@ func TestRegression15ServerNoStoreGet(t *testing.T) {
 		runs.Add(1)
 		return &testingv1.ApplyResponse{Total: 1}, nil
 	}}
-	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
-		svc.Register(s)
-		tollgatev1.RegisterAttemptServiceServer(s, idempotency.NewAttemptService(store))
-	}, interceptor.ServerOptions(interceptor.WithTrustedPeer(interceptor.TrustAll), interceptor.WithClockSkew(0))...) // no WithAttemptStore
-	conn := end.DialT(t)
+	conn := storelessServer(t, store, svc.Register).DialT(t)
 
 	time.Sleep(2 * time.Millisecond) // the attempt is created after the store's horizon
 	id, err := interceptor.StartAttempt(t.Context(), 0, 30*time.Second)
