@@ -181,10 +181,14 @@ func (b *RetryBudget) refillLocked(now time.Time) {
 	switch {
 	case add >= float64(room):
 		b.microTokens = b.microMax
+		b.last = now
 	case add >= 1:
-		b.microTokens += int64(add)
-	default:
-		return // less than a millionth of a token: the time counts towards the next refill
+		// Whole millionths only; last moves by the time they took, so the
+		// rest counts towards the next refill (a busy budget reads the
+		// clock every few microseconds).
+		whole := int64(add)
+		b.microTokens += whole
+		b.last = b.last.Add(time.Duration(float64(whole) / (b.rate * micro) * float64(time.Second)))
 	}
-	b.last = now
+	// Less than a millionth of a token: the time counts towards the next refill.
 }

@@ -278,10 +278,16 @@ func unpayable(s *attemptState, n uint32) bool {
 }
 
 // finish ends try t with err: it settles the callee's grant as DESIGN.md
-// §2.3 says and returns what the client knows of the try's delivery.
-func (c *client) finish(s *attemptState, key string, t *try, err error) status.Delivery {
+// §2.3 says and returns what the client knows of the try's delivery. local
+// is set when err is the client's own (a stream's SendMsg refused below
+// tollgate) rather than how the try ended: a peer's status that arrived
+// unread then proves nothing, and the try counts as maybe sent.
+func (c *client) finish(s *attemptState, key string, t *try, err error, local bool) status.Delivery {
 	t.cancel()
 	d := t.delivery.state()
+	if local && d == status.PeerStatus {
+		d = status.MaybeSent
+	}
 	if spent, ok := t.delivery.reported(); ok {
 		t.loan.Settle(spent)
 		return d

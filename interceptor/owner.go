@@ -203,7 +203,7 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 			w.tgt.budget.Deposit()
 		}
 		err = w.invoker(tctx, w.cl.method, req, reply, w.cc, opts...)
-		d := c.finish(s, key, t, err)
+		d := c.finish(s, key, t, err, false)
 		spendEvent(trace.SpanFromContext(ctx), s, t)
 		w.pushback = t.delivery.pushback.Load()
 		if t.loan != nil {

@@ -640,7 +640,11 @@ func (cs *clientStream) afterTryLocked(err error) (next uint32, result error, re
 // finishLocked settles the current try, which ended with err (nil: OK), as
 // a unary try is settled, counts it in tollgate.client.tries, and returns
 // its outcome.
-func (cs *clientStream) finishLocked(err error) status.Outcome {
+func (cs *clientStream) finishLocked(err error) status.Outcome { return cs.finishTryLocked(err, false) }
+
+// finishTryLocked is finishLocked; local is set when err is the client's
+// own, not how the try ended (see client.finish).
+func (cs *clientStream) finishTryLocked(err error, local bool) status.Outcome {
 	w, c := cs.w, cs.w.c
 	if cs.settled {
 		// Settled already (the stream was released): what the try's end
@@ -649,15 +653,18 @@ func (cs *clientStream) finishLocked(err error) status.Outcome {
 		// refunded once the read status proves, as at any try's end, that
 		// nothing was spent (DESIGN.md §2.3).
 		d := cs.t.delivery.state()
-		if cs.released && d == status.PeerStatus && !c.cfg.strict && !cs.t.delivery.reportedBadly() {
+		if cs.released && !local && d == status.PeerStatus && !c.cfg.strict && !cs.t.delivery.reportedBadly() {
 			if _, reported := cs.t.delivery.reported(); !reported && spentNothing(err, w.cl.s.ID, w.cl.key, cs.n) {
 				cs.t.loan.Reconcile(0)
 			}
 		}
+		if local && d == status.PeerStatus {
+			d = status.MaybeSent
+		}
 		return status.OutcomeOfCall(err, d)
 	}
 	cs.settled = true
-	d := c.finish(w.cl.s, w.cl.key, cs.t, err)
+	d := c.finish(w.cl.s, w.cl.key, cs.t, err, local)
 	spendEvent(cs.span, w.cl.s, cs.t)
 	w.pushback = cs.t.delivery.pushback.Load()
 	if cs.t.loan != nil {
@@ -777,15 +784,18 @@ func (cs *clientStream) SendMsg(m any) error {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	if err != io.EOF {
-		// A local error (m cannot be marshalled, or is too large): grpc-go
-		// ended the stream with it.
+		// A local error (m cannot be marshalled, or is too large: grpc-go
+		// ended the stream with it; or an interceptor below refused it).
+		// It is not how the try ended: a status that arrived unread says
+		// nothing of what was spent here, and the try counts as maybe sent
+		// (its grant held), never as answered by the local error.
 		if !cs.done {
 			// Typed as RecvMsg would type it (DESIGN.md §2.5: grpc-go's
 			// client-side RESOURCE_EXHAUSTED is UNKNOWN): earlier messages
 			// may have reached the handler. The stream cannot go on, on
 			// this try or on a repeat started meanwhile (gen != cs.gen),
 			// which would replay m and fail on it again.
-			o := cs.finishLocked(err)
+			o := cs.finishTryLocked(err, true)
 			cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
 		}
 		return cs.final
