@@ -320,6 +320,8 @@ func (c *serverConfig) validate() error {
 	}
 	if p, ok := c.store.(interface{ Policy() idempotency.Policy }); ok {
 		switch pol := p.Policy(); {
+		case pol.MaxAttemptDeadline <= 0:
+			return invalid("the attempt store's policy MaxAttemptDeadline %v is not positive", pol.MaxAttemptDeadline)
 		case pol.Skew != c.skew:
 			return invalid("clock skew %v differs from the attempt store's policy skew %v: set both alike (WithClockSkew, the store's WithPolicy)",
 				c.skew, pol.Skew)

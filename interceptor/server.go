@@ -512,11 +512,14 @@ func (sv *server) control(ctx context.Context, method string, req any, f func(co
 	if tenant == "" {
 		tenant = sv.tenantOf(ctx)
 	}
-	if sv.cfg.store == nil && strings.HasPrefix(method, attemptServicePrefix) {
+	if sv.cfg.store == nil && req != nil && strings.HasPrefix(method, attemptServicePrefix) {
 		// Its data path never begins a record, so the service, whatever
 		// store it reads, would answer UNSEEN (nothing ran) for calls that
 		// ran, and fence them (they never will): an owner would run them
-		// again, an operator would think they never ran.
+		// again, an operator would think they never ran. A query that
+		// reaches the stream interceptor (req nil: the generated service is
+		// unary) is a transparent proxy's, forwarded to a server that
+		// answers for itself.
 		return nil, grpcstatus.Error(codes.Unimplemented,
 			"interceptor: this server keeps no attempt records (no WithAttemptStore): it cannot say what ran")
 	}

@@ -195,19 +195,29 @@ func parseSpent(vs []string) (int64, bool) {
 	return int64(most), true
 }
 
-// parsePushback reads grpc-retry-pushback-ms as grpc-go does: one
-// non-negative decimal of milliseconds; anything else means "do not retry".
+// parsePushback reads grpc-retry-pushback-ms as grpc-go does, one
+// non-negative decimal of milliseconds, anything else meaning "do not
+// retry"; but several values (a hop that relays its upstream's trailer adds
+// the upstream's to its own server's) read as their largest, and "do not
+// retry" if any says so.
 func parsePushback(vs []string) int64 {
-	if len(vs) != 1 || len(vs[0]) == 0 || len(vs[0]) > 10 {
+	if len(vs) == 0 {
 		return stopPushback
 	}
-	var n int64
-	for i := 0; i < len(vs[0]); i++ {
-		c := vs[0][i]
-		if c < '0' || c > '9' {
+	var most int64
+	for _, v := range vs {
+		if len(v) == 0 || len(v) > 10 {
 			return stopPushback
 		}
-		n = n*10 + int64(c-'0')
+		var n int64
+		for i := 0; i < len(v); i++ {
+			c := v[i]
+			if c < '0' || c > '9' {
+				return stopPushback
+			}
+			n = n*10 + int64(c-'0')
+		}
+		most = max(most, n)
 	}
-	return n
+	return most
 }

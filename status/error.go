@@ -406,7 +406,9 @@ func causeDetails(cause error) []*anypb.Any {
 	}
 	var out []*anypb.Any
 	for _, d := range st.Proto().GetDetails() {
-		switch d.GetTypeUrl() {
+		// By the name after the type URL's last '/', as readers resolve it:
+		// another prefix names the same type.
+		switch typeURLPrefix + string(d.MessageName()) {
 		case outcomeDetailURL, retryInfoURL, errorInfoURL:
 			continue
 		}
