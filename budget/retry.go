@@ -45,7 +45,10 @@ type RetryBudget struct {
 	microRatio  int64
 	microMax    int64
 	microTokens int64
-	last        time.Time
+	// frac is the part of a millionth the time floor accrued and no
+	// refill has counted yet.
+	frac float64
+	last time.Time
 }
 
 // micro is one token in the bucket's unit.
@@ -173,22 +176,20 @@ func (b *RetryBudget) refillLocked(now time.Time) {
 		return
 	}
 	room := b.microMax - b.microTokens
+	elapsed := now.Sub(b.last)
+	b.last = now
 	if b.rate == 0 || room <= 0 {
-		b.last = now // nothing accrues while the bucket is full
+		b.frac = 0 // nothing accrues while the bucket is full
 		return
 	}
-	add := now.Sub(b.last).Seconds() * b.rate * micro
-	switch {
-	case add >= float64(room):
-		b.microTokens = b.microMax
-		b.last = now
-	case add >= 1:
-		// Whole millionths only; last moves by the time they took, so the
-		// rest counts towards the next refill (a busy budget reads the
-		// clock every few microseconds).
-		whole := int64(add)
-		b.microTokens += whole
-		b.last = b.last.Add(time.Duration(float64(whole) / (b.rate * micro) * float64(time.Second)))
+	// Whole millionths are added; the fraction is carried to the next
+	// refill (a busy budget reads the clock every few microseconds).
+	add := elapsed.Seconds()*b.rate*micro + b.frac
+	if add >= float64(room) {
+		b.microTokens, b.frac = b.microMax, 0
+		return
 	}
-	// Less than a millionth of a token: the time counts towards the next refill.
+	whole := math.Floor(add)
+	b.microTokens += int64(whole)
+	b.frac = add - whole
 }

@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"context"
+	"strconv"
 	"sync/atomic"
 
 	"github.com/tollgate-go/tollgate/internal/header"
@@ -195,29 +196,22 @@ func parseSpent(vs []string) (int64, bool) {
 	return int64(most), true
 }
 
-// parsePushback reads grpc-retry-pushback-ms as grpc-go does, one
-// non-negative decimal of milliseconds, anything else meaning "do not
-// retry"; but several values (a hop that relays its upstream's trailer adds
-// the upstream's to its own server's) read as their largest, and "do not
-// retry" if any says so.
+// parsePushback reads grpc-retry-pushback-ms as grpc-go does
+// (strconv.Atoi: a sign and leading zeros are accepted; an error or a
+// negative value means "do not retry"); but several values (a hop that
+// relays its upstream's trailer adds the upstream's to its own server's)
+// read as their largest, and "do not retry" if any says so.
 func parsePushback(vs []string) int64 {
 	if len(vs) == 0 {
 		return stopPushback
 	}
 	var most int64
 	for _, v := range vs {
-		if len(v) == 0 || len(v) > 10 {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
 			return stopPushback
 		}
-		var n int64
-		for i := 0; i < len(v); i++ {
-			c := v[i]
-			if c < '0' || c > '9' {
-				return stopPushback
-			}
-			n = n*10 + int64(c-'0')
-		}
-		most = max(most, n)
+		most = max(most, int64(n))
 	}
 	return most
 }

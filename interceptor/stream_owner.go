@@ -744,6 +744,32 @@ func (cs *clientStream) probeLocked() {
 	cs.settleLocked(err)
 }
 
+// readStatusLocked reads the status that ended cur, whose peer's status
+// arrived unread, dropping the messages before it (the stream ends with
+// that status: nothing will read them), and reports whether it read one. A
+// read that returns local, the caller's send's own error (grpc-go ended the
+// stream with it), reads nothing.
+func (cs *clientStream) readStatusLocked(cur grpc.ClientStream, local error) (error, bool) {
+	var scratch proto.Message = &emptypb.Empty{}
+	if out := cs.w.cl.info.Output; out != nil {
+		scratch = out.New().Interface()
+	}
+	for range 1 << 16 { // buffered: the status has arrived
+		err := cur.RecvMsg(scratch)
+		switch {
+		case err == nil:
+			continue
+		case err == io.EOF:
+			return nil, true
+		case err == local || grpcstatus.Convert(err).Proto().String() == grpcstatus.Convert(local).Proto().String():
+			return nil, false
+		default:
+			return err, true
+		}
+	}
+	return nil, false
+}
+
 // deliverPending copies the message a probe read into the caller's m.
 func deliverPending(m, pending any) error {
 	pm, ok := m.(proto.Message)
@@ -786,9 +812,18 @@ func (cs *clientStream) SendMsg(m any) error {
 	if err != io.EOF {
 		// A local error (m cannot be marshalled, or is too large: grpc-go
 		// ended the stream with it; or an interceptor below refused it).
-		// It is not how the try ended: a status that arrived unread says
-		// nothing of what was spent here, and the try counts as maybe sent
-		// (its grant held), never as answered by the local error.
+		// It is not how the try ended. When the try's status had arrived,
+		// unread, and no RecvMsg is under way, that status is read and ends
+		// the stream, and the send returns that end; otherwise the try
+		// counts as maybe sent (its grant held), never as answered by the
+		// local error.
+		if !cs.done && gen == cs.gen && !cs.settled && !cs.receiving && cs.t.delivery.state() == status.PeerStatus {
+			if peerErr, ok := cs.readStatusLocked(cur, err); ok {
+				o := cs.finishLocked(peerErr)
+				cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, peerErr, o)))
+				return cs.final // the stream's end, as RecvMsg will return it
+			}
+		}
 		if !cs.done {
 			// Typed as RecvMsg would type it (DESIGN.md §2.5: grpc-go's
 			// client-side RESOURCE_EXHAUSTED is UNKNOWN): earlier messages
