@@ -2,8 +2,10 @@ package interceptor
 
 import (
 	"context"
+	"math"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/tollgate-go/tollgate/internal/header"
 	"github.com/tollgate-go/tollgate/status"
@@ -63,6 +65,8 @@ type sideRPC struct {
 const (
 	noPushback   = -1
 	stopPushback = -2
+	// maxPushbackMs is the longest pushback a Duration holds.
+	maxPushbackMs = math.MaxInt64 / int64(time.Millisecond)
 	// badSpent marks a tollgate-spent trailer that was sent but does not
 	// read: a value that is not a decimal in range, or no value. The callee
 	// reported something, so the grant is held, never refunded as if
@@ -211,7 +215,9 @@ func parsePushback(vs []string) int64 {
 		if err != nil || n < 0 {
 			return stopPushback
 		}
-		most = max(most, int64(n))
+		// Saturated, so that a wait of centuries stays one as a Duration
+		// rather than wrapping negative.
+		most = max(most, min(int64(n), maxPushbackMs))
 	}
 	return most
 }

@@ -745,29 +745,30 @@ func (cs *clientStream) probeLocked() {
 }
 
 // readStatusLocked reads the status that ended cur, whose peer's status
-// arrived unread, dropping the messages before it (the stream ends with
-// that status: nothing will read them), and reports whether it read one. A
-// read that returns local, the caller's send's own error (grpc-go ended the
-// stream with it), reads nothing.
+// arrived unread, when no message is left before it, and reports whether it
+// read one. A message that comes first is kept for the caller's next
+// RecvMsg (cs.pending), and nothing more is read: the messages are the
+// caller's, and the try then counts as maybe sent. A read that returns
+// local, the caller's send's own error (grpc-go ended the stream with it),
+// reads nothing.
 func (cs *clientStream) readStatusLocked(cur grpc.ClientStream, local error) (error, bool) {
 	var scratch proto.Message = &emptypb.Empty{}
 	if out := cs.w.cl.info.Output; out != nil {
 		scratch = out.New().Interface()
 	}
-	for range 1 << 16 { // buffered: the status has arrived
-		err := cur.RecvMsg(scratch)
-		switch {
-		case err == nil:
-			continue
-		case err == io.EOF:
-			return nil, true
-		case err == local || grpcstatus.Convert(err).Proto().String() == grpcstatus.Convert(local).Proto().String():
-			return nil, false
-		default:
-			return err, true
-		}
+	err := cur.RecvMsg(scratch) // buffered: the status has arrived
+	switch {
+	case err == nil:
+		cs.pending = scratch
+		cs.sawMessageLocked()
+		return nil, false
+	case err == io.EOF:
+		return nil, true
+	case err == local || grpcstatus.Convert(err).Proto().String() == grpcstatus.Convert(local).Proto().String():
+		return nil, false
+	default:
+		return err, true
 	}
-	return nil, false
 }
 
 // deliverPending copies the message a probe read into the caller's m.
