@@ -30,19 +30,29 @@ func TestRegression15ClientPushbackPlus(t *testing.T) {
 			if val == "5 (control)" {
 				val = "5"
 			}
-			var runs atomic.Int64
-			svc := &testsvc.Service{GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-				if runs.Add(1) == 1 {
-					_ = grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", val))
-					return nil, shed()
-				}
-				return &testingv1.GetResponse{}, nil
-			}}
-			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
-			client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3))...))
-			_, err := client.Get(t.Context(), &testingv1.GetRequest{Key: "k"})
-			require.NoError(t, err, "grpc-go reads pushback %q as a delay of %s and retries; tollgate stopped after %d try", val, "5 ms", runs.Load())
-			require.Equal(t, int64(2), runs.Load())
+			runs, err := getPushedBack(t, val)
+			require.NoError(t, err, "grpc-go reads pushback %q as a delay of %s and retries; tollgate stopped after %d try", val, "5 ms", runs)
+			require.Equal(t, int64(2), runs)
 		})
 	}
+}
+
+// getPushedBack sends one Get, under a policy of three tries, to a server
+// whose first run refuses it without effect with grpc-retry-pushback-ms
+// pushback and whose later runs answer; it returns the runs and the call's
+// error.
+func getPushedBack(t *testing.T, pushback string) (int64, error) {
+	t.Helper()
+	var runs atomic.Int64
+	svc := &testsvc.Service{GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		if runs.Add(1) == 1 {
+			_ = grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", pushback))
+			return nil, shed()
+		}
+		return &testingv1.GetResponse{}, nil
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3))...))
+	_, err := client.Get(t.Context(), &testingv1.GetRequest{Key: "k"})
+	return runs.Load(), err
 }

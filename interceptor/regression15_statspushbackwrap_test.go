@@ -1,16 +1,9 @@
 package interceptor_test
 
 import (
-	"context"
-	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"github.com/tollgate-go/tollgate/interceptor"
-	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
-	"github.com/tollgate-go/tollgate/internal/testsvc"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/metadata"
 )
 
 // A review found the defect this test guards against (fixed since; the
@@ -29,18 +22,8 @@ func TestRegression15StatsPushbackWrap(t *testing.T) {
 			if v == "9999999999 (control)" {
 				v = "9999999999"
 			}
-			var runs atomic.Int64
-			svc := &testsvc.Service{GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-				if runs.Add(1) == 1 {
-					_ = grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", v))
-					return nil, shed()
-				}
-				return &testingv1.GetResponse{}, nil
-			}}
-			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
-			client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3))...))
-			_, err := client.Get(t.Context(), &testingv1.GetRequest{Key: "k"})
-			require.Equal(t, int64(1), runs.Load(), "the callee asked for a wait of %s ms, far past any deadline; the call was retried (err %v)", v, err)
+			runs, err := getPushedBack(t, v)
+			require.Equal(t, int64(1), runs, "the callee asked for a wait of %s ms, far past any deadline; the call was retried (err %v)", v, err)
 			require.Error(t, err)
 		})
 	}
