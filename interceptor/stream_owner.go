@@ -752,6 +752,9 @@ func (cs *clientStream) probeLocked() {
 // local, the caller's send's own error (grpc-go ended the stream with it),
 // reads nothing.
 func (cs *clientStream) readStatusLocked(cur grpc.ClientStream, local error) (error, bool) {
+	if cs.pending != nil {
+		return nil, false // a message a probe read is before the status already
+	}
 	var scratch proto.Message = &emptypb.Empty{}
 	if out := cs.w.cl.info.Output; out != nil {
 		scratch = out.New().Interface()
