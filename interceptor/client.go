@@ -455,7 +455,7 @@ func (c *client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	defer cs.mu.Unlock()
 	returned := false
 	defer func() {
-		if !returned { // a panic below the interceptor goes on; the span ends
+		if !returned && !cs.done { // a panic below the interceptor goes on; the span ends, once
 			cs.span.End()
 		}
 	}()

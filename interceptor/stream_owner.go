@@ -275,7 +275,7 @@ func (cs *clientStream) endUnreadLocked(err error, expired bool) {
 		cs.expireLocked(err)
 	default:
 		o := cs.finishLocked(err)
-		cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
+		cs.endKeepingLocked(cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
 	}
 }
 
@@ -308,8 +308,7 @@ func (cs *clientStream) expireLocked(err error) {
 		cs.tryFromLocked(next) // never under way after the deadline; nothing was read of the cut try
 		return
 	}
-	cs.kept, cs.keptSet = result, true
-	cs.releaseWithLocked(result)
+	cs.endKeepingLocked(result)
 }
 
 // replayLocked sends what the caller sent so far on a new try's stream,
@@ -551,7 +550,16 @@ func (cs *clientStream) abandonLocked() {
 		return
 	}
 	o := cs.finishLocked(err)
-	cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
+	cs.endKeepingLocked(cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
+}
+
+// endKeepingLocked ends the current try's bookkeeping with result and
+// releases the stream: as grpc-go's, the caller's reads still get the
+// messages that arrived before the end, then result (the try's stream was
+// cancelled by its settlement, so they do not wait).
+func (cs *clientStream) endKeepingLocked(result error) {
+	cs.kept, cs.keptSet = result, true
+	cs.releaseWithLocked(result)
 }
 
 // releaseLocked releases a stream whose caller's context ended, or whose
@@ -721,6 +729,17 @@ func (cs *clientStream) committedResult(n uint32, err error, o status.Outcome) e
 // read, and the try settled, unless a message came first, which is kept for
 // the caller's next RecvMsg.
 func (cs *clientStream) probeLocked() {
+	returned := false
+	defer func() {
+		if !returned { // a panic below the interceptor (a codec): the stream ends
+			cs.panickedLocked()
+		}
+	}()
+	cs.probeUnguardedLocked()
+	returned = true
+}
+
+func (cs *clientStream) probeUnguardedLocked() {
 	cur := cs.cur
 	if md, _ := cur.Header(); md != nil {
 		cs.sawHeaderLocked()
@@ -759,7 +778,14 @@ func (cs *clientStream) readStatusLocked(cur grpc.ClientStream, local error) (er
 	if out := cs.w.cl.info.Output; out != nil {
 		scratch = out.New().Interface()
 	}
+	returned := false
+	defer func() {
+		if !returned { // a panic below the interceptor (a codec): the stream ends
+			cs.panickedLocked()
+		}
+	}()
 	err := cur.RecvMsg(scratch) // buffered: the status has arrived
+	returned = true
 	switch {
 	case err == nil:
 		cs.pending = scratch
@@ -791,6 +817,17 @@ func deliverPending(m, pending any) error {
 	return nil
 }
 
+// sendEnded is what SendMsg returns on a stream that ended: io.EOF, RecvMsg
+// returning its status; nil for a unary or server-streaming call, whose
+// SendMsg grpc-go documents as returning nil unconditionally on an ended
+// stream (the generated stub returns its error to the caller as is).
+func (cs *clientStream) sendEnded() error {
+	if !cs.desc.ClientStreams {
+		return nil
+	}
+	return io.EOF
+}
+
 // SendMsg sends m on the current try, keeping a copy for replay. When the
 // try has ended before a response committed the stream, it learns why and
 // repeats the stream (m is replayed) before returning nil; io.EOF, as
@@ -802,7 +839,7 @@ func (cs *clientStream) SendMsg(m any) error {
 	}
 	if cs.done {
 		cs.mu.Unlock()
-		return io.EOF
+		return cs.sendEnded()
 	}
 	cs.keepLocked(m)
 	cur, gen := cs.cur, cs.gen
@@ -833,20 +870,27 @@ func (cs *clientStream) SendMsg(m any) error {
 			// client-side RESOURCE_EXHAUSTED is UNKNOWN): earlier messages
 			// may have reached the handler. The stream cannot go on, on
 			// this try or on a repeat started meanwhile (gen != cs.gen),
-			// which would replay m and fail on it again.
+			// which would replay m and fail on it again; as grpc-go's, its
+			// reads still get the messages that had arrived.
 			o := cs.finishTryLocked(err, true)
-			cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
+			result := cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o))
+			if cs.released {
+				cs.endLocked(cs.n, result) // its bookkeeping ended already
+				return cs.final
+			}
+			cs.endKeepingLocked(result)
+			return result
 		}
 		return cs.final
 	}
 	for {
 		switch {
 		case cs.done:
-			return io.EOF
+			return cs.sendEnded()
 		case cs.gen != gen:
 			return nil // repeated, m replayed
 		case !cs.replayable():
-			return io.EOF
+			return cs.sendEnded()
 		case cs.receiving:
 			cs.cond.Wait()
 		default:

@@ -1,0 +1,71 @@
+package interceptor_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/interceptor"
+	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
+	"github.com/tollgate-go/tollgate/internal/testsvc"
+	"google.golang.org/grpc"
+)
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// A bidi stream with response messages waiting unread when the caller
+// cancels its context (grpc-go's documented way to end a stream). grpc-go
+// queues the cancellation behind what the transport had buffered
+// (recvBufferReader.readClient closes the stream, then reads the buffer in
+// order): RecvMsg returns those messages, then CANCELLED. The README says
+// the same of tollgate ("a stream ends when its context does ... the
+// caller's later reads still get the messages and the status that had
+// arrived"). abandonLocked releases the stream (reads drain it) only when
+// the try's status had arrived; otherwise it ends it (endLocked) and
+// RecvMsg returns cs.final without reading cur: the messages are dropped.
+func TestRegression15StreamOwnerCancelDropsBuffered(t *testing.T) {
+	t.Run("grpc-go", func(t *testing.T) { reviewCancelDrops(t, false) })
+	t.Run("tollgate", func(t *testing.T) { reviewCancelDrops(t, true) })
+}
+
+func reviewCancelDrops(t *testing.T, tollgate bool) {
+	sent := make(chan struct{})
+	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+		for _, v := range []string{"a", "b", "c"} {
+			if err := st.Send(&testingv1.ChatResponse{Value: v}); err != nil {
+				return err
+			}
+		}
+		close(sent)
+		<-st.Context().Done()
+		return st.Context().Err()
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	var dopts []grpc.DialOption
+	if tollgate {
+		dopts = interceptor.DialOptions(fastRetry(3))
+	}
+	conn := end.DialT(t, dopts...)
+	client := testingv1.NewTestServiceClient(conn)
+	actx, err := interceptor.StartAttempt(t.Context(), 4, 5*time.Second)
+	ctx, cancel := context.WithCancel(actx)
+	defer cancel()
+	require.NoError(t, err)
+	st, err := client.Chat(ctx)
+	require.NoError(t, err)
+	<-sent
+	time.Sleep(100 * time.Millisecond) // the three responses reach the client's buffer
+	cancel()
+	time.Sleep(100 * time.Millisecond) // the stream's end is seen
+	var got []string
+	for {
+		m, err := st.Recv()
+		if err != nil {
+			break
+		}
+		got = append(got, m.GetValue())
+	}
+	require.Equal(t, []string{"a", "b", "c"}, got, "the messages that arrived before the cancellation are the caller's")
+}
