@@ -31,6 +31,20 @@ func TestRegression15StreamOwnerCancelDropsBuffered(t *testing.T) {
 }
 
 func reviewCancelDrops(t *testing.T, tollgate bool) {
+	bufferedChat(t, tollgate, nil, func(_ *grpc.ClientConn, _ grpc.BidiStreamingClient[testingv1.ChatRequest, testingv1.ChatResponse], cancel context.CancelFunc) {
+		cancel()
+		time.Sleep(100 * time.Millisecond) // the stream's end is seen
+	})
+}
+
+// bufferedChat opens a Chat, through tollgate when tollgate is set (with
+// dopts), whose handler sends "a", "b" and "c" and waits; once they reached
+// the client unread, end ends the stream (it is given the conn, the stream
+// and the cancel of the stream's context), and the test requires that the
+// caller's reads still get the three messages, as grpc-go delivers them.
+func bufferedChat(t *testing.T, tollgate bool, dopts []grpc.DialOption,
+	end func(*grpc.ClientConn, grpc.BidiStreamingClient[testingv1.ChatRequest, testingv1.ChatResponse], context.CancelFunc)) {
+	t.Helper()
 	sent := make(chan struct{})
 	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
 		for _, v := range []string{"a", "b", "c"} {
@@ -42,23 +56,20 @@ func reviewCancelDrops(t *testing.T, tollgate bool) {
 		<-st.Context().Done()
 		return st.Context().Err()
 	}}
-	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
-	var dopts []grpc.DialOption
+	srv := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 	if tollgate {
-		dopts = interceptor.DialOptions(fastRetry(3))
+		dopts = append(dopts, interceptor.DialOptions(fastRetry(3))...)
 	}
-	conn := end.DialT(t, dopts...)
-	client := testingv1.NewTestServiceClient(conn)
+	conn := srv.DialT(t, dopts...)
 	actx, err := interceptor.StartAttempt(t.Context(), 4, 5*time.Second)
+	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(actx)
 	defer cancel()
-	require.NoError(t, err)
-	st, err := client.Chat(ctx)
+	st, err := testingv1.NewTestServiceClient(conn).Chat(ctx)
 	require.NoError(t, err)
 	<-sent
 	time.Sleep(100 * time.Millisecond) // the three responses reach the client's buffer
-	cancel()
-	time.Sleep(100 * time.Millisecond) // the stream's end is seen
+	end(conn, st, cancel)
 	var got []string
 	for {
 		m, err := st.Recv()
@@ -67,5 +78,5 @@ func reviewCancelDrops(t *testing.T, tollgate bool) {
 		}
 		got = append(got, m.GetValue())
 	}
-	require.Equal(t, []string{"a", "b", "c"}, got, "the messages that arrived before the cancellation are the caller's")
+	require.Equal(t, []string{"a", "b", "c"}, got, "the messages that arrived before the stream's end are the caller's")
 }

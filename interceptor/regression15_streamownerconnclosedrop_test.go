@@ -1,13 +1,12 @@
 package interceptor_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
-	"github.com/tollgate-go/tollgate/internal/testsvc"
 	"google.golang.org/grpc"
 )
 
@@ -31,39 +30,8 @@ func TestRegression15StreamOwnerConnCloseDropsBuffered(t *testing.T) {
 }
 
 func reviewConnCloseDrops(t *testing.T, tollgate bool) {
-	sent := make(chan struct{})
-	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
-		for _, v := range []string{"a", "b", "c"} {
-			if err := st.Send(&testingv1.ChatResponse{Value: v}); err != nil {
-				return err
-			}
-		}
-		close(sent)
-		<-st.Context().Done()
-		return st.Context().Err()
-	}}
-	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
-	var dopts []grpc.DialOption
-	if tollgate {
-		dopts = interceptor.DialOptions(fastRetry(3))
-	}
-	conn := end.DialT(t, dopts...)
-	client := testingv1.NewTestServiceClient(conn)
-	ctx, err := interceptor.StartAttempt(t.Context(), 4, 5*time.Second)
-	require.NoError(t, err)
-	st, err := client.Chat(ctx)
-	require.NoError(t, err)
-	<-sent
-	time.Sleep(100 * time.Millisecond) // the three responses reach the client's buffer
-	require.NoError(t, conn.Close())
-	time.Sleep(100 * time.Millisecond) // the stream's end is seen
-	var got []string
-	for {
-		m, err := st.Recv()
-		if err != nil {
-			break
-		}
-		got = append(got, m.GetValue())
-	}
-	require.Equal(t, []string{"a", "b", "c"}, got, "the messages that arrived before the close are the caller's")
+	bufferedChat(t, tollgate, nil, func(conn *grpc.ClientConn, _ grpc.BidiStreamingClient[testingv1.ChatRequest, testingv1.ChatResponse], _ context.CancelFunc) {
+		require.NoError(t, conn.Close())
+		time.Sleep(100 * time.Millisecond) // the stream's end is seen
+	})
 }

@@ -1,14 +1,12 @@
 package interceptor_test
 
 import (
+	"context"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
-	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
-	"github.com/tollgate-go/tollgate/internal/testsvc"
 	"google.golang.org/grpc"
 )
 
@@ -30,37 +28,8 @@ func TestRegression15StreamOwnerLocalSendDropsBuffered(t *testing.T) {
 }
 
 func reviewLocalSendDrops(t *testing.T, tollgate bool) {
-	sent := make(chan struct{})
-	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
-		for _, v := range []string{"a", "b", "c"} {
-			if err := st.Send(&testingv1.ChatResponse{Value: v}); err != nil {
-				return err
-			}
-		}
-		close(sent)
-		<-st.Context().Done()
-		return st.Context().Err()
-	}}
-	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 	dopts := []grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(1024))}
-	if tollgate {
-		dopts = append(dopts, interceptor.DialOptions(fastRetry(3))...)
-	}
-	client := testingv1.NewTestServiceClient(end.DialT(t, dopts...))
-	ctx, err := interceptor.StartAttempt(t.Context(), 4, 5*time.Second)
-	require.NoError(t, err)
-	st, err := client.Chat(ctx)
-	require.NoError(t, err)
-	<-sent
-	time.Sleep(100 * time.Millisecond) // the three responses reach the client's buffer
-	require.Error(t, st.Send(&testingv1.ChatRequest{Value: strings.Repeat("x", 4096)}), "a local error")
-	var got []string
-	for {
-		m, err := st.Recv()
-		if err != nil {
-			break
-		}
-		got = append(got, m.GetValue())
-	}
-	require.Equal(t, []string{"a", "b", "c"}, got, "the messages that arrived before the local error are the caller's")
+	bufferedChat(t, tollgate, dopts, func(_ *grpc.ClientConn, st grpc.BidiStreamingClient[testingv1.ChatRequest, testingv1.ChatResponse], _ context.CancelFunc) {
+		require.Error(t, st.Send(&testingv1.ChatRequest{Value: strings.Repeat("x", 4096)}), "a local error")
+	})
 }
