@@ -80,3 +80,50 @@ func bufferedChat(t *testing.T, tollgate bool, dopts []grpc.DialOption,
 	}
 	require.Equal(t, []string{"a", "b", "c"}, got, "the messages that arrived before the stream's end are the caller's")
 }
+
+// The same at the caller's own deadline, reached while nothing read the
+// stream and before the try's status arrived: the try is decided and
+// resolved as a read would, and the caller's reads still get the messages
+// that arrived before the deadline, then that result. Before, abandon
+// settled and ended the stream, and the messages were dropped.
+func TestRegression15StreamOwnerCallerDeadlineKeepsBuffered(t *testing.T) {
+	for _, tollgate := range []bool{false, true} {
+		t.Run(map[bool]string{false: "grpc-go", true: "tollgate"}[tollgate], func(t *testing.T) {
+			sent := make(chan struct{})
+			svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+				for _, v := range []string{"a", "b", "c"} {
+					if err := st.Send(&testingv1.ChatResponse{Value: v}); err != nil {
+						return err
+					}
+				}
+				close(sent)
+				<-st.Context().Done()
+				return st.Context().Err()
+			}}
+			srv := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+			var dopts []grpc.DialOption
+			if tollgate {
+				dopts = interceptor.DialOptions(fastRetry(3), interceptor.WithAttemptTimeout(time.Minute),
+					interceptor.WithHopMargin(0)) // the caller's deadline and the try's are one: abandon may see it first
+			}
+			conn := srv.DialT(t, dopts...)
+			ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+			defer cancel()
+			st, err := testingv1.NewTestServiceClient(conn).Chat(ctx)
+			require.NoError(t, err)
+			<-sent
+			<-ctx.Done()
+			time.Sleep(100 * time.Millisecond) // the stream's end is seen
+			var got []string
+			for {
+				m, err := st.Recv()
+				if err != nil {
+					require.Error(t, err)
+					break
+				}
+				got = append(got, m.GetValue())
+			}
+			require.Equal(t, []string{"a", "b", "c"}, got, "the messages that arrived before the caller's deadline are the caller's")
+		})
+	}
+}

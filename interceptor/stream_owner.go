@@ -289,8 +289,8 @@ func (cs *clientStream) unreadEndLocked() {
 	}
 }
 
-// expireLocked ends the current try, cut by its deadline (err) while nothing
-// read the stream: its outcome is decided, and resolved when unknown, as a
+// expireLocked ends the current try, cut by its deadline or the caller's
+// (err) while nothing read the stream: its outcome is decided, and resolved when unknown, as a
 // RecvMsg that saw the cut would; then the stream is released with that
 // result, so that the caller's reads still get the messages that arrived
 // before the cut (grpc-go hands them out before the deadline's error) and
@@ -533,8 +533,10 @@ func (cs *clientStream) abandon() {
 // ends it as a RecvMsg that saw it would: the try is decided, and resolved
 // when its outcome is unknown (the queries have their grace after the
 // deadline), so the answer does not depend on whether the caller happened
-// to be inside RecvMsg. A cancellation ends it at once, UNKNOWN (or
-// NOT_SENT), naming the attempt: the caller has gone.
+// to be inside RecvMsg (expireLocked). A cancellation ends it at once,
+// UNKNOWN (or NOT_SENT), naming the attempt: the caller has gone. Either
+// way the stream is released with that result, so that, as grpc-go's, the
+// caller's reads still get the messages that had arrived.
 func (cs *clientStream) abandonLocked() {
 	if cs.released {
 		return
@@ -546,7 +548,7 @@ func (cs *clientStream) abandonLocked() {
 		return
 	}
 	if errors.Is(cerr, context.DeadlineExceeded) {
-		cs.settleLocked(err)
+		cs.expireLocked(err) // decided and resolved as a read would; reads still drain what arrived
 		return
 	}
 	o := cs.finishLocked(err)
