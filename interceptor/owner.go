@@ -194,10 +194,7 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		first = false
 		tctx, t, perr := c.prepare(ctx, w.cl, n, w.p, now)
 		if perr != nil {
-			if n > 1 && w.tgt.budget != nil {
-				w.tgt.budget.Return() // the repeat's token: it was never sent
-			}
-			return n, w.conclude(n, perr)
+			return n, w.unprepared(n, perr)
 		}
 		if n == 1 && w.tgt.budget != nil {
 			w.tgt.budget.Deposit()
@@ -229,6 +226,16 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		}
 		n++
 	}
+}
+
+// unprepared is the result of a call whose try n prepare refused (perr):
+// nothing was sent, so a repeat gives back the retry-budget token proceed
+// withdrew for it (the budget bounds retries sent).
+func (w *owner) unprepared(n uint32, perr error) error {
+	if n > 1 && w.tgt.budget != nil {
+		w.tgt.budget.Return()
+	}
+	return w.conclude(n, perr)
 }
 
 // unsentInDoubt returns the result of a call whose try n failed with a

@@ -102,10 +102,7 @@ func (cs *clientStream) tryFromLocked(n uint32) bool {
 		tcl := &call{s: w.cl.s, key: w.cl.key, method: w.cl.method, seen: w.cl.seen}
 		tctx, t, err := c.prepare(cs.ctx, tcl, n, &cs.p, c.cfg.now())
 		if err != nil {
-			if n > 1 && w.tgt.budget != nil {
-				w.tgt.budget.Return() // the repeat's token: it was never sent
-			}
-			cs.endLocked(n, w.conclude(n, err))
+			cs.endLocked(n, w.unprepared(n, err))
 			return false
 		}
 		if n == 1 && w.tgt.budget != nil {
@@ -296,14 +293,12 @@ func (cs *clientStream) unreadEndLocked() {
 // before the cut (grpc-go hands them out before the deadline's error) and
 // then the same result.
 func (cs *clientStream) expireLocked(err error) {
-	returned := false
-	defer func() {
-		if !returned { // a panic below the interceptor in a query: the stream ends
-			cs.panickedLocked()
-		}
-	}()
-	next, result, repeat := cs.afterTryLocked(err)
-	returned = true
+	var (
+		next   uint32
+		result error
+		repeat bool
+	)
+	cs.guardedLocked(func() { next, result, repeat = cs.afterTryLocked(err) }) // a query may panic
 	if repeat {
 		cs.tryFromLocked(next) // never under way after the deadline; nothing was read of the cut try
 		return
@@ -591,13 +586,20 @@ func (cs *clientStream) releaseWithLocked(result error) {
 // settleLocked ends the current try with err (nil or io.EOF: OK) and either
 // starts the next try or ends the stream.
 func (cs *clientStream) settleLocked(err error) {
+	cs.guardedLocked(func() { cs.settleTryLocked(err) }) // a query or a repeat may panic
+}
+
+// guardedLocked runs f, which calls below the interceptor (a query, a
+// repeat, a codec), with cs.mu held: a panic there goes on up to the caller,
+// but first ends the stream (see panickedLocked).
+func (cs *clientStream) guardedLocked(f func()) {
 	returned := false
 	defer func() {
-		if !returned { // a panic below the interceptor in a query or a repeat: the stream ends
+		if !returned {
 			cs.panickedLocked()
 		}
 	}()
-	cs.settleTryLocked(err)
+	f()
 	returned = true
 }
 
@@ -730,16 +732,7 @@ func (cs *clientStream) committedResult(n uint32, err error, o status.Outcome) e
 // a header commits it (client and bidi streaming); otherwise the status is
 // read, and the try settled, unless a message came first, which is kept for
 // the caller's next RecvMsg.
-func (cs *clientStream) probeLocked() {
-	returned := false
-	defer func() {
-		if !returned { // a panic below the interceptor (a codec): the stream ends
-			cs.panickedLocked()
-		}
-	}()
-	cs.probeUnguardedLocked()
-	returned = true
-}
+func (cs *clientStream) probeLocked() { cs.guardedLocked(cs.probeUnguardedLocked) }
 
 func (cs *clientStream) probeUnguardedLocked() {
 	cur := cs.cur
@@ -780,14 +773,8 @@ func (cs *clientStream) readStatusLocked(cur grpc.ClientStream, local error) (er
 	if out := cs.w.cl.info.Output; out != nil {
 		scratch = out.New().Interface()
 	}
-	returned := false
-	defer func() {
-		if !returned { // a panic below the interceptor (a codec): the stream ends
-			cs.panickedLocked()
-		}
-	}()
-	err := cur.RecvMsg(scratch) // buffered: the status has arrived
-	returned = true
+	var err error
+	cs.guardedLocked(func() { err = cur.RecvMsg(scratch) }) // buffered: the status has arrived
 	switch {
 	case err == nil:
 		cs.pending = scratch
