@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/admission"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/tap"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -192,3 +194,50 @@ func wrapValue(s string) *wrapperspb.StringValue { return wrapperspb.String(s) }
 func healthClient(cc *grpc.ClientConn) healthpb.HealthClient { return healthpb.NewHealthClient(cc) }
 
 func healthReq() *healthpb.HealthCheckRequest { return &healthpb.HealthCheckRequest{} }
+
+// The tap refused health checks when AttemptService queries (waiting on a
+// slow store, say) filled the control class: an orchestrator would then
+// restart a server whose data path is healthy. Health, answered from memory,
+// is never refused at the tap; AttemptService still is.
+func TestTapNeverRefusesHealth(t *testing.T) {
+	c, err := admission.New(admission.WithClasses(
+		admission.Class{Name: admission.ControlClass, Slots: 1},
+		admission.Class{Name: "work", Slots: 1}))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	p, err := c.Admit(ctx, admission.Request{Method: "/tollgate.v1.AttemptService/GetAttempt", Size: -1})
+	require.NoError(t, err)
+	defer p.Release()
+	_, err = c.TapHandle(ctx, &tap.Info{FullMethodName: "/tollgate.v1.AttemptService/FenceAttempt"})
+	require.Equal(t, status.ReasonConcurrencyFull, status.OutcomeOf(err).Reason, "the control class is full: %v", err)
+	for _, m := range []string{"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"} {
+		_, err = c.TapHandle(ctx, &tap.Info{FullMethodName: m})
+		require.NoError(t, err, m)
+	}
+}
+
+// Without a control class, health and reflection fall in the default class;
+// tollgate's interceptor still runs them without a slot, so the tap must
+// not refuse them when that class is full. A review found it refused a
+// health Check QUEUE_FULL there.
+func TestTapPassesSlotlessControlMethodsWithoutAControlClass(t *testing.T) {
+	h := newHarness(t, admission.WithoutControlClass(), admission.WithClasses(
+		admission.Class{Name: "B", Slots: 1, QueueItems: 1, ExpectedServiceTime: 10 * time.Millisecond}),
+		admission.WithDefaultClass("B"))
+	p := h.admitted(work("/demo.B/Do"))
+	defer p.Abandon()
+	h.queued(work("/demo.B/Do"))
+	_, err := h.ctrl.TapHandle(context.Background(), &tap.Info{FullMethodName: "/demo.B/Do"})
+	require.Error(t, err, "precondition: the class is full and the tap refuses its methods")
+	for _, m := range []string{"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch",
+		"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo", "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"} {
+		_, err := h.ctrl.TapHandle(context.Background(), &tap.Info{FullMethodName: m})
+		require.NoError(t, err, m)
+	}
+	for _, r := range h.done {
+		if r.permit != nil {
+			r.permit.Abandon()
+		}
+	}
+}

@@ -1,12 +1,5 @@
 package redisstore_test
 
-// Tests against the Redis topology that scripts/ensure-redis-topology.sh
-// starts on loopback: a primary with a live replica
-// (TOLLGATE_REDIS_REPLICATED_ADDR) and a Redis Cluster
-// (TOLLGATE_REDIS_CLUSTER_ADDRS) whose first primary has a replica and whose
-// others have none. Each skips when its Redis does not answer, unless
-// TOLLGATE_REQUIRE_REDIS=1.
-
 import (
 	"context"
 	"fmt"
@@ -15,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,6 +19,13 @@ import (
 	"github.com/tollgate-go/tollgate/idempotency/storetest"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 )
+
+// Tests against the Redis topology that scripts/ensure-redis-topology.sh
+// starts on loopback: a primary with a live replica
+// (TOLLGATE_REDIS_REPLICATED_ADDR) and a Redis Cluster
+// (TOLLGATE_REDIS_CLUSTER_ADDRS) whose first primary has a replica and whose
+// others have none. Each skips when its Redis does not answer, unless
+// TOLLGATE_REQUIRE_REDIS=1.
 
 const topologyHint = "run scripts/ensure-redis-topology.sh"
 
@@ -548,4 +549,49 @@ func finishedAndFenced(t *testing.T, s *redisstore.Store, clock *storetest.Clock
 	require.NoError(t, err)
 	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState())
 	return done, fenced
+}
+
+// TestNothingSentReadsNoClusterMap: reloadAfter (redisstore.go) has
+// a ClusterClient read the Cluster's map again after "a call failed without
+// a reply from Redis", taken as any error that is not a redis.Error. But run
+// also fails, with WithReplicas, when the context leaves too little time to
+// WAIT (idempotency.TooLittleTimeError): nothing was sent to any node, and
+// no node can have died; the map is read again all the same (and so for
+// every such Begin: under deadline pressure, one CLUSTER SLOTS after
+// another, 200 ms apart). The Cluster's map is served here by
+// ClusterOptions.ClusterSlots, which counts the reads, with every slot on
+// the test Redis.
+func TestNothingSentReadsNoClusterMap(t *testing.T) {
+	_, prefix := newClient(t) // skips without a Redis; deletes prefix's keys
+	var reads atomic.Int64
+	c := redis.NewClusterClient(&redis.ClusterOptions{
+		ContextTimeoutEnabled: true,
+		ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) {
+			reads.Add(1)
+			return []redis.ClusterSlot{{Start: 0, End: 16383, Nodes: []redis.ClusterNode{{Addr: redisAddr()}}}}, nil
+		},
+	})
+	t.Cleanup(func() { _ = c.Close() })
+	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
+	p := storetest.Policy()
+	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithReplicas(1, 100*time.Millisecond))
+	key := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
+	clock.Advance(p.Skew)
+
+	// Settle: no reload in flight before the call under test.
+	require.Eventually(t, func() bool {
+		n := reads.Load()
+		time.Sleep(300 * time.Millisecond)
+		return reads.Load() == n
+	}, 5*time.Second, time.Millisecond)
+	before := reads.Load()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond) // < 2 × (Redis's tick + 1 ms)
+	defer cancel()
+	_, err := s.Begin(ctx, idempotency.BeginRequest{Key: key, Try: 1, Deadline: clock.Now().Add(5 * time.Second)})
+	var tlt *idempotency.TooLittleTimeError
+	require.ErrorAs(t, err, &tlt, "nothing is sent with too little time to WAIT")
+
+	require.Never(t, func() bool { return reads.Load() > before }, 500*time.Millisecond, 5*time.Millisecond,
+		"a Begin that sent nothing had the Cluster's map read again")
 }

@@ -1,0 +1,93 @@
+package redisstore_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/idempotency"
+	"github.com/tollgate-go/tollgate/idempotency/redisstore"
+	"github.com/tollgate-go/tollgate/idempotency/storetest"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+)
+
+// A corrupted hash at a record key (its "st" not a number) must not be read
+// as a record that is not there: Get and Fence must answer a record or an
+// error, never (nil, nil), and Begin must not answer a refusal (here a
+// request mismatch, final at the interceptor) without the record that
+// caused it. The scripts' reply() puts view()'s nil into the middle of the
+// reply table, Redis cuts the array at the nil, and decode takes the
+// one-element reply as a kind without a record.
+func TestCorruptRecordNotReadAsNothing(t *testing.T) {
+	c, s, clock, k, rk := atRecordKey(t)
+	ctx := context.Background()
+	require.NoError(t, c.HSet(ctx, rk, "st", "garbage", "fp", "", "exp", clock.Now().Add(time.Hour).UnixMilli()).Err())
+
+	rec, err := s.Get(ctx, k)
+	require.False(t, err == nil && rec == nil, "Get answered neither a record nor an error")
+	rec, err = s.Fence(ctx, k, 1)
+	require.False(t, err == nil && rec == nil, "Fence answered neither a record nor an error")
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
+	if err == nil {
+		require.False(t, res.Started)
+		require.NotNil(t, res.Record, "Begin refused the try (%v) with no record", res.Refusal)
+	}
+}
+
+// atRecordKey returns a store and the key of a record inside its tenant's
+// horizon, with the Redis key that record would have: a test writes a hash
+// there that the store did not write.
+func atRecordKey(t *testing.T) (*redis.Client, *redisstore.Store, *storetest.Clock, idempotency.Key, string) {
+	c, prefix := newClient(t)
+	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
+	p := storetest.Policy()
+	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
+	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
+	_, err := s.Get(context.Background(), k) // the horizon starts
+	require.NoError(t, err)
+	clock.Advance(p.Skew)
+	return c, s, clock, k, prefix + "{t:acme}:r|" + k.AttemptID + "|0|/x.Y/Z"
+}
+
+// load() says a hash at a record key that is not a record this store wrote
+// ("a field missing, a number that does not read, a state no record
+// holds") is an error and "must never read as an absent record". Its field
+// checks run only after `if not v[1] then return nil end`: a hash whose
+// "st" field is missing (a record whose state was HDEL'd, a foreign hash)
+// reads as no record at all. Get answers UNSEEN — absence as evidence of a
+// key that holds data — and Begin starts a try over it, merging its own
+// fields into the foreign hash.
+func TestHashWithoutStateNotReadAsAbsent(t *testing.T) {
+	c, s, clock, k, rk := atRecordKey(t)
+	ctx := context.Background()
+	// Every field of a FAILED record but its state.
+	require.NoError(t, c.HSet(ctx, rk, "fp", "", "try", "1", "fen", "0", "code", "9", "msg", "m", "det", "",
+		"resp", "", "ret", "0", "units", "3", "sa", clock.Now().UnixMilli(), "fa", clock.Now().UnixMilli(), "lease", "0",
+		"dl", clock.Now().Add(time.Second).UnixMilli(), "exp", clock.Now().Add(time.Hour).UnixMilli()).Err())
+
+	rec, err := s.Get(ctx, k)
+	require.False(t, err == nil && rec.GetState() == tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN,
+		"Get read a hash without its state as no record: UNSEEN")
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: clock.Now().Add(time.Second)})
+	require.False(t, err == nil && res.Started, "Begin started a try over a hash without its state")
+}
+
+// A review found that load() promised that a hash at a record key that this store did not
+// write — "a number that does not read" among them — is an error, never a
+// refusal. It checks numbers with Lua's tonumber, which reads "inf", "nan",
+// "0x10" and "1e3", none of which the store writes (n() formats %d) and
+// none of which decode's strconv.ParseInt reads. A foreign hash whose lease
+// and expiry are "inf" is taken for a try IN_PROGRESS for ever: every Begin
+// of the key is refused ATTEMPT_IN_PROGRESS, with a record that has no
+// lease (decode read "inf" as 0), instead of failing.
+func TestRedisForeignNumberReadAsRecord(t *testing.T) {
+	c, s, clock, k, rk := atRecordKey(t)
+	ctx := context.Background()
+	require.NoError(t, c.HSet(ctx, rk, "st", "2", "fp", "", "try", "1", "fen", "0", "code", "0", "msg", "", "det", "",
+		"resp", "", "ret", "0", "units", "0", "sa", "0", "fa", "0", "lease", "inf",
+		"dl", "0", "exp", "inf").Err())
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
+	require.Error(t, err, "a foreign hash answered as a refusal: %v, record %v", res.Refusal, res.Record)
+}

@@ -1,0 +1,245 @@
+package redisstore_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/idempotency"
+	"github.com/tollgate-go/tollgate/idempotency/internal/hooks"
+	"github.com/tollgate-go/tollgate/idempotency/redisstore"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+)
+
+// A review found that DefaultKeep's doc says a try that a late Begin started "is
+// finished UNKNOWN: no handler runs it". Begin sends that finish through
+// the finish script with a fresh reading, which refuses a try whose lease
+// (d + skew) ended: a late Begin of a try with a short deadline leaves the
+// try it began on a vouched-for absence IN_PROGRESS, read ABANDONED for the
+// rest of the TTL, and never UNKNOWN. (regression14's "later than the keep"
+// subtest reads UNKNOWN only because there the new record has expired too.)
+func TestRecordsLateBeginOfShortTryIsLeftAbandoned(t *testing.T) {
+	_, prefix := newClient(t)
+	c := onePoolClient(t, nil)
+	plain, _ := newClient(t)
+	p := latePolicy
+	clk := newArmedClock(0)
+	s := newStore(t, c, prefix, redisstore.WithPolicy(p), hooks.RedisClock(clk.now).(redisstore.Option),
+		hooks.RedisKeep(300*time.Millisecond).(redisstore.Option))
+	ctx := context.Background()
+	k, ts := succeededCall(t, s, clk.now, p.Skew)
+	rk := recordKey(prefix, k)
+
+	time.Sleep(time.Until(ts.Add(-p.Skew + p.TTL - 300*time.Millisecond)))
+	held := c.Conn()
+	require.NoError(t, held.Ping(ctx).Err())
+	done := make(chan error, 1)
+	clk.arm()
+	go func() {
+		_, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: time.Now().Add(100 * time.Millisecond)})
+		done <- err
+	}()
+	<-clk.read
+	waitFor(t, 10*time.Second, "Redis removing the SUCCEEDED record", func() bool { return plain.Exists(ctx, rk).Val() == 0 })
+	require.NoError(t, held.Close())
+	require.ErrorIs(t, <-done, idempotency.ErrStoreUnavailable)
+
+	rec, err := s.Get(ctx, k)
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN, rec.GetState(), "a try a late Begin started is finished UNKNOWN")
+}
+
+// A review found that commit 98391f5 handles a Begin whose script ran more than the keep
+// after its clock reading only when the reply arrives (late → finish the
+// begun try UNKNOWN). When the reply of such a late run is lost (the context
+// ends, or go-redis gives up), Begin took the error path and its fence (endBegun)
+// ended the begun try FENCED — a tombstone that licenses the next try. The
+// late run had vouched, with its stale now, for the absence of a SUCCEEDED
+// record that Redis had already removed: the next try starts and the
+// handler of a call that SUCCEEDED runs again (DESIGN.md §3.7).
+//
+// Real clock, real Redis; the keep is shortened (hooks.RedisKeep) so the
+// wait for the pooled connection need not exceed 30 s.
+func TestRecordsLateBeginLostReplyFencesSucceededCall(t *testing.T) {
+	_, prefix := newClient(t)
+	d := &lossyDialer{mode: lossTimeout}
+	c := onePoolClient(t, func(o *redis.Options) { o.Dialer, o.ReadTimeout = d.dial, lossyReadTimeout })
+	plain, _ := newClient(t)
+	p := latePolicy
+	clk := newArmedClock(0)
+	s := newStore(t, c, prefix, redisstore.WithPolicy(p), hooks.RedisClock(clk.now).(redisstore.Option),
+		hooks.RedisKeep(300*time.Millisecond).(redisstore.Option))
+	ctx := context.Background()
+	k, ts := succeededCall(t, s, clk.now, p.Skew)
+	rk := recordKey(prefix, k)
+
+	// Try 2's Begin reads the clock shortly before absence stops being
+	// evidence (ts - skew + TTL), then waits for the only pooled connection
+	// until Redis removed the SUCCEEDED record (its expiry plus the keep).
+	vouchEnd := ts.Add(-p.Skew + p.TTL)
+	time.Sleep(time.Until(vouchEnd.Add(-300 * time.Millisecond)))
+	held := c.Conn()
+	require.NoError(t, held.Ping(ctx).Err())
+	bctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	clk.arm()
+	go func() {
+		_, err := s.Begin(bctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: time.Now().Add(2 * time.Second)})
+		done <- err
+	}()
+	<-clk.read
+	waitFor(t, 10*time.Second, "Redis removing the SUCCEEDED record", func() bool {
+		return plain.Exists(ctx, rk).Val() == 0
+	})
+	// The script runs now, with the stale reading; its reply is lost and the
+	// caller's context ends before go-redis would send it again.
+	d.arm()
+	require.NoError(t, held.Close())
+	waitFor(t, 10*time.Second, "Begin's reply being lost", func() bool { return d.lost.Load() == 1 })
+	cancel()
+	require.ErrorIs(t, <-done, idempotency.ErrStoreUnavailable)
+
+	rec, err := s.Get(ctx, k)
+	require.NoError(t, err)
+	t.Logf("the key now reads %v (fenced through %d)", rec.GetState(), rec.GetFencedThroughTry())
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 3, Deadline: time.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.False(t, res.Started,
+		"try 3 of a call whose try 1 SUCCEEDED started: the late Begin's lost reply had its try fenced, not ended UNKNOWN")
+}
+
+// A review found that a Fence that waited for a pooled connection (no Redis stall) longer than
+// the keep runs its script with its stale reading: the SUCCEEDED record is
+// gone from Redis, the stale now vouches for its absence, and the script
+// writes a tombstone FENCED(1). Fence then fails STORE_UNAVAILABLE ("instead
+// of acting on its judgement", DefaultKeep's doc) but the tombstone stays,
+// live for a TTL from the stale reading: try 2 of the call that SUCCEEDED
+// begins. Begin's same case was fixed (the begun try is ended UNKNOWN);
+// Fence's was not. Real clock; the keep shortened to 300 ms.
+func TestStoreLateFenceTombstoneLetsSucceededCallRunAgain(t *testing.T) {
+	_, prefix := newClient(t)
+	c := onePoolClient(t, nil)
+	plain, _ := newClient(t)
+	p := latePolicy
+	clk := newArmedClock(0)
+	s := newStore(t, c, prefix, redisstore.WithPolicy(p), hooks.RedisClock(clk.now).(redisstore.Option),
+		hooks.RedisKeep(300*time.Millisecond).(redisstore.Option))
+	ctx := context.Background()
+	k, ts := succeededCall(t, s, clk.now, p.Skew)
+	// The owner's FenceAttempt(1) reads the clock shortly before absence
+	// stops being evidence, then waits for the only pooled connection.
+	require.ErrorIs(t, lateFence(t, s, c, plain, prefix, clk, p, k, ts), idempotency.ErrStoreUnavailable, "the late Fence is refused")
+
+	rec, err := s.Get(ctx, k)
+	require.NoError(t, err)
+	t.Logf("after the late Fence the key reads %v (fenced through %d)", rec.GetState(), rec.GetFencedThroughTry())
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: time.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.False(t, res.Started,
+		"try 2 of a call whose try 1 SUCCEEDED started: the late Fence's tombstone, written on an absence its stale reading vouched for, stayed")
+}
+
+// ownRedis starts a redis-server of the test's own on a free port above
+// 7400 and returns its address and process; it is killed at cleanup.
+func ownRedis(t *testing.T) (string, *exec.Cmd) {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Skip("no redis-server")
+	}
+	for port := 7431; port < 7499; port++ {
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		_ = l.Close()
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
+		cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--maxmemory-policy", "noeviction")
+		require.NoError(t, cmd.Start())
+		t.Cleanup(func() {
+			_ = cmd.Process.Signal(syscall.SIGCONT)
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		})
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		defer c.Close()
+		waitFor(t, 5*time.Second, "own redis-server answering", func() bool { return c.Ping(context.Background()).Err() == nil })
+		return addr, cmd
+	}
+	t.Fatal("no free port")
+	return "", nil
+}
+
+// A review found that a Begin whose reply is lost decided between FENCED and UNKNOWN by how
+// long the call took on the client (endBegun: late = s.late(read) != nil),
+// but a script that was sent may run much later than the client gave up:
+// here Redis stalls (SIGSTOP, as a long fork, swap or VM pause would), the
+// Begin's context ends after 150 ms — within the keep — so the lost-reply
+// fence is FENCED, not UNKNOWN. When Redis goes on, it runs the Begin's
+// script first with its stale reading: the SUCCEEDED record has been
+// removed by its TTL, the reading vouches for its absence, try 2 begins;
+// then the fence, which the Begin token now lets end the try: FENCED(2).
+// Try 3 of the call that SUCCEEDED begins: its handler runs again.
+func TestStoreStalledLostReplyFenceTombstonesSucceededCall(t *testing.T) {
+	addr, proc := ownRedis(t)
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, PoolSize: 4})
+	t.Cleanup(func() { _ = c.Close() })
+	plain := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = plain.Close() })
+	p := idempotency.Policy{Skew: 100 * time.Millisecond, Grace: 100 * time.Millisecond,
+		MaxAttemptDeadline: 3 * time.Second, TTL: 3200 * time.Millisecond, MaxResponseBytes: 1024}
+	s, err := redisstore.New(context.Background(), c, redisstore.WithPrefix("review:"), redisstore.WithPolicy(p),
+		hooks.RedisKeep(300*time.Millisecond).(redisstore.Option))
+	require.NoError(t, err)
+	ctx := context.Background()
+	// The tenant's horizon starts, then k is minted skew ahead: inside it.
+	_, err = s.Get(ctx, idempotency.Key{Tenant: "acme", AttemptID: attemptIDNow(0), Call: "h", Method: "/x.Y/Z"})
+	require.NoError(t, err)
+	afterHorizon()
+	k := idempotency.Key{Tenant: "acme", AttemptID: attemptIDNow(p.Skew), Call: "0", Method: "/x.Y/Z"}
+	ts, _ := idempotency.AttemptTime(k.AttemptID)
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: time.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.True(t, res.Started)
+	require.NoError(t, s.Finish(ctx, idempotency.FinishRequest{Key: k, Try: 1,
+		State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("charged")}))
+	rk := recordKey("review:", k)
+	pttl := plain.PTTL(ctx, rk).Val()
+	gone := time.Now().Add(pttl)
+
+	// The pool holds several open connections (a busy server's would).
+	conns := make([]*redis.Conn, 3)
+	for i := range conns {
+		conns[i] = c.Conn()
+		require.NoError(t, conns[i].Ping(ctx).Err())
+	}
+	for _, cn := range conns {
+		require.NoError(t, cn.Close()) // back to the pool, open
+	}
+	// Shortly before absence stops being evidence, Redis stalls.
+	time.Sleep(time.Until(ts.Add(-p.Skew + p.TTL - 250*time.Millisecond)))
+	require.NoError(t, proc.Process.Signal(syscall.SIGSTOP))
+	bctx, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
+	_, err = s.Begin(bctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: time.Now().Add(2 * time.Second)})
+	cancel()
+	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
+	time.Sleep(time.Until(gone) + 500*time.Millisecond) // the SUCCEEDED record's TTL ends during the stall
+	require.NoError(t, proc.Process.Signal(syscall.SIGCONT))
+
+	time.Sleep(200 * time.Millisecond)
+	rec, err := s.Get(ctx, k)
+	require.NoError(t, err)
+	t.Logf("after the stall the key reads %v (try %d, fenced through %d)", rec.GetState(), rec.GetTry(), rec.GetFencedThroughTry())
+	res, err = s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 3, Deadline: time.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.False(t, res.Started,
+		"try 3 of a call whose try 1 SUCCEEDED started: the lost-reply fence tombstoned the try a stalled, stale Begin script began")
+}

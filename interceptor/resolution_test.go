@@ -1,0 +1,1058 @@
+package interceptor_test
+
+import (
+	"context"
+	"io"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/budget"
+	"github.com/tollgate-go/tollgate/idempotency"
+	"github.com/tollgate-go/tollgate/interceptor"
+	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
+	"github.com/tollgate-go/tollgate/internal/testsvc"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// TestVerifyingTryAfterInProgressDoesNotCount: a call keyed
+// explicitly (a ballot across runs of the calling handler) meets
+// ATTEMPT_IN_PROGRESS — another run's try of the same key is running — and
+// polls until the record finishes SUCCEEDED. Because the key is explicit,
+// the owner does not replay the polled record but sends a verifying try
+// (owner.go resolve sets w.verify). On the UNKNOWN path the first verifying
+// try of a call does not count against the policy's tries (decide:
+// uncounted = w.verify && !w.verified), and owner.verify's doc says so of
+// "the first such try of a call"; on the ATTEMPT_IN_PROGRESS path decide
+// ignores w.verify, so the verifying try counts. Under MaxTries 1 (a layer
+// that allows one try) proceed then stops, and the call ends UNKNOWN
+// although its record says SUCCEEDED and one uncounted try would have
+// returned the stored response.
+//
+// Expected: OK with the stored response (total 1), the handler run once.
+func TestVerifyingTryAfterInProgressDoesNotCount(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	ledger := newLedger(func(context.Context, *testingv1.ApplyRequest) {
+		close(entered)
+		<-release // the first run's try is IN_PROGRESS until the query came
+	})
+	// Outermost: once the second call's owner queried the record (and was
+	// answered IN_PROGRESS), the first run's try finishes.
+	onFence := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		resp, err := handler(ctx, req)
+		if info.FullMethod == "/tollgate.v1.AttemptService/FenceAttempt" {
+			once.Do(func() { close(release) })
+		}
+		return resp, err
+	}
+	end := recordedServer(t, &ledger.Service, memoryStore(t), grpc.ChainUnaryInterceptor(onFence))
+	conn := end.DialT(t, interceptor.DialOptions(
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}),
+		interceptor.WithoutRetryBudget())...)
+	client := testingv1.NewTestServiceClient(conn)
+
+	ctx, err := interceptor.StartAttempt(t.Context(), 3, 10*time.Second)
+	require.NoError(t, err)
+	kctx := interceptor.WithCallKey(ctx, "pay")
+	req := &testingv1.ApplyRequest{Key: "acct", Amount: 1}
+
+	first := make(chan error, 1)
+	go func() {
+		_, err := client.Apply(kctx, req)
+		first <- err
+	}()
+	<-entered
+
+	// Another run of the same ballot: its first try finds the record running.
+	resp, err := client.Apply(kctx, req)
+	require.NoError(t, <-first)
+	require.Equal(t, int64(1), ledger.effects.Load(), "the handler ran once")
+	require.NoError(t, err, "the record finished SUCCEEDED, yet the call ended %v (reason %v): its verifying try counted against MaxTries 1",
+		status.OutcomeOf(err).Kind, status.OutcomeOf(err).Reason)
+	require.Equal(t, int64(1), resp.GetTotal())
+}
+
+// graceStore signals when a try's record is finished, and holds the first
+// FenceAttempt until released (or until the query is cancelled).
+type graceStore struct {
+	*idempotency.MemoryStore
+	finished chan struct{}
+	entered  chan struct{}
+	release  chan struct{}
+}
+
+func (s *graceStore) Finish(ctx context.Context, req idempotency.FinishRequest) error {
+	err := s.MemoryStore.Finish(ctx, req)
+	select {
+	case s.finished <- struct{}{}:
+	default:
+	}
+	return err
+}
+
+func (s *graceStore) Fence(ctx context.Context, key idempotency.Key, through uint32) (*tollgatev1.AttemptRecord, error) {
+	select {
+	case s.entered <- struct{}{}:
+	default:
+	}
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return s.MemoryStore.Fence(ctx, key, through)
+}
+
+// DESIGN.md §3.1: resolution queries run "on a detached context with a
+// bounded grace after the deadline". At the origin the attempt's deadline is
+// the caller's context deadline (the usual way to set one), so the grace is
+// exactly for the time after that context expired. owner.resolve cancels the
+// query as soon as the caller's context ends for any reason — its deadline
+// included — so a try that was resolvable a moment after the deadline ends
+// UNKNOWN ("the caller stopped waiting"), the worst answer, although the
+// caller never cancelled.
+func TestQueryGraceAfterCallerDeadline(t *testing.T) {
+	store := &graceStore{MemoryStore: memoryStore(t),
+		finished: make(chan struct{}, 1), entered: make(chan struct{}, 1), release: make(chan struct{})}
+	handlerRelease := make(chan struct{})
+	svc := &testsvc.Service{ApplyFunc: func(ctx context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		<-handlerRelease // slow, detached from the client's per-try timeout
+		return &testingv1.ApplyResponse{Total: 42}, nil
+	}}
+	end := recordedServer(t, svc, store)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithAttemptTimeout(time.Minute),
+		interceptor.WithResolutionGrace(time.Minute),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1, PerTryTimeout: 200 * time.Millisecond}),
+	)...))
+
+	ctx, cancel := context.WithTimeout(t.Context(), 1500*time.Millisecond)
+	defer cancel()
+	type result struct {
+		resp *testingv1.ApplyResponse
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := client.Apply(ctx, &testingv1.ApplyRequest{Key: "k", Amount: 1})
+		done <- result{resp, err}
+	}()
+
+	<-store.entered       // the try timed out on the client; its resolution began
+	close(handlerRelease) // the detached handler finishes: SUCCEEDED, response kept
+	<-store.finished
+	<-ctx.Done() // the attempt's deadline (the caller's context deadline) passes
+	// Well inside the grace (1 min), the store answers.
+	time.Sleep(300 * time.Millisecond)
+	close(store.release)
+
+	r := <-done
+	require.NoError(t, r.err, "the query is exempt from the deadline for the grace: the stored response answers the call")
+	require.Equal(t, int64(42), r.resp.GetTotal())
+}
+
+// WithResolutionGrace: "The grace also runs past the caller's context's
+// deadline ... a call in doubt at its deadline may return up to the grace
+// later." owner.resolve bounds its queries by the *attempt's* deadline plus
+// the grace (qctx), and no longer by the caller's context's deadline at all
+// (the AfterFunc only reacts to cancellation). A call whose context deadline
+// is earlier than its attempt's — a call under StartAttempt with a per-call
+// timeout, or a handler's downstream call with its own timeout — keeps
+// polling an IN_PROGRESS record until the attempt's deadline + grace, far
+// past its own deadline + grace.
+func TestResolutionBoundedByCallersDeadlinePlusGrace(t *testing.T) {
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	svc := &testsvc.Service{ApplyFunc: func(ctx context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		select { // runs detached until the attempt's deadline: IN_PROGRESS meanwhile
+		case <-release:
+		case <-ctx.Done():
+		}
+		return &testingv1.ApplyResponse{Total: 1}, nil
+	}}
+	end := recordedServer(t, svc, memoryStore(t))
+	const grace = 300 * time.Millisecond
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithResolutionGrace(grace),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1}),
+	)...))
+
+	actx, err := interceptor.StartAttempt(t.Context(), 4, 2*time.Minute)
+	require.NoError(t, err)
+	cctx, cancel := context.WithTimeout(actx, 300*time.Millisecond) // this call's own deadline
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := client.Apply(cctx, &testingv1.ApplyRequest{Key: "k", Amount: 1})
+		done <- err
+	}()
+	<-cctx.Done()
+	// deadline + grace is 300 ms from now; allow thirty times that.
+	timer := time.NewTimer(30 * grace)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
+	case <-timer.C:
+		t.Fatalf("the call's context deadline passed %v ago and it is still resolving (grace %v): it waits for the attempt's deadline (2 min) + grace", 30*grace, grace)
+	}
+}
+
+// gateCodec is the proto codec, except that its marshalling of a ChatRequest
+// whose value starts with "gate" stops, the times listed in hold (1: the
+// first such marshalling), until the matching channel is closed: it stands
+// for a slow marshal (a large message) at a chosen point. reached[i] is
+// closed when marshalling number hold[i] starts.
+type gateCodec struct {
+	n       atomic.Int32
+	hold    []int32
+	reached []chan struct{}
+	release []chan struct{}
+}
+
+func newGateCodec(hold ...int32) *gateCodec {
+	c := &gateCodec{hold: hold}
+	for range hold {
+		c.reached = append(c.reached, make(chan struct{}))
+		c.release = append(c.release, make(chan struct{}))
+	}
+	return c
+}
+
+func (c *gateCodec) Marshal(v any) ([]byte, error) {
+	if m, ok := v.(*testingv1.ChatRequest); ok && strings.HasPrefix(m.GetValue(), "gate") {
+		k := c.n.Add(1)
+		for i, h := range c.hold {
+			if h == k {
+				close(c.reached[i])
+				<-c.release[i]
+			}
+		}
+	}
+	return proto.Marshal(v.(proto.Message))
+}
+
+func (*gateCodec) Unmarshal(data []byte, v any) error {
+	return proto.Unmarshal(data, v.(proto.Message))
+}
+func (*gateCodec) Name() string { return "proto" }
+
+func (c *gateCodec) open() {
+	for _, r := range c.release {
+		select {
+		case <-r:
+		default:
+			close(r)
+		}
+	}
+}
+
+// Regression (review 81, commit 26e03d7): the stream CloseSend and Trailer
+// act on (streamSide.cur) becomes a repeat's stream only once its replay
+// goroutine finished, and no longer before the repeat can be observed to
+// end. A repeat that ends (here with a definite error, final) while its
+// replay is still under way ends the stream, and the caller's RecvMsg
+// returns try 2's status, but Trailer then returns try 1's trailer: the
+// status and the trailer the caller reads belong to different tries. Before
+// the commit the replay was done before any try's end could be seen.
+//
+// Expected: after RecvMsg returned the stream's status, Trailer is the
+// trailer of the try that gave it ("run"="1"). Observed: "run"="0".
+func TestTrailerAfterEndIsTheLastTrys(t *testing.T) {
+	rec := &recorder{}
+	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+		run := rec.start()
+		if run == 0 {
+			for {
+				if _, err := st.Recv(); err != nil {
+					break
+				}
+			}
+			st.SetTrailer(metadata.Pairs("run", "0"))
+			return shed() // without effect: repeated
+		}
+		st.SetTrailer(metadata.Pairs("run", "1"))
+		return grpcstatus.Error(codes.InvalidArgument, "no") // definite: the stream's result
+	}}
+	codec := newGateCodec(2) // the replay's marshalling of "gate" waits
+	t.Cleanup(codec.open)
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	client := testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(fastRetry(3)),
+		grpc.WithDefaultCallOptions(grpc.ForceCodec(codec)))...))
+	ctx, err := interceptor.StartAttempt(t.Context(), 4, 5*time.Second)
+	require.NoError(t, err)
+
+	st, err := client.Chat(ctx)
+	require.NoError(t, err)
+	require.NoError(t, st.Send(&testingv1.ChatRequest{Value: "gate"}))
+	require.NoError(t, st.CloseSend())
+	_, err = st.Recv()
+	require.Equal(t, codes.InvalidArgument, grpcstatus.Code(err), "%v", err)
+	require.Len(t, rec.all(), 2)
+	tr := st.Trailer()
+	codec.open()
+	require.Equal(t, []string{"1"}, tr.Get("run"), "the trailer of the try whose status RecvMsg returned")
+}
+
+// Regression (review 81, commit 26e03d7): a local SendMsg error (a message
+// over MaxCallSendMsgSize) is typed only when no repeat started while the
+// send was under way. When the caller's RecvMsg repeats the stream in the
+// meantime (try 1 refused without effect), the new try's replay already
+// holds the oversized message; SendMsg then returns grpc-go's bare
+// RESOURCE_EXHAUSTED (gen != cs.gen, the stream not yet done), although the
+// stream goes on, replays the earlier messages to a handler, and fails
+// again on the same message: the very bare code commit 26e03d7 set out to
+// remove (DESIGN.md §2.5), and an error from SendMsg that is not the
+// stream's status.
+//
+// Expected: SendMsg's error is tollgate-typed (UNKNOWN naming the attempt),
+// as without the repeat. Observed: bare RESOURCE_EXHAUSTED, no detail.
+func TestLocalSendErrorDuringRepeatIsTyped(t *testing.T) {
+	rec := &recorder{}
+	firstRead := make(chan struct{})
+	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+		run := rec.start()
+		for {
+			m, err := st.Recv()
+			if err != nil {
+				return err
+			}
+			rec.add(run, m.GetValue())
+			if run == 0 {
+				close(firstRead)
+				return shed() // without effect: repeated
+			}
+		}
+	}}
+	// Marshalling 2 is the caller's send of the oversized message (1 is
+	// "gate-small"), 4 is the replay's of it (3: the replay's "gate-small").
+	codec := newGateCodec(2, 4)
+	t.Cleanup(codec.open)
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	client := testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(fastRetry(3)),
+		grpc.WithDefaultCallOptions(grpc.ForceCodec(codec), grpc.MaxCallSendMsgSize(1024)))...))
+	ctx, err := interceptor.StartAttempt(t.Context(), 4, 5*time.Second)
+	require.NoError(t, err)
+	a, _ := interceptor.AttemptFromContext(ctx)
+
+	st, err := client.Chat(ctx)
+	require.NoError(t, err)
+	require.NoError(t, st.Send(&testingv1.ChatRequest{Value: "gate-small"}))
+	<-firstRead
+	sent := make(chan error, 1)
+	go func() { sent <- st.Send(&testingv1.ChatRequest{Value: "gate" + strings.Repeat("x", 4096)}) }()
+	<-codec.reached[0] // the caller's send is marshalling the big message on try 1
+	// Only now the receiver, which repeats the stream: a repeat started
+	// earlier would make its replay's "gate-small" marshalling number 2.
+	var wg sync.WaitGroup
+	var recvErr error
+	wg.Go(func() { // the caller's receiver: it repeats the stream
+		for {
+			if _, recvErr = st.Recv(); recvErr != nil {
+				return
+			}
+		}
+	})
+	select {
+	case <-codec.reached[1]: // try 2's replay reached it
+	case <-time.After(5 * time.Second):
+		t.Fatal("no repeat")
+	}
+	close(codec.release[0])
+	sendErr := <-sent
+	codec.open()
+	wg.Wait()
+
+	t.Logf("SendMsg: %v; RecvMsg: %v; runs: %v", sendErr, recvErr, rec.all())
+	require.Error(t, sendErr)
+	o := status.OutcomeOf(sendErr)
+	require.NotEqual(t, codes.ResourceExhausted, grpcstatus.Code(sendErr), "an UNKNOWN is never RESOURCE_EXHAUSTED (DESIGN.md §2.5): %v", sendErr)
+	require.NotNil(t, o.Detail, "typed, naming the attempt: %v", sendErr)
+	require.Equal(t, a.ID, o.Detail.GetAttemptId())
+}
+
+// Regression (review 72): a repeat's replay runs inside the caller's RecvMsg
+// while it holds the stream's lock (clientStream.settleLocked →
+// tryFromLocked → replayLocked), so while it replays nobody reads the new
+// try's responses. A bidi handler that answers each message as it reads it
+// (an echo with a larger answer) stops reading once HTTP/2 flow control stops
+// its answers; the replay then blocks in SendMsg, and the stream hangs until
+// the attempt's deadline, though the caller receives on its own goroutine, as
+// grpc.ClientStream allows, and the same exchange without tollgate (or
+// without the repeat) completes. Flow-control windows are pinned to
+// grpc-go's default so that the BDP estimator does not grow them.
+//
+// Expected: the repeat is transparent and the stream completes. Observed:
+// the stream ends at the attempt's deadline with an error.
+func TestReplayDoesNotBlockOnFlowControl(t *testing.T) {
+	t.Run("control: no repeat", func(t *testing.T) { replayFlow(t, false) })
+	t.Run("repeat", func(t *testing.T) { replayFlow(t, true) })
+}
+
+func replayFlow(t *testing.T, refuseFirst bool) {
+	const (
+		msgs    = 14
+		reqSize = 16 << 10  // 224 KiB in all: under StreamReplayLimit
+		resSize = 256 << 10 // each answer more than one window
+		window  = 64 << 10  // grpc-go's default; pinned, so BDP is off
+	)
+	rec := &recorder{}
+	answer := strings.Repeat("r", resSize)
+	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+		run := rec.start()
+		if !refuseFirst {
+			run++
+		}
+		for {
+			m, err := st.Recv()
+			if err == io.EOF {
+				if run == 0 {
+					return shed()
+				}
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			if run == 0 {
+				rec.add(run, m.GetValue()[:2])
+				if len(rec.all()[0]) == msgs {
+					return shed() // refused, without effect, after reading everything
+				}
+				continue
+			}
+			if err := st.Send(&testingv1.ChatResponse{Value: answer}); err != nil {
+				return err
+			}
+		}
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register,
+		append(serverOpts(), grpc.InitialWindowSize(window), grpc.InitialConnWindowSize(window))...)
+	client := testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(fastRetry(3)),
+		grpc.WithInitialWindowSize(window), grpc.WithInitialConnWindowSize(window))...))
+	ctx, err := interceptor.StartAttempt(t.Context(), 4, 5*time.Second)
+	require.NoError(t, err)
+
+	st, err := client.Chat(ctx)
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	var sendErr error
+	wg.Go(func() {
+		for i := range msgs {
+			v := string(rune('a'+i)) + "-" + strings.Repeat("q", reqSize)
+			if sendErr = st.Send(&testingv1.ChatRequest{Value: v}); sendErr != nil {
+				return
+			}
+		}
+		sendErr = st.CloseSend()
+	})
+	got := 0
+	for {
+		_, err := st.Recv()
+		if err == io.EOF {
+			break
+		}
+		require.NoError(t, err, "after %d answers", got)
+		got++
+	}
+	wg.Wait()
+	require.NoError(t, sendErr)
+	require.Equal(t, msgs, got)
+	want := 1
+	if refuseFirst {
+		want = 2
+	}
+	require.Len(t, rec.all(), want)
+}
+
+// TestVerifyingTriesOfAnExplicitKeyAreBounded: an owner of an
+// explicitly keyed call whose try's answer is lost after commit resolves it
+// SUCCEEDED and sends a verifying try, which "does not count against the
+// tries" (owner.go decide: uncounted = w.verify). When the verifying try's
+// answer is lost too (a middlebox or an outer server interceptor that fails
+// every answer of this call after the handler), it is resolved SUCCEEDED
+// again and another uncounted verifying try follows, and so on: MaxTries
+// never bounds the loop, only the deadline, header.MaxTry or the retry
+// budget. At the origin the allowance does not bound it either (its tries
+// are not charged).
+//
+// Expected: at most MaxTries tries, plus at most one verifying try.
+func TestVerifyingTriesOfAnExplicitKeyAreBounded(t *testing.T) {
+	store := memoryStore(t)
+	var arrivals atomic.Int64
+	// Outermost: the handler (and tollgate's record) runs, the answer is lost.
+	drop := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if info.FullMethod != testingv1.TestService_Apply_FullMethodName {
+			return handler(ctx, req)
+		}
+		arrivals.Add(1)
+		_, _ = handler(ctx, req)
+		return nil, grpcstatus.Error(codes.Unavailable, "r75: answer lost after commit")
+	}
+	ledger := newLedger(nil)
+	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
+		ledger.Register(s)
+		tollgatev1.RegisterAttemptServiceServer(s, idempotency.NewAttemptService(store))
+	}, append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(drop)}, serverOpts(interceptor.WithAttemptStore(store))...)...)
+	const maxTries = 2
+	conn := end.DialT(t, interceptor.DialOptions(
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: maxTries, InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}),
+		interceptor.WithoutRetryBudget())...)
+
+	ctx, err := interceptor.StartAttempt(t.Context(), 3, 500*time.Millisecond)
+	require.NoError(t, err)
+	_, err = testingv1.NewTestServiceClient(conn).Apply(interceptor.WithCallKey(ctx, "pay"), &testingv1.ApplyRequest{Key: "acct", Amount: 1})
+
+	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
+	require.Equal(t, int64(1), ledger.effects.Load(), "the effect ran once (records hold)")
+	require.LessOrEqual(t, arrivals.Load(), int64(maxTries+1),
+		"MaxTries %d, but %d tries of one call reached the server", maxTries, arrivals.Load())
+}
+
+// A review found that an explicitly keyed server-streaming call whose request is
+// fingerprinted (Consume) and whose answer is lost is resolved with
+// FenceAttempt, which carries no request. owner.resolve (owner.go:428) sends
+// a verifying try for an explicit key only for unary calls; a stream takes
+// the record at its word. When the record is another request's (an earlier
+// call, or an earlier run of the calling handler, under the same key), the
+// stream reports that record's outcome as its own: COMMITTED ("the effect
+// took place") for a request that never ran, or the other request's
+// definite error. The server itself refuses that request as
+// ATTEMPT_REQUEST_MISMATCH (TestExplicitKeyServerStreamWithAnotherRequestIsAMismatch):
+// DESIGN.md §2.2, "a mismatch is refused, never replayed wrongly".
+func TestClientExplicitStreamLostMismatchIsNotAnsweredFromTheRecord(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		first *testingv1.ConsumeRequest
+	}{
+		{"record succeeded", &testingv1.ConsumeRequest{Key: "k", Count: 2}},
+		{"record failed", &testingv1.ConsumeRequest{Key: "missing"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newConsumer()
+			store := memoryStore(t)
+			// A proxy in front of the server loses the answer of the second
+			// Consume (it says INTERNAL instead).
+			var consumes atomic.Int64
+			lose := grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+				if info.FullMethod != consumeMethod || consumes.Add(1) != 2 {
+					return h(srv, ss)
+				}
+				_ = h(srv, ss)
+				return grpcstatus.Error(codes.Internal, "proxy: upstream connection reset")
+			})
+			end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
+				testingv1.RegisterTestServiceServer(s, c)
+				tollgatev1.RegisterAttemptServiceServer(s, idempotency.NewAttemptService(store))
+			}, append([]grpc.ServerOption{lose}, serverOpts(interceptor.WithAttemptStore(store))...)...)
+			client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3))...))
+			actx, err := interceptor.StartAttempt(t.Context(), 4, 5*time.Second)
+			require.NoError(t, err)
+			ctx := interceptor.WithCallKey(actx, "feed")
+
+			st, err := client.Consume(ctx, tc.first)
+			require.NoError(t, err)
+			_, _ = recvConsumed(st)
+			require.Equal(t, int64(1), c.runs.Load())
+
+			// Another request under the same key: the server refuses it as a
+			// mismatch, but the proxy loses that answer.
+			st, err = client.Consume(ctx, &testingv1.ConsumeRequest{Key: "k", Count: 3})
+			require.NoError(t, err)
+			got, err := recvConsumed(st)
+			require.Empty(t, got)
+			require.Equal(t, int64(1), c.runs.Load(), "the handler never ran for the second request")
+			o := status.OutcomeOf(err)
+			require.NotEqual(t, status.KindCommitted, o.Kind, "the second request never ran, yet: %v", err)
+			require.False(t, o.Kind == status.KindFailed && o.Reason != status.ReasonAttemptRequestMismatch,
+				"the first request's definite error is not the second's: %v", err)
+			require.Equal(t, status.ReasonAttemptRequestMismatch, o.Reason,
+				"a verifying try (as for unary calls) learns the mismatch; got %v", err)
+		})
+	}
+}
+
+// A review found that (DESIGN.md §3.3) a held grant moves to spent and free only from a record
+// finished as SUCCEEDED, FAILED, FENCED or UNKNOWN — never IN_PROGRESS or
+// ABANDONED. The owner decides by the record's finished_at, not its state:
+// an ABANDONED (or IN_PROGRESS) answer that carries finished_at (an
+// AttemptService or store of another make) refunds the held grant.
+func TestAbandonedRecordDoesNotReconcile(t *testing.T) {
+	for _, st := range []tollgatev1.AttemptState{
+		tollgatev1.AttemptState_ATTEMPT_STATE_ABANDONED,
+	} {
+		t.Run(st.String(), func(t *testing.T) {
+			svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+				return nil, grpcstatus.Error(codes.Internal, "effect done, then failed")
+			}}
+			end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
+				svc.Register(s)
+				tollgatev1.RegisterAttemptServiceServer(s, wrongAnswers{answer: func(r *tollgatev1.FenceAttemptRequest) *tollgatev1.AttemptRecord {
+					return &tollgatev1.AttemptRecord{AttemptId: r.GetAttemptId(), Call: r.GetCall(), Method: r.GetMethod(),
+						State: st, Try: r.GetFenceThroughTry(), FinishedAt: timestamppb.Now()}
+				}})
+			})
+			c := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions()...))
+			ctx, err := interceptor.StartAttempt(t.Context(), 4, 10*time.Second)
+			require.NoError(t, err)
+			_, err = c.Apply(ctx, &testingv1.ApplyRequest{Key: "k"})
+			require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
+			a, _ := budget.FromContext(ctx)
+			snap := a.Snapshot()
+			require.Equal(t, int64(4), snap.Held+snap.Spent,
+				"an %v record moved the held grant back to free: %+v", st, snap)
+		})
+	}
+}
+
+// A review found that a FAILED record's code was passed through as it was:
+// an AttemptService of another make that keeps a FAILED record with
+// UNAVAILABLE ended the call with a bare UNAVAILABLE, which generic retry
+// policies repeat, and which DESIGN.md §2.5 rules out for an outcome in
+// doubt. A FAILED record whose code is not definite now ends the call
+// UNKNOWN, naming the try; a definite one still ends it with that error.
+func TestFailedRecordWithoutDefiniteCodeIsUnknown(t *testing.T) {
+	for _, tc := range []struct {
+		code codes.Code
+		kind status.Kind
+	}{{codes.Unavailable, status.KindUnknown}, {codes.NotFound, status.KindFailed}} {
+		t.Run(tc.code.String(), func(t *testing.T) {
+			svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+				return nil, grpcstatus.Error(codes.Internal, "effect done, then failed")
+			}}
+			end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
+				svc.Register(s)
+				tollgatev1.RegisterAttemptServiceServer(s, wrongAnswers{answer: func(r *tollgatev1.FenceAttemptRequest) *tollgatev1.AttemptRecord {
+					return &tollgatev1.AttemptRecord{AttemptId: r.GetAttemptId(), Call: r.GetCall(), Method: r.GetMethod(),
+						State: tollgatev1.AttemptState_ATTEMPT_STATE_FAILED, Try: r.GetFenceThroughTry(),
+						StatusCode: int32(tc.code), StatusMessage: "as the record says"}
+				}})
+			})
+			c := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions()...))
+			_, err := c.Apply(t.Context(), &testingv1.ApplyRequest{Key: "k"})
+			o := status.OutcomeOf(err)
+			require.Equal(t, tc.kind, o.Kind, "%v", err)
+			if tc.kind == status.KindUnknown {
+				require.NotEqual(t, codes.Unavailable, grpcstatus.Code(err), "never a bare UNAVAILABLE")
+				require.NotEmpty(t, o.Detail.GetAttemptId())
+			} else {
+				require.Equal(t, tc.code, grpcstatus.Code(err))
+			}
+		})
+	}
+}
+
+// A review found that resolution queries carried the call's own size
+// limits (grpc.MaxCallRecvMsgSize, MaxCallSendMsgSize), though an
+// AttemptRecord wraps the stored response with the attempt ID, call,
+// method, timestamps and status, so it is always larger than the response.
+// A response that fits the caller's limit (900 of 1024 bytes), whose answer
+// was lost after the commit, is stored SUCCEEDED; the query for it was
+// refused by the client's own receive limit, and the call ended UNKNOWN
+// instead of returning the stored response. A stored response over the
+// limit is still not handed over: the call ends COMMITTED.
+func TestClientQuerySizeLimit(t *testing.T) {
+	var effects, dropped atomic.Int64
+	svc := &testsvc.Service{PutFunc: func(_ context.Context, r *testingv1.PutRequest) (*testingv1.PutResponse, error) {
+		effects.Add(1)
+		return &testingv1.PutResponse{Value: r.GetValue()}, nil
+	}}
+	lose := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		resp, err := h(ctx, req)
+		if info.FullMethod == testingv1.TestService_Put_FullMethodName && err == nil && dropped.Add(1) == 1 {
+			return nil, grpcstatus.Error(codes.Unavailable, "connection reset after commit")
+		}
+		return resp, err
+	})
+	end := recordedServer(t, svc, memoryStore(t), lose)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3))...))
+
+	value := strings.Repeat("v", 900)
+	resp, err := client.Put(t.Context(), &testingv1.PutRequest{Key: "k", Value: value}, grpc.MaxCallRecvMsgSize(1024))
+	require.Equal(t, int64(1), effects.Load(), "never twice")
+	require.NoError(t, err, "the stored response (%d bytes) fits the caller's 1024-byte limit", len(value)+3)
+	require.Equal(t, value, resp.GetValue())
+}
+
+func TestClientQueryStoredResponseOverLimit(t *testing.T) {
+	var effects atomic.Int64
+	svc := &testsvc.Service{PutFunc: func(_ context.Context, r *testingv1.PutRequest) (*testingv1.PutResponse, error) {
+		effects.Add(1)
+		return &testingv1.PutResponse{Value: r.GetValue()}, nil
+	}}
+	end := recordedServer(t, svc, memoryStore(t))
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3))...))
+	// The response is over the caller's limit: grpc-go refuses it on the
+	// try (client side), the owner resolves, and the record says SUCCEEDED.
+	_, err := client.Put(t.Context(), &testingv1.PutRequest{Key: "k", Value: strings.Repeat("v", 2000)}, grpc.MaxCallRecvMsgSize(1024))
+	require.Equal(t, int64(1), effects.Load(), "never twice")
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindCommitted, o.Kind, "the effect happened; the response over the limit is not handed over: %v", err)
+}
+
+// wrongAnswers is an AttemptService that answers FenceAttempt with a record
+// of its answer function's making: a buggy or foreign implementation.
+type wrongAnswers struct {
+	tollgatev1.UnimplementedAttemptServiceServer
+	answer func(*tollgatev1.FenceAttemptRequest) *tollgatev1.AttemptRecord
+}
+
+func (w wrongAnswers) FenceAttempt(_ context.Context, r *tollgatev1.FenceAttemptRequest) (*tollgatev1.AttemptRecord, error) {
+	return w.answer(r), nil
+}
+
+// The owner repeats a try in doubt only on an answer to the question it
+// asked: a FENCED record of another call, or a fence below the try in
+// doubt, says nothing of that try, which may have run. Before, the owner
+// trusted any FENCED answer and repeated (found by review, as hardening).
+func TestAnswerForAnotherCallOrTryIsNotTrusted(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		answer func(*tollgatev1.FenceAttemptRequest) *tollgatev1.AttemptRecord
+	}{
+		{"another call", func(r *tollgatev1.FenceAttemptRequest) *tollgatev1.AttemptRecord {
+			return &tollgatev1.AttemptRecord{AttemptId: r.GetAttemptId(), Call: r.GetCall() + "x", Method: r.GetMethod(),
+				State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, FencedThroughTry: r.GetFenceThroughTry()}
+		}},
+		{"another attempt", func(r *tollgatev1.FenceAttemptRequest) *tollgatev1.AttemptRecord {
+			return &tollgatev1.AttemptRecord{AttemptId: "01a22bcd-4490-7a20-a651-a5fcfed10e60", Call: r.GetCall(), Method: r.GetMethod(),
+				State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, FencedThroughTry: r.GetFenceThroughTry()}
+		}},
+		{"a fence below the try", func(r *tollgatev1.FenceAttemptRequest) *tollgatev1.AttemptRecord {
+			return &tollgatev1.AttemptRecord{AttemptId: r.GetAttemptId(), Call: r.GetCall(), Method: r.GetMethod(),
+				State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, FencedThroughTry: r.GetFenceThroughTry() - 1}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var runs atomic.Int32
+			svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+				runs.Add(1)
+				return nil, grpcstatus.Error(codes.Internal, "effect done, then failed")
+			}}
+			end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
+				svc.Register(s)
+				tollgatev1.RegisterAttemptServiceServer(s, wrongAnswers{answer: tc.answer})
+			})
+			c := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions()...))
+			_, err := c.Apply(t.Context(), &testingv1.ApplyRequest{Key: "k"})
+			require.Equal(t, int32(1), runs.Load(), "a try in doubt was repeated on an answer about something else")
+			require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
+		})
+	}
+}
+
+// The stream twin of TestResolutionQueryCarriesDefaultCallOptions: the
+// stream owner's FenceAttempt carries no call options at all (queryOpts is
+// never set for streams), so it is refused and a committed stream whose
+// record is SUCCEEDED ends UNKNOWN instead of COMMITTED.
+func TestStreamResolutionQueryCarriesCallOptions(t *testing.T) {
+	var refused atomic.Bool
+	auth := func(ctx context.Context) error {
+		if md, _ := metadata.FromIncomingContext(ctx); len(md.Get("authorization")) == 0 {
+			refused.Store(true)
+			return grpcstatus.Error(codes.Unauthenticated, "no credentials")
+		}
+		return nil
+	}
+	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+		if _, err := st.Recv(); err != nil {
+			return err
+		}
+		return st.Send(&testingv1.ChatResponse{})
+	}}
+	outer := []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			if err := auth(ctx); err != nil {
+				return nil, err
+			}
+			return h(ctx, req)
+		}),
+		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			if err := auth(ss.Context()); err != nil {
+				return err
+			}
+			if err := h(srv, ss); err != nil {
+				return err
+			}
+			return grpcstatus.Error(codes.Internal, "proxy: upstream connection reset")
+		}),
+	}
+	end := recordedServer(t, svc, memoryStore(t), outer...)
+	client := testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(fastRetry(3)),
+		grpc.WithDefaultCallOptions(grpc.PerRPCCredentials(tokenCreds{})))...))
+	st, err := client.Chat(t.Context())
+	require.NoError(t, err)
+	require.NoError(t, st.Send(&testingv1.ChatRequest{}))
+	_, err = st.Recv()
+	require.NoError(t, err)
+	_, err = st.Recv()
+	o := status.OutcomeOf(err)
+	require.False(t, refused.Load(), "the stream's FenceAttempt carries the call options: %v", err)
+	require.Equal(t, status.KindCommitted, o.Kind, "%v", err)
+}
+
+// The stream twin of TestUnverifiableFirstTryRefundsItsGrant: the stream
+// owner ends the call NOT_ADMITTED final but leaves try 1's grant held.
+func TestUnverifiableFirstStreamTryRefundsItsGrant(t *testing.T) {
+	ctx, err := interceptor.StartAttempt(t.Context(), 4, 5*time.Second)
+	require.NoError(t, err)
+	minted := time.Now()
+	for time.Now().UnixMilli() <= minted.UnixMilli() {
+		time.Sleep(time.Millisecond)
+	}
+	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+		return nil
+	}}
+	end := recordedServer(t, svc, memoryStore(t))
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions()...))
+	st, err := client.Chat(ctx)
+	require.NoError(t, err)
+	_, err = st.Recv()
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
+	require.Equal(t, status.ReasonAttemptUnverifiable, o.Reason)
+	require.True(t, o.Final())
+	led, _ := budget.FromContext(ctx)
+	snap := led.Snapshot()
+	require.Zero(t, snap.Held, "a call that ended NOT_ADMITTED (no effect) keeps nothing held")
+	require.Equal(t, int64(4), snap.Free)
+}
+
+// A bidi stream commits (a reply arrived), then its status is lost by a
+// proxy. The record is SUCCEEDED: without a call key the stream ends
+// COMMITTED; with an explicit key it ends UNKNOWN.
+func TestExplicitKeyCommittedStream(t *testing.T) {
+	for _, explicit := range []bool{false, true} {
+		t.Run(map[bool]string{false: "per-run key", true: "explicit key"}[explicit], func(t *testing.T) {
+			svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+				if _, err := st.Recv(); err != nil {
+					return err
+				}
+				return st.Send(&testingv1.ChatResponse{})
+			}}
+			lose := grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+				if err := h(srv, ss); err != nil {
+					return err
+				}
+				return grpcstatus.Error(codes.Internal, "proxy: upstream connection reset")
+			})
+			end := recordedServer(t, svc, memoryStore(t), lose)
+			client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3))...))
+			ctx := context.Context(t.Context())
+			if explicit {
+				ctx = interceptor.WithCallKey(ctx, "chat-1")
+			}
+			st, err := client.Chat(ctx)
+			require.NoError(t, err)
+			require.NoError(t, st.Send(&testingv1.ChatRequest{}))
+			_, err = st.Recv()
+			require.NoError(t, err)
+			_, err = st.Recv()
+			o := status.OutcomeOf(err)
+			require.Equal(t, status.KindCommitted, o.Kind, "%v", err)
+		})
+	}
+}
+
+// A stream's record is stored SUCCEEDED with response_retained true and an
+// empty response: an operator's GetAttempt is told a response was kept.
+func TestStreamRecordClaimsRetainedResponse(t *testing.T) {
+	svc := &testsvc.Service{UploadFunc: func(st grpc.ClientStreamingServer[testingv1.UploadRequest, testingv1.UploadResponse]) error {
+		for {
+			if _, err := st.Recv(); err == io.EOF {
+				return st.SendAndClose(&testingv1.UploadResponse{Count: 7})
+			} else if err != nil {
+				return err
+			}
+		}
+	}}
+	end := recordedServer(t, svc, memoryStore(t))
+	conn := end.DialT(t, interceptor.DialOptions()...)
+	ctx, err := interceptor.StartAttempt(t.Context(), 4, 5*time.Second)
+	require.NoError(t, err)
+	a, _ := interceptor.AttemptFromContext(ctx)
+	st, err := testingv1.NewTestServiceClient(conn).Upload(ctx)
+	require.NoError(t, err)
+	require.NoError(t, st.Send(&testingv1.UploadRequest{Value: "x"}))
+	_, err = st.CloseAndRecv()
+	require.NoError(t, err)
+	rec, err := tollgatev1.NewAttemptServiceClient(conn).GetAttempt(t.Context(), &tollgatev1.GetAttemptRequest{
+		AttemptId: a.ID, Call: "0", Method: testingv1.TestService_Upload_FullMethodName})
+	require.NoError(t, err)
+	t.Logf("state=%v retained=%v len(response)=%d", rec.GetState(), rec.GetResponseRetained(), len(rec.GetResponse()))
+	require.False(t, rec.GetResponseRetained(), "a stream's response is never kept")
+}
+
+// highFence answers every fence with a tombstone through try 1000 (the
+// header's last try), as a callee whose explicit key was fenced that far.
+type highFence struct{ *idempotency.MemoryStore }
+
+func (s highFence) Fence(ctx context.Context, key idempotency.Key, through uint32) (*tollgatev1.AttemptRecord, error) {
+	return &tollgatev1.AttemptRecord{AttemptId: key.AttemptID, Call: key.Call, Method: key.Method,
+		State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, FencedThroughTry: 1000}, nil
+}
+
+func TestStreamFenceAtMaxTry(t *testing.T) {
+	var tries atomic.Int32
+	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+		tries.Add(1)
+		return grpcstatus.Error(codes.Internal, "boom") // UNKNOWN, nothing sent
+	}}
+	end := recordedServer(t, svc, highFence{memoryStore(t)})
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(interceptor.WithAttemptTimeout(10*time.Second))...))
+	st, err := client.Chat(t.Context())
+	require.NoError(t, err)
+	_, err = st.Recv()
+	o := status.OutcomeOf(err)
+	t.Logf("handler runs %d; stream result: kind %v reason %v: %v", tries.Load(), o.Kind, status.ReasonName(o.Reason), err)
+	require.Equal(t, status.ReasonAttemptFenced, o.Reason, "as a unary call: the fence reached the last try the header can carry")
+}
+
+// Regression: an interceptor chained inside tollgate's (grpc.NewServer(
+// interceptor.ServerOptions(...)..., grpc.ChainStreamInterceptor(audit)))
+// runs only for a try whose record the store started, for a server-streaming
+// call as for a unary one. When a server-streaming record was begun lazily,
+// at the handler's first RecvMsg, such an interceptor's effect (here a
+// downstream call with side effects) happened for a try the store then
+// refused: the try was answered NOT_ADMITTED ATTEMPT_FENCED — "no effect at
+// this tier or below" (DESIGN.md §3.6) — with tollgate-spent 1, and the
+// effect repeated on the owner's next try.
+//
+// Each kind of call is sent as try 1 of a call the owner fenced through try
+// 1, which the store refuses before anything inner runs, and then as try 2,
+// which runs: the inner interceptor acts once, for try 2, and for a
+// server-streaming call whose request tollgate received first it sees that
+// request.
+func TestInnerStreamInterceptorRunsOnlyForABegunTry(t *testing.T) {
+	dep := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		return &testingv1.ApplyResponse{}, nil
+	}}
+	depEnd := testsvc.StartT(t, testsvc.Bufconn, dep.Register, serverOpts()...)
+	depClient := testingv1.NewTestServiceClient(depEnd.DialT(t, interceptor.DialOptions()...))
+	audit := func(ctx context.Context) error {
+		_, err := depClient.Apply(ctx, &testingv1.ApplyRequest{})
+		return err
+	}
+	var (
+		mu       sync.Mutex
+		received []string // request keys the inner stream interceptor saw
+	)
+	inner := []grpc.ServerOption{
+		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			if err := audit(ss.Context()); err != nil {
+				return err
+			}
+			return h(srv, &observed{ServerStream: ss, seen: func(key string) {
+				mu.Lock()
+				received = append(received, key)
+				mu.Unlock()
+			}})
+		}),
+		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			if err := audit(ctx); err != nil {
+				return nil, err
+			}
+			return h(ctx, req)
+		}),
+	}
+	c := newConsumer()
+	c.ApplyFunc = func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		return &testingv1.ApplyResponse{}, nil
+	}
+	store := memoryStore(t)
+	end := startRecorded(t, c, store, nil, inner...)
+	conn := end.DialT(t)
+	w, a := newRawOwner(t, conn)
+	w.units = 2
+
+	for i, tc := range []struct {
+		name   string
+		method string
+		call   func(ctx context.Context) (metadata.MD, error)
+		runs   func() int64
+		seen   []string // what the inner stream interceptor received
+	}{
+		{"unary", testingv1.TestService_Apply_FullMethodName, func(ctx context.Context) (metadata.MD, error) {
+			var tr metadata.MD
+			err := conn.Invoke(ctx, testingv1.TestService_Apply_FullMethodName, &testingv1.ApplyRequest{}, &testingv1.ApplyResponse{}, grpc.Trailer(&tr))
+			return tr, err
+		}, func() int64 { return c.Calls("Apply") }, nil},
+		{"server stream, request received first", consumeMethod, func(ctx context.Context) (metadata.MD, error) {
+			st, err := testingv1.NewTestServiceClient(conn).Consume(ctx, &testingv1.ConsumeRequest{Key: "consumed", Count: 1})
+			if err != nil {
+				return nil, err
+			}
+			_, err = recvConsumed(st)
+			return st.Trailer(), err
+		}, c.runs.Load, []string{"consumed"}},
+		{"server stream, request type unknown", recordedWatch, func(ctx context.Context) (metadata.MD, error) {
+			st, err := watchRecorded(ctx, conn, &testingv1.WatchRequest{Key: "watched", Count: 1})
+			if err != nil {
+				return nil, err
+			}
+			_, err = recvAll(st)
+			return st.Trailer(), err
+		}, func() int64 { return c.Calls("Watch") }, []string{"watched"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mu.Lock()
+			received = nil
+			mu.Unlock()
+			call := "audited-" + strconv.Itoa(i)
+			key := idempotency.Key{Tenant: "t1", AttemptID: a.ID, Call: call, Method: tc.method}
+			_, err := store.Fence(t.Context(), key, 1)
+			require.NoError(t, err)
+			audits, runs := dep.Calls("Apply"), tc.runs()
+
+			tr, err := tc.call(w.ctx(t.Context(), call, 1))
+			o := status.OutcomeOf(err)
+			require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
+			require.Equal(t, status.ReasonAttemptFenced, o.Reason, "%v", err)
+			require.Equal(t, []string{"0"}, tr.Get("tollgate-spent"), "the refused try spent nothing")
+			require.Equal(t, audits, dep.Calls("Apply"), "the inner interceptor acted for a try answered NOT_ADMITTED")
+			require.Equal(t, runs, tc.runs())
+
+			tr, err = tc.call(w.ctx(t.Context(), call, 2))
+			require.NoError(t, err)
+			require.Equal(t, []string{"1"}, tr.Get("tollgate-spent"), "the inner interceptor's call is this try's")
+			require.Equal(t, audits+1, dep.Calls("Apply"), "the inner interceptor acts for the try that runs")
+			require.Equal(t, runs+1, tc.runs())
+			mu.Lock()
+			require.Equal(t, tc.seen, received)
+			mu.Unlock()
+			rec, err := store.Get(t.Context(), key)
+			require.NoError(t, err)
+			require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, rec.GetState())
+			require.Equal(t, uint32(2), rec.GetTry())
+		})
+	}
+}
+
+// observed is a stream interceptor's stream that reports the key of each
+// request its handler receives.
+type observed struct {
+	grpc.ServerStream
+	seen func(key string)
+}
+
+func (o *observed) RecvMsg(m any) error {
+	if err := o.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	if r, ok := m.(interface{ GetKey() string }); ok {
+		o.seen(r.GetKey())
+	}
+	return nil
+}
