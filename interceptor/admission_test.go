@@ -998,3 +998,183 @@ func TestDequeueDropOfTheAttemptsDeadlineStaysFinal(t *testing.T) {
 	require.Equal(t, status.ReasonDeadlineExpired, o.Reason, "%v", err)
 	require.True(t, o.Final(), "the attempt's own deadline cannot be met by any try: %v", err)
 }
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// README (Admission): "Through tollgate's interceptor a request's deadline
+// is the one its handler runs until: the try's own (grpc-timeout) …"; the
+// deadline stage refuses DEADLINE_UNREACHABLE when the predicted wait plus
+// the learned service time passes it, and the dequeue stage drops a waiter
+// that can no longer finish (DESIGN §3.9). server.control admits
+// AttemptService queries with sv.admit(ctx, method, nil, req): the Request
+// has no Deadline, so neither stage ever applies to the control class. A
+// query with 2 s left, behind a query the class expects to take 10 s, is
+// queued (to wait out its deadline) instead of refused at once.
+func TestControlQueryDeadlineIgnored(t *testing.T) {
+	events := make(chan admission.Event, 16)
+	ctrl, err := admission.New(
+		admission.WithClasses(admission.Class{Name: admission.ControlClass, Slots: 1, QueueItems: 4,
+			ExpectedServiceTime: 10 * time.Second}),
+		admission.WithObserver(func(e admission.Event) {
+			if e.Class == admission.ControlClass {
+				events <- e
+			}
+		}),
+	)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	mem := memoryStore(t)
+	store := &r91SlowStore{Store: mem, gate: make(chan struct{})}
+	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
+		tollgatev1.RegisterAttemptServiceServer(s, idempotency.NewAttemptService(store))
+	}, interceptor.ServerOptions(interceptor.WithClockSkew(0), interceptor.WithAdmission(ctrl),
+		interceptor.WithAttemptStore(mem))...)
+	client := tollgatev1.NewAttemptServiceClient(end.DialT(t))
+	req := &tollgatev1.GetAttemptRequest{AttemptId: "x", Call: "0", Method: "/m.S/M"}
+	done := make(chan error, 2)
+	defer func() {
+		close(store.gate)
+		for range cap(done) {
+			<-done
+		}
+	}()
+	go func() {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		_, err := client.GetAttempt(ctx, req)
+		done <- err
+	}()
+	require.Equal(t, admission.EventAdmitted, (<-events).Kind) // the only slot, held on the slow store
+
+	go func() {
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		defer cancel()
+		_, err := client.GetAttempt(ctx, req)
+		done <- err
+	}()
+	e := <-events
+	require.Equal(t, admission.EventRefused, e.Kind,
+		"a query with 2s left behind 10s of expected work must be refused DEADLINE_UNREACHABLE, not %v (the control path passes no deadline to admission)", e.Kind)
+	require.Equal(t, status.ReasonDeadlineUnreachable, e.Reason)
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// DESIGN §2.3: grpc-retry-pushback-ms is sent "on NOT_ADMITTED refusals made
+// before any header was sent"; the README: "plus the grpc-retry-pushback-ms
+// trailer when the interceptor refused". The data path sets it
+// (setTrailer after sv.admit), but server.control returns admission's
+// refusal of an AttemptService query without any trailer: a client relying
+// on grpc-go's retry gets no pushback from the control class.
+func TestControlRefusalHasNoPushback(t *testing.T) {
+	admitted := make(chan struct{}, 8)
+	ctrl, err := admission.New(
+		// A byte bound the tap does not see: the interceptor's Admit refuses.
+		admission.WithClasses(admission.Class{Name: admission.ControlClass, Slots: 1, QueueItems: 4, QueueBytes: 1}),
+		admission.WithObserver(func(e admission.Event) {
+			if e.Kind == admission.EventAdmitted && e.Class == admission.ControlClass {
+				admitted <- struct{}{}
+			}
+		}),
+	)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	mem := memoryStore(t)
+	store := &r91SlowStore{Store: mem, gate: make(chan struct{})}
+	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
+		tollgatev1.RegisterAttemptServiceServer(s, idempotency.NewAttemptService(store))
+	}, interceptor.ServerOptions(interceptor.WithClockSkew(0), interceptor.WithAdmission(ctrl),
+		interceptor.WithAttemptStore(mem))...)
+	client := tollgatev1.NewAttemptServiceClient(end.DialT(t))
+	req := &tollgatev1.GetAttemptRequest{AttemptId: "x", Call: "0", Method: "/m.S/M"}
+	done := make(chan error, 1)
+	defer func() {
+		close(store.gate)
+		<-done
+	}()
+	go func() {
+		_, err := client.GetAttempt(t.Context(), req)
+		done <- err
+	}()
+	<-admitted // the only control slot is held
+
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	var trailer metadata.MD
+	_, err = client.GetAttempt(ctx, req, grpc.Trailer(&trailer))
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
+	require.Equal(t, status.ReasonQueueFull, o.Reason, "%v", err)
+	ra, ok := status.RetryAfter(err)
+	require.True(t, ok && ra > 0, "the refusal suggests a delay")
+	require.NotEmpty(t, trailer.Get(status.PushbackKey),
+		"an interceptor refusal with a retry-after carries grpc-retry-pushback-ms (DESIGN §2.3); trailer %v", trailer)
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// The control class's per-tenant limits are configurable like any class's
+// (admission.Class{Name: ControlClass, TenantRunning: …}), and the README
+// says tenant limits "apply to the tenant the interceptor resolved (a
+// trusted peer's n, else interceptor.WithTenant)". But server.control
+// resolves the caller's tenant (for the AttemptService) and then calls
+// sv.admit(ctx, method, nil, req): with in == nil the Request carries no
+// tenant, so the control class's tenant limits never apply to
+// AttemptService queries. One tenant's queries on a slow store take every
+// control slot and the next tenant's query is refused CONCURRENCY_FULL —
+// the very starvation TenantRunning was configured to prevent (DESIGN §3.9
+// "per tenant: … running ≤ limits", §3.12).
+func TestControlClassTenantLimitIgnored(t *testing.T) {
+	admitted := make(chan struct{}, 8)
+	ctrl, err := admission.New(
+		admission.WithClasses(admission.Class{Name: admission.ControlClass, Slots: 2, TenantRunning: 1}),
+		admission.WithObserver(func(e admission.Event) {
+			if e.Kind == admission.EventAdmitted && e.Class == admission.ControlClass {
+				admitted <- struct{}{}
+			}
+		}),
+	)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	mem := memoryStore(t)
+	store := &r91SlowStore{Store: mem, gate: make(chan struct{})}
+	tenantOf := func(ctx context.Context) string {
+		md, _ := metadata.FromIncomingContext(ctx)
+		if v := md.Get("x-tenant"); len(v) > 0 {
+			return v[0]
+		}
+		return ""
+	}
+	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
+		tollgatev1.RegisterAttemptServiceServer(s, idempotency.NewAttemptService(store))
+	}, interceptor.ServerOptions(interceptor.WithClockSkew(0), interceptor.WithAdmission(ctrl),
+		interceptor.WithAttemptStore(mem), interceptor.WithTenant(tenantOf))...)
+	client := tollgatev1.NewAttemptServiceClient(end.DialT(t))
+	query := func(tenant string) error {
+		ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(t.Context(), "x-tenant", tenant), 10*time.Second)
+		defer cancel()
+		_, err := client.GetAttempt(ctx, &tollgatev1.GetAttemptRequest{AttemptId: "x", Call: "0", Method: "/m.S/M"})
+		return err
+	}
+	done := make(chan error, 2)
+	defer func() {
+		close(store.gate)
+		for range cap(done) {
+			<-done
+		}
+	}()
+	go func() { done <- query("tenant-a") }()
+	<-admitted // tenant-a's first query holds a control slot, waiting on the store
+
+	go func() { done <- query("tenant-a") }()
+	select {
+	case err := <-done:
+		done <- err // keep the count for the deferred drain
+		require.Equal(t, status.ReasonTenantLimit, status.OutcomeOf(err).Reason, "%v", err)
+	case <-admitted:
+		t.Fatal("tenant-a runs 2 control queries over the control class's TenantRunning 1: the tenant was never passed to admission")
+	}
+}

@@ -220,7 +220,11 @@ func expired(s *attemptState) error {
 // requests queued ahead of this one in its class, as the controller counted
 // them under its lock when it decided (admission.Decision), so the event
 // costs no snapshot and no second look at the queue.
-func (sv *server) admit(ctx context.Context, method string, in *inbound, req any) (*admission.Permit, error) {
+//
+// in is the data path's request; a control-path call (in nil) is admitted
+// under the tenant control resolved and the deadline of its context, which
+// is the one its handler runs until.
+func (sv *server) admit(ctx context.Context, method string, in *inbound, tenant string, req any) (*admission.Permit, error) {
 	ctrl := sv.cfg.admission
 	if ctrl == nil || (in != nil && in.expired) {
 		return nil, nil // a late try only reads its record: it takes no slot
@@ -229,12 +233,14 @@ func (sv *server) admit(ctx context.Context, method string, in *inbound, req any
 	if m, ok := req.(proto.Message); ok {
 		size = proto.Size(m)
 	}
-	tenant, deadline, startBy := "", time.Time{}, time.Time{}
+	deadline, startBy := time.Time{}, time.Time{}
 	if in != nil {
 		tenant, deadline = in.s.Tenant, sv.runsUntil(in)
 		if in.detached {
 			startBy = in.until // the try waits in the queue on its client's context
 		}
+	} else {
+		deadline, _ = ctx.Deadline()
 	}
 	p, d, err := ctrl.AdmitDecision(ctx, admission.Request{Method: method, Tenant: tenant, Size: size, Deadline: deadline, StartBy: startBy})
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
@@ -413,7 +419,7 @@ func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 	}
 	recorded := sv.recorded(in)
 	in.detached = recorded
-	permit, err := sv.admit(ctx, info.FullMethod, in, req)
+	permit, err := sv.admit(ctx, info.FullMethod, in, "", req)
 	if err != nil {
 		sv.setTrailer(ctx, in, 0, err)
 		return nil, err
@@ -462,21 +468,14 @@ func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 	return resp, nil
 }
 
+// setTrailer sets the call's trailer (see trailer), when it has anything to
+// say, on the transport stream of a unary call's ctx.
 func (sv *server) setTrailer(ctx context.Context, in *inbound, spent int64, err error) {
 	if md := sv.trailer(in, spent, err); md != nil {
 		_ = grpc.SetTrailer(ctx, md)
 	}
 }
 
-// control runs a control-path call (AttemptService, health, reflection):
-// no records, no ledger, admitted through the controller's control class.
-// FenceAttempt from an untrusted peer is answered UNKNOWN (see below).
-// Control streams (req nil) take no admission slot.
-// The caller's tenant (a trusted peer's header "n", else WithTenant's) is put
-// in the context for idempotency.AttemptService, so that a query resolves
-// the same tenant as the try it asks about. A trusted peer's malformed
-// header is refused MALFORMED_HEADER, as on the data path; an untrusted
-// peer's is counted and ignored.
 // fenceShortcut answers a ballot the AttemptService must not: a malformed
 // one (INVALID_ARGUMENT, as the service would), and an untrusted peer's. An
 // untrusted peer's tries are re-minted here under attempt IDs it never
@@ -495,6 +494,19 @@ func (sv *server) fenceShortcut(fence *tollgatev1.FenceAttemptRequest, tenant st
 	return nil, nil
 }
 
+// control runs a control-path call (AttemptService, health, reflection):
+// no records, no ledger, admitted through the controller's control class
+// under the caller's tenant (so that the class's tenant limits hold) and
+// the deadline of its context (so that a query that cannot finish in time
+// is refused, not queued); a refusal carries grpc-retry-pushback-ms, as on
+// the data path.
+// FenceAttempt from an untrusted peer is answered UNKNOWN (see below).
+// Control streams (req nil) take no admission slot.
+// The caller's tenant (a trusted peer's header "n", else WithTenant's) is put
+// in the context for idempotency.AttemptService, so that a query resolves
+// the same tenant as the try it asks about. A trusted peer's malformed
+// header is refused MALFORMED_HEADER, as on the data path; an untrusted
+// peer's is counted and ignored.
 func (sv *server) control(ctx context.Context, method string, req any, f func(context.Context) (any, error)) (any, error) {
 	trusted := sv.cfg.trusted(ctx)
 	tenant := ""
@@ -539,8 +551,9 @@ func (sv *server) control(ctx context.Context, method string, req any, f func(co
 		// orchestrator would restart a server whose data path is healthy.
 		return sv.runControl(ctx, f)
 	}
-	permit, err := sv.admit(ctx, method, nil, req)
+	permit, err := sv.admit(ctx, method, nil, tenant, req)
 	if err != nil {
+		sv.setTrailer(ctx, nil, 0, err) // grpc-retry-pushback-ms, as on the data path
 		return nil, err
 	}
 	defer permit.Release()
@@ -636,7 +649,7 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 			in.expired = true
 		}
 	}
-	permit, err := sv.admit(ctx, info.FullMethod, in, req)
+	permit, err := sv.admit(ctx, info.FullMethod, in, "", req)
 	if err != nil {
 		sv.setStreamTrailer(ss, in, 0, err)
 		return err
