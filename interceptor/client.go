@@ -166,9 +166,18 @@ func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy
 	deadline := s.deadlineIn(ctx).Add(-c.cfg.hopMargin)
 	remaining := deadline.Sub(now)
 	if remaining < c.cfg.minTryTime {
+		// Final only when the attempt's own deadline is what leaves no
+		// time. A context that ends before it — below the origin, the
+		// caller's per-try grpc-timeout — may leave a later try of the
+		// caller the time this one lacks (as the server's tryDeadlineOnly
+		// says of admission's DEADLINE_EXPIRED).
+		final := s.Deadline.Add(-c.cfg.hopMargin).Sub(now) < c.cfg.minTryTime
+		msg := "interceptor: the attempt's deadline leaves no time for a try"
+		if !final {
+			msg = "interceptor: the context's deadline, before the attempt's, leaves no time for a try"
+		}
 		return nil, nil, status.NotAdmitted(status.ReasonDeadlineUnreachable, status.Fields{
-			AttemptID: s.ID, Call: key, Try: n, Final: true,
-			Message: "interceptor: the attempt's deadline leaves no time for a try",
+			AttemptID: s.ID, Call: key, Try: n, Final: final, Message: msg,
 		})
 	}
 	// The first try uses the call's own storage, a repeat its own (see

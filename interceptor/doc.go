@@ -96,7 +96,9 @@
 //
 // Before each try the client checks that the try fits the deadline (less the
 // hop margin, WithHopMargin; otherwise NOT_ADMITTED DEADLINE_UNREACHABLE,
-// final), takes one unit below the origin (none free: NOT_ADMITTED
+// final when the attempt's deadline is what leaves no time, not final when
+// only an earlier context deadline, such as the caller's per-try one, does),
+// takes one unit below the origin (none free: NOT_ADMITTED
 // ALLOWANCE_EXHAUSTED, counted in tollgate.allowance.exhausted), lends the
 // callee its grant (the free units less one per further try its retry policy
 // may need, or budget.WithGrant / budget.Split), and replaces the tollgate

@@ -117,6 +117,10 @@ func (c *clientConfig) validate() error {
 		return invalid("hop margin %v is negative", c.hopMargin)
 	case c.minTryTime < 0:
 		return invalid("minimum try time %v is negative", c.minTryTime)
+	case c.hopMargin >= maxAttemptTimeoutCap || c.minTryTime >= maxAttemptTimeoutCap-c.hopMargin:
+		// No attempt is longer: every try would be refused.
+		return invalid("hop margin %v and minimum try time %v leave no time in an attempt of %v, the longest",
+			c.hopMargin, c.minTryTime, maxAttemptTimeoutCap)
 	case c.tracer == nil || c.meter == nil:
 		return invalid("nil tracer or meter provider")
 	case c.grace < 0 || c.grace > time.Minute:
@@ -222,14 +226,20 @@ func WithStrictAccounting() ClientOption {
 
 // WithHopMargin sets how much earlier than the caller's deadline each
 // outgoing try's deadline is set, so the callee's answer can travel back.
-// Default DefaultHopMargin (5 ms).
+// Default DefaultHopMargin (5 ms). A negative margin, or one that with
+// WithMinTryTime's leaves no time in the longest attempt (24 h), is
+// ErrInvalidOption.
 func WithHopMargin(d time.Duration) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.hopMargin = d })
 }
 
 // WithMinTryTime sets the least remaining time (after the hop margin) a try
 // needs to be worth sending; a try with less is refused locally with
-// NOT_ADMITTED DEADLINE_UNREACHABLE. Default DefaultMinTryTime (1 ms).
+// NOT_ADMITTED DEADLINE_UNREACHABLE (final when the attempt's own deadline
+// leaves less; not final when only the context's earlier one does, such as
+// a caller's per-try deadline). Default DefaultMinTryTime (1 ms). A
+// negative value, or one that with the hop margin leaves no time in the
+// longest attempt (24 h), is ErrInvalidOption.
 func WithMinTryTime(d time.Duration) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.minTryTime = d })
 }

@@ -252,3 +252,24 @@ func TestValidCallKey(t *testing.T) {
 		require.ErrorContains(t, err, "interceptor: call key")
 	}
 }
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// No attempt lasts longer than 24 h (WithAttemptTimeout's and
+// WithMaxAttemptTime's cap), so a hop margin or a minimum try time of more
+// than that refuses every try of every call DEADLINE_UNREACHABLE: a value
+// that can never work, which CONVENTIONS.md §2 wants refused at
+// construction ("invalid values are an error at construction, not a
+// surprise at call time"), as every other duration option is bounded.
+func TestHopMarginOptionBounded(t *testing.T) {
+	for name, opt := range map[string]interceptor.ClientOption{
+		"hop margin":   interceptor.WithHopMargin(25 * time.Hour),
+		"min try time": interceptor.WithMinTryTime(25 * time.Hour),
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := interceptor.NewDialOptions(opt)
+			require.ErrorIs(t, err, interceptor.ErrInvalidOption)
+		})
+	}
+}

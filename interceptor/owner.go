@@ -353,9 +353,15 @@ func (w *owner) decide(ctx context.Context, n uint32, err error, o status.Outcom
 		next, uncounted := n+1, false
 		switch o.Reason {
 		case status.ReasonAttemptFenced:
-			w.doubt = true
-			if f := min(o.Detail.GetFencedThroughTry(), header.MaxTry-1); f >= n {
-				next = f + 1
+			// A fence that covers this try: the call is another owner's
+			// business, or this owner's ballot of a try in doubt. One
+			// through an earlier try (a server never refuses so) is not a
+			// fence of this call: a handler passed up its own call's
+			// refusal, re-addressed (DESIGN.md §3.6), and it reads as any
+			// refusal without effect.
+			if f := o.Detail.GetFencedThroughTry(); f >= n {
+				w.doubt = true
+				next = min(f, header.MaxTry-1) + 1
 				uncounted = w.explicit // a ballot jump does not count against the tries
 			}
 		case status.ReasonAttemptInProgress:

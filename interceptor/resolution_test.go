@@ -1056,3 +1056,61 @@ func (o *observed) RecvMsg(m any) error {
 	}
 	return nil
 }
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// A handler whose own call ended NOT_ADMITTED ATTEMPT_FENCED (its owner
+// resolved the try in doubt as fenced: no try ran) and that returns it
+// wrapped with status.WithoutEffect has declared that nothing happened
+// (DESIGN.md §3.6: such a refusal stays NOT_ADMITTED). The server
+// re-addresses the refusal to its own call but keeps the reason
+// ATTEMPT_FENCED, with fenced_through_try 0; the caller's owner reads
+// ATTEMPT_FENCED as "my call is in doubt" and ends the call UNKNOWN,
+// although the callee proved it had no effect.
+func TestReaddressedFencedStaysNotAdmitted(t *testing.T) {
+	// dep: not a tollgate server. Its Apply is refused before the handler
+	// runs, with a status that carries no detail (its owner cannot tell it
+	// from a try that ran); its AttemptService honestly answers FENCED.
+	depSvc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		t.Error("dep's handler must not run")
+		return &testingv1.ApplyResponse{}, nil
+	}}
+	refuse := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if info.FullMethod == testingv1.TestService_Apply_FullMethodName {
+			return nil, grpcstatus.Error(codes.Internal, "dep: refused before running")
+		}
+		return h(ctx, req)
+	}
+	dep := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
+		depSvc.Register(s)
+		tollgatev1.RegisterAttemptServiceServer(s, wrongAnswers{answer: func(r *tollgatev1.FenceAttemptRequest) *tollgatev1.AttemptRecord {
+			return &tollgatev1.AttemptRecord{AttemptId: r.GetAttemptId(), Call: r.GetCall(), Method: r.GetMethod(),
+				State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, FencedThroughTry: r.GetFenceThroughTry()}
+		}})
+	}, grpc.UnaryInterceptor(refuse))
+	toDep := testingv1.NewTestServiceClient(dep.DialT(t, interceptor.DialOptions(
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1}))...))
+
+	midErrs := make(chan error, 1)
+	midSvc := &testsvc.Service{ApplyFunc: func(ctx context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		_, err := toDep.Apply(ctx, r)
+		midErrs <- err
+		if status.OutcomeOf(err).Kind == status.KindNotAdmitted {
+			return nil, status.WithoutEffect(err) // nothing happened here or below
+		}
+		return nil, err
+	}}
+	mid := testsvc.StartT(t, testsvc.Bufconn, midSvc.Register, serverOpts()...)
+	origin := testingv1.NewTestServiceClient(mid.DialT(t, interceptor.DialOptions(
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1}))...))
+
+	_, err := origin.Apply(t.Context(), &testingv1.ApplyRequest{Key: "k"})
+	midErr := <-midErrs
+	mo := status.OutcomeOf(midErr)
+	require.Equal(t, status.KindNotAdmitted, mo.Kind, "precondition: mid's call ended NOT_ADMITTED: %v", midErr)
+	require.Equal(t, status.ReasonAttemptFenced, mo.Reason, "precondition: %v", midErr)
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindNotAdmitted, o.Kind,
+		"mid declared its refusal without effect, yet the origin's call ended %v: %v", o.Kind, err)
+}

@@ -599,3 +599,44 @@ func TestHugeRetryAfterDoesNotOverflow(t *testing.T) {
 	t.Logf("err=%v runs=%d took=%v", err, runs.Load(), time.Since(start))
 	require.Equal(t, int32(1), runs.Load(), "the peer asked for a wait far past the deadline; the client repeated at once")
 }
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// A handler's call that cannot fit the time its *try* has left (its context
+// ends at the caller's per-try grpc-timeout, well before the attempt's
+// deadline) is refused locally DEADLINE_UNREACHABLE marked final. Final
+// means no repeat of the attempt can help (DESIGN.md §1), but here the
+// caller's next try gets the rest of the attempt and would fit: the server
+// itself makes admission's per-try DEADLINE_EXPIRED not final for exactly
+// this reason (tryDeadlineOnly). Passed up with status.WithoutEffect, the
+// final flag stops the origin from repeating a call that would succeed.
+func TestPerTryUnreachableNotFinal(t *testing.T) {
+	dep := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		return &testingv1.ApplyResponse{}, nil
+	}}
+	depEnd := testsvc.StartT(t, testsvc.Bufconn, dep.Register, serverOpts()...)
+	// mid's calls need 6 s of the handler's time (a large hop margin stands
+	// for a handler that has to leave that much for its own work).
+	toDep := testingv1.NewTestServiceClient(depEnd.DialT(t, interceptor.DialOptions(
+		interceptor.WithHopMargin(6*time.Second))...))
+
+	mid := &testsvc.Service{ApplyFunc: func(ctx context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		resp, err := toDep.Apply(ctx, r)
+		if status.OutcomeOf(err).Kind == status.KindNotAdmitted {
+			return nil, status.WithoutEffect(err)
+		}
+		return resp, err
+	}}
+	midEnd := testsvc.StartT(t, testsvc.Bufconn, mid.Register, serverOpts()...)
+	// The origin: 2 tries over a 10 s attempt; by default try 1 waits half
+	// of it (5 s, its grpc-timeout), try 2 all that is left (about 10 s).
+	origin := testingv1.NewTestServiceClient(midEnd.DialT(t, interceptor.DialOptions(
+		interceptor.WithAttemptTimeout(10*time.Second),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 2, InitialBackoff: time.Millisecond}))...))
+
+	_, err := origin.Apply(t.Context(), &testingv1.ApplyRequest{Key: "k"})
+	require.NoError(t, err, "try 2 had the time try 1 lacked, but the origin never sent it (final=%v)", status.IsFinal(err))
+	require.Equal(t, int64(2), mid.Calls("Apply"))
+	require.Equal(t, int64(1), dep.Calls("Apply"))
+}

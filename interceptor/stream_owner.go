@@ -697,10 +697,10 @@ func (cs *clientStream) committedResult(n uint32, err error, o status.Outcome) e
 	switch {
 	case o.Kind == status.KindUnknown,
 		o.Kind == status.KindNotAdmitted && o.Reason == status.ReasonAttemptInProgress:
-	case o.Kind == status.KindNotAdmitted && o.Reason == status.ReasonAttemptFenced:
-		w.doubt = true
-		return w.conclude(n, err)
 	case o.Kind == status.KindNotAdmitted:
+		if o.Reason == status.ReasonAttemptFenced && o.Detail.GetFencedThroughTry() >= n {
+			w.doubt = true // a fence of this try (see owner.decide)
+		}
 		return w.conclude(n, err)
 	default:
 		return err
