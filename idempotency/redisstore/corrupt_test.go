@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -90,4 +91,47 @@ func TestRedisForeignNumberReadAsRecord(t *testing.T) {
 		"dl", "0", "exp", "inf").Err())
 	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
 	require.Error(t, err, "a foreign hash answered as a refusal: %v, record %v", res.Refusal, res.Record)
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// load() promises that a hash at a record key that this store did not
+// write — "a number not written as n() writes it … Go's reader none of
+// them" — is an error, never a refusal (the fix of
+// TestRegression14RedisForeignNumberReadAsRecord). Its check is the pattern
+// '^%-?%d+$', which also takes a number of 20 digits: Lua reads it as a
+// double (1e20), Go's strconv.ParseInt (decode's num) cannot read it and
+// makes it 0. A foreign hash whose lease and expiry are such numbers is
+// again a try IN_PROGRESS for ever, answered with a record without a lease.
+func TestRedisOverlongNumberReadAsRecord(t *testing.T) {
+	c, s, clock, k, rk := atRecordKey(t)
+	ctx := context.Background()
+	const big = "99999999999999999999" // 20 digits: beyond int64
+	require.NoError(t, c.HSet(ctx, rk, "st", "2", "fp", "", "try", "1", "fen", "0", "code", "0", "msg", "", "det", "",
+		"resp", "", "ret", "0", "units", "0", "sa", "0", "fa", "0", "lease", big,
+		"dl", "0", "exp", big).Err())
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
+	require.Error(t, err, "a foreign hash answered as a refusal: %v, record %v", res.Refusal, res.Record)
+}
+
+// A number that both Lua and Go read but that is out of its field's range
+// (a try beyond uint32, a code beyond int32, a timestamp past the year 9999)
+// is an error too, never a wrapped value read as a record.
+func TestRecordFieldOutOfRangeIsAnError(t *testing.T) {
+	for field, value := range map[string]string{"try": "99999999999", "code": "-99999999999", "sa": "9999999999999999"} {
+		t.Run(field, func(t *testing.T) {
+			c, s, clock, k, rk := atRecordKey(t)
+			ctx := context.Background()
+			fields := map[string]string{"st": "2", "fp": "", "try": "1", "fen": "0", "code": "0", "msg": "", "det": "",
+				"resp": "", "ret": "0", "units": "0", "sa": "0", "fa": "0",
+				"lease": "0", "dl": "0", "exp": "0"}
+			fields["lease"] = fmt.Sprint(clock.Now().Add(time.Hour).UnixMilli())
+			fields["exp"] = fields["lease"]
+			fields[field] = value
+			require.NoError(t, c.HSet(ctx, rk, fields).Err())
+			res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: clock.Now().Add(time.Second)})
+			require.ErrorIs(t, err, idempotency.ErrStoreUnavailable, "a foreign hash answered as a refusal: %v, record %v", res.Refusal, res.Record)
+		})
+	}
 }

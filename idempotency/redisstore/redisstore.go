@@ -72,6 +72,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -816,20 +817,34 @@ func decode(key idempotency.Key, v []any) (int, *tollgatev1.AttemptRecord, error
 	if len(v) != 14 {
 		return 0, nil, fmt.Errorf("%w: redisstore: script reply of %d elements", idempotency.ErrStoreUnavailable, len(v))
 	}
+	// A number out of its field's range (a foreign or corrupt hash that
+	// load's digit check let through) is an error, never a clamped or
+	// wrapped value read as a record.
+	var bad []int
+	field := func(i int, lo, hi int64) int64 {
+		n, ok := numOK(v[i])
+		if !ok || n < lo || n > hi {
+			bad = append(bad, i)
+		}
+		return n
+	}
 	rec := &tollgatev1.AttemptRecord{
 		AttemptId:        key.AttemptID,
 		Call:             key.Call,
 		Method:           key.Method,
-		State:            tollgatev1.AttemptState(num(v[1])),
-		Try:              uint32(num(v[2])),
-		FencedThroughTry: uint32(num(v[3])),
-		StatusCode:       int32(num(v[4])),
+		State:            tollgatev1.AttemptState(field(1, 0, math.MaxInt32)),
+		Try:              uint32(field(2, 0, math.MaxUint32)),
+		FencedThroughTry: uint32(field(3, 0, math.MaxUint32)),
+		StatusCode:       int32(field(4, math.MinInt32, math.MaxInt32)),
 		StatusMessage:    str(v[5]),
-		ResponseRetained: num(v[8]) == 1,
-		UnitsSpent:       num(v[9]),
-		StartedAt:        stamp(num(v[10])),
-		FinishedAt:       stamp(num(v[11])),
-		LeaseExpiresAt:   stamp(num(v[12])),
+		ResponseRetained: field(8, 0, 1) == 1,
+		UnitsSpent:       field(9, 0, math.MaxInt64),
+		StartedAt:        stamp(field(10, 0, maxStampMs)),
+		FinishedAt:       stamp(field(11, 0, maxStampMs)),
+		LeaseExpiresAt:   stamp(field(12, 0, maxStampMs)),
+	}
+	if len(bad) > 0 {
+		return 0, nil, fmt.Errorf("%w: redisstore: the record holds a number out of range (reply elements %v)", idempotency.ErrStoreUnavailable, bad)
 	}
 	if det := str(v[6]); det != "" {
 		var holder tollgatev1.AttemptRecord
@@ -845,15 +860,26 @@ func decode(key idempotency.Key, v []any) (int, *tollgatev1.AttemptRecord, error
 }
 
 func num(x any) int64 {
+	n, _ := numOK(x)
+	return n
+}
+
+// numOK reads a number of a script's reply, and whether it was one that
+// fits an int64.
+func numOK(x any) (int64, bool) {
 	switch x := x.(type) {
 	case int64:
-		return x
+		return x, true
 	case string:
-		n, _ := strconv.ParseInt(x, 10, 64)
-		return n
+		n, err := strconv.ParseInt(x, 10, 64)
+		return n, err == nil
 	}
-	return 0
+	return 0, false
 }
+
+// maxStampMs is the latest time a record's timestamps may hold, in Unix
+// milliseconds: the year 9999, as far as a protobuf Timestamp goes.
+const maxStampMs = 253402300799999
 
 func str(x any) string {
 	s, _ := x.(string)

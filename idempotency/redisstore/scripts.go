@@ -94,7 +94,9 @@ local function load(rk, now)
   end
   for i = 1, 17 do
     local numeric = i ~= 2 and i ~= 6 and i ~= 7 and i ~= 8 and i < 16
-    if (i < 16 and not v[i]) or (numeric and not string.match(v[i], '^%-?%d+$')) then
+    -- n() writes at most 16 digits (every number a record holds is below
+    -- 2^53); a longer one Lua would read as a rounded double, or inf.
+    if (i < 16 and not v[i]) or (numeric and (#v[i] > 17 or not string.match(v[i], '^%-?%d+$'))) then
       error('tollgate: the hash at ' .. rk .. ' is not a record: field ' .. FIELDS[i])
     end
   end
