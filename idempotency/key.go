@@ -171,7 +171,9 @@ func hexVal(c byte) (byte, bool) {
 }
 
 // Digest is a 128-bit request fingerprint; see [Fingerprint]. The zero Digest
-// means "no fingerprint" (a tombstone made by a fence before any try began).
+// means "no fingerprint": a tombstone made by a fence before any try began
+// holds it, and a try begun with it makes a record that every request
+// matches (no later try is refused ATTEMPT_REQUEST_MISMATCH), in every store.
 type Digest [16]byte
 
 // Fingerprint returns the 128-bit fingerprint of a request: the first 16

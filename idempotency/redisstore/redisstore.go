@@ -574,7 +574,7 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 	now, read := s.clock()
 	v, acked, err := s.run(ctx, true, beginScript, s.keys(req.Key),
 		now, s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
-		req.Try, req.Fingerprint[:], req.Deadline.UnixMilli(), tok, req.Minted, s.perTenant, s.ms(s.keep))
+		req.Try, fingerprint(req.Fingerprint), req.Deadline.UnixMilli(), tok, req.Minted, s.perTenant, s.ms(s.keep))
 	if err == nil {
 		lerr := s.late(read)
 		if lerr == nil && len(v) == 1 && num(v[0]) == kindStale {
@@ -704,7 +704,7 @@ func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest, begin
 		}
 	}
 	args := []any{s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
-		req.Try, req.Fingerprint[:], int(req.State), code, msg, det, resp, retained, req.UnitsSpent, callToken(), beginTok, req.Minted, s.perTenant,
+		req.Try, fingerprint(req.Fingerprint), int(req.State), code, msg, det, resp, retained, req.UnitsSpent, callToken(), beginTok, req.Minted, s.perTenant,
 		s.ms(s.keep)}
 	v, _, err := s.run(ctx, false, finishScript, s.keys(req.Key), args...)
 	if errors.Is(err, idempotency.ErrStoreFull) {
@@ -857,6 +857,17 @@ func decode(key idempotency.Key, v []any) (int, *tollgatev1.AttemptRecord, error
 		rec.Response = []byte(str(v[7]))
 	}
 	return kind, rec, nil
+}
+
+// fingerprint is a fingerprint as the scripts keep it: the zero Digest,
+// which means "no fingerprint" (idempotency.Digest), as the empty string a
+// fence's tombstone holds, so that a try begun without one matches any
+// request, as in the memory store.
+func fingerprint(d idempotency.Digest) []byte {
+	if d == (idempotency.Digest{}) {
+		return nil
+	}
+	return d[:]
 }
 
 func num(x any) int64 {

@@ -90,6 +90,7 @@ func Run(t *testing.T, newStore func(t *testing.T, clock *Clock, policy idempote
 		{"FenceReturnsOtherRecordsAsTheyAre", testFenceOthers},
 		{"TombstonesKeepUnits", testTombstoneUnits},
 		{"Mismatch", testMismatch},
+		{"ZeroFingerprintMatchesEveryRequest", testZeroFingerprint},
 		{"DeadlineExpired", testDeadlineExpired},
 		{"RecordExpiry", testRecordExpiry},
 		{"HorizonNonUUIDv7", testHorizonNonV7},
@@ -471,6 +472,20 @@ func testMismatch(e *env) {
 	k2 := k
 	k2.Method = "/tollgate.test.Orders/Cancel"
 	e.mustStart(k2, 1, e.deadline())
+}
+
+// testZeroFingerprint: a try begun with the zero Digest ("no
+// fingerprint") makes a record that no later request mismatches, in every
+// store alike.
+func testZeroFingerprint(e *env) {
+	k := e.key()
+	res := e.begin(k, 1, idempotency.Digest{}, e.deadline())
+	require.True(e.t, res.Started, "%v %v", res.Refusal, res.Record)
+	require.NoError(e.t, e.s.Finish(e.ctx, idempotency.FinishRequest{Key: k, Try: 1,
+		State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("r")}))
+	rec := e.refused(k, 2, fpB, idempotency.RefusedFinished)
+	require.Equal(e.t, tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, rec.GetState())
+	require.Equal(e.t, []byte("r"), rec.GetResponse())
 }
 
 func testDeadlineExpired(e *env) {
