@@ -3,11 +3,14 @@ package idempotency
 import (
 	"context"
 	"errors"
+	"strings"
+	"unicode/utf8"
 
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 	"github.com/tollgate-go/tollgate/status"
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // ServiceOption configures an [AttemptService].
@@ -70,7 +73,7 @@ func (s *AttemptService) GetAttempt(ctx context.Context, req *tollgatev1.GetAtte
 	if err != nil {
 		return nil, serviceError(err, key, 0)
 	}
-	return rec, nil
+	return answerable(rec), nil
 }
 
 // FenceAttempt makes sure no try numbered fence_through_try or lower of the
@@ -88,7 +91,20 @@ func (s *AttemptService) FenceAttempt(ctx context.Context, req *tollgatev1.Fence
 	if err != nil {
 		return nil, serviceError(err, key, req.GetFenceThroughTry())
 	}
-	return rec, nil
+	return answerable(rec), nil
+}
+
+// answerable returns rec as it can be sent: a handler's status message is
+// any bytes (grpc-go percent-encodes them), and a record keeps it as it
+// was, but status_message is a protobuf string, which must be UTF-8 — one
+// that is not would fail the answer INTERNAL, and the record could not be
+// read at all. Its invalid bytes are replaced with U+FFFD in a copy.
+func answerable(rec *tollgatev1.AttemptRecord) *tollgatev1.AttemptRecord {
+	if msg := rec.GetStatusMessage(); !utf8.ValidString(msg) {
+		rec = proto.CloneOf(rec)
+		rec.StatusMessage = strings.ToValidUTF8(msg, "\uFFFD")
+	}
+	return rec
 }
 
 func (s *AttemptService) key(ctx context.Context, attemptID, call, method string) (Key, error) {

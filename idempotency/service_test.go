@@ -190,3 +190,38 @@ func TestTenantContext(t *testing.T) {
 	require.Equal(t, "acme", idempotency.TenantFromContext(idempotency.ContextWithTenant(context.Background(), "acme")))
 	require.Panics(t, func() { idempotency.NewAttemptService(nil) })
 }
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// A handler's definite error whose message is not valid UTF-8 (grpc-go
+// carries any bytes in grpc-message, percent-encoded) is recorded verbatim
+// by the interceptor (finishTry copies the status's message into the
+// FinishRequest), and the store keeps it. AttemptRecord.status_message is
+// a proto3 string, so the AttemptService cannot marshal its answer: both
+// GetAttempt and FenceAttempt fail INTERNAL for a record that is FAILED.
+// The owner resolving a try in doubt then ends the call UNKNOWN ("the
+// try's state could not be queried") instead of returning the definite
+// error the record holds (DESIGN.md §3.5: FAILED → the definite error),
+// and an operator cannot read the record at all.
+func TestFailedRecordWithNonUTF8MessageCannotBeQueried(t *testing.T) {
+	f := newFixture(t)
+	client := serve(t, f.store)
+	ctx := context.Background()
+	key := idempotency.Key{Tenant: "tenant-a", AttemptID: storetest.AttemptIDAt(f.clock.Now()), Call: "0", Method: placeMethod}
+	fp := idempotency.Fingerprint(placeMethod, []byte("order"))
+	res, err := f.store.Begin(ctx, idempotency.BeginRequest{Key: key, Try: 1, Fingerprint: fp, Deadline: f.clock.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.True(t, res.Started)
+	require.NoError(t, f.store.Finish(ctx, idempotency.FinishRequest{Key: key, Try: 1, Fingerprint: fp,
+		State: tollgatev1.AttemptState_ATTEMPT_STATE_FAILED, Code: codes.InvalidArgument, Message: "no such file: /data/\xff\xfe.csv"}))
+
+	rec, err := client.FenceAttempt(as("tenant-a"), &tollgatev1.FenceAttemptRequest{AttemptId: key.AttemptID, Call: "0", Method: placeMethod, FenceThroughTry: 1})
+	require.NoError(t, err, "the owner's ballot on a FAILED record")
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FAILED, rec.GetState())
+
+	rec, err = client.GetAttempt(as("tenant-a"), &tollgatev1.GetAttemptRequest{AttemptId: key.AttemptID, Call: "0", Method: placeMethod})
+	require.NoError(t, err, "an operator's read of a FAILED record")
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FAILED, rec.GetState())
+	require.Equal(t, "no such file: /data/\uFFFD.csv", rec.GetStatusMessage(), "invalid bytes read as U+FFFD")
+}
