@@ -14,6 +14,9 @@ import (
 
 // ControlClass is the name of the built-in class that serves tollgate's
 // AttemptService, gRPC health checks and server reflection (DESIGN.md §3.12).
+// tollgate's server interceptor admits only AttemptService queries through
+// it; health checks and control streams (a health Watch, a reflection
+// session) bypass admission and take no slot.
 // A [Class] of this name passed to [WithClasses] replaces its default limits.
 const ControlClass = "control"
 

@@ -74,8 +74,11 @@
 // UNKNOWN (INTERNAL).
 //
 // Calls to tollgate's AttemptService, gRPC health and reflection are the
-// control path: no ledger, no records, admitted through the controller's
-// control class.
+// control path: no ledger, no records. AttemptService queries are admitted
+// through the controller's control class, under the caller's tenant and
+// deadline; health checks and control streams (a health Watch, a
+// reflection session) take no slot, so that neither a slow store nor a
+// long-lived stream can make a healthy server look dead.
 //
 // # Clients
 //

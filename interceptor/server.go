@@ -495,13 +495,13 @@ func (sv *server) fenceShortcut(fence *tollgatev1.FenceAttemptRequest, tenant st
 }
 
 // control runs a control-path call (AttemptService, health, reflection):
-// no records, no ledger, admitted through the controller's control class
-// under the caller's tenant (so that the class's tenant limits hold) and
-// the deadline of its context (so that a query that cannot finish in time
-// is refused, not queued); a refusal carries grpc-retry-pushback-ms, as on
-// the data path.
+// no records, no ledger. An AttemptService query is admitted through the
+// controller's control class under the caller's tenant (so that the
+// class's tenant limits hold) and the deadline of its context (so that a
+// query that cannot finish in time is refused, not queued); a refusal
+// carries grpc-retry-pushback-ms, as on the data path. Health checks and
+// control streams (req nil) take no admission slot (see below).
 // FenceAttempt from an untrusted peer is answered UNKNOWN (see below).
-// Control streams (req nil) take no admission slot.
 // The caller's tenant (a trusted peer's header "n", else WithTenant's) is put
 // in the context for idempotency.AttemptService, so that a query resolves
 // the same tenant as the try it asks about. A trusted peer's malformed

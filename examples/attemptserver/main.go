@@ -39,6 +39,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout, nil); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return // -h: the flag set printed the usage
+		}
 		fmt.Fprintln(os.Stderr, "attemptserver:", err)
 		os.Exit(1)
 	}
@@ -74,6 +77,12 @@ func run(ctx context.Context, args []string, out io.Writer, ready chan<- info) e
 	asJSON := fs.Bool("json", false, "print what was set up as one JSON object")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *duration < 0 {
+		return fmt.Errorf("-duration %v: must not be negative (0: run until interrupted)", *duration)
 	}
 	policy := idempotency.DefaultPolicy()
 	store, err := idempotency.NewMemoryStore(idempotency.SingleReplica, idempotency.WithPolicy(policy))

@@ -110,6 +110,10 @@ func main() {
 	flag.DurationVar(&cfg.Timeout, "timeout", 30*time.Second, "bound on the whole run (wall clock)")
 	asJSON := flag.Bool("json", false, "print the report as JSON")
 	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "examhall: unexpected arguments %q\n", flag.Args())
+		os.Exit(2)
+	}
 	rep, err := Run(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "examhall:", err)
@@ -142,6 +146,10 @@ func Print(w io.Writer, r *Report) {
 	fmt.Fprintf(w, "waiting room admission layout: inside=%d outside=%d; absolute-deadline useful=%d\n", c.Inside, c.Waiting, r.CatalogUseful)
 }
 
+// maxFlagValue bounds every count and tick a flag sets: every job is an
+// RPC, every tick a step of the virtual clock.
+const maxFlagValue = 10000
+
 // scenario is one run's setup.
 type scenario struct {
 	waves   []Wave
@@ -156,6 +164,22 @@ type scenario struct {
 func Run(cfg Config) (*Report, error) {
 	if cfg.ServiceTicks < 1 || cfg.BoundedInside < 1 || cfg.CatalogInside < 1 || cfg.CatalogWaiting < 0 {
 		return nil, errors.New("service ticks and inside counts must be positive")
+	}
+	// Job counts and ticks: the virtual clock starts at tick 0 and never
+	// goes back, and every job is a real RPC.
+	for _, f := range []struct {
+		name string
+		v    int
+	}{
+		{"-low-first", cfg.LowFirst}, {"-overload-first", cfg.OverloadFirst}, {"-second", cfg.Second},
+		{"-catalog-inside", cfg.CatalogInside}, {"-catalog-waiting", cfg.CatalogWaiting}, {"-bounded-inside", cfg.BoundedInside},
+		{"-second-at", cfg.SecondAt}, {"-first-deadline", cfg.FirstDeadline}, {"-second-deadline", cfg.SecondDeadline},
+		{"-horizon", cfg.Horizon}, {"-catalog-deadline", cfg.CatalogDeadline}, {"-catalog-horizon", cfg.CatalogHorizon},
+		{"-service-ticks", cfg.ServiceTicks},
+	} {
+		if f.v < 0 || f.v > maxFlagValue {
+			return nil, fmt.Errorf("%s %d: must be 0–%d", f.name, f.v, maxFlagValue)
+		}
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 30 * time.Second

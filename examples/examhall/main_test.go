@@ -75,3 +75,43 @@ func TestOnTimeAfterTheHorizonIsNotLate(t *testing.T) {
 	Print(&out, rep)
 	require.Contains(t, out.String(), "completed 4 (late 0, 4 on time after the horizon)")
 }
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// TestNegativeWaveCountIsRefused: a negative job count
+// (-low-first, -overload-first, -second) is a bad flag value. Run must
+// refuse it up front with a clear error, as it does a zero -service-ticks;
+// instead it starts the scenarios, a handler waits on a job the worker
+// never runs, and the run ends only at its timeout with "run did not
+// finish within …", which names no flag.
+func TestNegativeWaveCountIsRefused(t *testing.T) {
+	for _, set := range []func(*Config){
+		func(c *Config) { c.LowFirst = -1 },
+		func(c *Config) { c.OverloadFirst = -3 },
+		func(c *Config) { c.Second = -1 },
+	} {
+		cfg := defaults()
+		cfg.Timeout = 2 * time.Second
+		set(&cfg)
+		_, err := Run(cfg)
+		require.Error(t, err, "a negative job count must be refused")
+		require.NotContains(t, err.Error(), "did not finish", "the error must name the bad value, not a timeout")
+	}
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// TestWaveBeforeTickZeroIsRefused: the virtual clock starts at
+// tick 0 and never goes back, so -second-at -1 cannot happen as configured.
+// Run accepts it, runs the second wave at tick 0 (with the first), and
+// reports the wave as having arrived at tick -1.
+func TestWaveBeforeTickZeroIsRefused(t *testing.T) {
+	cfg := defaults()
+	cfg.SecondAt = -1
+	rep, err := Run(cfg)
+	if err == nil {
+		t.Fatalf("accepted -second-at -1; reported waves %v although the wave ran at tick 0", rep.Scenarios["low"].Waves)
+	}
+}

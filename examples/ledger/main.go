@@ -183,9 +183,13 @@ func main() {
 	flag.DurationVar(&cfg.InitialBackoff, "initial-backoff", cfg.InitialBackoff, "upper bound of the first jittered wait between tries and between polls")
 	flag.DurationVar(&cfg.MaxBackoff, "max-backoff", cfg.MaxBackoff, "cap of the jittered wait between tries and between polls")
 	flag.Int64Var(&cfg.Amount, "amount", cfg.Amount, "amount each Apply adds")
-	flag.StringVar(&cfg.RedisAddr, "redis", cfg.RedisAddr, "Redis address for the Redis scenario (default $TOLLGATE_REDIS_ADDR or 127.0.0.1:6379)")
+	flag.StringVar(&cfg.RedisAddr, "redis", cfg.RedisAddr, "Redis address for the Redis scenario (the default is $TOLLGATE_REDIS_ADDR when set)")
 	asJSON := flag.Bool("json", false, "print the result as JSON")
 	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "ledger: unexpected arguments %q\n", flag.Args())
+		os.Exit(2)
+	}
 	res, err := run(context.Background(), cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "ledger:", err)

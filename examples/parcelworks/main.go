@@ -98,6 +98,10 @@ func main() {
 	flag.DurationVar(&cfg.Timeout, "timeout", 30*time.Second, "bound on the whole run")
 	asJSON := flag.Bool("json", false, "print the report as JSON")
 	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "parcelworks: unexpected arguments %q\n", flag.Args())
+		os.Exit(2)
+	}
 	rep, err := Run(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "parcelworks:", err)

@@ -63,6 +63,10 @@ func main() {
 	flag.Int64Var(&cfg.Allowance, "allowance", 4, "units the attempt's allowance lets all layers below the origin spend")
 	asJSON := flag.Bool("json", false, "print the result as JSON")
 	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "relay: unexpected arguments %q\n", flag.Args())
+		os.Exit(2)
+	}
 	res, err := run(context.Background(), cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "relay:", err)
