@@ -12,11 +12,13 @@ package redisstore_test
 // second run as the first one deserved.
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -429,4 +431,90 @@ func TestRedisBeginRetriedIntoDialErrorIsFenced(t *testing.T) {
 		Fingerprint: lossyFingerprint, Deadline: l.clock.Now().Add(time.Second)})
 	require.NoError(t, err)
 	require.True(t, res.Started, "the call's next try starts: refusal %v", res.Refusal)
+}
+
+// hsetsOf runs f and returns how many HSETs of key rk Redis ran meanwhile, as
+// MONITOR shows them (it shows the commands a script runs too). It speaks
+// RESP on a connection of its own: MONITOR takes a connection for itself.
+func hsetsOf(t *testing.T, rk string, f func()) int {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := net.DialTimeout("tcp", redisAddr(), 5*time.Second)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close() }()
+	_, err = conn.Write([]byte("MONITOR\r\n"))
+	require.NoError(t, err)
+	lines := bufio.NewReader(conn)
+	probe := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	defer func() { _ = probe.Close() }()
+	// MONITOR shows a command once it ran; an ECHO of a fresh marker, sent
+	// after f, shows that every command before it was seen.
+	until := func(marker string) []string {
+		require.NoError(t, probe.Echo(ctx, marker).Err())
+		require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+		var seen []string
+		for {
+			l, err := lines.ReadString('\n')
+			require.NoError(t, err, "MONITOR never showed %s", marker)
+			if strings.Contains(l, marker) {
+				return seen
+			}
+			seen = append(seen, l)
+		}
+	}
+	until(fmt.Sprintf("tollgate-monitor-start-%d", time.Now().UnixNano()))
+	f()
+	n := 0
+	for _, l := range until(fmt.Sprintf("tollgate-monitor-end-%d", time.Now().UnixNano())) {
+		if strings.Contains(strings.ToLower(l), `"hset"`) && strings.Contains(l, `"`+rk+`"`) {
+			n++
+		}
+	}
+	return n
+}
+
+// With WithReplicas, WAIT follows each Begin and Fence on the connection
+// that sent it, and counts the replicas of that connection's writes (on
+// Redis 7.2 and later, only of commands that propagated one). A script
+// resent after its reply was lost — on a new connection — finds its own
+// first run's write and used to answer it without writing: WAIT then had
+// nothing of its own to count, and answered at once with every replica,
+// for a write no replica may hold. Each resend now rewrites one field as it
+// is, so the script propagates a write and the WAIT covers the first run's.
+func TestResentScriptWritesForWAIT(t *testing.T) {
+	_, prefix := newClient(t)
+	c, d := newLossyClient(t, redisAddr(), lossEOF)
+	l := newLossyStore(t, c, d, prefix)
+	rk := prefix + "{t:acme}:r|" + l.key.AttemptID + "|0|/x.Y/Z"
+	ctx := context.Background()
+
+	n := hsetsOf(t, rk, func() {
+		d.arm()
+		res, err := l.s.Begin(ctx, l.begin())
+		require.NoError(t, err)
+		require.True(t, res.Started)
+	})
+	requireRetried(t, d)
+	require.Equal(t, 2, n, "the resent Begin writes too")
+
+	d.lost.Store(0)
+	d.evalsha.Store(0)
+	n = hsetsOf(t, rk, func() {
+		d.arm()
+		require.NoError(t, l.s.Finish(ctx, idempotency.FinishRequest{Key: l.key, Try: 1, Fingerprint: lossyFingerprint,
+			State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED}))
+	})
+	requireRetried(t, d)
+	require.Equal(t, 2, n, "the resent Finish writes too")
+
+	d.lost.Store(0)
+	d.evalsha.Store(0)
+	n = hsetsOf(t, rk, func() {
+		d.arm()
+		rec, err := l.s.Fence(ctx, l.key, 1)
+		require.NoError(t, err)
+		require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState())
+	})
+	requireRetried(t, d)
+	require.Equal(t, 2, n, "a Fence answered by the tombstone that covers it (the Finish's) writes, for its WAIT, in both runs")
 }

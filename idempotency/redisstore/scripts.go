@@ -180,7 +180,14 @@ if v then
   if v[2] ~= '' and v[2] ~= fp then return reply(5, v, now) end
   local st = view(v, now)
   if st == IN_PROGRESS then
-    if v[16] == tok and tonumber(v[3]) == try then return {0} end
+    if v[16] == tok and tonumber(v[3]) == try then
+      -- This call's own resend: rewrite a field as it is, so that the
+      -- script propagates a write and the WAIT after it, on whatever
+      -- connection go-redis resent it, covers the first run's (Redis 7.2
+      -- and later count only a connection's propagated writes).
+      redis.call('HSET', KEYS[2], 'tok', tok)
+      return {0}
+    end
     return reply(2, v, now)
   end
   if st == ABANDONED then return reply(3, v, now) end
@@ -232,7 +239,10 @@ local hz = horizon(KEYS[1], now, skew, FULL)
 if not hz or not inside(ts, hz, now, skew, ARGV[17] == '1') then return {8} end
 local v = load(KEYS[2], now)
 if not v then return {8} end
-if v[17] == ARGV[15] and tonumber(v[3]) == try and v[2] == fp then return {12} end
+if v[17] == ARGV[15] and tonumber(v[3]) == try and v[2] == fp then
+  redis.call('HSET', KEYS[2], 'ftok', ARGV[15]) -- a resend: a write for WAIT, as in begin
+  return {12}
+end
 -- btok's Begin call ends the try it began even past its lease: no handler
 -- ran it, and it must not read ABANDONED.
 local own = ARGV[16] ~= '' and v[16] == ARGV[16]
@@ -272,7 +282,13 @@ local hz = horizon(KEYS[1], now, skew)
 if not inside(ts, hz, now, skew) then return {11} end
 local v = load(KEYS[2], now)
 if v then
-  if view(v, now) ~= FENCED or through <= tonumber(v[4]) then return reply(9, v, now) end
+  if view(v, now) ~= FENCED then return reply(9, v, now) end
+  if through <= tonumber(v[4]) then
+    -- A tombstone that already covers the ballot, perhaps this call's own
+    -- first run, resent: a write for WAIT, as in begin.
+    redis.call('HSET', KEYS[2], 'fen', v[4])
+    return reply(9, v, now)
+  end
   local exp = math.max(now + ttl, tonumber(v[14]) + skew + grace)
   redis.call('HSET', KEYS[2], 'fen', n(through), 'fa', n(now), 'exp', n(exp))
   expire(KEYS[2], now, exp, keep)
