@@ -224,6 +224,11 @@ func WithStrictAccounting() ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.strict = true })
 }
 
+// withClientClock makes the client read the time from now (tests).
+func withClientClock(now func() time.Time) ClientOption {
+	return clientOptionFunc(func(c *clientConfig) { c.now = now })
+}
+
 // WithHopMargin sets how much earlier than the caller's deadline each
 // outgoing try's deadline is set, so the callee's answer can travel back.
 // Default DefaultHopMargin (5 ms). A negative margin, or one that with

@@ -31,9 +31,19 @@ type targets struct {
 }
 
 type target struct {
-	budget     *budget.RetryBudget // nil: no budget
-	recordless bool                // guarded by targets.mu
+	budget *budget.RetryBudget // nil: no budget
+	// recordlessUntil is when the target's answer that it keeps no
+	// records (its query was UNIMPLEMENTED) is next doubted; guarded by
+	// targets.mu. Servers behind one target change (a rolling deploy adds
+	// a store; one backend lacks it), so the answer is kept only for
+	// recordlessFor.
+	recordlessUntil time.Time
 }
+
+// recordlessFor is how long a target that answered a query UNIMPLEMENTED
+// is taken to keep no records: an IDEMPOTENT call in doubt then repeats
+// without the query, and asks again once it passed.
+const recordlessFor = time.Minute
 
 // lastTarget remembers the target a client's calls went through last, by
 // name (as targets keys them), so that the common case (one target per
@@ -76,13 +86,15 @@ func (c *client) targetOf(name string) *target {
 
 func (c *client) recordless(t *target) bool {
 	c.targets.mu.Lock()
-	defer c.targets.mu.Unlock()
-	return t.recordless
+	until := t.recordlessUntil
+	c.targets.mu.Unlock()
+	return !until.IsZero() && c.cfg.now().Before(until)
 }
 
 func (c *client) setRecordless(t *target) {
+	until := c.cfg.now().Add(recordlessFor)
 	c.targets.mu.Lock()
-	t.recordless = true
+	t.recordlessUntil = until
 	c.targets.mu.Unlock()
 }
 

@@ -640,3 +640,44 @@ func TestPerTryUnreachableNotFinal(t *testing.T) {
 	require.Equal(t, int64(2), mid.Calls("Apply"))
 	require.Equal(t, int64(1), dep.Calls("Apply"))
 }
+
+// A target whose query was answered UNIMPLEMENTED keeps no records, and an
+// IDEMPOTENT call in doubt there repeats without the query; but the servers
+// behind a target change (a rolling deploy adds a store), so the answer is
+// taken for a minute, then the target is asked again.
+func TestRecordlessTargetIsAskedAgainAfterAMinute(t *testing.T) {
+	var queries atomic.Int64
+	var tries atomic.Int64
+	svc := &testsvc.Service{PutFunc: func(context.Context, *testingv1.PutRequest) (*testingv1.PutResponse, error) {
+		if tries.Add(1)%2 == 1 {
+			return nil, grpcstatus.Error(codes.Unavailable, "lost on the way back") // in doubt
+		}
+		return &testingv1.PutResponse{}, nil
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, grpc.UnknownServiceHandler(func(any, grpc.ServerStream) error {
+		queries.Add(1) // no AttemptService here
+		return grpcstatus.Error(codes.Unimplemented, "unknown service")
+	}))
+	var offset atomic.Int64
+	now := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(interceptor.WithClientClock(now),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}))...))
+
+	put := func() {
+		t.Helper()
+		_, err := client.Put(t.Context(), &testingv1.PutRequest{Key: "k"})
+		require.NoError(t, err)
+	}
+	put()
+	require.Equal(t, int64(1), queries.Load(), "the first doubt is queried")
+	put()
+	require.Equal(t, int64(1), queries.Load(), "within the minute the target is taken to keep no records")
+	offset.Store(int64(recordlessMinute + time.Second))
+	put()
+	require.Equal(t, int64(2), queries.Load(), "a minute later it is asked again")
+	require.Equal(t, int64(6), tries.Load())
+}
+
+// recordlessMinute is how long a client takes a target's UNIMPLEMENTED
+// query to mean it keeps no records.
+const recordlessMinute = time.Minute
