@@ -211,7 +211,7 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		if n == 1 && w.tgt.budget != nil {
 			w.tgt.budget.Deposit()
 		}
-		err = w.invoker(tctx, w.cl.method, req, reply, w.cc, opts...)
+		err = w.invoke(tctx, t, req, reply, opts)
 		d := c.finish(s, key, t, err, false)
 		spendEvent(trace.SpanFromContext(ctx), s, t)
 		w.pushback = t.delivery.pushback.Load()
@@ -239,6 +239,26 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		n++
 	}
 }
+
+// invoke sends try t. A panic below the interceptor goes on up, but the
+// try is settled first, as one whose outcome is unknown: its per-try
+// context ends, and the grant it lent is refunded if the try was never
+// sent, held otherwise — never left reserved in a ledger a caller that
+// recovers the panic goes on using.
+func (w *owner) invoke(tctx context.Context, t *try, req, reply any, opts []grpc.CallOption) error {
+	settled := false
+	defer func() {
+		if !settled {
+			w.c.finish(w.cl.s, w.cl.key, t, errPanicBelow, false)
+		}
+	}()
+	err := w.invoker(tctx, w.cl.method, req, reply, w.cc, opts...)
+	settled = true
+	return err
+}
+
+// errPanicBelow is the outcome of a try whose invoker panicked.
+var errPanicBelow = status.OutcomeUnknown(errors.New("interceptor: a panic below the interceptor"))
 
 // unprepared is the result of a call whose try n prepare refused (perr):
 // nothing was sent, so a repeat gives back the retry-budget token proceed

@@ -532,3 +532,48 @@ func TestRecoveryCoversTheControlPath(t *testing.T) {
 	require.Error(t, err)
 	require.False(t, escaped.Load(), "with WithRecovery the AttemptService handler's panic escaped tollgate's interceptor: %v", err)
 }
+
+// A panic below the unary interceptor goes on up, but the try it was
+// sending is settled first: the grant lent to it does not stay reserved in
+// the attempt's ledger, which a caller that recovers the panic goes on
+// using. A try the panic cut after it was sent holds its grant (whatever
+// its answer, the panic hid it); one cut before it was sent gives it back.
+func TestUnaryPanicBelowSettlesTheTry(t *testing.T) {
+	for name, afterSend := range map[string]bool{"before sending": false, "after sending": true} {
+		t.Run(name, func(t *testing.T) {
+			unary, _, err := interceptor.NewClientInterceptors()
+			require.NoError(t, err)
+			panicking := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				if method != testingv1.TestService_Apply_FullMethodName {
+					return invoker(ctx, method, req, reply, cc, opts...)
+				}
+				if afterSend {
+					_ = invoker(ctx, method, req, reply, cc, opts...)
+				}
+				panic("an inner interceptor panics")
+			}
+			end := testsvc.StartT(t, testsvc.Bufconn, (&testsvc.Service{}).Register, serverOpts()...)
+			client := testingv1.NewTestServiceClient(end.DialT(t, grpc.WithChainUnaryInterceptor(unary, panicking),
+				grpc.WithStatsHandler(interceptor.StatsHandler()), grpc.WithDisableRetry()))
+			// A first call shows the stats handler at work on the conn, so
+			// that a try it never saw start is known never sent.
+			_, err = client.Get(t.Context(), &testingv1.GetRequest{Key: "k"})
+			require.Equal(t, codes.Unimplemented, grpcstatus.Code(err), "the server answered")
+			ctx, err := interceptor.StartAttempt(t.Context(), 4, 10*time.Second)
+			require.NoError(t, err)
+			func() {
+				defer func() { require.NotNil(t, recover()) }()
+				_, _ = client.Apply(ctx, &testingv1.ApplyRequest{Key: "k"})
+			}()
+			a, ok := budget.FromContext(ctx)
+			require.True(t, ok)
+			snap := a.Snapshot()
+			require.Zero(t, snap.Reserved, "no grant stays reserved after the panic: %+v", snap)
+			if afterSend {
+				require.Equal(t, int64(4), snap.Held, "the grant of a try that was sent is held: %+v", snap)
+			} else {
+				require.Equal(t, int64(4), snap.Free, "the grant of a try never sent comes back: %+v", snap)
+			}
+		})
+	}
+}
