@@ -171,7 +171,13 @@ func Parse(v string) (Header, error) {
 		}
 		key, val := field[:eq], field[eq+1:]
 		if len(key) != 1 {
-			continue // unknown key
+			// An unknown key is ignored, but not a padded one: " t" is
+			// the field t written loosely, and ignoring it would read t as
+			// absent (try 1).
+			if padded(key) {
+				return Header{}, fail("", ErrSyntax)
+			}
+			continue
 		}
 		var bit uint8
 		var err error
@@ -207,6 +213,9 @@ func Parse(v string) (Header, error) {
 			}
 			h.Strict = true
 		default:
+			if padded(key) {
+				return Header{}, fail("", ErrSyntax) // as for a longer key
+			}
 			continue // unknown key
 		}
 		if seen&bit != 0 {
@@ -227,6 +236,16 @@ func Parse(v string) (Header, error) {
 		h.Try = 1
 	}
 	return h, nil
+}
+
+// padded reports whether key holds a space or a control character.
+func padded(key string) bool {
+	for i := 0; i < len(key); i++ {
+		if key[i] <= ' ' || key[i] == 0x7f {
+			return true
+		}
+	}
+	return false
 }
 
 func indexByte(s string, c byte) int {
