@@ -219,9 +219,12 @@ const (
 // ledger was sealed does nothing and returns false, so a loan can never be
 // refunded twice.
 //
-// A nil *Loan is the empty grant: its methods do nothing. A Loan is safe for
-// concurrent use; its methods take its ledger's mutex and allocate nothing.
+// A nil *Loan, and the zero Loan, are the empty grant: their methods do
+// nothing. A Loan is safe for concurrent use; its methods take its ledger's
+// mutex and allocate nothing. A Loan must not be copied (go vet's copylocks
+// check reports a copy): a copy would end the same grant a second time.
 type Loan struct {
+	_     noCopy
 	a     *Allowance
 	units int64
 	// guarded by a.mu
@@ -231,7 +234,7 @@ type Loan struct {
 
 // Units returns the size of the grant, the value of header field u.
 func (l *Loan) Units() int64 {
-	if l == nil {
+	if l.empty() {
 		return 0
 	}
 	return l.units
@@ -241,7 +244,7 @@ func (l *Loan) Units() int64 {
 // grant) units become spent, the rest returns to free. A negative report
 // counts as 0.
 func (l *Loan) Settle(spent int64) bool {
-	if l == nil {
+	if l.empty() {
 		return false
 	}
 	l.a.mu.Lock()
@@ -261,7 +264,7 @@ func (l *Loan) Refund() bool { return l.Settle(0) }
 // Hold ends a call in flight whose spending is not known: the grant moves
 // from reserved to held and counts as spent until [Loan.Reconcile].
 func (l *Loan) Hold() bool {
-	if l == nil {
+	if l.empty() {
 		return false
 	}
 	l.a.mu.Lock()
@@ -282,7 +285,7 @@ func (l *Loan) Hold() bool {
 // lack of a horizon. A record's units_spent is cumulative over the call's
 // tries: see [ReconcileCall].
 func (l *Loan) Reconcile(spent int64) bool {
-	if l == nil {
+	if l.empty() {
 		return false
 	}
 	l.a.mu.Lock()
@@ -301,6 +304,15 @@ func (l *Loan) Reconcile(spent int64) bool {
 	l.closeLocked(spent)
 	return true
 }
+
+// empty reports whether l is the empty grant: nil, or the zero Loan.
+func (l *Loan) empty() bool { return l == nil || l.a == nil }
+
+// noCopy makes go vet's copylocks check report a copied Loan.
+type noCopy struct{}
+
+func (*noCopy) Lock()   {}
+func (*noCopy) Unlock() {}
 
 func (l *Loan) closeLocked(spent int64) {
 	spent = clamp(spent, 0, l.units)
@@ -321,7 +333,7 @@ func (l *Loan) closeLocked(spent int64) {
 func ReconcileCall(unitsSpent int64, loans ...*Loan) int {
 	var a *Allowance
 	for _, l := range loans {
-		if l != nil {
+		if !l.empty() {
 			a = l.a
 			break
 		}

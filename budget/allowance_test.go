@@ -374,3 +374,21 @@ func TestFirstLoanIsStoredInTheLedger(t *testing.T) {
 	require.Equal(t, int64(2), third.Units())
 	require.Equal(t, int64(3), first.Units(), "a later loan leaves the first one as it was")
 }
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// Loan is an exported struct whose zero value the docs do not describe
+// (only the nil *Loan was "the empty grant"). A zero Loan panics on every
+// ending, and ReconcileCall, which takes its ledger from the first non-nil
+// loan, ignores every real loan listed after it: their units stay held.
+func TestZeroLoan(t *testing.T) {
+	var zero budget.Loan
+	require.NotPanics(t, func() { zero.Refund() }, "a zero Loan should behave as the empty grant, as a nil *Loan does")
+
+	a := budget.NewAllowance(5)
+	l := a.Lend(3)
+	require.True(t, l.Hold())
+	require.Equal(t, 1, budget.ReconcileCall(0, &budget.Loan{}, l), "the held loan is not reconciled")
+	require.Equal(t, int64(5), a.Free())
+}

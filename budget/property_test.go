@@ -278,3 +278,138 @@ func TestPropertyAllowanceNeverOverspent(t *testing.T) {
 		require.Zero(t, w.fails.Load(), "seed %d", seed)
 	}
 }
+
+// Many goroutines drive one ledger with every operation; the piles must be
+// conserved and non-negative at every read, nothing may succeed on the
+// ledger once Seal has returned, and the sealed total never moves.
+func TestLedgerConservedUnderConcurrentUse(t *testing.T) {
+	for round := range 200 {
+		total := int64(1 + round%50)
+		origin := round%3 == 0
+		var opts []budget.AllowanceOption
+		if origin {
+			opts = append(opts, budget.AtOrigin())
+		}
+		a := budget.NewAllowance(total, opts...)
+		ctx := budget.NewContext(context.Background(), a)
+		var sealedDone atomic.Bool
+		var sealedTotal atomic.Int64
+		sealedTotal.Store(-1)
+		var fails atomic.Int64
+		fail := func(format string, args ...any) {
+			if fails.Add(1) <= 5 {
+				t.Errorf(format, args...)
+			}
+		}
+		check := func() {
+			s := a.Snapshot()
+			if s.Free+s.Reserved+s.Held+s.Spent != s.Total || s.Free < 0 || s.Reserved < 0 || s.Held < 0 || s.Spent < 0 || s.Total != total {
+				fail("round %d: not conserved: %+v", round, s)
+			}
+			if s.Sealed && s.Reserved+s.Held != 0 {
+				fail("round %d: sealed ledger with open units: %+v", round, s)
+			}
+		}
+		var wg sync.WaitGroup
+		var loansMu sync.Mutex
+		var loans []*budget.Loan
+		for g := range 8 {
+			wg.Go(func() {
+				rng := rand.New(rand.NewPCG(uint64(round), uint64(g)))
+				for range 300 {
+					wasSealed := sealedDone.Load()
+					switch rng.IntN(10) {
+					case 0, 1:
+						if a.Take() == nil {
+							if wasSealed {
+								fail("take after seal")
+							}
+							if rng.IntN(4) == 0 && a.Unsend() && wasSealed {
+								fail("unsend after seal")
+							}
+						}
+					case 2:
+						l := a.Lend(rng.Int64N(5) - 1)
+						if l != nil {
+							if wasSealed {
+								fail("lend after seal")
+							}
+							loansMu.Lock()
+							loans = append(loans, l)
+							loansMu.Unlock()
+						}
+					case 3:
+						l := a.LendFree(rng.Int64N(4))
+						if l != nil {
+							if wasSealed {
+								fail("lendfree after seal")
+							}
+							loansMu.Lock()
+							loans = append(loans, l)
+							loansMu.Unlock()
+						}
+					case 4, 5, 6:
+						loansMu.Lock()
+						var l *budget.Loan
+						var some []*budget.Loan
+						if len(loans) > 0 {
+							l = loans[rng.IntN(len(loans))]
+							for range 3 {
+								some = append(some, loans[rng.IntN(len(loans))])
+							}
+						}
+						loansMu.Unlock()
+						var ok bool
+						switch rng.IntN(5) {
+						case 0:
+							ok = l.Settle(rng.Int64N(10) - 2)
+						case 1:
+							ok = l.Refund()
+						case 2:
+							ok = l.Hold()
+						case 3:
+							ok = l.Reconcile(rng.Int64N(10) - 2)
+						case 4:
+							// distinct loans only
+							seen := map[*budget.Loan]bool{}
+							var uniq []*budget.Loan
+							for _, x := range some {
+								if !seen[x] {
+									seen[x] = true
+									uniq = append(uniq, x)
+								}
+							}
+							ok = budget.ReconcileCall(rng.Int64N(20)-2, uniq...) > 0
+						}
+						if ok && wasSealed {
+							fail("loan ending took effect after seal")
+						}
+					case 7:
+						for _, c := range budget.Split(ctx, 1+rng.IntN(4)) {
+							g, _ := budget.GrantFromContext(c)
+							if g > a.Snapshot().Total {
+								fail("split grant %d over total", g)
+							}
+						}
+					case 8:
+						_ = a.Check()
+					case 9:
+						if rng.IntN(20) == 0 {
+							s := a.Seal()
+							if !sealedTotal.CompareAndSwap(-1, s) && sealedTotal.Load() != s {
+								fail("seal total moved: %d then %d", sealedTotal.Load(), s)
+							}
+							sealedDone.Store(true)
+						}
+					}
+					check()
+				}
+			})
+		}
+		wg.Wait()
+		check()
+		if s := sealedTotal.Load(); s >= 0 && a.Seal() != s {
+			fail("seal total moved at the end")
+		}
+	}
+}
