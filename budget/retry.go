@@ -33,7 +33,9 @@ const (
 // none: it refuses every retry. A RetryBudget is safe for concurrent use; each
 // method takes one uncontended mutex and allocates nothing. Time is read with
 // time.Now; the …At methods take it as an argument instead (for tests), and
-// a time earlier than one already seen counts as no time elapsed.
+// a time earlier than one already seen counts as no time elapsed: the floor
+// accrues again only from the latest time seen, so a clock that jumped
+// ahead and back earns nothing until it passes that time again.
 type RetryBudget struct {
 	mu    sync.Mutex
 	ratio float64
