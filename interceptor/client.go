@@ -365,16 +365,6 @@ func (c *client) backoff(ctx context.Context, s *attemptState, p *RetryPolicy, n
 	return d, !c.cfg.now().Add(d).Add(c.cfg.hopMargin + c.cfg.minTryTime).After(s.deadlineIn(ctx))
 }
 
-// wait sleeps d before try, recording the retry event, and reports false
-// when ctx ended first.
-func (c *client) wait(ctx context.Context, d time.Duration, try uint32, err error) bool {
-	if span := trace.SpanFromContext(ctx); span.IsRecording() {
-		span.AddEvent(eventRetry, trace.WithAttributes(attrTry.Int64(int64(try)),
-			attrReason.String(status.ReasonName(status.OutcomeOf(err).Reason)), attrDelay.Int64(d.Milliseconds())))
-	}
-	return sleep(ctx, d)
-}
-
 // sleep waits d, or until ctx ends (false).
 func sleep(ctx context.Context, d time.Duration) bool {
 	if d <= 0 {

@@ -153,11 +153,14 @@
 // # Observability
 //
 // The client starts a tollgate.call span per call (parent of each try's
-// RPC span) with the attempt ID, call key, try, allowance granted and spent,
+// RPC span) with the attempt ID, call key, try (the last try sent; a repeat
+// refused before it left is not one), allowance granted and spent,
 // outcome, reason and refusing class, and events tollgate.allowance.spend
 // (per try, once it ended: units spent — 0 for the origin's tries and for
 // one that never left the client —, grant, units free after it),
-// tollgate.retry (the try about to be sent, reason, delay) and
+// tollgate.retry (try: the repeat about to be sent, recorded once it
+// passed the local checks; reason: why the last try failed; delay: the wait
+// before it, in milliseconds) and
 // tollgate.attempt.query (state). The server adds a
 // tollgate.admission event (decision, class, queued_ahead: the requests of
 // the class queued ahead of this one when the controller decided, from

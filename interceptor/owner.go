@@ -139,6 +139,14 @@ type owner struct {
 	// response header or message was seen: only then is a record under an
 	// explicit key known to be this request's.
 	committed, answered bool
+	// retry is the tollgate.retry event of the repeat proceed waited for,
+	// recorded only once prepare lets that try go (a try refused locally
+	// was never about to be sent); retrying says it is pending.
+	retry    retryNote
+	retrying bool
+	// sent is the number of the last try prepare let go (0: none yet), the
+	// try the call's span reports.
+	sent uint32
 	// callOpts are the caller's call options (with the dial's defaults,
 	// which grpc-go merged in before the interceptor); resolution queries
 	// carry them less those that report on the caller's own call
@@ -206,8 +214,9 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		first = false
 		tctx, t, perr := c.prepare(ctx, w.cl, n, w.p, now)
 		if perr != nil {
-			return n, w.unprepared(n, perr)
+			return w.spanTry(n), w.unprepared(n, perr)
 		}
+		w.prepared(ctx, n)
 		if n == 1 && w.tgt.budget != nil {
 			w.tgt.budget.Deposit()
 		}
@@ -332,10 +341,41 @@ func (w *owner) proceed(ctx context.Context, n uint32, counted int, err error) e
 	if w.tgt.budget != nil && !w.tgt.budget.Withdraw() {
 		return w.budgetExhausted(ctx, n, err)
 	}
-	if !w.c.wait(ctx, d, n+1, err) {
+	w.retry, w.retrying = retryNote{delay: d, reason: status.OutcomeOf(err).Reason}, true
+	if !sleep(ctx, d) {
+		w.retrying = false // the repeat was never about to be sent
 		return w.conclude(n, err)
 	}
 	return nil
+}
+
+// retryNote is what the tollgate.retry event of a repeat says besides its
+// try: why the last try failed, and how long the owner waited.
+type retryNote struct {
+	delay  time.Duration
+	reason status.Reason
+}
+
+// prepared notes that prepare let try n go: it is the try the span
+// reports, and a repeat's tollgate.retry event is recorded now.
+func (w *owner) prepared(ctx context.Context, n uint32) {
+	w.sent = n
+	if w.retrying {
+		w.retrying = false
+		if span := trace.SpanFromContext(ctx); span.IsRecording() {
+			span.AddEvent(eventRetry, trace.WithAttributes(attrEventTry.Int64(int64(n)),
+				attrEventReason.String(status.ReasonName(w.retry.reason)), attrDelay.Int64(w.retry.delay.Milliseconds())))
+		}
+	}
+}
+
+// spanTry is the try a call's span reports when prepare refused try n: the
+// last try sent, or n when none was (the first try, refused locally).
+func (w *owner) spanTry(n uint32) uint32 {
+	if w.sent == 0 {
+		return n
+	}
+	return w.sent
 }
 
 // decide applies DESIGN.md §3.5 to try n's outcome o (err): either the

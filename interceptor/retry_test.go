@@ -218,11 +218,12 @@ func TestRetryEventNamesTheTryAboutToBeSent(t *testing.T) {
 	require.NotNil(t, span)
 	var spendTries, retryTries []int64
 	for _, e := range span.Events {
-		v, _ := attr(e.Attributes, "tollgate.try")
 		switch e.Name {
 		case "tollgate.allowance.spend":
+			v, _ := attr(e.Attributes, "tollgate.try")
 			spendTries = append(spendTries, v.AsInt64())
-		case "tollgate.retry":
+		case "tollgate.retry": // its attributes are DESIGN.md §5's: try, reason, delay
+			v, _ := attr(e.Attributes, "try")
 			retryTries = append(retryTries, v.AsInt64())
 		}
 	}
@@ -681,3 +682,90 @@ func TestRecordlessTargetIsAskedAgainAfterAMinute(t *testing.T) {
 // recordlessMinute is how long a client takes a target's UNIMPLEMENTED
 // query to mean it keeps no records.
 const recordlessMinute = time.Minute
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// TestRetryEventAttributes: DESIGN.md §5 names the attributes of
+// each event — tollgate.allowance.spend (units, remaining),
+// tollgate.attempt.query (state), tollgate.admission (decision, class,
+// queued_ahead) and tollgate.retry (try, reason, delay). The other events
+// carry exactly those keys; the retry event carries none of its three.
+func TestRetryEventAttributes(t *testing.T) {
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	svc := &testsvc.Service{GetFunc: func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		return nil, status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Millisecond))
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithClientTracerProvider(tp),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}))...))
+	_, err := client.Get(t.Context(), &testingv1.GetRequest{})
+	require.Error(t, err)
+	require.EqualValues(t, 2, svc.Calls("Get"))
+
+	var retries int
+	for _, s := range spans.GetSpans() {
+		for _, e := range s.Events {
+			if e.Name != "tollgate.retry" {
+				continue
+			}
+			retries++
+			for _, key := range []string{"try", "reason", "delay"} {
+				_, ok := attr(e.Attributes, key)
+				require.True(t, ok, "tollgate.retry event lacks %q (has %v)", key, e.Attributes)
+			}
+		}
+	}
+	require.Equal(t, 1, retries)
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// TestRetryEventForATryNeverSent: origin (allowance 1) → mid →
+// dep, dep refuses QUEUE_FULL. mid's call spends its one unit on try 1;
+// its ledger is not sealed, so the owner waits a backoff and records
+// tollgate.retry for try 2 ("the try about to be sent"), which prepare then
+// refuses locally ALLOWANCE_EXHAUSTED: try 2 is never sent. The trace shows a
+// retry that did not happen, and the call span reports tollgate.try 2 for a
+// call that sent one try.
+func TestRetryEventForATryNeverSent(t *testing.T) {
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	fast := interceptor.RetryPolicy{MaxTries: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}
+	once := fast
+	once.MaxTries = 1
+	tr := newTiers(t,
+		[]interceptor.ClientOption{interceptor.WithAllowance(1), interceptor.WithRetry(once)},
+		[]interceptor.ClientOption{interceptor.WithRetry(fast), interceptor.WithClientTracerProvider(tp)},
+		func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+			return nil, status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Millisecond))
+		})
+	_, err := tr.origin.Get(t.Context(), &testingv1.GetRequest{})
+	require.Error(t, err)
+	require.EqualValues(t, 1, tr.dep.Calls("Get"), "mid sent one try: its allowance had one unit")
+
+	var midSpans int
+	for _, s := range spans.GetSpans() {
+		if s.Name != "tollgate.call" {
+			continue
+		}
+		midSpans++
+		retries := 0
+		for _, e := range s.Events {
+			if e.Name == "tollgate.retry" {
+				retries++
+			}
+		}
+		try, _ := attr(s.Attributes, "tollgate.try")
+		reason, _ := attr(s.Attributes, "tollgate.reason")
+		t.Logf("mid call span: tollgate.try=%d reason=%s retry events=%d", try.AsInt64(), reason.AsString(), retries)
+		require.Zero(t, retries, "a tollgate.retry event for a try that was never sent")
+		require.EqualValues(t, 1, try.AsInt64(), "the span reports a try that was never sent")
+	}
+	require.Equal(t, 1, midSpans)
+}

@@ -102,9 +102,10 @@ func (cs *clientStream) tryFromLocked(n uint32) bool {
 		tcl := &call{s: w.cl.s, key: w.cl.key, method: w.cl.method, seen: w.cl.seen}
 		tctx, t, err := c.prepare(cs.ctx, tcl, n, &cs.p, c.cfg.now())
 		if err != nil {
-			cs.endLocked(n, w.unprepared(n, err))
+			cs.endLocked(w.spanTry(n), w.unprepared(n, err))
 			return false
 		}
+		w.prepared(cs.ctx, n)
 		if n == 1 && w.tgt.budget != nil {
 			w.tgt.budget.Deposit()
 		}

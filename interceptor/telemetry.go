@@ -28,7 +28,9 @@ const (
 
 	attrUnits       = attribute.Key("units")
 	attrRemaining   = attribute.Key("remaining")
-	attrDelay       = attribute.Key("delay_ms")
+	attrDelay       = attribute.Key("delay") // in milliseconds
+	attrEventTry    = attribute.Key("try")
+	attrEventReason = attribute.Key("reason")
 	attrState       = attribute.Key("state")
 	attrDecision    = attribute.Key("decision")
 	attrQueuedAhead = attribute.Key("queued_ahead")
