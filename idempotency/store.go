@@ -56,7 +56,8 @@ type BeginRequest struct {
 	Fingerprint Digest
 	// Deadline is the attempt's deadline d (the header's "d", capped by the
 	// server). The try may start only until Deadline plus the store's skew,
-	// and its lease lasts exactly that long. Required.
+	// and its lease lasts exactly that long. Required, between 1970 and the
+	// year 9000 (ErrMalformedKey otherwise).
 	Deadline time.Time
 	// Minted says that the serving server minted the attempt itself, for
 	// this very request (its caller sent no tollgate header, or is a peer
@@ -202,8 +203,18 @@ func (r *BeginRequest) validate() error {
 	if r.Deadline.IsZero() {
 		return fmt.Errorf("%w: begin needs the attempt's deadline", ErrMalformedKey)
 	}
+	if r.Deadline.Before(time.Unix(0, 0)) || r.Deadline.After(latestDeadline) {
+		// A record's times (its lease is the deadline plus the skew) must
+		// be ones every store can keep and a protobuf Timestamp can carry.
+		return fmt.Errorf("%w: the deadline %v is not between 1970 and %d", ErrMalformedKey, r.Deadline, latestDeadline.Year())
+	}
 	return nil
 }
+
+// latestDeadline is the latest attempt deadline a try may begin with: far
+// past any real attempt, and far enough before the year 9999 (the last a
+// protobuf Timestamp holds) for any skew, grace and retention after it.
+var latestDeadline = time.Date(9000, time.January, 1, 0, 0, 0, 0, time.UTC)
 
 // ValidateBegin reports whether req is well formed; the error wraps
 // [ErrMalformedKey]. Stores call it before doing anything.

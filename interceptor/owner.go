@@ -433,8 +433,8 @@ func (w *owner) decide(ctx context.Context, n uint32, err error, o status.Outcom
 			// refusal without effect.
 			if f := o.Detail.GetFencedThroughTry(); f >= n {
 				w.doubt = true
-				next = min(f, header.MaxTry-1) + 1
-				uncounted = w.explicit // a ballot jump does not count against the tries
+				next = min(f, header.MaxTry) + 1 // past MaxTry: the call ends (run)
+				uncounted = w.explicit           // a ballot jump does not count against the tries
 			}
 		case status.ReasonAttemptInProgress:
 			w.doubt = true

@@ -14,6 +14,7 @@ import (
 	"github.com/tollgate-go/tollgate/budget"
 	"github.com/tollgate-go/tollgate/idempotency"
 	"github.com/tollgate-go/tollgate/interceptor"
+	"github.com/tollgate-go/tollgate/internal/header"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
@@ -1113,4 +1114,42 @@ func TestReaddressedFencedStaysNotAdmitted(t *testing.T) {
 	o := status.OutcomeOf(err)
 	require.Equal(t, status.KindNotAdmitted, o.Kind,
 		"mid declared its refusal without effect, yet the origin's call ended %v: %v", o.Kind, err)
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// TestFenceThroughMaxTryEndsTheCall: an explicitly keyed call is fenced
+// through the last try the header can carry (another run of its handler
+// fenced the key through header.MaxTry). Before 5377d5d the owner capped
+// the fence at MaxTry-1, saw it did not cover try MaxTry, and ended. Now a
+// refusal of try MaxTry fenced through MaxTry jumps to min(f, MaxTry-1)+1
+// = MaxTry: the owner sends the same fenced try again and again, each
+// repeat uncounted (a ballot jump), until the deadline. A try number must
+// never be sent twice by its owner.
+func TestFenceThroughMaxTryEndsTheCall(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[uint32]int{}
+	svc := &testsvc.Service{GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		h, err := header.ParseValues(md.Get("tollgate"))
+		require.NoError(t, err)
+		mu.Lock()
+		seen[h.Try]++
+		mu.Unlock()
+		return nil, status.NotAdmitted(status.ReasonAttemptFenced, status.Fields{
+			AttemptID: h.Attempt, Call: h.Call, Try: h.Try, FencedThroughTry: header.MaxTry})
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+		interceptor.WithoutRetryBudget(),
+		interceptor.WithAttemptTimeout(time.Second))...))
+	_, err := client.Get(interceptor.WithCallKey(t.Context(), "reserve"), &testingv1.GetRequest{})
+	require.Error(t, err)
+	mu.Lock()
+	defer mu.Unlock()
+	for try, n := range seen {
+		require.Equal(t, 1, n, "try %d was sent %d times (tries seen: %v)", try, n, len(seen))
+	}
 }

@@ -135,3 +135,31 @@ func TestRecordFieldOutOfRangeIsAnError(t *testing.T) {
 		})
 	}
 }
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// TestFarDeadlineRecordStaysReadable: since 2311ea4 decode refuses a
+// lease_expires_at past the year 9999. BeginRequest takes any non-zero
+// deadline, and the begin script writes the lease (d + skew) as it is and
+// answers "started": the store writes a record it can then never read back
+// (every Get, Fence and later Begin of the call fails ErrStoreUnavailable),
+// where the memory store answers it. A store must either refuse the Begin
+// or read what it wrote.
+func TestFarDeadlineRecordStaysReadable(t *testing.T) {
+	c, prefix := newClient(t)
+	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
+	p := storetest.Policy()
+	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
+	ctx := context.Background()
+	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
+	_, err := s.Get(ctx, k) // the tenant's horizon
+	require.NoError(t, err)
+	clock.Advance(p.Skew)
+	far := time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
+	_, err = s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: far})
+	require.ErrorIs(t, err, idempotency.ErrMalformedKey, "a deadline no record can carry is refused")
+	rec, err := s.Get(ctx, k)
+	require.NoError(t, err, "nothing unreadable was written")
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN, rec.GetState())
+}

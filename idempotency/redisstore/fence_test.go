@@ -152,7 +152,7 @@ func ownRedis(t *testing.T) (string, *exec.Cmd) {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		t.Skip("no redis-server")
+		skipOrFail(t, "no redis-server binary: "+err.Error())
 	}
 	for port := 7431; port < 7499; port++ {
 		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
@@ -162,7 +162,7 @@ func ownRedis(t *testing.T) (string, *exec.Cmd) {
 		_ = l.Close()
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-			"--maxmemory-policy", "noeviction")
+			"--dir", t.TempDir(), "--maxmemory-policy", "noeviction")
 		require.NoError(t, cmd.Start())
 		t.Cleanup(func() {
 			_ = cmd.Process.Signal(syscall.SIGCONT)

@@ -215,3 +215,40 @@ func TestReplicasTimeoutMustLeaveHalfTheKeep(t *testing.T) {
 	_, err := redisstore.New(context.Background(), c, redisstore.WithReplicas(1, 20*time.Second))
 	require.ErrorContains(t, err, "DefaultKeep")
 }
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// TestFullRedisStillAnswersACoveredFence: since 1a66bd6 a Fence whose
+// ballot an existing tombstone already covers rewrites the tombstone's
+// "fen" field (so that WAIT covers a resent first run). That HSET is the
+// script's first write, and a full Redis (noeviction, over maxmemory)
+// refuses it: the fence that used to answer FENCED, writing nothing, now
+// fails with ErrStoreFull. An owner resolving a lost try that its server
+// tombstoned (a refusal without effect) then ends UNKNOWN instead of
+// repeating: a full store must refuse new tries, not answers about old
+// ones (DESIGN.md §3.7).
+func TestFullRedisStillAnswersACoveredFence(t *testing.T) {
+	c := privateRedis(t)
+	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
+	p := storetest.Policy()
+	s := newStore(t, c, "rv5:", redisstore.WithPolicy(p), clockOption(clock))
+	ctx := context.Background()
+	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
+	_, err := s.Get(ctx, k) // the tenant's horizon
+	require.NoError(t, err)
+	clock.Advance(p.Skew)
+	rec, err := s.Fence(ctx, k, 2)
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState())
+
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "1").Err()) // Redis is full
+	rec, fenceErr := s.Fence(ctx, k, 1)                          // covered by the tombstone through 2
+	rec2, fenceErr2 := s.Fence(ctx, k, 2)                        // the same ballot again (a resend)
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "0").Err())
+
+	require.NoError(t, fenceErr, "a fence the tombstone covers, on a full Redis")
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState())
+	require.NoError(t, fenceErr2, "the same ballot again, on a full Redis")
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec2.GetState())
+}

@@ -185,7 +185,8 @@ if v then
       -- script propagates a write and the WAIT after it, on whatever
       -- connection go-redis resent it, covers the first run's (Redis 7.2
       -- and later count only a connection's propagated writes).
-      redis.call('HSET', KEYS[2], 'tok', tok)
+      -- pcall: a full Redis refuses the write, and the answer stands.
+      redis.pcall('HSET', KEYS[2], 'tok', tok)
       return {0}
     end
     return reply(2, v, now)
@@ -240,7 +241,7 @@ if not hz or not inside(ts, hz, now, skew, ARGV[17] == '1') then return {8} end
 local v = load(KEYS[2], now)
 if not v then return {8} end
 if v[17] == ARGV[15] and tonumber(v[3]) == try and v[2] == fp then
-  redis.call('HSET', KEYS[2], 'ftok', ARGV[15]) -- a resend: a write for WAIT, as in begin
+  redis.pcall('HSET', KEYS[2], 'ftok', ARGV[15]) -- a resend: a write for WAIT, as in begin
   return {12}
 end
 -- btok's Begin call ends the try it began even past its lease: no handler
@@ -286,7 +287,7 @@ if v then
   if through <= tonumber(v[4]) then
     -- A tombstone that already covers the ballot, perhaps this call's own
     -- first run, resent: a write for WAIT, as in begin.
-    redis.call('HSET', KEYS[2], 'fen', v[4])
+    redis.pcall('HSET', KEYS[2], 'fen', v[4]) -- a full Redis refuses it; the answer stands
     return reply(9, v, now)
   end
   local exp = math.max(now + ttl, tonumber(v[14]) + skew + grace)
