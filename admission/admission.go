@@ -482,7 +482,7 @@ func (c *Controller) admit(ctx context.Context, r Request, now time.Time, timed 
 		return p, d, nil
 	case w == nil:
 		if reason == status.ReasonDeadlineExpired {
-			c.m.missAdmissionAdd()
+			c.m.missAdmissionAdd(ctx)
 		}
 		c.m.refused(ctx, cs, reason)
 		return nil, d, refusal(cs, reason, ra, reason == status.ReasonDeadlineExpired)
@@ -763,7 +763,7 @@ func (c *Controller) ctxEnded(ctx context.Context, w *waiter, timed bool) (*Perm
 	}
 	c.unlock()
 	if reason == status.ReasonDeadlineExpired {
-		c.m.missDequeueAdd() // expired while waiting
+		c.m.missDequeueAdd(ctx) // expired while waiting
 	}
 	c.m.refused(ctx, w.cs, reason)
 	return nil, waitEnded(reason, w.cs, ctx.Err())
@@ -774,7 +774,7 @@ func (c *Controller) woken(ctx context.Context, w *waiter) (*Permit, error) {
 	if w.err != nil {
 		reason := w.reason
 		if reason == status.ReasonDeadlineExpired {
-			c.m.missDequeueAdd()
+			c.m.missDequeueAdd(ctx)
 		}
 		c.m.refused(ctx, w.cs, reason)
 		return nil, w.err

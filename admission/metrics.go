@@ -165,9 +165,12 @@ func (m *instruments) served(cs *classState, d time.Duration) {
 	m.serviceTime.Record(context.Background(), max(d, 0).Seconds(), cs.attrs.record...)
 }
 
-func (m *instruments) missAdmissionAdd() { m.misses.Add(context.Background(), 1, m.missAdmission...) }
+// missAdmissionAdd and missDequeueAdd count a deadline miss with the
+// request's context (its trace makes the exemplar); a miss of the run stage,
+// and a service time, are counted at Permit.Release, which has no context.
+func (m *instruments) missAdmissionAdd(ctx context.Context) { m.misses.Add(ctx, 1, m.missAdmission...) }
 
-func (m *instruments) missDequeueAdd() { m.misses.Add(context.Background(), 1, m.missDequeue...) }
+func (m *instruments) missDequeueAdd(ctx context.Context) { m.misses.Add(ctx, 1, m.missDequeue...) }
 
 func (m *instruments) missRunAdd() { m.misses.Add(context.Background(), 1, m.missRun...) }
 

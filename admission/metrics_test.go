@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
 func collect(t *testing.T, r *sdkmetric.ManualReader) map[string]metricdata.Metrics {
@@ -94,4 +95,59 @@ func TestMetrics(t *testing.T) {
 	for _, name := range []string{"tollgate.queue.oldest_age", "tollgate.admission.false_rejects", "tollgate.admission.mode", "tollgate.queue.wait_prediction_error"} {
 		require.Contains(t, ms, name)
 	}
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// TestDeadlineMissKeepsTheRequestContext: a request that arrives
+// with its deadline passed is refused DEADLINE_EXPIRED and counted twice, in
+// tollgate.admission.decisions and in tollgate.deadline.misses{stage=admission}.
+// Both are recorded for the same request with the same context at hand; the
+// decision keeps the request's trace (an exemplar with its trace ID, the SDK's
+// default trace-based filter), the miss must too: it is the one an operator
+// follows to the late request's trace.
+func TestDeadlineMissKeepsTheRequestContext(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	ctrl, err := admission.New(admission.WithMeterProvider(mp),
+		admission.WithClasses(admission.Class{Name: "a", Slots: 1, QueueItems: 1}), admission.WithDefaultClass("a"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+
+	ctx, span := tp.Tracer("test").Start(context.Background(), "request")
+	defer span.End()
+	traceID := span.SpanContext().TraceID()
+	_, err = ctrl.Admit(ctx, admission.Request{Method: "/x.S/M", Size: -1, Deadline: time.Now().Add(-time.Second)})
+	require.Equal(t, status.ReasonDeadlineExpired, status.OutcomeOf(err).Reason)
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	exemplarTraced := func(name string) (found, traced bool) {
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if m.Name != name {
+					continue
+				}
+				for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+					found = true
+					for _, e := range dp.Exemplars {
+						if string(e.TraceID) == string(traceID[:]) {
+							traced = true
+						}
+					}
+				}
+			}
+		}
+		return found, traced
+	}
+	found, traced := exemplarTraced("tollgate.admission.decisions")
+	require.True(t, found)
+	require.True(t, traced, "the decision keeps the request's trace")
+	found, traced = exemplarTraced("tollgate.deadline.misses")
+	require.True(t, found)
+	require.True(t, traced, "the deadline miss of the same request is recorded without its context (context.Background)")
 }
