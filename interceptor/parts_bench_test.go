@@ -1,0 +1,110 @@
+package interceptor_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/tollgate-go/tollgate/budget"
+	"github.com/tollgate-go/tollgate/interceptor"
+	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
+	"github.com/tollgate-go/tollgate/internal/testsvc"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+)
+
+// BenchmarkPropagationParts takes tollgate's round trip apart, as
+// BenchmarkPropagationInterleaved times it (loopback TCP, every variant on
+// its own server and connection, one call of each per iteration in
+// rotating order), reporting each variant's median call time relative to
+// the floor's (unique floor + deadline + stats):
+//
+//   - floor-no-trailer: the floor's server sets no trailer, which shows
+//     what one trailer key costs (tollgate's leaf call sends none, its
+//     spending call one);
+//
+//   - client-*: tollgate's client against the floor's server, with and
+//     without the trailer, which leaves tollgate's server out;
+//
+//   - leaf, spend: tollgate on both sides, as in BenchmarkPropagation;
+//
+//   - *-workers: the same servers with grpc.NumStreamWorkers(2) (an
+//     experimental grpc-go option tollgate does not set), whose workers
+//     keep their grown stacks where a goroutine per stream grows a new one
+//     every call.
+//
+//     go test -run '^$' -bench PropagationParts -count 10 ./interceptor/
+func BenchmarkPropagationParts(b *testing.B) {
+	_ = uniqueHeaders()
+	leaf := func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		return &testingv1.GetResponse{}, nil
+	}
+	spend := func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		if a, ok := budget.FromContext(ctx); ok {
+			_ = a.Take()
+		}
+		return &testingv1.GetResponse{}, nil
+	}
+	trusting := []interceptor.ServerOption{interceptor.WithTrustedPeer(interceptor.TrustAll)}
+	floorClient := []grpc.DialOption{grpc.WithUnaryInterceptor(uniqueFloorDeadlineClient), grpc.WithStatsHandler(noopStats{})}
+	workers := grpc.NumStreamWorkers(2)
+	variants := []struct {
+		name   string
+		get    func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error)
+		server []grpc.ServerOption
+		client []grpc.DialOption
+	}{
+		{"floor", leaf, []grpc.ServerOption{grpc.UnaryInterceptor(floorServer)}, floorClient},
+		{"floor-no-trailer", leaf, []grpc.ServerOption{grpc.UnaryInterceptor(floorServerNoTrailer)}, floorClient},
+		{"client-floor-server", leaf, []grpc.ServerOption{grpc.UnaryInterceptor(floorServer)}, interceptor.DialOptions()},
+		{"client-floor-server-no-trailer", leaf, []grpc.ServerOption{grpc.UnaryInterceptor(floorServerNoTrailer)}, interceptor.DialOptions()},
+		{"leaf", leaf, interceptor.ServerOptions(trusting...), interceptor.DialOptions()},
+		{"spend", spend, interceptor.ServerOptions(trusting...), interceptor.DialOptions()},
+		{"floor-workers", leaf, []grpc.ServerOption{grpc.UnaryInterceptor(floorServer), workers}, floorClient},
+		{"leaf-workers", leaf, append(interceptor.ServerOptions(trusting...), workers), interceptor.DialOptions()},
+		{"spend-workers", spend, append(interceptor.ServerOptions(trusting...), workers), interceptor.DialOptions()},
+	}
+	clients := make([]testingv1.TestServiceClient, len(variants))
+	for i, v := range variants {
+		svc := &testsvc.Service{GetFunc: v.get}
+		end := testsvc.StartT(b, testsvc.TCP, svc.Register, v.server...)
+		clients[i] = testingv1.NewTestServiceClient(end.DialT(b, v.client...))
+	}
+	ctx := context.Background()
+	req := &testingv1.GetRequest{Key: "k"}
+	for _, c := range clients {
+		if _, err := c.Get(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+	}
+	times := make([][]time.Duration, len(variants))
+	n := 0
+	for b.Loop() {
+		for k := range variants {
+			i := (n + k) % len(variants)
+			start := time.Now()
+			if _, err := clients[i].Get(ctx, req); err != nil {
+				b.Fatal(err)
+			}
+			times[i] = append(times[i], time.Since(start))
+		}
+		n++
+	}
+	median := func(ds []time.Duration) float64 {
+		s := slices.Clone(ds)
+		slices.Sort(s)
+		return float64(s[len(s)/2])
+	}
+	floor := median(times[0])
+	b.ReportMetric(floor, "floor-ns/call")
+	for i, v := range variants[1:] {
+		b.ReportMetric(100*(median(times[i+1])-floor)/floor, v.name+"-%")
+	}
+}
+
+// floorServerNoTrailer is floorServer without its trailer.
+func floorServerNoTrailer(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	_ = metadata.ValueFromIncomingContext(ctx, "tollgate")
+	return handler(ctx, req)
+}
