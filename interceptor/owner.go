@@ -204,9 +204,6 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 	var err error
 	for {
 		counted++
-		if n > header.MaxTry { // a fence jumped past the last try the header can carry
-			return n - 1, w.conclude(n-1, err)
-		}
 		now := start
 		if !first {
 			now = c.cfg.now()
@@ -239,11 +236,16 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 			return n, result
 		}
 		err, n = result, next-1 // the loop below moves to next
+		if next > header.MaxTry {
+			// A fence jumped past the last try the header can carry: no
+			// repeat, so no retry-budget token and no backoff either.
+			return w.spanTry(n), w.conclude(n, err)
+		}
 		if uncounted {
 			counted--
 		}
 		if result := w.proceed(ctx, n, counted, err); result != nil {
-			return n, result
+			return w.spanTry(n), result
 		}
 		n++
 	}

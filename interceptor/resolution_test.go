@@ -19,6 +19,8 @@ import (
 	"github.com/tollgate-go/tollgate/internal/testsvc"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 	"github.com/tollgate-go/tollgate/status"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -1152,4 +1154,146 @@ func TestFenceThroughMaxTryEndsTheCall(t *testing.T) {
 	for try, n := range seen {
 		require.Equal(t, 1, n, "try %d was sent %d times (tries seen: %v)", try, n, len(seen))
 	}
+}
+
+// fencedThroughMaxTry answers every try of a call keyed "reserve" with
+// ATTEMPT_FENCED through header.MaxTry (another run of the handler fenced
+// the key through the last try), and every other call QUEUE_FULL on its
+// first try, OK on its second.
+func fencedThroughMaxTry(t *testing.T, sent *atomic.Int32) *testsvc.Service {
+	return &testsvc.Service{GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		h, err := header.ParseValues(md.Get("tollgate"))
+		require.NoError(t, err)
+		if h.Call == "reserve" {
+			sent.Add(1)
+			return nil, status.NotAdmitted(status.ReasonAttemptFenced, status.Fields{
+				AttemptID: h.Attempt, Call: h.Call, Try: h.Try, FencedThroughTry: header.MaxTry})
+		}
+		if h.Try == 1 {
+			return nil, status.NotAdmitted(status.ReasonQueueFull, status.Fields{
+				AttemptID: h.Attempt, Call: h.Call, Try: h.Try})
+		}
+		return &testingv1.GetResponse{}, nil
+	}}
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// TestFixes2FenceJumpPastMaxTrySpendsNoRetryToken: a unary call whose try 1
+// is fenced through header.MaxTry jumps to MaxTry+1, which the header cannot
+// carry, so the call ends without sending another try. owner.run checks
+// n > MaxTry only at the top of its loop, after proceed withdrew a
+// retry-budget token (and slept a backoff) for that try; the token is never
+// returned (unprepared returns it for a try prepare refuses, this path does
+// not). The stream owner checks n+1 > MaxTry before proceed. The budget
+// bounds retries sent (README, owner.unprepared): a repeat never sent must
+// not spend its token. Here the budget holds exactly one token and earns
+// none; the next call's single legitimate retry is refused.
+func TestFenceJumpPastMaxTrySpendsNoRetryToken(t *testing.T) {
+	var sent atomic.Int32
+	end := testsvc.StartT(t, testsvc.Bufconn, fencedThroughMaxTry(t, &sent).Register)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+		interceptor.WithRetryBudget(budget.WithMaxRetryTokens(1), budget.WithRetryRatio(0), budget.WithMinRetriesPerSecond(0)),
+		interceptor.WithAttemptTimeout(5*time.Second))...))
+
+	_, err := client.Get(interceptor.WithCallKey(t.Context(), "reserve"), &testingv1.GetRequest{})
+	require.Error(t, err)
+	require.EqualValues(t, 1, sent.Load(), "one try of the fenced call was sent")
+
+	// One retry, the budget's one token: it must still be there.
+	_, err = client.Get(t.Context(), &testingv1.GetRequest{})
+	require.NoError(t, err, "the fenced call sent no repeat, yet the retry budget's token is gone")
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// TestFixes2FenceJumpPastMaxTrySpanTry: the call span's tollgate.try is
+// "the last try sent; a repeat refused before it left is not one"
+// (interceptor/doc.go). A unary call that sent try 1 and was fenced through
+// MaxTry returns n-1 = MaxTry from owner.run, so the span reports try 1000
+// for a call that sent one try (the stream owner reports cs.n).
+func TestFenceJumpPastMaxTrySpanTry(t *testing.T) {
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	var sent atomic.Int32
+	end := testsvc.StartT(t, testsvc.Bufconn, fencedThroughMaxTry(t, &sent).Register)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+		interceptor.WithoutRetryBudget(),
+		interceptor.WithClientTracerProvider(tp),
+		interceptor.WithAttemptTimeout(5*time.Second))...))
+
+	_, err := client.Get(interceptor.WithCallKey(t.Context(), "reserve"), &testingv1.GetRequest{})
+	require.Error(t, err)
+	require.EqualValues(t, 1, sent.Load())
+	var calls int
+	for _, s := range spans.GetSpans() {
+		if s.Name != "tollgate.call" {
+			continue
+		}
+		calls++
+		try, _ := attr(s.Attributes, "tollgate.try")
+		require.EqualValues(t, 1, try.AsInt64(), "the call span reports a try that was never sent")
+	}
+	require.Equal(t, 1, calls)
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// TestFixes2FenceJumpRefusedSpanTry: try 1 of an explicitly keyed call is
+// fenced through try 4 (another run of the handler holds the ballot); the
+// owner would jump to try 5, but the retry budget refuses that repeat. No
+// try but 1 was sent, yet owner.run returns n = next-1 = 4 from proceed's
+// refusal, and the call span reports tollgate.try 4, a try never sent
+// (doc.go: "try (the last try sent; a repeat refused before it left is not
+// one)"). The stream owner reports cs.n.
+func TestFenceJumpRefusedSpanTry(t *testing.T) {
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	var sent atomic.Int32
+	svc := &testsvc.Service{GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		h, err := header.ParseValues(md.Get("tollgate"))
+		require.NoError(t, err)
+		if h.Call == "reserve" {
+			sent.Add(1)
+			return nil, status.NotAdmitted(status.ReasonAttemptFenced, status.Fields{
+				AttemptID: h.Attempt, Call: h.Call, Try: h.Try, FencedThroughTry: 4})
+		}
+		if h.Try == 1 {
+			return nil, status.NotAdmitted(status.ReasonQueueFull, status.Fields{AttemptID: h.Attempt, Call: h.Call, Try: h.Try})
+		}
+		return &testingv1.GetResponse{}, nil
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+		interceptor.WithRetryBudget(budget.WithMaxRetryTokens(1), budget.WithRetryRatio(0), budget.WithMinRetriesPerSecond(0)),
+		interceptor.WithClientTracerProvider(tp),
+		interceptor.WithAttemptTimeout(5*time.Second))...))
+	// Spend the budget's one token on a legitimate retry.
+	_, err := client.Get(t.Context(), &testingv1.GetRequest{})
+	require.NoError(t, err)
+	spans.Reset()
+
+	_, err = client.Get(interceptor.WithCallKey(t.Context(), "reserve"), &testingv1.GetRequest{})
+	require.Error(t, err)
+	require.EqualValues(t, 1, sent.Load(), "only try 1 was sent")
+	var calls int
+	for _, s := range spans.GetSpans() {
+		if s.Name != "tollgate.call" {
+			continue
+		}
+		calls++
+		try, _ := attr(s.Attributes, "tollgate.try")
+		require.EqualValues(t, 1, try.AsInt64(), "the call span reports a try that was never sent (error: %v)", err)
+	}
+	require.Equal(t, 1, calls)
 }

@@ -185,8 +185,10 @@ if v then
       -- script propagates a write and the WAIT after it, on whatever
       -- connection go-redis resent it, covers the first run's (Redis 7.2
       -- and later count only a connection's propagated writes).
-      -- pcall: a full Redis refuses the write, and the answer stands.
-      redis.pcall('HSET', KEYS[2], 'tok', tok)
+      -- A full Redis refuses the write, and the Begin fails: "started"
+      -- without a write of its own would let WAIT count replicas of
+      -- nothing.
+      redis.call('HSET', KEYS[2], 'tok', tok)
       return {0}
     end
     return reply(2, v, now)
