@@ -542,8 +542,13 @@ type clientStream struct {
 	// the current try's stream (replayLocked): SendMsg waits for it, so that
 	// messages keep their order and one goroutine sends at a time.
 	replaying bool
-	// pending is a response message a probe read on the caller's behalf.
-	pending any
+	// headerRead is set once the caller read a try's header with Header():
+	// the stream is committed to that try.
+	headerRead bool
+	// pending are response messages read on the caller's behalf (by a
+	// probe, or by drainLocked reading up to a status that had arrived),
+	// in order: RecvMsg returns them before anything else.
+	pending []any
 	done    bool
 	final   error // the stream's result once done (io.EOF for OK)
 	// stop unregisters abandon from the caller's context.

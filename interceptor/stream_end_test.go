@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/budget"
@@ -1287,8 +1288,9 @@ func TestClientContextAfterRepeat(t *testing.T) {
 
 	st, err := client.Watch(t.Context(), &testingv1.WatchRequest{Key: "k"})
 	require.NoError(t, err)
-	_, err = st.Header() // Header has returned: Context may now be called
-	require.NoError(t, err)
+	// tollgate's Context is the stream's own from the start (reading the
+	// header with Header would commit the stream to its first try, as
+	// grpc-go's does, and no repeat would follow).
 	sctx := st.Context()
 	got := 0
 	for {
@@ -1473,4 +1475,286 @@ func TestCancelStreamDuringInFlightQuery(t *testing.T) {
 	cancel()
 	require.Eventually(t, returned.Load, 10*time.Second, time.Millisecond, "Recv returns once the caller cancelled, even while the query is in flight")
 	t.Log(rerr)
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// A caller reads every message of a Watch (the count it asked for) and
+// cancels its context instead of reading io.EOF — the usual "defer cancel()"
+// pattern. The handler spent nothing (no tollgate-spent trailer) and its OK
+// status had arrived, with nothing left before it. abandonLocked releases
+// the stream (its status arrived unread) with the context's CANCELED:
+// finish sees PeerStatus and spentNothing(CANCELED) is false, so the grant
+// (every free unit of the attempt here) is held, and since nothing reads
+// the stream again, it stays held for the rest of the attempt (below the
+// origin, a seal reports it as spent). The status that proves nothing was
+// spent was there to read: read first (control), the same stream refunds
+// its grant. DESIGN.md §2.3 (lenient accounting): a call that ended with
+// the peer's OK status and no tollgate-spent spent nothing.
+func TestCancelAfterLastMessageHoldsGrant(t *testing.T) {
+	for _, readEOF := range []bool{true, false} {
+		t.Run(map[bool]string{true: "control: io.EOF read", false: "cancelled after the last message"}[readEOF], func(t *testing.T) {
+			svc := &testsvc.Service{WatchFunc: func(_ *testingv1.WatchRequest, ss grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
+				return sendWatch(ss, 3)
+			}}
+			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+			seen := trailerSeen{ch: make(chan struct{}, 1)}
+			conn := end.DialT(t, append(interceptor.DialOptions(fastRetry(3)), grpc.WithStatsHandler(seen))...)
+			actx, err := interceptor.StartAttempt(context.Background(), 4, time.Minute)
+			require.NoError(t, err)
+			ledger, _ := budget.FromContext(actx)
+			ctx, cancel := context.WithCancel(actx)
+			defer cancel()
+			finished := make(chan error, 1)
+			st, err := testingv1.NewTestServiceClient(conn).Watch(ctx, &testingv1.WatchRequest{Key: "k", Count: 3},
+				grpc.OnFinish(func(err error) { finished <- err }))
+			require.NoError(t, err)
+			for range 3 {
+				_, err := st.Recv()
+				require.NoError(t, err)
+			}
+			<-seen.ch // the OK status arrived
+			if readEOF {
+				_, err := st.Recv()
+				require.ErrorIs(t, err, io.EOF)
+			} else {
+				cancel()
+			}
+			<-finished
+			snap := ledger.Snapshot()
+			require.Zero(t, snap.Held, "the peer's OK status arrived (nothing spent, no tollgate-spent), yet the grant is held: %+v", snap)
+			require.Equal(t, int64(4), snap.Free, "%+v", snap)
+		})
+	}
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// grpc.ClientStream.Header returns the header of the stream the caller
+// reads: grpc-go commits its attempt when Header returns, so every later
+// Header, message and Trailer belongs to the same response. tollgate's
+// Header returns the current try's header and does not commit a
+// server-streaming (or NO_SIDE_EFFECTS) stream: when that try then fails
+// before a message, the stream is repeated, the caller reads the messages
+// and trailer of another try, and a second Header returns a different
+// header. The README documents that a header alone does not commit such a
+// stream, not that Header hands out the header of a try the caller's
+// messages do not come from.
+func TestHeaderOfADiscardedTry(t *testing.T) {
+	var runs atomic.Int64
+	svc := &testsvc.Service{WatchFunc: func(r *testingv1.WatchRequest, st grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
+		n := runs.Add(1)
+		run := metadata.Pairs("run", strconvFormat(n))
+		if err := st.SendHeader(run); err != nil {
+			return err
+		}
+		if n == 1 {
+			return grpcstatus.Error(codes.Unavailable, "backend went away")
+		}
+		st.SetTrailer(run)
+		return sendWatch(st, 2)
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3))...))
+
+	st, err := client.Watch(t.Context(), &testingv1.WatchRequest{Count: 2})
+	require.NoError(t, err)
+	first, err := st.Header()
+	require.NoError(t, err)
+	require.Equal(t, []string{"1"}, first.Get("run"))
+	// The caller read try 1's header: as grpc-go's, the stream is
+	// committed to try 1, and its failure is the stream's end.
+	_, err = recvAll(st)
+	require.Error(t, err)
+	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
+	second, err := st.Header()
+	require.NoError(t, err)
+	require.Equal(t, first.Get("run"), second.Get("run"), "Header is the header of the one stream the caller reads")
+	require.EqualValues(t, 1, runs.Load(), "a stream whose header the caller read is not repeated")
+
+	// A caller that reads no header still gets the transparent repeat.
+	runs.Store(0)
+	st, err = client.Watch(t.Context(), &testingv1.WatchRequest{Count: 2})
+	require.NoError(t, err)
+	got, err := recvAll(st)
+	require.NoError(t, err)
+	require.Equal(t, []string{"0", "1"}, got)
+	require.EqualValues(t, 2, runs.Load())
+	hdr, err := st.Header()
+	require.NoError(t, err)
+	require.Equal(t, hdr.Get("run"), st.Trailer().Get("run"), "the header and trailer the caller sees belong to one response")
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// A bidi stream whose handler sent a, b, c and ended OK (nothing spent, so
+// no tollgate-spent trailer); all of it arrived unread. The caller's next
+// SendMsg fails locally (over MaxCallSendMsgSize). grpc-go returns the
+// local error from SendMsg, and the caller's reads then drain a, b, c and
+// io.EOF: the stream completed OK (the local error's finish cannot change a
+// transport stream whose status arrived). tollgate's SendMsg reads message a
+// ahead (readStatusLocked), then settles the try with the local error as
+// "maybe sent" and keeps that result (endKeepingLocked): the caller drains
+// a, b, c and then gets UNKNOWN instead of io.EOF, although the peer's OK
+// status arrived and was read; and the grant is held for good (nothing
+// settles a kept stream again), though lenient accounting (DESIGN.md §2.3)
+// refunds a grant whose call ended with the peer's OK status.
+func TestLocalSendAfterOKEndsUnknown(t *testing.T) {
+	for _, tollgate := range []bool{false, true} {
+		t.Run(map[bool]string{false: "grpc-go", true: "tollgate"}[tollgate], func(t *testing.T) {
+			svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+				for _, v := range []string{"a", "b", "c"} {
+					if err := st.Send(&testingv1.ChatResponse{Value: v}); err != nil {
+						return err
+					}
+				}
+				return nil
+			}}
+			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+			seen := trailerSeen{ch: make(chan struct{}, 1)}
+			dial := []grpc.DialOption{grpc.WithStatsHandler(seen), grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(1024))}
+			if tollgate {
+				dial = append(interceptor.DialOptions(fastRetry(3)), dial...)
+			}
+			conn := end.DialT(t, dial...)
+			ctx, err := interceptor.StartAttempt(context.Background(), 4, time.Minute)
+			require.NoError(t, err)
+			st, err := testingv1.NewTestServiceClient(conn).Chat(ctx)
+			require.NoError(t, err)
+			<-seen.ch // a, b, c and the OK status arrived, unread
+
+			require.Error(t, st.Send(&testingv1.ChatRequest{Value: strings.Repeat("x", 4096)}), "a local error")
+			var got []string
+			var rerr error
+			for {
+				m, err := st.Recv()
+				if err != nil {
+					rerr = err
+					break
+				}
+				got = append(got, m.GetValue())
+			}
+			require.Equal(t, []string{"a", "b", "c"}, got)
+			assert.ErrorIs(t, rerr, io.EOF, "the stream ended with the peer's OK status")
+			if tollgate {
+				ledger, _ := budget.FromContext(ctx)
+				snap := ledger.Snapshot()
+				assert.Zero(t, snap.Held, "the peer's OK status was read: the grant is refunded (lenient accounting): %+v", snap)
+			}
+		})
+	}
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// A bidi stream whose three responses and OK status arrived unread when its
+// ClientConn closed is released (its bookkeeping ends, OnFinish runs, the
+// caller's reads still drain it: README, "grpc-go call options under
+// repeats"). If the caller then sends a message that fails locally (over its
+// MaxCallSendMsgSize), SendMsg's local-error path sees cs.released and
+// calls endLocked with the local error: the stream is done, and RecvMsg
+// returns that error at once, without the three messages and without the OK
+// status that had arrived. grpc-go's SendMsg returns the local error too,
+// but its stream had finished already: RecvMsg still returns a, b, c and
+// io.EOF.
+func TestReleasedLocalSendDropsMessages(t *testing.T) {
+	for _, tollgate := range []bool{false, true} {
+		t.Run(map[bool]string{false: "grpc-go", true: "tollgate"}[tollgate], func(t *testing.T) {
+			svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+				for _, v := range []string{"a", "b", "c"} {
+					if err := st.Send(&testingv1.ChatResponse{Value: v}); err != nil {
+						return err
+					}
+				}
+				return nil
+			}}
+			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+			seen := trailerSeen{ch: make(chan struct{}, 1)}
+			dial := []grpc.DialOption{grpc.WithStatsHandler(seen), grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(1024))}
+			if tollgate {
+				dial = append(interceptor.DialOptions(fastRetry(3), interceptor.WithAttemptTimeout(time.Minute)), dial...)
+			}
+			conn, err := end.Dial(dial...)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = conn.Close() })
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			finished := make(chan error, 2)
+			st, err := testingv1.NewTestServiceClient(conn).Chat(ctx, grpc.OnFinish(func(err error) { finished <- err }))
+			require.NoError(t, err)
+			<-seen.ch // the three responses and the OK status arrived, unread
+			require.NoError(t, conn.Close())
+			<-finished // the stream ended (grpc-go) or was released (tollgate)
+
+			require.Error(t, st.Send(&testingv1.ChatRequest{Value: strings.Repeat("x", 4096)}), "a local error")
+			var got []string
+			var rerr error
+			for {
+				m, err := st.Recv()
+				if err != nil {
+					rerr = err
+					break
+				}
+				got = append(got, m.GetValue())
+			}
+			require.Equal(t, []string{"a", "b", "c"}, got, "the messages that arrived are the caller's")
+			require.ErrorIs(t, rerr, io.EOF, "the stream had ended OK before the close")
+		})
+	}
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// The same for a stream released at its deadline while nothing read it
+// (expireLocked: the try is decided and resolved, and the stream released
+// with that result so that reads still drain what arrived before the cut).
+// A later local SendMsg error ends it (endLocked): a, b and c are dropped,
+// and the result the stream was released with is replaced by the local
+// error. grpc-go returns a, b, c and then DEADLINE_EXCEEDED.
+func TestReleasedAtDeadlineLocalSendDropsMessages(t *testing.T) {
+	for _, tollgate := range []bool{false, true} {
+		t.Run(map[bool]string{false: "grpc-go", true: "tollgate"}[tollgate], func(t *testing.T) {
+			svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+				for _, v := range []string{"a", "b", "c"} {
+					if err := st.Send(&testingv1.ChatResponse{Value: v}); err != nil {
+						return err
+					}
+				}
+				<-st.Context().Done()
+				return st.Context().Err()
+			}}
+			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+			dial := []grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(1024))}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if tollgate {
+				// The caller's context has no deadline: the attempt's cuts the try.
+				dial = append(interceptor.DialOptions(fastRetry(3), interceptor.WithAttemptTimeout(500*time.Millisecond)), dial...)
+			} else {
+				ctx, cancel = context.WithTimeout(ctx, 500*time.Millisecond)
+				defer cancel()
+			}
+			conn := end.DialT(t, dial...)
+			finished := make(chan error, 2)
+			st, err := testingv1.NewTestServiceClient(conn).Chat(ctx, grpc.OnFinish(func(err error) { finished <- err }))
+			require.NoError(t, err)
+			<-finished // the deadline ended (grpc-go) or released (tollgate) the stream, unread
+
+			require.Error(t, st.Send(&testingv1.ChatRequest{Value: strings.Repeat("x", 4096)}), "a local error")
+			var got []string
+			for {
+				m, err := st.Recv()
+				if err != nil {
+					break
+				}
+				got = append(got, m.GetValue())
+			}
+			require.Equal(t, []string{"a", "b", "c"}, got, "the messages that arrived before the deadline are the caller's")
+		})
+	}
 }

@@ -444,7 +444,7 @@ func (s *streamSide) stream() grpc.ClientStream {
 
 // replayable reports whether the current try may still be repeated.
 func (cs *clientStream) replayable() bool {
-	return !cs.message && !cs.overflow && !(cs.header && cs.headerCommits)
+	return !cs.message && !cs.overflow && !(cs.header && cs.headerCommits) && !cs.headerRead
 }
 
 // sawHeaderLocked notes a response header of the current try. A try
@@ -485,7 +485,11 @@ func (cs *clientStream) keepLocked(m any) {
 }
 
 // endLocked ends the stream after try n with result (nil: OK).
-func (cs *clientStream) endLocked(n uint32, result error) {
+func (cs *clientStream) endLocked(n uint32, result error) { cs.endReportingLocked(n, result, result) }
+
+// endReportingLocked ends the stream after try n with result (nil: OK),
+// which its reads return, reporting reported to its span and OnFinish.
+func (cs *clientStream) endReportingLocked(n uint32, result, reported error) {
 	cs.done = true
 	cs.final = result
 	if result == nil {
@@ -500,8 +504,8 @@ func (cs *clientStream) endLocked(n uint32, result error) {
 	if cs.released {
 		return // the span ended and OnFinish ran when the stream was released
 	}
-	endSpan(cs.span, cs.w.cl.s, n, status.OutcomeOf(result))
-	runOnFinish(cs.onFinish, result)
+	endSpan(cs.span, cs.w.cl.s, n, status.OutcomeOf(reported))
+	runOnFinish(cs.onFinish, reported)
 }
 
 // abandon ends the stream when the caller's context ends and no RecvMsg is
@@ -568,6 +572,27 @@ func (cs *clientStream) endKeepingLocked(result error) {
 // (from its tollgate-spent when it came), the span ends and the caller's
 // OnFinish runs, with err. The stream's later end does neither again.
 func (cs *clientStream) releaseLocked(err error) {
+	if !cs.receiving && !cs.settled {
+		// Nothing reads the stream now: read what arrived, up to the
+		// status, so that the try is settled by the peer's status (its
+		// grant refunded when that proves nothing spent) and the stream
+		// ends with it; the caller's reads get the messages, then that
+		// status, as grpc-go's would.
+		if peerErr, ok := cs.drainLocked(cs.cur, nil); ok {
+			if peerErr != nil {
+				cs.settleLocked(peerErr) // decided, and resolved, as a read would decide it
+				return
+			}
+			// OK: nothing spent unless its trailer says so. The span and
+			// OnFinish report the release (err), as grpc-go's OnFinish
+			// does a close or a cancellation.
+			o := cs.finishLocked(nil)
+			final := cs.w.conclude(cs.n, cs.w.typed(cs.n, nil, o))
+			reported := cs.w.conclude(cs.n, cs.w.typed(cs.n, err, status.OutcomeOfCall(err, status.PeerStatus)))
+			cs.endReportingLocked(cs.n, final, reported)
+			return
+		}
+	}
 	o := cs.finishLocked(err)
 	cs.releaseWithLocked(cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o)))
 }
@@ -749,7 +774,7 @@ func (cs *clientStream) probeUnguardedLocked() {
 	}
 	err := cur.RecvMsg(scratch)
 	if err == nil {
-		cs.pending = scratch
+		cs.pending = append(cs.pending, scratch)
 		cs.sawMessageLocked()
 		if cs.unaryResponse {
 			cs.settleLocked(nil)
@@ -759,34 +784,31 @@ func (cs *clientStream) probeUnguardedLocked() {
 	cs.settleLocked(err)
 }
 
-// readStatusLocked reads the status that ended cur, whose peer's status
-// arrived unread, when no message is left before it, and reports whether it
-// read one. A message that comes first is kept for the caller's next
-// RecvMsg (cs.pending), and nothing more is read: the messages are the
-// caller's, and the try then counts as maybe sent. A read that returns
-// local, the caller's send's own error (grpc-go ended the stream with it),
-// reads nothing.
-func (cs *clientStream) readStatusLocked(cur grpc.ClientStream, local error) (error, bool) {
-	if cs.pending != nil {
-		return nil, false // a message a probe read is before the status already
-	}
-	var scratch proto.Message = &emptypb.Empty{}
-	if out := cs.w.cl.info.Output; out != nil {
-		scratch = out.New().Interface()
-	}
-	var err error
-	cs.guardedLocked(func() { err = cur.RecvMsg(scratch) }) // buffered: the status has arrived
-	switch {
-	case err == nil:
-		cs.pending = scratch
-		cs.sawMessageLocked()
-		return nil, false
-	case err == io.EOF:
-		return nil, true
-	case err == local || grpcstatus.Convert(err).Proto().String() == grpcstatus.Convert(local).Proto().String():
-		return nil, false
-	default:
-		return err, true
+// drainLocked reads the status that ended cur, whose peer's status
+// arrived unread, and reports whether it read one: the messages before it,
+// which grpc-go holds already, are read into cs.pending for the caller's
+// reads, in order. A read that returns local, the caller's send's own error
+// (grpc-go ended the stream with it), reads no status. The caller makes sure
+// no RecvMsg is under way.
+func (cs *clientStream) drainLocked(cur grpc.ClientStream, local error) (error, bool) {
+	for {
+		var scratch proto.Message = &emptypb.Empty{}
+		if out := cs.w.cl.info.Output; out != nil {
+			scratch = out.New().Interface()
+		}
+		var err error
+		cs.guardedLocked(func() { err = cur.RecvMsg(scratch) }) // buffered: the status has arrived
+		switch {
+		case err == nil:
+			cs.pending = append(cs.pending, scratch)
+			cs.sawMessageLocked()
+		case err == io.EOF:
+			return nil, true
+		case local != nil && (err == local || grpcstatus.Convert(err).Proto().String() == grpcstatus.Convert(local).Proto().String()):
+			return nil, false
+		default:
+			return err, true
+		}
 	}
 }
 
@@ -848,11 +870,16 @@ func (cs *clientStream) SendMsg(m any) error {
 		// the stream, and the send returns that end; otherwise the try
 		// counts as maybe sent (its grant held), never as answered by the
 		// local error.
+		if cs.released {
+			// Its bookkeeping ended when it was released; its reads still
+			// drain what arrived, then the result it was released with.
+			return err
+		}
 		if !cs.done && gen == cs.gen && !cs.settled && !cs.receiving && cs.t.delivery.state() == status.PeerStatus {
-			if peerErr, ok := cs.readStatusLocked(cur, err); ok {
+			if peerErr, ok := cs.drainLocked(cur, err); ok {
 				o := cs.finishLocked(peerErr)
 				cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, peerErr, o)))
-				return cs.final // the stream's end, as RecvMsg will return it
+				return cs.final // the stream's end, as RecvMsg will return it after the messages
 			}
 		}
 		if !cs.done {
@@ -864,10 +891,6 @@ func (cs *clientStream) SendMsg(m any) error {
 			// reads still get the messages that had arrived.
 			o := cs.finishTryLocked(err, true)
 			result := cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o))
-			if cs.released {
-				cs.endLocked(cs.n, result) // its bookkeeping ended already
-				return cs.final
-			}
 			cs.endKeepingLocked(result)
 			return result
 		}
@@ -896,9 +919,10 @@ func (cs *clientStream) RecvMsg(m any) error {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	for {
-		if cs.pending != nil {
-			p := cs.pending
-			cs.pending = nil
+		if len(cs.pending) > 0 {
+			p := cs.pending[0]
+			cs.pending[0] = nil
+			cs.pending = cs.pending[1:]
 			return deliverPending(m, p)
 		}
 		if cs.done {
@@ -950,6 +974,11 @@ func (cs *clientStream) Header() (metadata.MD, error) {
 		if md != nil || err != nil {
 			if md != nil && gen == cs.gen && !cs.done {
 				cs.sawHeaderLocked()
+				// The caller holds this try's header: as grpc-go's, the
+				// stream is committed to it, so that its header, messages
+				// and trailer are one response's.
+				cs.headerRead = true
+				cs.buf = nil
 			}
 			return md, err
 		}
@@ -981,10 +1010,9 @@ func (cs *clientStream) CloseSend() error {
 	return nil
 }
 
-// Trailer returns the trailer of the latest try. It does not wait for a
-// resolution or repeat under way: while one is, it returns the trailer of
-// the try being resolved (once a repeat is sent, that one's, empty until it
-// ends).
+// Trailer returns the trailer of the stream's last try. As grpc-go's, it is
+// for after the stream ended (RecvMsg returned an error, io.EOF included);
+// called earlier, it reads a try grpc-go may still be writing.
 func (cs *clientStream) Trailer() metadata.MD {
 	cur := cs.side.stream()
 	if cur == nil {
