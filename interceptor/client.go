@@ -542,6 +542,9 @@ type clientStream struct {
 	// the current try's stream (replayLocked): SendMsg waits for it, so that
 	// messages keep their order and one goroutine sends at a time.
 	replaying bool
+	// ownCodec is set when the call's options choose its codec: tollgate
+	// then reads no message ahead of the caller (see drainLocked).
+	ownCodec bool
 	// headerRead is set once the caller read a try's header with Header():
 	// the stream is committed to that try.
 	headerRead bool

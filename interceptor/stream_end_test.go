@@ -1758,3 +1758,157 @@ func TestReleasedAtDeadlineLocalSendDropsMessages(t *testing.T) {
 		})
 	}
 }
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// releaseLocked (f47d85f) now drains a released stream itself: drainLocked
+// reads every buffered message into an emptypb.Empty (the registry's output
+// type when it knows the method) with the call's codec, and RecvMsg later
+// hands them over with proto.Marshal/Unmarshal. Under a codec of the
+// caller's own (grpc.ForceCodec: a pass-through proxy's raw frames, as
+// transparentProxy in server_test.go uses) the first such read fails in
+// grpc-go ("failed to unmarshal"), which consumes the message and ends the
+// try INTERNAL: the stream is settled UNKNOWN (its grant held), and the
+// caller's reads get INTERNAL instead of the frames and the OK status that
+// had arrived. Before f47d85f a released stream's reads went to grpc-go
+// with the caller's own message, and got them; plain grpc-go does too
+// (README: "the caller's later reads still get the messages and the status
+// that had arrived").
+func TestDrainUnderCallerCodec(t *testing.T) {
+	for _, how := range []string{"conn closed", "caller cancelled"} {
+		for _, tollgate := range []bool{false, true} {
+			t.Run(how+map[bool]string{false: "/grpc-go", true: "/tollgate"}[tollgate], func(t *testing.T) {
+				svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+					for _, v := range []string{"a", "b", "c"} {
+						if err := st.Send(&testingv1.ChatResponse{Value: v}); err != nil {
+							return err
+						}
+					}
+					return nil
+				}}
+				end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+				seen := trailerSeen{ch: make(chan struct{}, 1)}
+				dial := []grpc.DialOption{grpc.WithStatsHandler(seen)}
+				if tollgate {
+					dial = append(interceptor.DialOptions(fastRetry(3), interceptor.WithAttemptTimeout(time.Minute)), dial...)
+				}
+				conn, err := end.Dial(dial...)
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = conn.Close() })
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				finished := make(chan error, 2)
+				st, err := conn.NewStream(ctx, &testingv1.TestService_ServiceDesc.Streams[2], "/tollgate.testing.v1.TestService/Chat",
+					grpc.ForceCodec(rawCodec{}), grpc.OnFinish(func(err error) { finished <- err }))
+				require.NoError(t, err)
+				<-seen.ch // a, b, c and the OK status arrived, unread
+				if how == "conn closed" {
+					require.NoError(t, conn.Close())
+				} else {
+					cancel()
+				}
+				<-finished // released (tollgate) or finished (grpc-go)
+
+				var frames int
+				var rerr error
+				for {
+					f := &rawFrame{}
+					if err := st.RecvMsg(f); err != nil {
+						rerr = err
+						break
+					}
+					frames++
+				}
+				require.Equal(t, 3, frames, "the messages that arrived are the caller's (read ended with %v)", rerr)
+				require.ErrorIs(t, rerr, io.EOF, "the stream had ended OK")
+			})
+		}
+	}
+}
+
+// headerGateStream is the stream of an interceptor below tollgate's whose
+// Header, on the first try only, returns the try's real header once the
+// second try was opened: what a Header on one goroutine sees when a RecvMsg
+// on another repeats the stream while Header is inside grpc-go.
+type headerGateStream struct {
+	grpc.ClientStream
+	entered chan struct{}
+	gate    chan struct{}
+}
+
+func (s *headerGateStream) Header() (metadata.MD, error) {
+	close(s.entered)
+	md, err := s.ClientStream.Header()
+	<-s.gate
+	return md, err
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// Header() (f47d85f) commits the stream to the try whose header it returns,
+// "so that its header, messages and trailer are one response's". But when a
+// RecvMsg on another goroutine repeated the stream while Header waited in
+// grpc-go for the try's header (gen != cs.gen when it takes cs.mu back),
+// Header neither commits nor looks at the new try: it returns the discarded
+// try's header, and the caller then reads the messages and trailer of
+// another try under it. grpc-go never repeats a stream once a header
+// arrived, so its Header is always the one response's.
+func TestHeaderOfRepeatedTry(t *testing.T) {
+	var runs atomic.Int64
+	svc := &testsvc.Service{WatchFunc: func(_ *testingv1.WatchRequest, st grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
+		n := runs.Add(1)
+		run := metadata.Pairs("run", strconvFormat(n))
+		if err := st.SendHeader(run); err != nil {
+			return err
+		}
+		if n == 1 {
+			return grpcstatus.Error(codes.Unavailable, "backend went away")
+		}
+		st.SetTrailer(run)
+		return sendWatch(st, 2)
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+
+	var opened atomic.Int64
+	entered, gate := make(chan struct{}), make(chan struct{})
+	inner := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		n := opened.Add(1)
+		st, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil {
+			return st, err
+		}
+		switch n {
+		case 1:
+			return &headerGateStream{ClientStream: st, entered: entered, gate: gate}, nil
+		case 2:
+			close(gate) // the stream was repeated: try 1's Header may return now
+		}
+		return st, nil
+	}
+	conn := end.DialT(t, append(interceptor.DialOptions(fastRetry(3)), grpc.WithChainStreamInterceptor(inner))...)
+	client := testingv1.NewTestServiceClient(conn)
+
+	st, err := client.Watch(t.Context(), &testingv1.WatchRequest{Count: 2})
+	require.NoError(t, err)
+	type hdrResult struct {
+		md  metadata.MD
+		err error
+	}
+	hdrc := make(chan hdrResult, 1)
+	go func() {
+		md, err := st.Header() // the goroutine that sends, say, reads the header
+		hdrc <- hdrResult{md, err}
+	}()
+	<-entered // Header is waiting in grpc-go on try 1
+
+	got, rerr := recvAll(st) // the reading goroutine
+	h := <-hdrc
+	require.NoError(t, h.err)
+	t.Logf("runs=%d header run=%v messages=%v err=%v trailer run=%v", runs.Load(), h.md.Get("run"), got, rerr, st.Trailer().Get("run"))
+	if rerr == nil {
+		require.Equal(t, st.Trailer().Get("run"), h.md.Get("run"),
+			"Header returned the header of a try whose messages and trailer the caller never reads")
+	}
+}

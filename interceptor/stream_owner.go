@@ -83,6 +83,7 @@ func newClientStream(ctx context.Context, c *client, cl *call, desc *grpc.Stream
 		p:             *c.policy(method),
 		headerCommits: desc.ClientStreams && info.Level != methodinfo.NoSideEffects,
 		unaryResponse: !desc.ServerStreams,
+		ownCodec:      ownCodec(opts),
 	}
 	cs.p.PerTryTimeout = math.MaxInt64 // each try may last until the deadline
 	cs.w = &owner{c: c, cl: cl, p: &cs.p, tgt: c.target(cc), cc: cc,
@@ -790,8 +791,21 @@ func (cs *clientStream) probeUnguardedLocked() {
 // reads, in order. A read that returns local, the caller's send's own error
 // (grpc-go ended the stream with it), reads no status. The caller makes sure
 // no RecvMsg is under way.
+//
+// It reads nothing under a codec the call chose (ForceCodec and the like:
+// the messages may not decode into the response type, a raw proxy's never
+// do), and stops when the messages it read pass maxDrainBytes (a caller
+// that went away would rarely read them): it then reports no status, and
+// what it read stays the caller's.
 func (cs *clientStream) drainLocked(cur grpc.ClientStream, local error) (error, bool) {
+	if cs.ownCodec {
+		return nil, false
+	}
+	size := 0
 	for {
+		if size > maxDrainBytes {
+			return nil, false
+		}
 		var scratch proto.Message = &emptypb.Empty{}
 		if out := cs.w.cl.info.Output; out != nil {
 			scratch = out.New().Interface()
@@ -802,6 +816,7 @@ func (cs *clientStream) drainLocked(cur grpc.ClientStream, local error) (error, 
 		case err == nil:
 			cs.pending = append(cs.pending, scratch)
 			cs.sawMessageLocked()
+			size += proto.Size(scratch)
 		case err == io.EOF:
 			return nil, true
 		case local != nil && (err == local || grpcstatus.Convert(err).Proto().String() == grpcstatus.Convert(local).Proto().String()):
@@ -810,6 +825,20 @@ func (cs *clientStream) drainLocked(cur grpc.ClientStream, local error) (error, 
 			return err, true
 		}
 	}
+}
+
+// maxDrainBytes bounds the messages drainLocked reads ahead of the caller.
+const maxDrainBytes = 1 << 20
+
+// ownCodec reports whether the call's options choose its codec.
+func ownCodec(opts []grpc.CallOption) bool {
+	for _, o := range opts {
+		switch o.(type) {
+		case grpc.ForceCodecCallOption, grpc.ForceCodecV2CallOption, grpc.CustomCodecCallOption, grpc.ContentSubtypeCallOption:
+			return true
+		}
+	}
+	return false
 }
 
 // deliverPending copies the message a probe read into the caller's m.
@@ -971,6 +1000,9 @@ func (cs *clientStream) Header() (metadata.MD, error) {
 			return cur.Header()
 		}
 		md, err := cs.headerUnlocked(cur)
+		if gen != cs.gen && !cs.done {
+			continue // the try was repeated meanwhile: its header is not the stream's
+		}
 		if md != nil || err != nil {
 			if md != nil && gen == cs.gen && !cs.done {
 				cs.sawHeaderLocked()
