@@ -67,11 +67,6 @@ func BenchmarkOwnWork(b *testing.B) {
 			_ = u(context.Background(), method, &testingv1.GetRequest{}, &testingv1.GetResponse{}, nil, inv)
 		}
 	})
-	// The attempt's deadline is the default attempt timeout away; the
-	// request's grpc-timeout is that less the client's hop margin, as on a
-	// real try.
-	deadline := time.Now().Add(interceptor.DefaultAttemptTimeout)
-	hdr := fmt.Sprintf("a=0190a5b2-7c3e-7def-8123-456789abcdef;c=0.2.1;t=1;d=%d;u=4", deadline.UnixMilli())
 	info := &grpc.UnaryServerInfo{FullMethod: method}
 	spend := func(ctx context.Context, _ any) (any, error) {
 		if a, ok := budget.FromContext(ctx); ok {
@@ -80,6 +75,12 @@ func BenchmarkOwnWork(b *testing.B) {
 		return &testingv1.GetResponse{}, nil
 	}
 	serve := func(b *testing.B, u grpc.UnaryServerInterceptor) {
+		// The attempt's deadline is the default attempt timeout away (set
+		// here, so that no earlier benchmark's time brings it near); the
+		// request's grpc-timeout is that less the client's hop margin, as on
+		// a real try.
+		deadline := time.Now().Add(interceptor.DefaultAttemptTimeout)
+		hdr := fmt.Sprintf("a=0190a5b2-7c3e-7def-8123-456789abcdef;c=0.2.1;t=1;d=%d;u=4", deadline.UnixMilli())
 		base, cancel := context.WithDeadline(context.Background(), deadline.Add(-interceptor.DefaultHopMargin))
 		defer cancel()
 		b.ReportAllocs()
