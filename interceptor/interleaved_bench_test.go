@@ -38,17 +38,36 @@ func BenchmarkPropagationInterleaved(b *testing.B) {
 		return &testingv1.GetResponse{}, nil
 	}
 	trusting := []interceptor.ServerOption{interceptor.WithTrustedPeer(interceptor.TrustAll)}
-	variants := []struct {
-		name   string
-		get    func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error)
-		server []grpc.ServerOption
-		client []grpc.DialOption
-	}{
+	variants := []benchVariant{
 		{"floor", leaf, []grpc.ServerOption{grpc.UnaryInterceptor(floorServer)},
 			[]grpc.DialOption{grpc.WithUnaryInterceptor(uniqueFloorDeadlineClient), grpc.WithStatsHandler(noopStats{})}},
 		{"leaf", leaf, interceptor.ServerOptions(trusting...), interceptor.DialOptions()},
 		{"spend", spend, interceptor.ServerOptions(trusting...), interceptor.DialOptions()},
 	}
+	medians := interleave(b, variants)
+	floor := medians[0]
+	b.ReportMetric(floor, "floor-ns/call")
+	for i, v := range variants[1:] {
+		m := medians[i+1]
+		b.ReportMetric(m, v.name+"-ns/call")
+		b.ReportMetric(100*(m-floor)/floor, v.name+"-over-floor-%")
+	}
+}
+
+// benchVariant is one server and client set-up an interleaved benchmark
+// times.
+type benchVariant struct {
+	name   string
+	get    func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error)
+	server []grpc.ServerOption
+	client []grpc.DialOption
+}
+
+// interleave starts every variant on its own TCP server and connection,
+// then times one call of each per iteration of b's loop, in an order that
+// rotates every iteration, and returns each variant's median call time in
+// nanoseconds.
+func interleave(b *testing.B, variants []benchVariant) []float64 {
 	clients := make([]testingv1.TestServiceClient, len(variants))
 	for i, v := range variants {
 		svc := &testsvc.Service{GetFunc: v.get}
@@ -78,16 +97,11 @@ func BenchmarkPropagationInterleaved(b *testing.B) {
 		}
 		n++
 	}
-	median := func(ds []time.Duration) float64 {
-		s := slices.Clone(ds)
+	medians := make([]float64, len(variants))
+	for i, ts := range times {
+		s := slices.Clone(ts)
 		slices.Sort(s)
-		return float64(s[len(s)/2])
+		medians[i] = float64(s[len(s)/2])
 	}
-	floor := median(times[0])
-	b.ReportMetric(floor, "floor-ns/call")
-	for i, v := range variants[1:] {
-		m := median(times[i+1])
-		b.ReportMetric(m, v.name+"-ns/call")
-		b.ReportMetric(100*(m-floor)/floor, v.name+"-over-floor-%")
-	}
+	return medians
 }

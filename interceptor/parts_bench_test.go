@@ -2,14 +2,11 @@ package interceptor_test
 
 import (
 	"context"
-	"slices"
 	"testing"
-	"time"
 
 	"github.com/tollgate-go/tollgate/budget"
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
-	"github.com/tollgate-go/tollgate/internal/testsvc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 )
@@ -49,12 +46,7 @@ func BenchmarkPropagationParts(b *testing.B) {
 	trusting := []interceptor.ServerOption{interceptor.WithTrustedPeer(interceptor.TrustAll)}
 	floorClient := []grpc.DialOption{grpc.WithUnaryInterceptor(uniqueFloorDeadlineClient), grpc.WithStatsHandler(noopStats{})}
 	workers := grpc.NumStreamWorkers(2)
-	variants := []struct {
-		name   string
-		get    func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error)
-		server []grpc.ServerOption
-		client []grpc.DialOption
-	}{
+	variants := []benchVariant{
 		{"floor", leaf, []grpc.ServerOption{grpc.UnaryInterceptor(floorServer)}, floorClient},
 		{"floor-no-trailer", leaf, []grpc.ServerOption{grpc.UnaryInterceptor(floorServerNoTrailer)}, floorClient},
 		{"client-floor-server", leaf, []grpc.ServerOption{grpc.UnaryInterceptor(floorServer)}, interceptor.DialOptions()},
@@ -65,41 +57,11 @@ func BenchmarkPropagationParts(b *testing.B) {
 		{"leaf-workers", leaf, append(interceptor.ServerOptions(trusting...), workers), interceptor.DialOptions()},
 		{"spend-workers", spend, append(interceptor.ServerOptions(trusting...), workers), interceptor.DialOptions()},
 	}
-	clients := make([]testingv1.TestServiceClient, len(variants))
-	for i, v := range variants {
-		svc := &testsvc.Service{GetFunc: v.get}
-		end := testsvc.StartT(b, testsvc.TCP, svc.Register, v.server...)
-		clients[i] = testingv1.NewTestServiceClient(end.DialT(b, v.client...))
-	}
-	ctx := context.Background()
-	req := &testingv1.GetRequest{Key: "k"}
-	for _, c := range clients {
-		if _, err := c.Get(ctx, req); err != nil {
-			b.Fatal(err)
-		}
-	}
-	times := make([][]time.Duration, len(variants))
-	n := 0
-	for b.Loop() {
-		for k := range variants {
-			i := (n + k) % len(variants)
-			start := time.Now()
-			if _, err := clients[i].Get(ctx, req); err != nil {
-				b.Fatal(err)
-			}
-			times[i] = append(times[i], time.Since(start))
-		}
-		n++
-	}
-	median := func(ds []time.Duration) float64 {
-		s := slices.Clone(ds)
-		slices.Sort(s)
-		return float64(s[len(s)/2])
-	}
-	floor := median(times[0])
+	medians := interleave(b, variants)
+	floor := medians[0]
 	b.ReportMetric(floor, "floor-ns/call")
 	for i, v := range variants[1:] {
-		b.ReportMetric(100*(median(times[i+1])-floor)/floor, v.name+"-%")
+		b.ReportMetric(100*(medians[i+1]-floor)/floor, v.name+"-%")
 	}
 }
 
