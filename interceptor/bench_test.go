@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tollgate-go/tollgate/budget"
 	"github.com/tollgate-go/tollgate/idempotency"
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
@@ -102,16 +101,7 @@ func BenchmarkPropagation(b *testing.B) {
 	// heap makes the collector run less often, and would favour the
 	// variants run while it is live.
 	_ = uniqueHeaders()
-	leaf := func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-		return &testingv1.GetResponse{}, nil
-	}
-	spend := func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-		if a, ok := budget.FromContext(ctx); ok {
-			_ = a.Take() // stands for one downstream RPC
-		}
-		return &testingv1.GetResponse{}, nil
-	}
-	trusting := []interceptor.ServerOption{interceptor.WithTrustedPeer(interceptor.TrustAll)}
+	leaf, spend, trusting := benchLeaf, benchSpend, benchTrusting
 	variants := []struct {
 		name   string
 		get    func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error)

@@ -28,16 +28,7 @@ import (
 //	go test -run '^$' -bench PropagationInterleaved -count 10 ./interceptor/
 func BenchmarkPropagationInterleaved(b *testing.B) {
 	_ = uniqueHeaders()
-	leaf := func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-		return &testingv1.GetResponse{}, nil
-	}
-	spend := func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-		if a, ok := budget.FromContext(ctx); ok {
-			_ = a.Take()
-		}
-		return &testingv1.GetResponse{}, nil
-	}
-	trusting := []interceptor.ServerOption{interceptor.WithTrustedPeer(interceptor.TrustAll)}
+	leaf, spend, trusting := benchLeaf, benchSpend, benchTrusting
 	variants := []benchVariant{
 		{"floor", leaf, []grpc.ServerOption{grpc.UnaryInterceptor(floorServer)},
 			[]grpc.DialOption{grpc.WithUnaryInterceptor(uniqueFloorDeadlineClient), grpc.WithStatsHandler(noopStats{})}},
@@ -53,6 +44,23 @@ func BenchmarkPropagationInterleaved(b *testing.B) {
 		b.ReportMetric(100*(m-floor)/floor, v.name+"-over-floor-%")
 	}
 }
+
+// benchLeaf is a handler that spends nothing: a leaf call.
+func benchLeaf(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+	return &testingv1.GetResponse{}, nil
+}
+
+// benchSpend is a handler that spends one unit of its ledger, which stands
+// for one downstream RPC: its answer carries tollgate-spent.
+func benchSpend(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+	if a, ok := budget.FromContext(ctx); ok {
+		_ = a.Take()
+	}
+	return &testingv1.GetResponse{}, nil
+}
+
+// benchTrusting makes a benchmark's server trust its client's header.
+var benchTrusting = []interceptor.ServerOption{interceptor.WithTrustedPeer(interceptor.TrustAll)}
 
 // benchVariant is one server and client set-up an interleaved benchmark
 // times.

@@ -4,9 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/tollgate-go/tollgate/budget"
 	"github.com/tollgate-go/tollgate/interceptor"
-	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 )
@@ -34,16 +32,7 @@ import (
 //     go test -run '^$' -bench PropagationParts -count 10 ./interceptor/
 func BenchmarkPropagationParts(b *testing.B) {
 	_ = uniqueHeaders()
-	leaf := func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-		return &testingv1.GetResponse{}, nil
-	}
-	spend := func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-		if a, ok := budget.FromContext(ctx); ok {
-			_ = a.Take()
-		}
-		return &testingv1.GetResponse{}, nil
-	}
-	trusting := []interceptor.ServerOption{interceptor.WithTrustedPeer(interceptor.TrustAll)}
+	leaf, spend, trusting := benchLeaf, benchSpend, benchTrusting
 	floorClient := []grpc.DialOption{grpc.WithUnaryInterceptor(uniqueFloorDeadlineClient), grpc.WithStatsHandler(noopStats{})}
 	workers := grpc.NumStreamWorkers(2)
 	variants := []benchVariant{
