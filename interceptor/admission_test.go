@@ -1024,13 +1024,7 @@ func TestControlQueryDeadlineIgnored(t *testing.T) {
 	)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctrl.Close() })
-	mem := memoryStore(t)
-	store := &r91SlowStore{Store: mem, gate: make(chan struct{})}
-	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
-		tollgatev1.RegisterAttemptServiceServer(s, idempotency.NewAttemptService(store))
-	}, interceptor.ServerOptions(interceptor.WithClockSkew(0), interceptor.WithAdmission(ctrl),
-		interceptor.WithAttemptStore(mem))...)
-	client := tollgatev1.NewAttemptServiceClient(end.DialT(t))
+	client, store := slowQueryServer(t, ctrl)
 	req := &tollgatev1.GetAttemptRequest{AttemptId: "x", Call: "0", Method: "/m.S/M"}
 	done := make(chan error, 2)
 	defer func() {
@@ -1081,13 +1075,7 @@ func TestControlRefusalHasNoPushback(t *testing.T) {
 	)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctrl.Close() })
-	mem := memoryStore(t)
-	store := &r91SlowStore{Store: mem, gate: make(chan struct{})}
-	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
-		tollgatev1.RegisterAttemptServiceServer(s, idempotency.NewAttemptService(store))
-	}, interceptor.ServerOptions(interceptor.WithClockSkew(0), interceptor.WithAdmission(ctrl),
-		interceptor.WithAttemptStore(mem))...)
-	client := tollgatev1.NewAttemptServiceClient(end.DialT(t))
+	client, store := slowQueryServer(t, ctrl)
 	req := &tollgatev1.GetAttemptRequest{AttemptId: "x", Call: "0", Method: "/m.S/M"}
 	done := make(chan error, 1)
 	defer func() {
@@ -1139,8 +1127,6 @@ func TestControlClassTenantLimitIgnored(t *testing.T) {
 	)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctrl.Close() })
-	mem := memoryStore(t)
-	store := &r91SlowStore{Store: mem, gate: make(chan struct{})}
 	tenantOf := func(ctx context.Context) string {
 		md, _ := metadata.FromIncomingContext(ctx)
 		if v := md.Get("x-tenant"); len(v) > 0 {
@@ -1148,11 +1134,7 @@ func TestControlClassTenantLimitIgnored(t *testing.T) {
 		}
 		return ""
 	}
-	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
-		tollgatev1.RegisterAttemptServiceServer(s, idempotency.NewAttemptService(store))
-	}, interceptor.ServerOptions(interceptor.WithClockSkew(0), interceptor.WithAdmission(ctrl),
-		interceptor.WithAttemptStore(mem), interceptor.WithTenant(tenantOf))...)
-	client := tollgatev1.NewAttemptServiceClient(end.DialT(t))
+	client, store := slowQueryServer(t, ctrl, interceptor.WithTenant(tenantOf))
 	query := func(tenant string) error {
 		ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(t.Context(), "x-tenant", tenant), 10*time.Second)
 		defer cancel()
@@ -1177,4 +1159,19 @@ func TestControlClassTenantLimitIgnored(t *testing.T) {
 	case <-admitted:
 		t.Fatal("tenant-a runs 2 control queries over the control class's TenantRunning 1: the tenant was never passed to admission")
 	}
+}
+
+// slowQueryServer serves the AttemptService behind admission ctrl (with
+// opts) on a memory store whose answers wait until the returned store's
+// gate is closed: a query holds its control slot until then. It returns a
+// client of it.
+func slowQueryServer(t *testing.T, ctrl *admission.Controller, opts ...interceptor.ServerOption) (tollgatev1.AttemptServiceClient, *r91SlowStore) {
+	t.Helper()
+	mem := memoryStore(t)
+	store := &r91SlowStore{Store: mem, gate: make(chan struct{})}
+	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
+		tollgatev1.RegisterAttemptServiceServer(s, idempotency.NewAttemptService(store))
+	}, interceptor.ServerOptions(append([]interceptor.ServerOption{interceptor.WithClockSkew(0), interceptor.WithAdmission(ctrl),
+		interceptor.WithAttemptStore(mem)}, opts...)...)...)
+	return tollgatev1.NewAttemptServiceClient(end.DialT(t)), store
 }

@@ -749,6 +749,8 @@ func (tr *ctree) call(ctx context.Context, n *cnode, i int, run int64, late bool
 	return err
 }
 
+// chaosInvoke calls method on c with val in its request, reading a
+// stream to its end; a stream's io.EOF is success.
 func chaosInvoke(ctx context.Context, c testingv1.TestServiceClient, method, val string) error {
 	var err error
 	switch method {

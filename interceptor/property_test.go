@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"maps"
 	"math/rand/v2"
 	"os"
@@ -745,42 +744,7 @@ func (tr *ptree) callChildren(ctx context.Context, n *pnode, r *prun) error {
 
 // invoke calls method on c.
 func invoke(ctx context.Context, c testingv1.TestServiceClient, method string) error {
-	var err error
-	switch method {
-	case "Get":
-		_, err = c.Get(ctx, &testingv1.GetRequest{Key: "k"})
-	case "Put":
-		_, err = c.Put(ctx, &testingv1.PutRequest{Key: "k", Value: "v"})
-	case "Apply":
-		_, err = c.Apply(ctx, &testingv1.ApplyRequest{Key: "k", Amount: 1})
-	case "Watch":
-		st, serr := c.Watch(ctx, &testingv1.WatchRequest{Key: "k", Count: 1})
-		if serr != nil {
-			return serr
-		}
-		for {
-			if _, err = st.Recv(); err != nil {
-				break
-			}
-		}
-		if err == io.EOF {
-			err = nil
-		}
-	case "Upload":
-		st, serr := c.Upload(ctx)
-		if serr != nil {
-			return serr
-		}
-		// Send reports io.EOF when the stream has ended; CloseAndRecv
-		// returns its status.
-		if err = st.Send(&testingv1.UploadRequest{Value: "v"}); err != nil && err != io.EOF {
-			return err
-		}
-		_, err = st.CloseAndRecv()
-	default:
-		panic("property: unknown method " + method)
-	}
-	return err
+	return chaosInvoke(ctx, c, method, "k")
 }
 
 // run plays the attempt and returns once nothing can reach a server any
