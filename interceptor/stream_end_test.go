@@ -388,14 +388,7 @@ func bufferedChat(t *testing.T, tollgate bool, dopts []grpc.DialOption,
 	<-sent
 	time.Sleep(100 * time.Millisecond) // the three responses reach the client's buffer
 	end(conn, st, cancel)
-	var got []string
-	for {
-		m, err := st.Recv()
-		if err != nil {
-			break
-		}
-		got = append(got, m.GetValue())
-	}
+	got, _ := recvAll(st)
 	require.Equal(t, []string{"a", "b", "c"}, got, "the messages that arrived before the stream's end are the caller's")
 }
 
@@ -1746,14 +1739,7 @@ func TestReleasedAtDeadlineLocalSendDropsMessages(t *testing.T) {
 			<-finished // the deadline ended (grpc-go) or released (tollgate) the stream, unread
 
 			require.Error(t, st.Send(&testingv1.ChatRequest{Value: strings.Repeat("x", 4096)}), "a local error")
-			var got []string
-			for {
-				m, err := st.Recv()
-				if err != nil {
-					break
-				}
-				got = append(got, m.GetValue())
-			}
+			got, _ := recvAll(st)
 			require.Equal(t, []string{"a", "b", "c"}, got, "the messages that arrived before the deadline are the caller's")
 		})
 	}

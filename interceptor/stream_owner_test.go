@@ -37,7 +37,7 @@ func shed() error {
 
 // recvAll reads a Watch to its end and returns the values and the error
 // (nil for io.EOF).
-func recvAll(st grpc.ServerStreamingClient[testingv1.WatchResponse]) ([]string, error) {
+func recvAll[T interface{ GetValue() string }](st interface{ Recv() (T, error) }) ([]string, error) {
 	var got []string
 	for {
 		m, err := st.Recv()
