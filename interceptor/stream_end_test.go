@@ -1898,3 +1898,153 @@ func TestHeaderOfRepeatedTry(t *testing.T) {
 			"Header returned the header of a try whose messages and trailer the caller never reads")
 	}
 }
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// Review (2931620). Header's new guard is
+//
+//	if gen != cs.gen && !cs.done { continue }
+//
+// so when the RecvMsg on the other goroutine not only repeated the stream
+// but also read it to its end before Header took cs.mu back (cs.done),
+// Header falls through and returns md: the header of try 1, the discarded
+// try, while the messages and trailer the caller read are try 2's. The
+// commit's promise ("Header never returns a repeated try's header") and
+// README's ("Header() commits the stream to the try whose header it
+// returns") are broken, and a second Header() call returns another header.
+// The gate here opens once the stream ended, instead of when try 2 opens as
+// in TestHeaderOfRepeatedTry (which catches this only when the scheduler
+// lets recvAll finish first).
+func TestHeaderAfterRepeatedStreamEnded(t *testing.T) {
+	var runs atomic.Int64
+	svc := &testsvc.Service{WatchFunc: func(_ *testingv1.WatchRequest, st grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
+		n := runs.Add(1)
+		run := metadata.Pairs("run", strconvFormat(n))
+		if err := st.SendHeader(run); err != nil {
+			return err
+		}
+		if n == 1 {
+			return grpcstatus.Error(codes.Unavailable, "backend went away")
+		}
+		st.SetTrailer(run)
+		return sendWatch(st, 2)
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+
+	var opened atomic.Int64
+	entered, gate := make(chan struct{}), make(chan struct{})
+	inner := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		st, err := streamer(ctx, desc, cc, method, opts...)
+		if err == nil && opened.Add(1) == 1 {
+			return &headerGateStream{ClientStream: st, entered: entered, gate: gate}, nil
+		}
+		return st, err
+	}
+	conn := end.DialT(t, append(interceptor.DialOptions(fastRetry(3)), grpc.WithChainStreamInterceptor(inner))...)
+	st, err := testingv1.NewTestServiceClient(conn).Watch(t.Context(), &testingv1.WatchRequest{Count: 2})
+	require.NoError(t, err)
+	type hdrResult struct {
+		md  metadata.MD
+		err error
+	}
+	hdrc := make(chan hdrResult, 1)
+	go func() {
+		md, err := st.Header()
+		hdrc <- hdrResult{md, err}
+	}()
+	<-entered // Header is inside grpc-go on try 1
+
+	got, rerr := recvAll(st) // repeats the stream and reads try 2 to its end
+	require.NoError(t, rerr)
+	require.Equal(t, []string{"0", "1"}, got)
+	require.EqualValues(t, 2, runs.Load(), "precondition: the stream was repeated")
+	close(gate) // only now does try 1's Header return
+	h := <-hdrc
+	require.NoError(t, h.err)
+	again, _ := st.Header()
+	require.Equal(t, st.Trailer().Get("run"), h.md.Get("run"),
+		"Header returned the discarded try's header (a second Header returns %v)", again.Get("run"))
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// Review (2931620). f47d85f fixed TestLocalSendAfterOKEndsUnknown: a local
+// SendMsg error after the peer's OK status arrived (unread, behind several
+// messages) reads them all (drainLocked) and ends the stream with the real
+// status, refunding the grant. 2931620 makes drainLocked read nothing under
+// a codec the call chose, and stop after 1 MiB: it then returns (nil,
+// false), and SendMsg falls through to finishTryLocked(local, true) +
+// endKeepingLocked. The kept result is what settleTryLocked returns when the
+// caller later reads the status (keptSet): so, unlike the release path the
+// README describes ("then the status is settled when the caller reads it"),
+// the status is never settled by the read. The caller drains the messages
+// and then gets the local error typed UNKNOWN instead of io.EOF, and the
+// grant is held for good: exactly the defect f47d85f fixed, back for any
+// stream with > 1 MiB unread, or any stream under CallContentSubtype("proto")
+// / a proto-compatible ForceCodec, whatever its size.
+func TestLocalSendAfterOKCapped(t *testing.T) {
+	big := strings.Repeat("y", 400<<10) // 4 × 400 KiB > maxDrainBytes
+	for _, tc := range []struct {
+		name  string
+		value string
+		opts  []grpc.CallOption
+	}{
+		{"control: small, tollgate codec", "v", nil},
+		{"over 1 MiB unread", big, nil},
+		{"CallContentSubtype(proto)", "v", []grpc.CallOption{grpc.CallContentSubtype("proto")}},
+	} {
+		for _, tollgate := range []bool{false, true} {
+			t.Run(tc.name+map[bool]string{false: "/grpc-go", true: "/tollgate"}[tollgate], func(t *testing.T) {
+				svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+					for range 4 {
+						if err := st.Send(&testingv1.ChatResponse{Value: tc.value}); err != nil {
+							return err
+						}
+					}
+					return nil
+				}}
+				end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+				seen := trailerSeen{ch: make(chan struct{}, 1)}
+				dial := []grpc.DialOption{grpc.WithStatsHandler(seen), grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(1024)),
+					// the whole response fits the windows, so that its status arrives unread
+					grpc.WithInitialWindowSize(16 << 20), grpc.WithInitialConnWindowSize(16 << 20)}
+				if tollgate {
+					dial = append(interceptor.DialOptions(fastRetry(3)), dial...)
+				}
+				conn := end.DialT(t, dial...)
+				ctx, err := interceptor.StartAttempt(context.Background(), 4, time.Minute)
+				require.NoError(t, err)
+				st, err := testingv1.NewTestServiceClient(conn).Chat(ctx, tc.opts...)
+				require.NoError(t, err)
+				<-seen.ch // the four responses and the OK status arrived, unread
+				// grpc-go raises InTrailer before it queues the status for the
+				// stream's reader: give it the moment it takes, or a local
+				// send error can end even a plain grpc-go stream first.
+				time.Sleep(100 * time.Millisecond)
+
+				serr := st.Send(&testingv1.ChatRequest{Value: strings.Repeat("x", 4096)})
+				require.Error(t, serr, "a local error")
+				n := 0
+				var rerr error
+				for {
+					m, err := st.Recv()
+					if err != nil {
+						rerr = err
+						break
+					}
+					require.Equal(t, tc.value, m.GetValue())
+					n++
+				}
+				require.Equal(t, 4, n, "every message that arrived")
+				assert.ErrorIs(t, rerr, io.EOF, "the stream ended with the peer's OK status (SendMsg: %v)", serr)
+				if tollgate {
+					ledger, _ := budget.FromContext(ctx)
+					snap := ledger.Snapshot()
+					assert.Zero(t, snap.Held, "the peer's OK status was read: the grant is refunded (lenient accounting): %+v", snap)
+				}
+			})
+		}
+	}
+}

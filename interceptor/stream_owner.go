@@ -797,14 +797,22 @@ func (cs *clientStream) probeUnguardedLocked() {
 // do), and stops when the messages it read pass maxDrainBytes (a caller
 // that went away would rarely read them): it then reports no status, and
 // what it read stays the caller's.
-func (cs *clientStream) drainLocked(cur grpc.ClientStream, local error) (error, bool) {
+func (cs *clientStream) drainLocked(cur grpc.ClientStream, local error) (peerErr error, read bool) {
+	peerErr, read, _ = cs.drainOrStopLocked(cur, local)
+	return peerErr, read
+}
+
+// drainOrStopLocked is drainLocked, also reporting whether it stopped
+// before the status (a codec of the call's, or the cap) rather than at the
+// caller's local error.
+func (cs *clientStream) drainOrStopLocked(cur grpc.ClientStream, local error) (peerErr error, read, stopped bool) {
 	if cs.ownCodec {
-		return nil, false
+		return nil, false, true
 	}
 	size := 0
 	for {
 		if size > maxDrainBytes {
-			return nil, false
+			return nil, false, true
 		}
 		var scratch proto.Message = &emptypb.Empty{}
 		if out := cs.w.cl.info.Output; out != nil {
@@ -818,11 +826,11 @@ func (cs *clientStream) drainLocked(cur grpc.ClientStream, local error) (error, 
 			cs.sawMessageLocked()
 			size += proto.Size(scratch)
 		case err == io.EOF:
-			return nil, true
+			return nil, true, false
 		case local != nil && (err == local || grpcstatus.Convert(err).Proto().String() == grpcstatus.Convert(local).Proto().String()):
-			return nil, false
+			return nil, false, false
 		default:
-			return err, true
+			return err, true, false
 		}
 	}
 }
@@ -830,12 +838,22 @@ func (cs *clientStream) drainLocked(cur grpc.ClientStream, local error) (error, 
 // maxDrainBytes bounds the messages drainLocked reads ahead of the caller.
 const maxDrainBytes = 1 << 20
 
-// ownCodec reports whether the call's options choose its codec.
+// ownCodec reports whether the call's options choose a codec other than
+// protobuf's.
 func ownCodec(opts []grpc.CallOption) bool {
 	for _, o := range opts {
-		switch o.(type) {
-		case grpc.ForceCodecCallOption, grpc.ForceCodecV2CallOption, grpc.CustomCodecCallOption, grpc.ContentSubtypeCallOption:
+		switch o := o.(type) {
+		case grpc.ForceCodecCallOption, grpc.ForceCodecV2CallOption, grpc.CustomCodecCallOption,
+			*grpc.ForceCodecCallOption, *grpc.ForceCodecV2CallOption, *grpc.CustomCodecCallOption:
 			return true
+		case grpc.ContentSubtypeCallOption:
+			if o.ContentSubtype != "proto" {
+				return true
+			}
+		case *grpc.ContentSubtypeCallOption:
+			if o.ContentSubtype != "proto" {
+				return true
+			}
 		}
 	}
 	return false
@@ -904,12 +922,15 @@ func (cs *clientStream) SendMsg(m any) error {
 			// drain what arrived, then the result it was released with.
 			return err
 		}
+		stopped := false
 		if !cs.done && gen == cs.gen && !cs.settled && !cs.receiving && cs.t.delivery.state() == status.PeerStatus {
-			if peerErr, ok := cs.drainLocked(cur, err); ok {
+			peerErr, ok, early := cs.drainOrStopLocked(cur, err)
+			if ok {
 				o := cs.finishLocked(peerErr)
 				cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, peerErr, o)))
 				return cs.final // the stream's end, as RecvMsg will return it after the messages
 			}
+			stopped = early
 		}
 		if !cs.done {
 			// Typed as RecvMsg would type it (DESIGN.md §2.5: grpc-go's
@@ -920,6 +941,13 @@ func (cs *clientStream) SendMsg(m any) error {
 			// reads still get the messages that had arrived.
 			o := cs.finishTryLocked(err, true)
 			result := cs.w.conclude(cs.n, cs.w.typed(cs.n, err, o))
+			if stopped {
+				// The peer's status is still to read, behind messages left
+				// to the caller: its bookkeeping ends now, and the status
+				// settles the try when the caller reads it.
+				cs.releaseWithLocked(result)
+				return result
+			}
 			cs.endKeepingLocked(result)
 			return result
 		}
@@ -1000,7 +1028,7 @@ func (cs *clientStream) Header() (metadata.MD, error) {
 			return cur.Header()
 		}
 		md, err := cs.headerUnlocked(cur)
-		if gen != cs.gen && !cs.done {
+		if gen != cs.gen {
 			continue // the try was repeated meanwhile: its header is not the stream's
 		}
 		if md != nil || err != nil {
