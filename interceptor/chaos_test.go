@@ -135,7 +135,6 @@ type cinv struct {
 	err     error
 	late    bool
 	ended   bool
-	keyStr  string
 }
 
 type carrival struct {
@@ -172,7 +171,6 @@ type ctree struct {
 	tp      *sdktrace.TracerProvider
 	stops   []func()
 	panics  atomic.Int64
-	lateRPC atomic.Int64
 }
 
 func chaosSeeds(t *testing.T) []uint64 {

@@ -798,21 +798,21 @@ func (cs *clientStream) probeUnguardedLocked() {
 // that went away would rarely read them): it then reports no status, and
 // what it read stays the caller's.
 func (cs *clientStream) drainLocked(cur grpc.ClientStream, local error) (peerErr error, read bool) {
-	peerErr, read, _ = cs.drainOrStopLocked(cur, local)
+	read, _, peerErr = cs.drainOrStopLocked(cur, local)
 	return peerErr, read
 }
 
 // drainOrStopLocked is drainLocked, also reporting whether it stopped
 // before the status (a codec of the call's, or the cap) rather than at the
 // caller's local error.
-func (cs *clientStream) drainOrStopLocked(cur grpc.ClientStream, local error) (peerErr error, read, stopped bool) {
+func (cs *clientStream) drainOrStopLocked(cur grpc.ClientStream, local error) (read, stopped bool, peerErr error) {
 	if cs.ownCodec {
-		return nil, false, true
+		return false, true, nil
 	}
 	size := 0
 	for {
 		if size > maxDrainBytes {
-			return nil, false, true
+			return false, true, nil
 		}
 		var scratch proto.Message = &emptypb.Empty{}
 		if out := cs.w.cl.info.Output; out != nil {
@@ -826,11 +826,11 @@ func (cs *clientStream) drainOrStopLocked(cur grpc.ClientStream, local error) (p
 			cs.sawMessageLocked()
 			size += proto.Size(scratch)
 		case err == io.EOF:
-			return nil, true, false
+			return true, false, nil
 		case local != nil && (err == local || grpcstatus.Convert(err).Proto().String() == grpcstatus.Convert(local).Proto().String()):
-			return nil, false, false
+			return false, false, nil
 		default:
-			return err, true, false
+			return true, false, err
 		}
 	}
 }
@@ -924,7 +924,7 @@ func (cs *clientStream) SendMsg(m any) error {
 		}
 		stopped := false
 		if !cs.done && gen == cs.gen && !cs.settled && !cs.receiving && cs.t.delivery.state() == status.PeerStatus {
-			peerErr, ok, early := cs.drainOrStopLocked(cur, err)
+			ok, early, peerErr := cs.drainOrStopLocked(cur, err)
 			if ok {
 				o := cs.finishLocked(peerErr)
 				cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, peerErr, o)))
