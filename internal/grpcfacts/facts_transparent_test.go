@@ -17,9 +17,10 @@ import (
 	"google.golang.org/protobuf/types/known/emptypb"
 )
 
-// refusingServer speaks just enough HTTP/2 to answer unary gRPC calls: it
-// refuses the first stream with RST_STREAM(REFUSED_STREAM) — the server
-// never processed it — and answers every later one OK with an empty message.
+// refusingServer speaks just enough HTTP/2 to answer unary gRPC calls: once
+// a stream's request is whole, it refuses the first stream with
+// RST_STREAM(REFUSED_STREAM) — the server never processed it — and answers
+// every later one OK with an empty message.
 func refusingServer(t *testing.T, conn net.Conn, streams *atomic.Int64) {
 	defer conn.Close()
 	preface := make([]byte, len(http2.ClientPreface))
@@ -30,6 +31,7 @@ func refusingServer(t *testing.T, conn net.Conn, streams *atomic.Int64) {
 	if err := fr.WriteSettings(); err != nil {
 		return
 	}
+	const firstStream = 1 // a client's first stream
 	var hbuf bytes.Buffer
 	enc := hpack.NewEncoder(&hbuf)
 	block := func(fields ...string) []byte {
@@ -54,8 +56,18 @@ func refusingServer(t *testing.T, conn net.Conn, streams *atomic.Int64) {
 				_ = fr.WritePing(true, f.Data)
 			}
 		case *http2.HeadersFrame:
+			streams.Add(1)
+		case *http2.DataFrame:
+			// Answer once the request is whole (END_STREAM): a refusal that
+			// raced the client's send would end the call in grpc-go's
+			// SendMsg (io.EOF) rather than in its RecvMsg, where the
+			// transparent retry is; a server refuses a stream it never
+			// processed after reading it, as this one does.
+			if !f.StreamEnded() {
+				continue
+			}
 			id := f.StreamID
-			if streams.Add(1) == 1 {
+			if id == firstStream {
 				_ = fr.WriteRSTStream(id, http2.ErrCodeRefusedStream)
 				continue
 			}
