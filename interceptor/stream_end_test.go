@@ -1537,18 +1537,7 @@ func TestCancelAfterLastMessageHoldsGrant(t *testing.T) {
 // messages do not come from.
 func TestHeaderOfADiscardedTry(t *testing.T) {
 	var runs atomic.Int64
-	svc := &testsvc.Service{WatchFunc: func(r *testingv1.WatchRequest, st grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
-		n := runs.Add(1)
-		run := metadata.Pairs("run", strconvFormat(n))
-		if err := st.SendHeader(run); err != nil {
-			return err
-		}
-		if n == 1 {
-			return grpcstatus.Error(codes.Unavailable, "backend went away")
-		}
-		st.SetTrailer(run)
-		return sendWatch(st, 2)
-	}}
+	svc := runHeaderWatch(&runs)
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3))...))
 
@@ -1843,18 +1832,7 @@ func (s *headerGateStream) Header() (metadata.MD, error) {
 // arrived, so its Header is always the one response's.
 func TestHeaderOfRepeatedTry(t *testing.T) {
 	var runs atomic.Int64
-	svc := &testsvc.Service{WatchFunc: func(_ *testingv1.WatchRequest, st grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
-		n := runs.Add(1)
-		run := metadata.Pairs("run", strconvFormat(n))
-		if err := st.SendHeader(run); err != nil {
-			return err
-		}
-		if n == 1 {
-			return grpcstatus.Error(codes.Unavailable, "backend went away")
-		}
-		st.SetTrailer(run)
-		return sendWatch(st, 2)
-	}}
+	svc := runHeaderWatch(&runs)
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 
 	var opened atomic.Int64
@@ -1918,18 +1896,7 @@ func TestHeaderOfRepeatedTry(t *testing.T) {
 // lets recvAll finish first).
 func TestHeaderAfterRepeatedStreamEnded(t *testing.T) {
 	var runs atomic.Int64
-	svc := &testsvc.Service{WatchFunc: func(_ *testingv1.WatchRequest, st grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
-		n := runs.Add(1)
-		run := metadata.Pairs("run", strconvFormat(n))
-		if err := st.SendHeader(run); err != nil {
-			return err
-		}
-		if n == 1 {
-			return grpcstatus.Error(codes.Unavailable, "backend went away")
-		}
-		st.SetTrailer(run)
-		return sendWatch(st, 2)
-	}}
+	svc := runHeaderWatch(&runs)
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 
 	var opened atomic.Int64
@@ -2047,4 +2014,23 @@ func TestLocalSendAfterOKCapped(t *testing.T) {
 			})
 		}
 	}
+}
+
+// runHeaderWatch is a Watch service whose every run sends a header naming
+// the run ("run": its number, counted in runs); the first run then fails
+// UNAVAILABLE, before any message, and the later ones send two messages and
+// the same pair as their trailer.
+func runHeaderWatch(runs *atomic.Int64) *testsvc.Service {
+	return &testsvc.Service{WatchFunc: func(_ *testingv1.WatchRequest, st grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
+		n := runs.Add(1)
+		run := metadata.Pairs("run", strconvFormat(n))
+		if err := st.SendHeader(run); err != nil {
+			return err
+		}
+		if n == 1 {
+			return grpcstatus.Error(codes.Unavailable, "backend went away")
+		}
+		st.SetTrailer(run)
+		return sendWatch(st, 2)
+	}}
 }
