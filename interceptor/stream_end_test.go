@@ -54,14 +54,7 @@ func TestStreamLocalDrop(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
-				for _, v := range []string{"a", "b", "c"} {
-					if err := st.Send(&testingv1.ChatResponse{Value: v}); err != nil {
-						return err
-					}
-				}
-				return nil
-			}}
+			svc := abcChat()
 			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 			inner := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 				st, err := streamer(ctx, desc, cc, method, opts...)
@@ -1587,14 +1580,7 @@ func TestHeaderOfADiscardedTry(t *testing.T) {
 func TestLocalSendAfterOKEndsUnknown(t *testing.T) {
 	for _, tollgate := range []bool{false, true} {
 		t.Run(map[bool]string{false: "grpc-go", true: "tollgate"}[tollgate], func(t *testing.T) {
-			svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
-				for _, v := range []string{"a", "b", "c"} {
-					if err := st.Send(&testingv1.ChatResponse{Value: v}); err != nil {
-						return err
-					}
-				}
-				return nil
-			}}
+			svc := abcChat()
 			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 			seen := trailerSeen{ch: make(chan struct{}, 1)}
 			dial := []grpc.DialOption{grpc.WithStatsHandler(seen), grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(1024))}
@@ -1646,14 +1632,7 @@ func TestLocalSendAfterOKEndsUnknown(t *testing.T) {
 func TestReleasedLocalSendDropsMessages(t *testing.T) {
 	for _, tollgate := range []bool{false, true} {
 		t.Run(map[bool]string{false: "grpc-go", true: "tollgate"}[tollgate], func(t *testing.T) {
-			svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
-				for _, v := range []string{"a", "b", "c"} {
-					if err := st.Send(&testingv1.ChatResponse{Value: v}); err != nil {
-						return err
-					}
-				}
-				return nil
-			}}
+			svc := abcChat()
 			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 			seen := trailerSeen{ch: make(chan struct{}, 1)}
 			dial := []grpc.DialOption{grpc.WithStatsHandler(seen), grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(1024))}
@@ -1754,14 +1733,7 @@ func TestDrainUnderCallerCodec(t *testing.T) {
 	for _, how := range []string{"conn closed", "caller cancelled"} {
 		for _, tollgate := range []bool{false, true} {
 			t.Run(how+map[bool]string{false: "/grpc-go", true: "/tollgate"}[tollgate], func(t *testing.T) {
-				svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
-					for _, v := range []string{"a", "b", "c"} {
-						if err := st.Send(&testingv1.ChatResponse{Value: v}); err != nil {
-							return err
-						}
-					}
-					return nil
-				}}
+				svc := abcChat()
 				end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 				seen := trailerSeen{ch: make(chan struct{}, 1)}
 				dial := []grpc.DialOption{grpc.WithStatsHandler(seen)}
@@ -2032,5 +2004,18 @@ func runHeaderWatch(runs *atomic.Int64) *testsvc.Service {
 		}
 		st.SetTrailer(run)
 		return sendWatch(st, 2)
+	}}
+}
+
+// abcChat is a Chat service that answers a, b and c and ends OK, whatever
+// the caller sends.
+func abcChat() *testsvc.Service {
+	return &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+		for _, v := range []string{"a", "b", "c"} {
+			if err := st.Send(&testingv1.ChatResponse{Value: v}); err != nil {
+				return err
+			}
+		}
+		return nil
 	}}
 }
