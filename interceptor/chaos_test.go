@@ -517,27 +517,35 @@ func (tr *ctree) start(t *testing.T) {
 }
 
 func (tr *ctree) service(n *cnode) *testsvc.Service {
+	return servingService(func(ctx context.Context) error { return tr.serve(ctx, n) })
+}
+
+// servingService is a test service whose every method, unary or stream,
+// runs serve with its context (after reading what the caller sends, for
+// client and bidi streams) and answers with one message unless serve
+// failed.
+func servingService(serve func(context.Context) error) *testsvc.Service {
 	return &testsvc.Service{
 		GetFunc: func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-			if err := tr.serve(ctx, n); err != nil {
+			if err := serve(ctx); err != nil {
 				return nil, err
 			}
 			return &testingv1.GetResponse{Value: "v"}, nil
 		},
 		PutFunc: func(ctx context.Context, _ *testingv1.PutRequest) (*testingv1.PutResponse, error) {
-			if err := tr.serve(ctx, n); err != nil {
+			if err := serve(ctx); err != nil {
 				return nil, err
 			}
 			return &testingv1.PutResponse{Value: "v"}, nil
 		},
 		ApplyFunc: func(ctx context.Context, _ *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
-			if err := tr.serve(ctx, n); err != nil {
+			if err := serve(ctx); err != nil {
 				return nil, err
 			}
 			return &testingv1.ApplyResponse{Total: 1}, nil
 		},
 		WatchFunc: func(_ *testingv1.WatchRequest, st grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
-			if err := tr.serve(st.Context(), n); err != nil {
+			if err := serve(st.Context()); err != nil {
 				return err
 			}
 			return st.Send(&testingv1.WatchResponse{Value: "v"})
@@ -546,7 +554,7 @@ func (tr *ctree) service(n *cnode) *testsvc.Service {
 			if _, err := testsvc.DrainUpload(st); err != nil {
 				return err
 			}
-			if err := tr.serve(st.Context(), n); err != nil {
+			if err := serve(st.Context()); err != nil {
 				return err
 			}
 			return st.SendAndClose(&testingv1.UploadResponse{Count: 1})
@@ -561,7 +569,7 @@ func (tr *ctree) service(n *cnode) *testsvc.Service {
 					return err
 				}
 			}
-			if err := tr.serve(st.Context(), n); err != nil {
+			if err := serve(st.Context()); err != nil {
 				return err
 			}
 			return st.Send(&testingv1.ChatResponse{Value: "v"})

@@ -396,41 +396,7 @@ func (tr *ptree) String() string {
 func (tr *ptree) start(t *testing.T) {
 	t.Helper()
 	for _, n := range tr.nodes {
-		n.svc = &testsvc.Service{
-			GetFunc: func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-				if err := tr.serve(ctx, n); err != nil {
-					return nil, err
-				}
-				return &testingv1.GetResponse{}, nil
-			},
-			PutFunc: func(ctx context.Context, _ *testingv1.PutRequest) (*testingv1.PutResponse, error) {
-				if err := tr.serve(ctx, n); err != nil {
-					return nil, err
-				}
-				return &testingv1.PutResponse{}, nil
-			},
-			ApplyFunc: func(ctx context.Context, _ *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
-				if err := tr.serve(ctx, n); err != nil {
-					return nil, err
-				}
-				return &testingv1.ApplyResponse{}, nil
-			},
-			WatchFunc: func(_ *testingv1.WatchRequest, st grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
-				if err := tr.serve(st.Context(), n); err != nil {
-					return err
-				}
-				return st.Send(&testingv1.WatchResponse{Value: "v"})
-			},
-			UploadFunc: func(st grpc.ClientStreamingServer[testingv1.UploadRequest, testingv1.UploadResponse]) error {
-				if _, err := testsvc.DrainUpload(st); err != nil {
-					return err
-				}
-				if err := tr.serve(st.Context(), n); err != nil {
-					return err
-				}
-				return st.SendAndClose(&testingv1.UploadResponse{Count: 1})
-			},
-		}
+		n.svc = servingService(func(ctx context.Context) error { return tr.serve(ctx, n) })
 		opts := append([]grpc.ServerOption{
 			// Outermost: counts every RPC that reaches the server, also
 			// those tollgate refuses before the handler.
