@@ -153,8 +153,10 @@ func WithMessage(msg string) Option { return Fields{Message: msg} }
 func WithCode(c codes.Code) Option { return codeOption(c) }
 
 // WithReason sets the reason of an [OutcomeUnknown] or [Committed] outcome
-// (for example CALL_LOST or ATTEMPT_UNVERIFIABLE). [NotAdmitted] and
-// [RequestMismatch] ignore it: their reason decides their code.
+// (for example CALL_LOST or ATTEMPT_UNVERIFIABLE), but never
+// ATTEMPT_REQUEST_MISMATCH, which would read as a definite refusal
+// ([RequestMismatch] builds that). [NotAdmitted] and [RequestMismatch]
+// ignore it: their reason decides their code.
 func WithReason(r Reason) Option { return reasonOption(r) }
 
 // build applies opts to e, then restores what the constructor fixes
@@ -185,6 +187,11 @@ func build(e *Error, opts []Option, fixedCode, fixedReason bool) *Error {
 		e.code = code
 	}
 	if fixedReason {
+		e.reason = reason
+	} else if e.reason == ReasonAttemptRequestMismatch {
+		// A mismatch reads FAILED whatever the outcome (a definite
+		// refusal): on an UNKNOWN or COMMITTED outcome it would turn one
+		// that must be resolved into a definite error.
 		e.reason = reason
 	}
 	if e.f.Message != "" {

@@ -193,6 +193,10 @@ type inspection struct {
 	code          codes.Code
 	ctxErr        bool // err is or wraps a context error
 	withoutEffect bool // a WithoutEffect wrapper encloses te or st
+	// nilStatus is set when the first error with a GRPCStatus method had a
+	// nil status: as for grpc-go's status.FromError, it decides (there is
+	// no status), and no later branch of a join is looked at.
+	nilStatus bool
 }
 
 // inspect walks err's chain as errors.As does (depth first, Unwrap() error
@@ -255,20 +259,32 @@ func (x *inspection) find(err error, depth int) bool {
 		switch v := err.(type) {
 		case *Error:
 			if v == nil {
+				x.nilStatus = true
 				return false
 			}
 			x.te = v
 			return found()
 		case *withoutEffect:
+			// Looked through, but it has a GRPCStatus method: when what it
+			// wraps has no status, it is the first status-bearing error,
+			// with a nil status, as grpc-go's errors.As finds it.
 			without = true
-			err = v.err
-			continue
+			if v == nil {
+				x.nilStatus = true
+				return false
+			}
+			if x.find(v.err, depth) {
+				return found()
+			}
+			x.nilStatus = true
+			return false
 		case grpcStatuser:
 			if st := v.GRPCStatus(); st != nil {
 				x.st = st
 				return found()
 			}
-			return false // grpc-go treats a nil status as no status
+			x.nilStatus = true // grpc-go treats a nil status as no status
+			return false
 		case interface{ As(any) bool }:
 			var gs grpcStatuser
 			if v.As(&gs) && gs != nil {
@@ -278,6 +294,7 @@ func (x *inspection) find(err error, depth int) bool {
 				if x.st = gs.GRPCStatus(); x.st != nil {
 					return found()
 				}
+				x.nilStatus = true
 				return false
 			}
 		}
@@ -288,6 +305,9 @@ func (x *inspection) find(err error, depth int) bool {
 			for _, e := range u.Unwrap() {
 				if x.find(e, depth) {
 					return found()
+				}
+				if x.nilStatus {
+					return false // the first status-bearing error decided: none
 				}
 			}
 			return false

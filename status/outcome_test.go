@@ -15,6 +15,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -616,4 +617,70 @@ func FuzzRegression15UnknownCause(f *testing.F) {
 			t.Fatalf("RetryAfter %v", ra)
 		}
 	})
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// OutcomeOf promises to read "the error that decides the gRPC status (the
+// first one in the chain that has a GRPCStatus method, as
+// grpc/status.FromError does)". In a join (errors.Join, fmt.Errorf with
+// several %w), find() goes on to the next branch when a branch's
+// GRPCStatus is nil; grpc-go's errors.As stops at that branch and sends
+// UNKNOWN without details. status.WithoutEffect of an error without a
+// status is such a branch (its GRPCStatus is nil, on purpose).
+//
+// Here a handler joins a clean-up error it declared without effect with a
+// refusal: OutcomeOf, RetryAfter, IsFinal and Pushback on the handler's
+// error say NOT_ADMITTED QUEUE_FULL, retry after 1s; the client receives
+// UNKNOWN with no detail.
+func TestJoinNilStatusBranch(t *testing.T) {
+	local := make(chan status.Outcome, 1)
+	conn := startServer(t, map[string]func(context.Context) error{
+		"JoinRefuse": func(context.Context) error {
+			err := errors.Join(
+				status.WithoutEffect(errors.New("release lock: nothing held")),
+				status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Second)),
+			)
+			local <- status.OutcomeOf(err)
+			return err
+		},
+	})
+	var md metadata.MD
+	err := invoke(conn, "JoinRefuse", &md)
+	built := <-local
+	got := status.OutcomeOf(err)
+	require.Equal(t, built.Kind, got.Kind,
+		"OutcomeOf of the handler's error: %v %v (%v); the client received %v (%v)",
+		built.Kind, built.Reason, built.Code, got.Kind, grpcstatus.Convert(err).Code())
+	require.Equal(t, built.Reason, got.Reason)
+	require.Equal(t, built.Code, got.Code)
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// OutcomeUnknown builds "an unresolved outcome: the call may or may not have
+// had its effect, and must not be repeated before its state is queried", and
+// WithReason "sets the reason of an OutcomeUnknown or Committed outcome".
+// detailKind gives ATTEMPT_REQUEST_MISMATCH precedence over the detail's
+// outcome, so an OUTCOME_UNKNOWN (or COMMITTED) built with that reason reads
+// back as KindFailed — a definite error — both locally and after a real gRPC
+// round trip. RequestMismatch is the only constructor meant to give that
+// reading; WithReason does not refuse or remap the reason.
+func TestUnknownWithMismatchReasonReadsFailed(t *testing.T) {
+	conn := startServer(t, map[string]func(context.Context) error{
+		"Unknown": func(context.Context) error {
+			return status.OutcomeUnknown(nil, status.WithReason(status.ReasonAttemptRequestMismatch))
+		},
+		"Committed": func(context.Context) error {
+			return status.Committed(status.WithReason(status.ReasonAttemptRequestMismatch))
+		},
+	})
+	for method, want := range map[string]status.Kind{"Unknown": status.KindUnknown, "Committed": status.KindCommitted} {
+		var md metadata.MD
+		err := invoke(conn, method, &md)
+		require.Equal(t, want, status.OutcomeOf(err).Kind, "%s built with WithReason(ATTEMPT_REQUEST_MISMATCH) reads %v",
+			method, status.OutcomeOf(err).Kind)
+	}
 }
