@@ -18,7 +18,7 @@ import (
 // an unresolved outcome (UNKNOWN), an effect whose response is lost
 // (COMMITTED) or a request mismatch. Build one with [NotAdmitted],
 // [OutcomeUnknown], [Committed] or [RequestMismatch]; the zero value is not
-// useful. An Error is immutable once built and safe for concurrent use.
+// useful (it crosses gRPC as UNKNOWN, never as a success). An Error is immutable once built and safe for concurrent use.
 //
 // Error satisfies GRPCStatus, so a server may return it (or wrap it with %w)
 // and grpc-go sends the status with its details. Find one in an error chain
@@ -389,7 +389,13 @@ func (e *Error) buildStatus() *grpcstatus.Status {
 		p.details[2] = &p.retry
 		n = 3
 	}
-	p.s.Code, p.s.Message, p.s.Details = int32(e.code), e.msg, p.details[:n:n]
+	code := e.code
+	if code == codes.OK {
+		// The zero Error (or one built by hand): an outcome is never a
+		// success, and a status with code OK would answer the call as one.
+		code = codes.Unknown
+	}
+	p.s.Code, p.s.Message, p.s.Details = int32(code), e.msg, p.details[:n:n]
 	if e.outcome == tollgatev1.Outcome_OUTCOME_UNKNOWN {
 		p.s.Details = append(p.s.Details, causeDetails(e.cause)...)
 	}

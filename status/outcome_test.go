@@ -684,3 +684,13 @@ func TestUnknownWithMismatchReasonReadsFailed(t *testing.T) {
 			method, status.OutcomeOf(err).Kind)
 	}
 }
+
+// The zero Error is no success: grpc-go would answer a call with code OK.
+// A review found it crossed gRPC so (its code is OK); it is now UNKNOWN.
+func TestZeroErrorIsNoSuccess(t *testing.T) {
+	var zero status.Error
+	st := zero.GRPCStatus()
+	require.NotNil(t, st)
+	require.Equal(t, codes.Unknown, st.Code())
+	require.Equal(t, status.KindUnknown, status.OutcomeOf(st.Err()).Kind)
+}
