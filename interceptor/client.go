@@ -74,6 +74,9 @@ type call struct {
 	// its InTrailer after the owner stopped waiting for it) never marks a
 	// later try's record.
 	tryBase deliveryCtx
+	// verifying is set while prepare readies a unary call's verifying try
+	// (owner.verifyTry).
+	verifying bool
 }
 
 // repeatTry is the storage of a repeat's try and its context base: one
@@ -164,6 +167,12 @@ type try struct {
 func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy, now time.Time) (context.Context, *try, error) {
 	s, key := cl.s, cl.key
 	deadline := s.deadlineIn(ctx).Add(-c.cfg.hopMargin)
+	if cl.verifying {
+		// The verifying try after a resolution (owner.verifyTry): answered
+		// from the record, late or not, it may use the resolution's grace,
+		// which ctx's deadline is.
+		deadline, _ = ctx.Deadline()
+	}
 	remaining := deadline.Sub(now)
 	if remaining < c.cfg.minTryTime {
 		// Final only when the attempt's own deadline is what leaves no
@@ -195,7 +204,7 @@ func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy
 		// one again (DESIGN.md §3.3's seed: the third origin try is refused).
 		// An allowance of 0 spends nothing: the origin's call, to a callee
 		// that needs no unit, repeats under its policy.
-		if n > 1 && s.ledger.Snapshot().Total > 0 {
+		if n > 1 && !cl.verifying && s.ledger.Snapshot().Total > 0 {
 			if err := s.ledger.Check(); err != nil && status.IsFinal(err) {
 				return nil, nil, c.exhausted(ctx, s, key, n)
 			}

@@ -133,6 +133,12 @@ type owner struct {
 	// does not count against its tries (verified); any later one does, so
 	// that answers lost again and again cannot repeat the call unbounded.
 	verify, verified bool
+	// verifyNext is set when the next try is that first verifying try:
+	// a unary call sends it at once (verifyTry).
+	verifyNext bool
+	// verifyUntil is the end of the resolution's grace that found the
+	// record: the verifying try may run until then.
+	verifyUntil time.Time
 	// committed is set by a stream's owner while it resolves a try it can
 	// no longer repeat (a response committed it, or what was sent
 	// overflowed the replay buffer), and answered when the callee's
@@ -209,8 +215,16 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 			now = c.cfg.now()
 		}
 		first = false
-		tctx, t, perr := c.prepare(ctx, w.cl, n, w.p, now)
+		pctx, releaseCtx := ctx, func() {}
+		if w.verifyNext {
+			pctx, releaseCtx = w.verifyContext(ctx)
+			defer releaseCtx() // also if the try panics (once per call)
+		}
+		w.cl.verifying = w.verifyNext
+		tctx, t, perr := c.prepare(pctx, w.cl, n, w.p, now)
+		w.cl.verifying, w.verifyNext = false, false
 		if perr != nil {
+			releaseCtx()
 			return w.spanTry(n), w.unprepared(n, perr)
 		}
 		w.prepared(ctx, n)
@@ -219,6 +233,7 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		}
 		err = w.invoke(tctx, t, req, reply, opts)
 		d := c.finish(s, key, t, err, false)
+		releaseCtx()
 		spendEvent(trace.SpanFromContext(ctx), s, t)
 		w.pushback = t.delivery.pushback.Load()
 		if t.loan != nil {
@@ -244,7 +259,18 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		if uncounted {
 			counted--
 		}
-		if result := w.proceed(ctx, n, counted, err); result != nil {
+		if w.verifyNext {
+			// The verifying try is answered from the record the
+			// resolution found (it runs nothing, and the store checks its
+			// fingerprint): sent at once, within the resolution's grace,
+			// past the attempt's deadline and the policy's backoff, and at
+			// the origin past a spent allowance. Below the origin it takes
+			// a unit as any RPC does. Only the caller's cancellation stops
+			// it.
+			if cancelled(ctx) {
+				return w.spanTry(n), w.conclude(n, err)
+			}
+		} else if result := w.proceed(ctx, n, counted, err); result != nil {
 			return w.spanTry(n), result
 		}
 		n++
@@ -266,6 +292,22 @@ func (w *owner) invoke(tctx context.Context, t *try, req, reply any, opts []grpc
 	err := w.invoker(tctx, w.cl.method, req, reply, w.cc, opts...)
 	settled = true
 	return err
+}
+
+// verifyContext is the context of a unary call's verifying try: the
+// caller's values, its cancellation, and the deadline of the resolution's
+// grace (past the caller's own deadline). done releases it.
+func (w *owner) verifyContext(ctx context.Context) (context.Context, func()) {
+	vctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), w.verifyUntil)
+	stop := context.AfterFunc(ctx, func() {
+		if cancelled(ctx) {
+			cancel()
+		}
+	})
+	return vctx, func() {
+		stop()
+		cancel()
+	}
 }
 
 // errPanicBelow is the outcome of a try whose invoker panicked.
@@ -317,6 +359,7 @@ func (w *owner) verifying() bool {
 	uncounted := w.verify && !w.verified
 	w.verified = w.verified || w.verify
 	w.verify = false
+	w.verifyNext = uncounted
 	return uncounted
 }
 
@@ -575,6 +618,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 					return 0, unknown("interceptor: the record under the call's explicit key may be another request's, and the stream can no longer be repeated to ask"), true
 				}
 				w.verify = true
+				w.verifyUntil = s.deadlineIn(ctx).Add(c.cfg.grace)
 				return n + 1, last, false
 			}
 			if state == tollgatev1.AttemptState_ATTEMPT_STATE_FAILED {

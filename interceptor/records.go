@@ -203,8 +203,10 @@ func (sv *server) replay(method string, rec *tollgatev1.AttemptRecord, stream bo
 	case tollgatev1.AttemptState_ATTEMPT_STATE_FAILED:
 		return nil, recordError(rec)
 	default:
+		// With the details the record kept: the answer to every try is the
+		// same (OutcomeUnknown drops the cause's own tollgate details).
 		return nil, status.OutcomeUnknown(grpcstatus.ErrorProto(&spb.Status{
-			Code: int32(unknownRecordCode(rec)), Message: rec.GetStatusMessage()}), id)
+			Code: int32(unknownRecordCode(rec)), Message: rec.GetStatusMessage(), Details: rec.GetStatusDetails()}), id)
 	}
 }
 

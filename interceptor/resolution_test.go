@@ -21,6 +21,7 @@ import (
 	"github.com/tollgate-go/tollgate/status"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -1296,4 +1297,177 @@ func TestFenceJumpRefusedSpanTry(t *testing.T) {
 		require.EqualValues(t, 1, try.AsInt64(), "the call span reports a try that was never sent (error: %v)", err)
 	}
 	require.Equal(t, 1, calls)
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// TestUnknownReplayKeepsDetails: a try whose handler ended with
+// an error that is not definite (INTERNAL, carrying a google.rpc.DebugInfo)
+// is answered UNKNOWN, and the UNKNOWN answer carries the handler's details
+// after tollgate's own (status.OutcomeUnknown: "the cause's status details
+// ... that still say something true of the call"). finishTry records those
+// details in the UNKNOWN record (FinishRequest.Details), and the README's
+// table says a finished record answers every later try with "that record
+// ... the error repeated". server.replay rebuilds an UNKNOWN record's error
+// from its code and message only (records.go replay, default case), so a
+// later try of the same call gets an UNKNOWN without the handler's details:
+// the same record answers differently depending on which try asks.
+func TestUnknownReplayKeepsDetails(t *testing.T) {
+	svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		st, _ := grpcstatus.New(codes.Internal, "boom").WithDetails(&errdetails.DebugInfo{Detail: "ledger write timed out"})
+		return nil, st.Err()
+	}}
+	end := recordedServer(t, svc, memoryStore(t))
+	client := testingv1.NewTestServiceClient(end.DialT(t)) // raw gRPC: the test plays the owner
+	id, err := interceptor.StartAttempt(t.Context(), 0, 5*time.Second)
+	require.NoError(t, err)
+	a, _ := interceptor.AttemptFromContext(id)
+	send := func(try int64) error {
+		ctx := metadata.AppendToOutgoingContext(t.Context(), "tollgate",
+			"a="+a.ID+";c=0;t="+itoa(try)+";d="+itoa(a.Deadline.UnixMilli()))
+		_, err := client.Apply(ctx, &testingv1.ApplyRequest{Key: "acct", Amount: 1})
+		return err
+	}
+	debugInfo := func(err error) string {
+		for _, d := range grpcstatus.Convert(err).Details() {
+			if di, ok := d.(*errdetails.DebugInfo); ok {
+				return di.GetDetail()
+			}
+		}
+		return ""
+	}
+
+	first := send(1)
+	require.Equal(t, status.KindUnknown, status.OutcomeOf(first).Kind, "%v", first)
+	require.Equal(t, "ledger write timed out", debugInfo(first), "the try that ran carries the handler's detail")
+
+	replayed := send(2)
+	require.Equal(t, status.KindUnknown, status.OutcomeOf(replayed).Kind, "%v", replayed)
+	require.Equal(t, grpcstatus.Code(first), grpcstatus.Code(replayed))
+	require.Equal(t, "ledger write timed out", debugInfo(replayed),
+		"the UNKNOWN record's replay dropped the status details it keeps (%d details: %v)",
+		len(grpcstatus.Convert(replayed).Details()), grpcstatus.Convert(replayed).Details())
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// TestVerifyingTryInTheGrace: DESIGN.md §3.1 gives resolution
+// a grace after the deadline "because ... an unresolved UNKNOWN is the worst
+// answer tollgate gives", and a record finished during it answers a
+// numbered call with its stored response (checked first, below). Under an
+// explicit key, owner.resolve turns the same SUCCEEDED record into a
+// verifying try, which proceed/prepare treat as a repeat: past the
+// attempt's deadline no try fits, and the call ends UNKNOWN although the
+// record holds this request's response and the query that found it was
+// still inside its grace. The client's clock is moved past the deadline
+// (within the 1 s grace) once the owner queries; the server keeps real time.
+func TestVerifyingTryInTheGrace(t *testing.T) {
+	for _, explicit := range []bool{false, true} {
+		name := "numbered"
+		if explicit {
+			name = "explicit"
+		}
+		t.Run(name, func(t *testing.T) {
+			const timeout = 10 * time.Second
+			var offset atomic.Int64
+			clock := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+			queried := make(chan struct{})
+			var once sync.Once
+			ledger := newLedger(func(context.Context, *testingv1.ApplyRequest) { <-queried })
+			onFence := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+				if info.FullMethod == "/tollgate.v1.AttemptService/FenceAttempt" {
+					once.Do(func() {
+						offset.Store(int64(timeout + 200*time.Millisecond)) // the client now reads a time in the grace
+						close(queried)
+					})
+				}
+				return handler(ctx, req)
+			}
+			end := recordedServer(t, &ledger.Service, memoryStore(t), grpc.ChainUnaryInterceptor(onFence))
+			client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+				interceptor.WithClientClock(clock),
+				interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, PerTryTimeout: 50 * time.Millisecond,
+					InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}),
+				interceptor.WithoutRetryBudget())...))
+
+			ctx, err := interceptor.StartAttempt(t.Context(), 0, timeout)
+			require.NoError(t, err)
+			if explicit {
+				ctx = interceptor.WithCallKey(ctx, "pay")
+			}
+			resp, err := client.Apply(ctx, &testingv1.ApplyRequest{Key: "acct", Amount: 7})
+			require.Equal(t, int64(1), ledger.effects.Load(), "the handler ran once")
+			o := status.OutcomeOf(err)
+			require.NoError(t, err, "the record finished SUCCEEDED inside the grace, yet the call ended %v (reason %v)",
+				o.Kind, status.ReasonName(o.Reason))
+			require.Equal(t, int64(7), resp.GetTotal())
+		})
+	}
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// TestVerifyingTryAfterAllUnitsSpent: at the origin, a call
+// keyed explicitly (WithCallKey) whose one try spent the attempt's whole
+// allowance below (the callee's handler used its grant) and whose answer
+// the client stopped waiting for (per-try timeout) is resolved: the owner
+// fences, polls while IN_PROGRESS, and finds the record SUCCEEDED. Because
+// the key is explicit, owner.resolve does not hand over the stored response
+// but asks for a verifying try (the README's departure for §3.5: "one more
+// try, uncounted, which the store checks against the record's
+// fingerprint"). That try is answered from the record and needs no unit
+// below, yet proceed asks unpayable (and prepare checks the ledger), which
+// at the origin refuses any try n > 1 once every unit was spent: the call
+// ends UNKNOWN (ALLOWANCE_EXHAUSTED in doubt) although its record holds this
+// very request's SUCCEEDED response. The same call without WithCallKey
+// returns the stored response (checked first, below).
+//
+// Expected: both calls return the stored response; the handler ran once
+// per call.
+func TestVerifyingTryAfterAllUnitsSpent(t *testing.T) {
+	for _, explicit := range []bool{false, true} {
+		name := "numbered"
+		if explicit {
+			name = "explicit"
+		}
+		t.Run(name, func(t *testing.T) {
+			queried := make(chan struct{})
+			var once sync.Once
+			ledger := newLedger(func(ctx context.Context, _ *testingv1.ApplyRequest) {
+				// The handler's downstream work spends its grant's one unit.
+				a, ok := budget.FromContext(ctx)
+				require.True(t, ok)
+				require.NoError(t, a.Take())
+				// It answers only once the owner, having given up waiting
+				// for this try, is resolving it.
+				<-queried
+			})
+			onFence := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+				if info.FullMethod == "/tollgate.v1.AttemptService/FenceAttempt" {
+					once.Do(func() { close(queried) })
+				}
+				return handler(ctx, req)
+			}
+			end := recordedServer(t, &ledger.Service, memoryStore(t), grpc.ChainUnaryInterceptor(onFence))
+			client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+				interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, PerTryTimeout: 50 * time.Millisecond,
+					InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}),
+				interceptor.WithoutRetryBudget())...))
+
+			ctx, err := interceptor.StartAttempt(t.Context(), 1, 10*time.Second)
+			require.NoError(t, err)
+			if explicit {
+				ctx = interceptor.WithCallKey(ctx, "pay")
+			}
+			resp, err := client.Apply(ctx, &testingv1.ApplyRequest{Key: "acct", Amount: 7})
+			require.Equal(t, int64(1), ledger.effects.Load(), "the handler ran once")
+			o := status.OutcomeOf(err)
+			require.NoError(t, err, "the record is SUCCEEDED with this request's response, yet the call ended %v (reason %v)",
+				o.Kind, status.ReasonName(o.Reason))
+			require.Equal(t, int64(7), resp.GetTotal())
+		})
+	}
 }
