@@ -220,11 +220,17 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 			pctx, releaseCtx = w.verifyContext(ctx)
 			defer releaseCtx() // also if the try panics (once per call)
 		}
-		w.cl.verifying = w.verifyNext
+		verifyTry := w.verifyNext
+		w.cl.verifying = verifyTry
 		tctx, t, perr := c.prepare(pctx, w.cl, n, w.p, now)
 		w.cl.verifying, w.verifyNext = false, false
 		if perr != nil {
 			releaseCtx()
+			if verifyTry {
+				// No token was withdrawn for it (the resolution's covers
+				// it): none goes back.
+				return w.spanTry(n), w.conclude(n, perr)
+			}
 			return w.spanTry(n), w.unprepared(n, perr)
 		}
 		w.prepared(ctx, n)
@@ -264,12 +270,15 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 			// resolution found (it runs nothing, and the store checks its
 			// fingerprint): sent at once, within the resolution's grace,
 			// past the attempt's deadline and the policy's backoff, and at
-			// the origin past a spent allowance. Below the origin it takes
-			// a unit as any RPC does. Only the caller's cancellation stops
+			// the origin past a spent allowance; the resolution's
+			// retry-budget token covers it. Below the origin it takes a
+			// unit as any RPC does. Only the caller's cancellation stops
 			// it.
 			if cancelled(ctx) {
 				return w.spanTry(n), w.conclude(n, err)
 			}
+			// Announced as any repeat is, once prepare lets it go.
+			w.retry, w.retrying = retryNote{reason: status.OutcomeOf(err).Reason}, true
 		} else if result := w.proceed(ctx, n, counted, err); result != nil {
 			return w.spanTry(n), result
 		}

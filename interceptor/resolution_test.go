@@ -1471,3 +1471,148 @@ func TestVerifyingTryAfterAllUnitsSpent(t *testing.T) {
 		})
 	}
 }
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// TestRefusedRefundsUnwithdrawnToken: the verifying try skips
+// proceed, so no retry-budget token is withdrawn for it; but when prepare
+// refuses it (here: the resolution's grace is over when it is prepared),
+// owner.unprepared gives a token back to the budget as if proceed had
+// withdrawn one. The resolution's own token (spent on a query that was sent)
+// is thereby refunded, and the budget no longer bounds resolutions: with a
+// budget of one token and no refill, a second call's resolution still
+// queries.
+func TestRefusedRefundsUnwithdrawnToken(t *testing.T) {
+	const timeout = 2 * time.Second
+	const grace = 100 * time.Millisecond
+	var offset atomic.Int64
+	clock := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+
+	var mu sync.Mutex
+	var release chan struct{}
+	var closed bool
+	arm := func() {
+		mu.Lock()
+		release, closed = make(chan struct{}), false
+		mu.Unlock()
+		offset.Store(0)
+	}
+	fire := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !closed {
+			closed = true
+			close(release)
+		}
+	}
+	var fences atomic.Int64
+	ledger := newLedger(func(ctx context.Context, _ *testingv1.ApplyRequest) {
+		mu.Lock()
+		ch := release
+		mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+	})
+	onFence := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if info.FullMethod == "/tollgate.v1.AttemptService/FenceAttempt" {
+			fences.Add(1)
+			// The client now reads a time past the resolution's grace.
+			offset.Store(int64(timeout + grace + time.Second))
+			fire()
+		}
+		return handler(ctx, req)
+	}
+	end := recordedServer(t, &ledger.Service, memoryStore(t), grpc.ChainUnaryInterceptor(onFence))
+	t.Cleanup(fire) // runs before the server stops: no handler is left waiting
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithClientClock(clock),
+		interceptor.WithResolutionGrace(grace),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, PerTryTimeout: 50 * time.Millisecond,
+			InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}),
+		interceptor.WithRetryBudget(budget.WithMaxRetryTokens(1), budget.WithRetryRatio(0), budget.WithMinRetriesPerSecond(0)))...))
+
+	call := func() error {
+		arm()
+		ctx, err := interceptor.StartAttempt(t.Context(), 0, timeout)
+		require.NoError(t, err)
+		ctx = interceptor.WithCallKey(ctx, "pay")
+		_, err = client.Apply(ctx, &testingv1.ApplyRequest{Key: "acct", Amount: 7})
+		return err
+	}
+
+	err := call()
+	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
+	require.NotZero(t, fences.Load(), "the first call was resolved (its token: the budget's only one)")
+
+	fire()
+	fences.Store(0)
+	err = call()
+	require.Zero(t, fences.Load(),
+		"the budget held one token and never refills, and the first call's resolution spent it; "+
+			"yet the second call's resolution queried too (its result: %v)", err)
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// TestTryHasRetryEvent: doc.go's Observability says the
+// call span records tollgate.retry for "the repeat about to be sent, recorded
+// once it passed the local checks". The verifying try after a resolution
+// under a WithCallKey key is try 2, sent (its tollgate.allowance.spend event
+// is there, the span reports try 2), but since it skips proceed, w.retrying
+// is never set and prepared records no tollgate.retry event for it (before
+// 1783850 it had one).
+func TestTryHasRetryEvent(t *testing.T) {
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+
+	queried := make(chan struct{})
+	var once sync.Once
+	ledger := newLedger(func(context.Context, *testingv1.ApplyRequest) { <-queried })
+	onFence := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if info.FullMethod == "/tollgate.v1.AttemptService/FenceAttempt" {
+			once.Do(func() { close(queried) })
+		}
+		return handler(ctx, req)
+	}
+	end := recordedServer(t, &ledger.Service, memoryStore(t), grpc.ChainUnaryInterceptor(onFence))
+	t.Cleanup(func() { once.Do(func() { close(queried) }) })
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, PerTryTimeout: 50 * time.Millisecond,
+			InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}),
+		interceptor.WithoutRetryBudget(),
+		interceptor.WithClientTracerProvider(tp))...))
+
+	ctx, err := interceptor.StartAttempt(t.Context(), 0, 10*time.Second)
+	require.NoError(t, err)
+	resp, err := client.Apply(interceptor.WithCallKey(ctx, "pay"), &testingv1.ApplyRequest{Key: "acct", Amount: 7})
+	require.NoError(t, err)
+	require.Equal(t, int64(7), resp.GetTotal())
+
+	var span *tracetest.SpanStub
+	for i, s := range spans.GetSpans() {
+		if s.Name == "tollgate.call" {
+			span = &spans.GetSpans()[i]
+		}
+	}
+	require.NotNil(t, span)
+	var spendTries, retryTries []int64
+	for _, e := range span.Events {
+		switch e.Name {
+		case "tollgate.allowance.spend":
+			v, _ := attr(e.Attributes, "tollgate.try")
+			spendTries = append(spendTries, v.AsInt64())
+		case "tollgate.retry":
+			v, _ := attr(e.Attributes, "try")
+			retryTries = append(retryTries, v.AsInt64())
+		}
+	}
+	final, _ := attr(span.Attributes, "tollgate.try")
+	require.Equal(t, []int64{1, 2}, spendTries, "precondition: tries 1 and 2 (the verifying try) were sent")
+	require.Equal(t, int64(2), final.AsInt64(), "precondition: the span ends at try 2")
+	require.Equal(t, []int64{2}, retryTries, "the verifying try, a repeat sent, has no tollgate.retry event")
+}
