@@ -1592,7 +1592,7 @@ func TestLocalSendAfterOKEndsUnknown(t *testing.T) {
 			require.NoError(t, err)
 			st, err := testingv1.NewTestServiceClient(conn).Chat(ctx)
 			require.NoError(t, err)
-			<-seen.ch // a, b, c and the OK status arrived, unread
+			statusQueued(seen) // a, b, c and the OK status arrived, unread
 
 			require.Error(t, st.Send(&testingv1.ChatRequest{Value: strings.Repeat("x", 4096)}), "a local error")
 			var got []string
@@ -1647,7 +1647,7 @@ func TestReleasedLocalSendDropsMessages(t *testing.T) {
 			finished := make(chan error, 2)
 			st, err := testingv1.NewTestServiceClient(conn).Chat(ctx, grpc.OnFinish(func(err error) { finished <- err }))
 			require.NoError(t, err)
-			<-seen.ch // the three responses and the OK status arrived, unread
+			statusQueued(seen) // the three responses and the OK status arrived, unread
 			require.NoError(t, conn.Close())
 			<-finished // the stream ended (grpc-go) or was released (tollgate)
 
@@ -1749,7 +1749,7 @@ func TestDrainUnderCallerCodec(t *testing.T) {
 				st, err := conn.NewStream(ctx, &testingv1.TestService_ServiceDesc.Streams[2], "/tollgate.testing.v1.TestService/Chat",
 					grpc.ForceCodec(rawCodec{}), grpc.OnFinish(func(err error) { finished <- err }))
 				require.NoError(t, err)
-				<-seen.ch // a, b, c and the OK status arrived, unread
+				statusQueued(seen) // a, b, c and the OK status arrived, unread
 				if how == "conn closed" {
 					require.NoError(t, conn.Close())
 				} else {
@@ -1957,11 +1957,7 @@ func TestLocalSendAfterOKCapped(t *testing.T) {
 				require.NoError(t, err)
 				st, err := testingv1.NewTestServiceClient(conn).Chat(ctx, tc.opts...)
 				require.NoError(t, err)
-				<-seen.ch // the four responses and the OK status arrived, unread
-				// grpc-go raises InTrailer before it queues the status for the
-				// stream's reader: give it the moment it takes, or a local
-				// send error can end even a plain grpc-go stream first.
-				time.Sleep(100 * time.Millisecond)
+				statusQueued(seen) // the four responses and the OK status arrived, unread
 
 				serr := st.Send(&testingv1.ChatRequest{Value: strings.Repeat("x", 4096)})
 				require.Error(t, serr, "a local error")
@@ -2018,4 +2014,13 @@ func abcChat() *testsvc.Service {
 		}
 		return nil
 	}}
+}
+
+// statusQueued waits until seen saw the stream's status arrive, then for
+// the moment grpc-go takes to queue it for the stream's reader after
+// raising InTrailer: a local send error in between ends even a plain
+// grpc-go stream with that error instead of its status.
+func statusQueued(seen trailerSeen) {
+	<-seen.ch
+	time.Sleep(100 * time.Millisecond)
 }
