@@ -579,7 +579,7 @@ func (cs *clientStream) releaseLocked(err error) {
 		// grant refunded when that proves nothing spent) and the stream
 		// ends with it; the caller's reads get the messages, then that
 		// status, as grpc-go's would.
-		if peerErr, ok := cs.drainLocked(cs.cur, nil); ok {
+		if ok, _, peerErr := cs.drainLocked(cs.cur, nil); ok {
 			if peerErr != nil {
 				cs.settleLocked(peerErr) // decided, and resolved, as a read would decide it
 				return
@@ -769,10 +769,7 @@ func (cs *clientStream) probeUnguardedLocked() {
 			return
 		}
 	}
-	var scratch proto.Message = &emptypb.Empty{}
-	if out := cs.w.cl.info.Output; out != nil {
-		scratch = out.New().Interface()
-	}
+	scratch := cs.scratch()
 	err := cur.RecvMsg(scratch)
 	if err == nil {
 		cs.pending = append(cs.pending, scratch)
@@ -795,17 +792,9 @@ func (cs *clientStream) probeUnguardedLocked() {
 // It reads nothing under a codec the call chose (ForceCodec and the like:
 // the messages may not decode into the response type, a raw proxy's never
 // do), and stops when the messages it read pass maxDrainBytes (a caller
-// that went away would rarely read them): it then reports no status, and
-// what it read stays the caller's.
-func (cs *clientStream) drainLocked(cur grpc.ClientStream, local error) (peerErr error, read bool) {
-	read, _, peerErr = cs.drainOrStopLocked(cur, local)
-	return peerErr, read
-}
-
-// drainOrStopLocked is drainLocked, also reporting whether it stopped
-// before the status (a codec of the call's, or the cap) rather than at the
-// caller's local error.
-func (cs *clientStream) drainOrStopLocked(cur grpc.ClientStream, local error) (read, stopped bool, peerErr error) {
+// that went away would rarely read them): it then reports no status but
+// stopped, and what it read stays the caller's.
+func (cs *clientStream) drainLocked(cur grpc.ClientStream, local error) (read, stopped bool, peerErr error) {
 	if cs.ownCodec {
 		return false, true, nil
 	}
@@ -814,10 +803,7 @@ func (cs *clientStream) drainOrStopLocked(cur grpc.ClientStream, local error) (r
 		if size > maxDrainBytes {
 			return false, true, nil
 		}
-		var scratch proto.Message = &emptypb.Empty{}
-		if out := cs.w.cl.info.Output; out != nil {
-			scratch = out.New().Interface()
-		}
+		scratch := cs.scratch()
 		var err error
 		cs.guardedLocked(func() { err = cur.RecvMsg(scratch) }) // buffered: the status has arrived
 		switch {
@@ -833,6 +819,16 @@ func (cs *clientStream) drainOrStopLocked(cur grpc.ClientStream, local error) (r
 			return true, false, err
 		}
 	}
+}
+
+// scratch is a new message to read a response into on the caller's behalf:
+// of the method's response type when the registry knows it, else an Empty
+// that keeps every field as unknown (deliverPending copies it whole).
+func (cs *clientStream) scratch() proto.Message {
+	if out := cs.w.cl.info.Output; out != nil {
+		return out.New().Interface()
+	}
+	return &emptypb.Empty{}
 }
 
 // maxDrainBytes bounds the messages drainLocked reads ahead of the caller.
@@ -924,7 +920,7 @@ func (cs *clientStream) SendMsg(m any) error {
 		}
 		stopped := false
 		if !cs.done && gen == cs.gen && !cs.settled && !cs.receiving && cs.t.delivery.state() == status.PeerStatus {
-			ok, early, peerErr := cs.drainOrStopLocked(cur, err)
+			ok, early, peerErr := cs.drainLocked(cur, err)
 			if ok {
 				o := cs.finishLocked(peerErr)
 				cs.endLocked(cs.n, cs.w.conclude(cs.n, cs.w.typed(cs.n, peerErr, o)))
