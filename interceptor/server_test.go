@@ -1128,3 +1128,36 @@ func TestCancelledChatKeepsItsSlot(t *testing.T) {
 		"the handler saw the caller cancel before the attempt's deadline")
 	require.Eventually(t, func() bool { s, _ := ctrl.Stats().Class("work"); return s.Running == 0 }, 3*time.Second, time.Millisecond)
 }
+
+// TestFinalRefusalTellsGRPCRetryToStop: a final refusal's
+// grpc-retry-pushback-ms is "-1", which grpc-go's own retry reads as "do
+// not retry" (gRFC A6), so a plain client whose service config repeats
+// RESOURCE_EXHAUSTED stops at once; before, the refusal's suggested delay
+// went out as a positive pushback, and the client repeated a refusal that
+// no repeat could change. The same refusal without Final is repeated, so
+// the plain client's retry is live.
+func TestFinalRefusalTellsGRPCRetryToStop(t *testing.T) {
+	svc := &testsvc.Service{
+		GetFunc: func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+			return nil, status.NotAdmitted(status.ReasonTenantLimit, status.WithRetryAfter(time.Millisecond), status.Final())
+		},
+		PutFunc: func(context.Context, *testingv1.PutRequest) (*testingv1.PutResponse, error) {
+			return nil, status.WithoutEffect(status.NotAdmitted(status.ReasonTenantLimit, status.WithRetryAfter(time.Millisecond)))
+		},
+	}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	const sc = `{"methodConfig":[{"name":[{"service":"tollgate.testing.v1.TestService"}],
+		"retryPolicy":{"maxAttempts":4,"initialBackoff":"0.001s","maxBackoff":"0.001s","backoffMultiplier":1,"retryableStatusCodes":["RESOURCE_EXHAUSTED"]}}]}`
+	plain := testingv1.NewTestServiceClient(end.DialT(t, grpc.WithDefaultServiceConfig(sc)))
+
+	var trailer metadata.MD
+	_, err := plain.Get(t.Context(), &testingv1.GetRequest{}, grpc.Trailer(&trailer))
+	require.Equal(t, codes.ResourceExhausted, grpcstatus.Code(err), "%v", err)
+	require.True(t, status.IsFinal(err))
+	require.Equal(t, []string{"-1"}, trailer.Get(status.PushbackKey))
+	require.Equal(t, int64(1), svc.Calls("Get"), "grpc-go's retry does not repeat a final refusal")
+
+	_, err = plain.Put(t.Context(), &testingv1.PutRequest{})
+	require.Equal(t, codes.ResourceExhausted, grpcstatus.Code(err), "%v", err)
+	require.Equal(t, int64(4), svc.Calls("Put"), "the same refusal, not final, is repeated by the plain client's retry")
+}

@@ -93,7 +93,7 @@ func check(t *testing.T, err error) {
 	}
 	if v, ok := status.Pushback(err); ok {
 		ms, perr := strconv.ParseInt(v, 10, 64)
-		if perr != nil || ms <= 0 || o.Kind != status.KindNotAdmitted {
+		if perr != nil || o.Kind != status.KindNotAdmitted || (ms <= 0) != o.Final() || (o.Final() && ms != -1) {
 			t.Fatalf("pushback %q for %v", v, o.Kind)
 		}
 	}

@@ -14,10 +14,13 @@ import (
 const PushbackKey = "grpc-retry-pushback-ms"
 
 // Pushback returns the value of the grpc-retry-pushback-ms trailer for an
-// error whose tollgate detail is NOT_ADMITTED and that suggests a delay (see
-// [RetryAfter]): the delay in whole milliseconds, rounded up, so that the
-// client never comes back early. ok is false for any other error, nil
-// included.
+// error whose tollgate detail is NOT_ADMITTED: for a final refusal, "-1",
+// which tells grpc-go's own retry not to repeat the call (gRFC A6: a
+// negative pushback means "do not retry"), since no repeat of the attempt
+// can help, whatever delay the detail suggests; otherwise, when the
+// refusal suggests a delay (see [RetryAfter]), the delay in whole
+// milliseconds, rounded up, so that the client never comes back early. ok
+// is false for any other error, nil included.
 func Pushback(err error) (value string, ok bool) {
 	if err == nil {
 		return "", false
@@ -25,6 +28,9 @@ func Pushback(err error) (value string, ok bool) {
 	x := inspect(err)
 	if k, ok := x.kind(); !ok || k != KindNotAdmitted {
 		return "", false
+	}
+	if x.final() {
+		return "-1", true
 	}
 	d, ok := x.retryAfter()
 	if !ok {
@@ -39,7 +45,8 @@ func Pushback(err error) (value string, ok bool) {
 
 // SetPushbackTrailer sets the grpc-retry-pushback-ms trailer, with the value
 // [Pushback] gives, on the server call of ctx (a handler's or server
-// interceptor's context) from a NOT_ADMITTED error that suggests a delay, and
+// interceptor's context) from a NOT_ADMITTED error that is final or
+// suggests a delay, and
 // does nothing and returns nil otherwise. grpc-go acts on the trailer only
 // when no header was sent before the status. It returns the error
 // grpc.SetTrailer returns (for example when ctx belongs to no server call).
