@@ -55,12 +55,13 @@ func fingerprint(method string, req any) (idempotency.Digest, error) {
 
 // fingerprint is the package's fingerprint of the request's method and
 // request, or, when the request cannot be marshalled, the refusal of the try
-// (nothing ran: NOT_ADMITTED REQUEST_TOO_LARGE).
+// (nothing ran: NOT_ADMITTED REQUEST_TOO_LARGE, final, as admission's is:
+// the same request fails the same way on every try).
 func (in *inbound) fingerprint(method string, req any) (idempotency.Digest, error) {
 	fp, err := fingerprint(method, req)
 	if err != nil {
 		return fp, status.NotAdmitted(status.ReasonRequestTooLarge, status.WithAttempt(in.s.ID, in.s.Call, in.s.Try),
-			status.WithMessage("interceptor: request cannot be marshalled: "+err.Error()))
+			status.Final(), status.WithMessage("interceptor: request cannot be marshalled: "+err.Error()))
 	}
 	return fp, nil
 }

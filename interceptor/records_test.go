@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // ledgerService is a state-changing service: Apply adds to a total and
@@ -306,4 +307,41 @@ func TestALateTryIsAnsweredByItsRecord(t *testing.T) {
 	require.Equal(t, status.ReasonDeadlineExpired, o.Reason, "no record: the late try is refused")
 	require.True(t, o.Final())
 	require.Equal(t, int64(1), ledger.effects.Load())
+}
+
+// spoilingCodec decodes as the proto codec, then gives an ApplyRequest keyed
+// "spoil" a key that is not UTF-8, which proto.Marshal refuses: a request
+// the handler could read but the record's fingerprint cannot be taken of.
+type spoilingCodec struct{}
+
+func (spoilingCodec) Marshal(v any) ([]byte, error) { return proto.Marshal(v.(proto.Message)) }
+func (spoilingCodec) Name() string                  { return "proto" }
+func (spoilingCodec) Unmarshal(data []byte, v any) error {
+	if err := proto.Unmarshal(data, v.(proto.Message)); err != nil {
+		return err
+	}
+	if r, ok := v.(*testingv1.ApplyRequest); ok && r.GetKey() == "spoil" {
+		r.Key = "\xff"
+	}
+	return nil
+}
+
+// TestUnfingerprintableRequestIsRefusedFinally: a request whose fingerprint
+// cannot be taken is refused REQUEST_TOO_LARGE before it runs, and the
+// refusal is final, as admission's REQUEST_TOO_LARGE is: the same request
+// fails the same way on every try, so the owner must not repeat it. Before,
+// the refusal was not final, and the owner spent its tries on it.
+func TestUnfingerprintableRequestIsRefusedFinally(t *testing.T) {
+	ledger := newLedger(nil)
+	end := recordedServer(t, &ledger.Service, memoryStore(t), grpc.ForceServerCodec(spoilingCodec{}))
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}))...))
+	var trailer metadata.MD
+	_, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "spoil", Amount: 1}, grpc.Trailer(&trailer))
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
+	require.Equal(t, status.ReasonRequestTooLarge, o.Reason)
+	require.True(t, o.Final(), "the same request cannot be fingerprinted on any try")
+	require.Equal(t, uint32(1), o.Detail.GetTry(), "the owner stops after the first try")
+	require.Zero(t, ledger.Calls("Apply"), "the handler never ran")
 }
