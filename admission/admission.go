@@ -185,9 +185,14 @@ type Controller struct {
 	control  *classState
 	m        *instruments
 
-	mu      sync.Mutex
-	epoch   time.Time
-	last    time.Time // latest time seen
+	mu    sync.Mutex
+	epoch time.Time
+	last  time.Time // latest time seen
+	// virtual is set once a caller drives the controller on a clock of
+	// its own (AdmitAt, AdmitDecisionAt): the time is then the caller's
+	// to give, so wake is no longer armed (it reads the wall clock) and
+	// the metrics callback observes at last.
+	virtual bool
 	closed  bool
 	queued  int
 	deg     degradeState
@@ -463,6 +468,7 @@ func (c *Controller) admit(ctx context.Context, r Request, now time.Time, timed 
 	if c.cfg.stages&StageSize != 0 && cs.cfg.MaxRequestBytes > 0 && r.Size > cs.cfg.MaxRequestBytes {
 		// The cheapest stage needs no state; the lock only counts it.
 		c.mu.Lock()
+		c.virtual = c.virtual || !timed
 		c.advance(now)
 		d.QueuedAhead = cs.queue.n
 		c.countRefusal(cs, status.ReasonRequestTooLarge)
@@ -472,6 +478,7 @@ func (c *Controller) admit(ctx context.Context, r Request, now time.Time, timed 
 		return nil, d, refusal(cs, status.ReasonRequestTooLarge, 0, true)
 	}
 	c.mu.Lock()
+	c.virtual = c.virtual || !timed
 	c.advance(now)
 	p, w, reason, ra, ahead := c.decideLocked(r, cs, now)
 	c.unlock()
@@ -835,7 +842,9 @@ func (c *Controller) waiting() bool {
 func (c *Controller) awake() {
 	c.mu.Lock()
 	c.wakeAt = 0
-	if c.closed {
+	if c.closed || c.virtual {
+		// Closed; or driven on a virtual clock since the timer was
+		// armed, whose time the wall clock says nothing of.
 		c.mu.Unlock()
 		return
 	}
@@ -1375,7 +1384,7 @@ func (c *Controller) unlock() {
 	if due != c.due.Load() {
 		c.due.Store(due)
 	}
-	if c.cfg.realClock && !c.closed && due != 0 && (c.wakeAt == 0 || due < c.wakeAt) && c.waiting() {
+	if c.cfg.realClock && !c.virtual && !c.closed && due != 0 && (c.wakeAt == 0 || due < c.wakeAt) && c.waiting() {
 		c.wakeAt = due
 		if c.wake == nil {
 			c.wake = time.AfterFunc(time.Until(time.Unix(0, due)), c.awake)

@@ -1,0 +1,52 @@
+package admission_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/admission"
+	"github.com/tollgate-go/tollgate/status"
+)
+
+// Found with TestCollectDoesNotMoveAVirtualClock: on the real clock the
+// controller arms a timer of its own, while requests wait, for when time
+// alone changes its state (here an override's expiry). Driven on a virtual
+// clock (AdmitAt), that expiry lay years before the wall clock: the timer
+// fired at once and brought the controller up to the wall clock, expiring
+// an override set for an hour of virtual time. A virtual clock's time is
+// its caller's to give.
+func TestWakeTimerDoesNotMoveAVirtualClock(t *testing.T) {
+	c, err := admission.New(
+		admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 4, ExpectedServiceTime: time.Second},
+			admission.Class{Name: "other", Slots: 1}),
+		admission.WithDefaultClass("work"), admission.WithMethods("other", "/demo.Other/"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+
+	t0 := time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC) // virtual time
+	p, err := c.AdmitAt(context.Background(), work("/demo.W/Do"), t0)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	waited := make(chan error, 1)
+	go func() { _, err := c.AdmitAt(ctx, work("/demo.W/Do"), t0); waited <- err }()
+	for {
+		if s, _ := c.StatsAt(t0).Class("work"); s.Queued == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	_, err = c.SetOverrideAt(context.Background(), admission.Override{
+		Actor: "test", Reason: "freeze for an hour of virtual time", Class: "other", Freeze: true, TTL: time.Hour,
+	}, t0)
+	require.NoError(t, err)
+	time.Sleep(50 * time.Millisecond) // the timer, armed for a past instant, would have fired
+
+	_, err = c.AdmitAt(context.Background(), work("/demo.Other/Do"), t0.Add(time.Second))
+	require.Equal(t, status.ReasonShed, status.OutcomeOf(err).Reason, "the override was expired by the wall clock")
+
+	cancel()
+	<-waited
+	p.ReleaseAt(t0.Add(2 * time.Second))
+}
