@@ -149,9 +149,19 @@ func (c *Controller) advance(now time.Time) {
 // to saturate the state machine, the rest that would end alike are skipped
 // at once (see skipWindows).
 func (c *Controller) rollWindows(now time.Time) {
+	before := c.mode()
+	c.closeWindows(now)
+	if after := c.mode(); after != before && after == ModeDegraded {
+		c.shedQueued(now)
+	}
+	c.pump(now)
+}
+
+// closeWindows is rollWindows without its consequences for the queues: it
+// closes the windows and moves the state machine only.
+func (c *Controller) closeWindows(now time.Time) {
 	d := &c.deg
 	w := d.cfg.Window
-	before := c.mode()
 	c.foldTapRefusals()
 	saturate := d.cfg.EnterAfter + 2*d.cfg.ExitAfter + 2
 	for i := 0; !now.Before(d.winEnd); i++ {
@@ -172,10 +182,57 @@ func (c *Controller) rollWindows(now time.Time) {
 			i = 0 // the windows after the skip differ from those before it
 		}
 	}
-	if after := c.mode(); after != before && after == ModeDegraded {
-		c.shedQueued(now)
+}
+
+// peekMode is the effective mode that advance(now) would leave, worked out
+// without changing anything: the metrics callback's, since collecting
+// metrics must not move the controller (on a test clock it would start
+// waiters, drop shed ones and close windows at the collection's time, not
+// at the next call's). The windows are closed on the live state and the
+// state is then put back; overrides that expire by now end their forced
+// mode, but their other limits are judged as in force, a peek's only
+// approximation.
+func (c *Controller) peekMode(now time.Time) Mode {
+	forced := c.ovr.forced
+	if len(c.ovr.list) > 0 && !now.Before(c.ovr.nextExpiry) {
+		forced = 0
+		for _, a := range c.ovr.list {
+			if now.Before(a.Expires) && a.Mode != 0 {
+				forced = a.Mode // the latest wins, as in applyOverrides
+			}
+		}
 	}
-	c.pump(now)
+	if forced != 0 {
+		return forced
+	}
+	if c.cfg.stages&StageDegradation == 0 {
+		return ModeNormal
+	}
+	if now.Before(c.deg.winEnd) {
+		return c.deg.mode
+	}
+	type classSaved struct {
+		wasStepped                  bool
+		unsteppedAt                 time.Time
+		tapFolded, tapSteppedFolded [len(tapReasons)]uint64
+	}
+	saved := make([]classSaved, len(c.classes))
+	for i, cs := range c.classes {
+		saved[i] = classSaved{cs.wasStepped, cs.unsteppedAt, cs.tapFolded, cs.tapSteppedFolded}
+	}
+	deg, ovrForced, pending, traces := c.deg, c.ovr.forced, len(c.pending), len(c.traces)
+	c.ovr.forced = 0
+	c.closeWindows(now)
+	m := c.deg.mode
+	c.deg, c.ovr.forced = deg, ovrForced
+	clear(c.pending[pending:])
+	clear(c.traces[traces:])
+	c.pending, c.traces = c.pending[:pending], c.traces[:traces]
+	for i, cs := range c.classes {
+		s := saved[i]
+		cs.wasStepped, cs.unsteppedAt, cs.tapFolded, cs.tapSteppedFolded = s.wasStepped, s.unsteppedAt, s.tapFolded, s.tapSteppedFolded
+	}
+	return m
 }
 
 // skipWindows moves past the empty windows ending by now that would close as

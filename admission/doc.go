@@ -138,5 +138,9 @@
 // [Permit.AbandonAt], [Controller.ModeAt], [Controller.StatsAt] and
 // [Controller.OverridesAt]; windows and overrides are
 // evaluated lazily from the times given, so the controller starts no
-// goroutine.
+// goroutine: once driven with AdmitAt it arms no timer of its own, and its
+// metrics observe it as of the latest time given. Collecting metrics is an
+// observation only: it changes no state (the mode gauge is the mode that
+// the windows closed by now would give, worked out and put back), so a
+// controller behaves alike whether and whenever its metrics are read.
 package admission

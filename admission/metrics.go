@@ -108,12 +108,18 @@ func newInstruments(c *Controller) (*instruments, error) {
 		cs.attrs = a
 	}
 	m.reg, err = meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		// Collecting is an observation: it changes nothing, unlike Mode
+		// and Stats, which bring the controller up to date first. The
+		// gauges say how things are now — the mode as advance would leave
+		// it (peekMode) — on the controller's own clock; on the virtual
+		// clock of a caller driving it with AdmitAt, whose time the wall
+		// clock says nothing of, as of the latest time that caller gave.
 		c.mu.Lock()
-		defer c.unlock()
-		now := maxTime(c.cfg.now(), c.last)
-		// Close the elapsed windows and expire overrides first, as Mode and
-		// Stats do: the gauges say how things are now, not at the last call.
-		c.advance(now)
+		defer c.mu.Unlock()
+		now := c.last
+		if !c.virtual {
+			now = maxTime(c.cfg.now(), c.last)
+		}
 		for _, cs := range c.classes {
 			o.ObserveFloat64(work, time.Duration(cs.queuedWork).Seconds(), cs.attrs.observe...)
 			var oldest time.Duration
@@ -124,7 +130,7 @@ func newInstruments(c *Controller) (*instruments, error) {
 			o.ObserveInt64(fa, int64(cs.falseAccepts), cs.attrs.observe...)
 			o.ObserveInt64(fr, int64(cs.falseRejects), cs.attrs.observe...)
 		}
-		o.ObserveInt64(mode, int64(c.mode()))
+		o.ObserveInt64(mode, int64(c.peekMode(now)))
 		return nil
 	}, work, age, fa, fr, mode)
 	if err != nil {
