@@ -622,7 +622,10 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 		wait = classWait
 	}
 	if c.cfg.stages&StageDeadline != 0 && !r.Deadline.IsZero() {
-		if now.After(r.Deadline) {
+		if !now.Before(r.Deadline) {
+			// At its deadline a request has expired (its caller's context
+			// is done) and no work fits, whatever the estimate: unknown
+			// (0) it would otherwise let the request start.
 			callerOnly = true
 			return refuse(status.ReasonDeadlineExpired)
 		}
@@ -1073,10 +1076,12 @@ func (c *Controller) tenantHeld(cs *classState, w *waiter) bool {
 }
 
 // expiredLocked reports whether waiter w of cs is expired for its purpose
-// (with the dequeue stage on): past its deadline, or unable to finish by it
-// (a job that would finish exactly at its deadline still starts).
+// (with the dequeue stage on): at or past its deadline (no work fits, even
+// of an unknown, 0, service time), or unable to finish by it (a job that
+// would finish exactly at its deadline still starts).
 func (c *Controller) expiredLocked(cs *classState, w *waiter, now time.Time) bool {
-	return c.cfg.stages&StageDequeue != 0 && !w.deadline.IsZero() && now.Add(cs.est.service()).After(w.deadline)
+	return c.cfg.stages&StageDequeue != 0 && !w.deadline.IsZero() &&
+		(!now.Before(w.deadline) || now.Add(cs.est.service()).After(w.deadline))
 }
 
 // mayHaveExpiredLocked reports whether a waiter of cs may be expired for
@@ -1084,7 +1089,7 @@ func (c *Controller) expiredLocked(cs *classState, w *waiter, now time.Time) boo
 // it, is (expiredLocked). When it reports false, none is.
 func (c *Controller) mayHaveExpiredLocked(cs *classState, now time.Time) bool {
 	s := cs.queue.soonest
-	return c.cfg.stages&StageDequeue != 0 && !s.IsZero() && now.Add(cs.est.service()).After(s)
+	return c.cfg.stages&StageDequeue != 0 && !s.IsZero() && (!now.Before(s) || now.Add(cs.est.service()).After(s))
 }
 
 // dropExpiredLocked drops, unrun with DEADLINE_EXPIRED, the waiters of cs

@@ -35,7 +35,8 @@
 //     waiters that can no longer finish have left), or over its running
 //     requests in a class without a queue that has a slot free →
 //     TENANT_LIMIT;
-//  3. deadline: already passed → DEADLINE_EXPIRED; predicted wait (for a
+//  3. deadline: already passed, or reached (no time left) →
+//     DEADLINE_EXPIRED; predicted wait (for a
 //     request held back only by its tenant's running limit, its tenant's
 //     own start wait; for one whose tenant is at that limit in a full
 //     class, the longer of the two) + learned service time + safety margin
@@ -81,7 +82,11 @@
 // that is idle (nothing of it running or waiting) admits a request whose
 // deadline leaves room for ExpectedServiceTime (any, when that is 0) even if
 // the learned estimate is larger: the probe re-teaches the estimate, and at
-// most one such request runs at a time. The predicted wait of a request that finds no
+// most one such request runs at a time. A class without
+// ExpectedServiceTime that has learned nothing yet predicts no service time:
+// until its first request is released, its deadline stage refuses only
+// deadlines that have passed or are reached and waits longer than the time
+// left, and admits a request with any time left, however little. The predicted wait of a request that finds no
 // slot is the learned work queued ahead plus the remaining work of the
 // class's running requests, spread over its slots (seed 004); each running
 // request counts the learned mean minus its elapsed time, but at least a
