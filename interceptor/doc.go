@@ -19,8 +19,9 @@
 // defaults (WithDefaultAllowance, WithMaxAttemptTime, WithTenant); a
 // malformed header is counted (tollgate.metadata.malformed) and ignored. A
 // try whose attempt deadline (plus WithClockSkew) has passed is refused,
-// DEADLINE_EXPIRED — unless the call keeps records and a record answers it
-// (a finished record answers every later try, even a late one). The handler
+// DEADLINE_EXPIRED, and counted in tollgate.deadline.misses{stage=arrival}
+// — unless the call keeps records and a record answers it (a finished record
+// answers every later try, even a late one). The handler
 // runs with a deadline of min(grpc-timeout, attempt deadline + skew) — with a
 // record store (WithAttemptStore), on a context detached from the client's
 // cancellation with deadline exactly the attempt deadline + skew, so that a
@@ -168,7 +169,9 @@
 // recording (e.g. otelgrpc's); it starts no span of its own. Metrics:
 // tollgate.client.tries{outcome} (tries that may have been sent),
 // tollgate.allowance.exhausted,
-// tollgate.retry_budget.exhausted, tollgate.metadata.malformed{trusted}, and
-// the admission package's. No tenant or attempt ID is a metric label.
+// tollgate.retry_budget.exhausted, tollgate.metadata.malformed{trusted},
+// tollgate.deadline.misses{stage=arrival} (tries refused for coming after
+// their attempt's deadline, which admission never sees), and the admission
+// package's. No tenant or attempt ID is a metric label.
 // Providers come from options, by default the global ones.
 package interceptor

@@ -105,7 +105,7 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 			// disagree by more than the skew): end it as a tombstone, unrun.
 			_ = sv.cfg.store.Finish(ctx, idempotency.FinishRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp,
 				State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, Minted: s.Origin})
-			return false, nil, expired(s)
+			return false, nil, sv.expired(ctx, s)
 		}
 		return true, nil, nil
 	}
@@ -130,6 +130,9 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 	case idempotency.RefusedMismatch:
 		return false, nil, status.RequestMismatch(recordOutcome(rec), id)
 	case idempotency.RefusedDeadlineExpired:
+		// The store's clock says the try came late: a miss on arrival, as
+		// the server's own (expired).
+		sv.tel.late.Add(ctx, 1, arrivalStage)
 		return false, nil, status.NotAdmitted(status.ReasonDeadlineExpired, id, status.Final())
 	case idempotency.RefusedUnverifiable:
 		if !res.VerifiableFrom.IsZero() {

@@ -156,7 +156,7 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 	if !now.Before(st.Deadline.Add(sv.cfg.skew)) {
 		if !sv.recorded(in) {
 			in.s = st
-			return in, expired(st) // in: the answer still carries tollgate-spent for r=1
+			return in, sv.expired(ctx, st) // in: the answer still carries tollgate-spent for r=1
 		}
 		// A finished record answers every later try, even a late one
 		// (DESIGN.md §3.7): the store decides, and refuses the late try
@@ -206,8 +206,10 @@ func tenantToken(t string) string {
 	return "h." + hex.EncodeToString(sum[:20])
 }
 
-// expired is the refusal of a try that came after its attempt's deadline.
-func expired(s *attemptState) error {
+// expired is the refusal of a try that came after its attempt's deadline,
+// counted in tollgate.deadline.misses{stage=arrival}.
+func (sv *server) expired(ctx context.Context, s *attemptState) error {
+	sv.tel.late.Add(ctx, 1, arrivalStage)
 	return status.NotAdmitted(status.ReasonDeadlineExpired, status.Fields{
 		AttemptID: s.ID, Call: s.Call, Try: s.Try, Final: true,
 		Message: "interceptor: the attempt's deadline has passed",
@@ -642,7 +644,7 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 			// late try (begin), a recorded one is answered by its record
 			// alone, and another is refused.
 			if !recorded {
-				err := expired(in.s)
+				err := sv.expired(ctx, in.s)
 				sv.setStreamTrailer(ss, in, 0, err)
 				return err
 			}

@@ -77,7 +77,15 @@ func newClientTelemetry(c *clientConfig) (*clientTelemetry, error) {
 type serverTelemetry struct {
 	tracer    trace.Tracer
 	malformed metric.Int64Counter
+	// late counts the tries refused DEADLINE_EXPIRED because they came
+	// after their attempt's deadline (plus the skew) with no record to
+	// answer them: the interceptor refuses them before admission, so the
+	// controller's own tollgate.deadline.misses never sees them.
+	late metric.Int64Counter
 }
+
+// arrivalStage is the stage attribute of the late tries' count.
+var arrivalStage = metric.WithAttributeSet(attribute.NewSet(attribute.String("stage", "arrival")))
 
 func newServerTelemetry(c *serverConfig) (*serverTelemetry, error) {
 	m := c.meter.Meter(instrumentationName)
@@ -87,5 +95,11 @@ func newServerTelemetry(c *serverConfig) (*serverTelemetry, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &serverTelemetry{tracer: c.tracer.Tracer(instrumentationName), malformed: malformed}, nil
+	late, err := m.Int64Counter("tollgate.deadline.misses",
+		metric.WithDescription("Deadlines missed, by stage: arrival (a try that came after its attempt's deadline, refused before admission)."),
+		metric.WithUnit("{request}"))
+	if err != nil {
+		return nil, err
+	}
+	return &serverTelemetry{tracer: c.tracer.Tracer(instrumentationName), malformed: malformed, late: late}, nil
 }

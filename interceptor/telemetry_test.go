@@ -2,9 +2,11 @@ package interceptor_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/interceptor"
@@ -157,4 +159,48 @@ func TestAdmissionEventOnTheServerSpan(t *testing.T) {
 		}
 	}
 	require.True(t, found)
+}
+
+// TestLateTryIsCountedAsADeadlineMiss: a try that comes after its attempt's
+// deadline is refused DEADLINE_EXPIRED by the interceptor before admission,
+// or by the store's Begin for a recorded call, so the controller's
+// tollgate.deadline.misses never saw it; such tries went into no metric
+// (the decision is in neither the controller's decisions nor its misses).
+// They are now counted in tollgate.deadline.misses{stage=arrival}.
+func TestLateTryIsCountedAsADeadlineMiss(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	ledger := newLedger(nil)
+	ledger.GetFunc = okGet
+	end := recordedServer(t, &ledger.Service, memoryStore(t), interceptor.ServerOptions(
+		interceptor.WithServerMeterProvider(mp), interceptor.WithTrustedPeer(interceptor.TrustAll), interceptor.WithClockSkew(0))...)
+	client := testingv1.NewTestServiceClient(end.DialT(t)) // a plain client: the header is the test's
+	late := func() context.Context {
+		id, err := uuid.NewV7()
+		require.NoError(t, err)
+		v := fmt.Sprintf("a=%s;d=%d", id, time.Now().Add(-time.Second).UnixMilli())
+		return metadata.AppendToOutgoingContext(t.Context(), "tollgate", v)
+	}
+	_, err := client.Get(late(), &testingv1.GetRequest{})
+	require.Equal(t, status.ReasonDeadlineExpired, status.OutcomeOf(err).Reason, "%v", err)
+	_, err = client.Apply(late(), &testingv1.ApplyRequest{Key: "k", Amount: 1})
+	require.Equal(t, status.ReasonDeadlineExpired, status.OutcomeOf(err).Reason, "%v", err)
+	require.Zero(t, ledger.Calls("Get")+ledger.Calls("Apply"))
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(t.Context(), &rm))
+	var arrival int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "tollgate.deadline.misses" {
+				for _, dp := range sum.DataPoints {
+					if v, _ := dp.Attributes.Value("stage"); v.AsString() == "arrival" {
+						arrival += dp.Value
+					}
+				}
+			}
+		}
+	}
+	require.Equal(t, int64(2), arrival, "each late try is one miss on arrival")
 }
