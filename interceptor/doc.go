@@ -155,8 +155,11 @@
 //
 // The client starts a tollgate.call span per call (parent of each try's
 // RPC span) with the attempt ID, call key, try (the last try sent; a repeat
-// refused before it left is not one), allowance granted and spent,
-// outcome, reason and refusing class, and events tollgate.allowance.spend
+// refused before it left is not one), allowance granted and spent (this
+// tier's ledger for the attempt when the call ended: at the origin the
+// allowance and the units the attempt's calls spent so far, below it the
+// grant the server received and what it spent), outcome, reason and
+// refusing class, and events tollgate.allowance.spend
 // (per try, once it ended: units spent — 0 for the origin's tries and for
 // one that never left the client —, grant, units free after it),
 // tollgate.retry (try: the repeat about to be sent, recorded once it
