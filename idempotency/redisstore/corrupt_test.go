@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -162,4 +163,55 @@ func TestFarDeadlineRecordStaysReadable(t *testing.T) {
 	rec, err := s.Get(ctx, k)
 	require.NoError(t, err, "nothing unreadable was written")
 	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN, rec.GetState())
+}
+
+// A tenant's horizon key of this Redis whose "at" is not a time this store
+// writes (digits, from 1 ms to the year 9999) is an error for every call, as
+// a hash at a record key that is not a record is: a store that cannot read
+// its horizon cannot tell which absences are evidence. horizon() returned
+// Lua's tonumber of any such value: a negative, zero, fractional,
+// hexadecimal, exponent or space-led one, or "-inf", read as a horizon
+// before the attempt, so Get answered UNSEEN and Fence wrote a tombstone on
+// the strength of it, and Begin started the try; one tonumber cannot read
+// made inside() compare nil, an error, except for an attempt the server
+// minted, which skips that comparison and began; and "inf", "nan" or a time
+// past the year 9999 refused every attempt as unverifiable until then.
+func TestCorruptHorizonIsAnError(t *testing.T) {
+	for name, at := range map[string]string{
+		"empty":              "",
+		"foreign":            "garbage",
+		"negative":           "-5",
+		"zero":               "0",
+		"minus infinity":     "-inf",
+		"infinity":           "inf",
+		"nan":                "nan",
+		"hexadecimal":        "0x10",
+		"exponent":           "1e3",
+		"fractional":         "1.5",
+		"leading space":      " 1700000000000",
+		"past the year 9999": "253402300800000",
+		"overlong":           "99999999999999999999",
+	} {
+		t.Run(name, func(t *testing.T) {
+			c, s, clock, k, rk := atRecordKey(t)
+			ctx := context.Background()
+			prefix, _, _ := strings.Cut(rk, "{")
+			hk := horizonKey(prefix, k.Tenant)
+			require.NoError(t, c.HSet(ctx, hk, "at", at).Err()) // its identity stays this Redis's
+
+			rec, err := s.Get(ctx, k)
+			require.ErrorIs(t, err, idempotency.ErrStoreUnavailable, "Get answered %v on the horizon %q", rec.GetState(), at)
+			rec, err = s.Fence(ctx, k, 1)
+			require.ErrorIs(t, err, idempotency.ErrStoreUnavailable, "Fence answered %v on the horizon %q", rec.GetState(), at)
+			res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
+			require.ErrorIs(t, err, idempotency.ErrStoreUnavailable, "Begin answered started %v, refusal %v on the horizon %q",
+				res.Started, res.Refusal, at)
+			minted := idempotency.Key{Tenant: k.Tenant, AttemptID: storetest.AttemptIDAt(clock.Now()), Call: "0", Method: k.Method}
+			res, err = s.Begin(ctx, idempotency.BeginRequest{Key: minted, Try: 1, Deadline: clock.Now().Add(time.Second), Minted: true})
+			require.ErrorIs(t, err, idempotency.ErrStoreUnavailable, "a minted attempt's Begin answered started %v, refusal %v on the horizon %q",
+				res.Started, res.Refusal, at)
+			require.Zero(t, c.Exists(ctx, rk).Val(), "a record was written on the horizon %q", at)
+			require.Equal(t, at, c.HGet(ctx, hk, "at").Val(), "the horizon was rewritten")
+		})
+	}
 }

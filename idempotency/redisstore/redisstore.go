@@ -27,7 +27,12 @@
 //     policy's skew after it a tollgate client's attempts are refused
 //     (ATTEMPT_UNVERIFIABLE); an attempt the server minted for the request
 //     itself (idempotency.BeginRequest.Minted: a caller without a tollgate
-//     header, or one the server does not trust) begins at once.
+//     header, or one the server does not trust) begins at once. A horizon
+//     key of this Redis whose time the store cannot have written (not
+//     digits, zero, or past the year 9999) is an error for every call of its
+//     tenant (ErrStoreUnavailable), as a record key holding a hash that is
+//     not a record is: the store cannot tell which absences are evidence.
+//     Deleting the key moves the horizon to now.
 //   - Redis replicates asynchronously. Without [WithReplicas], a write that
 //     Redis acknowledged can be lost if the primary fails before a replica
 //     copied it; the horizon check then makes the loss visible (UNKNOWN)

@@ -56,10 +56,25 @@ end
 -- horizon moved in, whose record may have been lost, stays outside it). An
 -- attempt lies inside only when created a skew after it, so one created
 -- before the move by a client a skew ahead stays outside too.
+--
+-- A horizon key of this Redis whose time is not one this store writes (n()
+-- writes digits only; Lua's tonumber also reads a sign, a fraction, a
+-- space, "0x10" and "-inf") or lies outside 1 ms .. the year 9999 is an
+-- error, as a hash at a record key that is not a record is (see load): read
+-- as it stands, a time before every attempt's would vouch for every
+-- absence, and moving the horizon over it would hide that something other
+-- than this store wrote there. MAX_AT is maxStampMs.
+local MAX_AT = 253402300799999
 local function horizon(hk, now, skew, readonly)
   local h = redis.call('HMGET', hk, 'at', 'id')
   local id = identity()
-  if h[1] and h[2] == id then return tonumber(h[1]) end
+  if h[1] and h[2] == id then
+    local at = #h[1] <= 15 and string.match(h[1], '^[1-9]%d*$') and tonumber(h[1])
+    if not at or at > MAX_AT then
+      error('tollgate: the hash at ' .. hk .. ' is not a horizon: field at')
+    end
+    return at
+  end
   if readonly then return nil end
   local t = redis.call('TIME')
   local at = math.max(now, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + 1)
