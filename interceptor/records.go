@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -171,7 +172,9 @@ const msgUnverifiable = "interceptor: the record store cannot vouch for this att
 func (sv *server) beforeHorizon(s *attemptState, id status.Option, verifiableFrom time.Time) error {
 	var wait time.Duration
 	if s.Try == 1 && !callkey.Explicit(s.Call) {
-		wait = max(verifiableFrom.Add(sv.cfg.skew).Sub(sv.cfg.now()), 0)
+		// Capped, so that the jitter cannot wrap a horizon centuries ahead
+		// (Sub saturates at the longest Duration) into a negative wait.
+		wait = min(max(verifiableFrom.Add(sv.cfg.skew).Sub(sv.cfg.now()), 0), math.MaxInt64/2)
 		if wait > 0 {
 			wait += rand.N(wait/2 + 1) // jittered upwards: never before it can pass, not all at once
 		}

@@ -345,3 +345,25 @@ func TestUnfingerprintableRequestIsRefusedFinally(t *testing.T) {
 	require.Equal(t, uint32(1), o.Detail.GetTry(), "the owner stops after the first try")
 	require.Zero(t, ledger.Calls("Apply"), "the handler never ran")
 }
+
+// TestBeforeHorizonRetryAfterNeverWraps: the retry-after of a try refused
+// for coming before its store's horizon is the time until the horizon
+// (plus the skew), jittered upwards by up to a half. A horizon centuries
+// ahead (a Redis horizon key may hold any time up to the year 9999) made
+// Time.Sub saturate at the longest Duration, and the jitter then wrapped it
+// negative: a refusal asking its caller to come back in the past.
+func TestBeforeHorizonRetryAfterNeverWraps(t *testing.T) {
+	for _, from := range []time.Time{
+		time.Now().Add(time.Hour),
+		time.Now().AddDate(200, 0, 0),
+		time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC),
+	} {
+		for range 20 { // the jitter is random; a wrap needs only a draw over 0
+			err := interceptor.BeforeHorizonRefusal(from)
+			require.Equal(t, status.ReasonAttemptUnverifiable, status.OutcomeOf(err).Reason)
+			d, ok := status.RetryAfter(err)
+			require.True(t, ok, "a retry-after is suggested for a horizon at %v", from)
+			require.GreaterOrEqual(t, d, time.Until(from)/2, "the wait reaches towards the horizon at %v", from)
+		}
+	}
+}
