@@ -188,10 +188,12 @@ type Controller struct {
 	mu    sync.Mutex
 	epoch time.Time
 	last  time.Time // latest time seen
-	// virtual is set once a caller drives the controller on a clock of
-	// its own (AdmitAt, AdmitDecisionAt): the time is then the caller's
-	// to give, so wake is no longer armed (it reads the wall clock) and
-	// the metrics callback observes at last.
+	// virtual is set while a caller drives the controller on a clock of
+	// its own: by the last admission's kind, AdmitAt or AdmitDecisionAt
+	// (set) or Admit, AdmitDecision or the tap (cleared). While it is set
+	// the time is the caller's to give, so wake is not armed (it reads the
+	// wall clock) and the metrics callback observes at last; an Admit
+	// clears it and arms wake again for its waiters.
 	virtual bool
 	closed  bool
 	queued  int
@@ -468,7 +470,7 @@ func (c *Controller) admit(ctx context.Context, r Request, now time.Time, timed 
 	if c.cfg.stages&StageSize != 0 && cs.cfg.MaxRequestBytes > 0 && r.Size > cs.cfg.MaxRequestBytes {
 		// The cheapest stage needs no state; the lock only counts it.
 		c.mu.Lock()
-		c.virtual = c.virtual || !timed
+		c.virtual = !timed
 		c.advance(now)
 		d.QueuedAhead = cs.queue.n
 		c.countRefusal(cs, status.ReasonRequestTooLarge)
@@ -478,7 +480,7 @@ func (c *Controller) admit(ctx context.Context, r Request, now time.Time, timed 
 		return nil, d, refusal(cs, status.ReasonRequestTooLarge, 0, true)
 	}
 	c.mu.Lock()
-	c.virtual = c.virtual || !timed
+	c.virtual = !timed
 	c.advance(now)
 	p, w, reason, ra, ahead := c.decideLocked(r, cs, now)
 	c.unlock()
@@ -622,10 +624,7 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 		wait = classWait
 	}
 	if c.cfg.stages&StageDeadline != 0 && !r.Deadline.IsZero() {
-		if !now.Before(r.Deadline) {
-			// At its deadline a request has expired (its caller's context
-			// is done) and no work fits, whatever the estimate: unknown
-			// (0) it would otherwise let the request start.
+		if expiredAt(cs, r.Deadline, now) {
 			callerOnly = true
 			return refuse(status.ReasonDeadlineExpired)
 		}
@@ -1075,13 +1074,22 @@ func (c *Controller) tenantHeld(cs *classState, w *waiter) bool {
 	return w.tenantOn && cs.cfg.TenantRunning > 0 && cs.tenants[w.tenant].running >= cs.cfg.TenantRunning
 }
 
+// expiredAt reports whether a request of cs with deadline d has expired at
+// now: past d, or at d while the class's service time is unknown (no
+// ExpectedServiceTime, nothing learned), whose 0 would otherwise start work
+// with no time left. A known service time, even a learned 0, decides by
+// itself at d: a job that would finish exactly at its deadline is still
+// useful (DESIGN.md §3.9).
+func expiredAt(cs *classState, d, now time.Time) bool {
+	return now.After(d) || (now.Equal(d) && cs.est.unknown())
+}
+
 // expiredLocked reports whether waiter w of cs is expired for its purpose
-// (with the dequeue stage on): at or past its deadline (no work fits, even
-// of an unknown, 0, service time), or unable to finish by it (a job that
-// would finish exactly at its deadline still starts).
+// (with the dequeue stage on): expired (expiredAt), or unable to finish by
+// its deadline (a job that would finish exactly at it still starts).
 func (c *Controller) expiredLocked(cs *classState, w *waiter, now time.Time) bool {
 	return c.cfg.stages&StageDequeue != 0 && !w.deadline.IsZero() &&
-		(!now.Before(w.deadline) || now.Add(cs.est.service()).After(w.deadline))
+		(expiredAt(cs, w.deadline, now) || now.Add(cs.est.service()).After(w.deadline))
 }
 
 // mayHaveExpiredLocked reports whether a waiter of cs may be expired for
@@ -1089,7 +1097,7 @@ func (c *Controller) expiredLocked(cs *classState, w *waiter, now time.Time) boo
 // it, is (expiredLocked). When it reports false, none is.
 func (c *Controller) mayHaveExpiredLocked(cs *classState, now time.Time) bool {
 	s := cs.queue.soonest
-	return c.cfg.stages&StageDequeue != 0 && !s.IsZero() && (!now.Before(s) || now.Add(cs.est.service()).After(s))
+	return c.cfg.stages&StageDequeue != 0 && !s.IsZero() && (expiredAt(cs, s, now) || now.Add(cs.est.service()).After(s))
 }
 
 // dropExpiredLocked drops, unrun with DEADLINE_EXPIRED, the waiters of cs

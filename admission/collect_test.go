@@ -2,6 +2,8 @@ package admission_test
 
 import (
 	"context"
+	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -10,6 +12,7 @@ import (
 	"github.com/tollgate-go/tollgate/status"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"google.golang.org/grpc/tap"
 )
 
 // gaugeOf returns the value of the float gauge name for class, from ms.
@@ -111,4 +114,113 @@ func TestCollectDoesNotChangeTheOutcomeOnATestClock(t *testing.T) {
 	without := run(false)
 	require.InDelta(t, 15.0, without, 1e-9, "the waiter starts at the release, 15 s after it arrived")
 	require.InDelta(t, without, run(true), 1e-9, "a collect in between changed when the waiter started")
+}
+
+// The mode gauge a collection observes (peekMode) is the mode that
+// bringing the controller up to date at the same instant gives, and the
+// collection changes nothing the next call sees (a guard of peekMode,
+// which works the mode out on the live state and puts it back).
+func TestCollectedModeIsTheModeNow(t *testing.T) {
+	for seed := uint64(1); seed <= 40; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		clk := newClock()
+		reader := sdkmetric.NewManualReader()
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+		var events []admission.Event
+		c, err := admission.New(admission.WithClock(clk.Now), admission.WithMeterProvider(mp),
+			admission.WithObserver(func(e admission.Event) { events = append(events, e) }),
+			admission.WithDegradation(admission.Degradation{Window: time.Second, MinDecisions: 2, EnterAfter: 1 + rng.IntN(2), ExitAfter: 1 + rng.IntN(3)}),
+			admission.WithClasses(admission.Class{Name: "a", Slots: 2, ExpectedServiceTime: time.Second},
+				admission.Class{Name: "opt", Slots: 3, Optional: true}),
+			admission.WithDefaultClass("a"), admission.WithMethods("opt", "/demo.Opt/"))
+		require.NoError(t, err)
+		var held []*admission.Permit
+		for step := 0; step < 200; step++ {
+			switch k := rng.IntN(10); {
+			case k < 4:
+				m := "/demo.W/Do"
+				if rng.IntN(2) == 0 {
+					m = "/demo.Opt/Do"
+				}
+				if p, err := c.Admit(context.Background(), work(m)); err == nil {
+					held = append(held, p)
+				}
+			case k < 6 && len(held) > 0:
+				i := rng.IntN(len(held))
+				held[i].Release()
+				held = append(held[:i], held[i+1:]...)
+			case k == 6:
+				_, _ = c.SetOverride(context.Background(), admission.Override{Actor: "t", Reason: "r",
+					Mode: admission.Mode(1 + rng.IntN(3)), TTL: time.Duration(1+rng.IntN(3000)) * time.Millisecond})
+			default:
+				clk.Advance(time.Duration(rng.IntN(2500)) * time.Millisecond)
+			}
+			if rng.IntN(3) == 0 {
+				before := len(events)
+				var rm metricdata.ResourceMetrics
+				require.NoError(t, reader.Collect(context.Background(), &rm))
+				var peeked int64 = -1
+				for _, sm := range rm.ScopeMetrics {
+					for _, m := range sm.Metrics {
+						if m.Name == "tollgate.admission.mode" {
+							peeked = m.Data.(metricdata.Gauge[int64]).DataPoints[0].Value
+						}
+					}
+				}
+				require.Equal(t, before, len(events), "seed %d step %d: a collection emitted events", seed, step)
+				require.Equal(t, int64(c.Mode()), peeked, "seed %d step %d", seed, step)
+			}
+		}
+		for _, p := range held {
+			p.Release()
+		}
+		require.NoError(t, c.Close())
+		require.NoError(t, mp.Shutdown(context.Background()))
+	}
+}
+
+// Collections race admits, releases, the tap and overrides on the
+// real clock, with degradation windows closing all the while.
+func TestCollectRacesAdmits(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+	c, err := admission.New(admission.WithMeterProvider(mp),
+		admission.WithDegradation(admission.Degradation{Window: 2 * time.Millisecond, MinDecisions: 2, MaxQueueAge: 3 * time.Millisecond}),
+		admission.WithClasses(admission.Class{Name: "a", Slots: 1, QueueItems: 2},
+			admission.Class{Name: "opt", Slots: 2, QueueItems: 2, Optional: true}),
+		admission.WithDefaultClass("a"), admission.WithMethods("opt", "/demo.Opt/"))
+	require.NoError(t, err)
+	defer c.Close()
+	stop := time.Now().Add(300 * time.Millisecond)
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m := "/demo.W/Do"
+			if g%2 == 1 {
+				m = "/demo.Opt/Do"
+			}
+			for time.Now().Before(stop) {
+				_, _ = c.TapHandle(context.Background(), &tap.Info{FullMethodName: m})
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Millisecond)
+				if p, err := c.Admit(ctx, admission.Request{Method: m, Size: -1, Deadline: time.Now().Add(4 * time.Millisecond)}); err == nil {
+					time.Sleep(time.Millisecond)
+					p.Release()
+				}
+				cancel()
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for time.Now().Before(stop) {
+			var rm metricdata.ResourceMetrics
+			_ = reader.Collect(context.Background(), &rm)
+			_, _ = c.SetOverride(context.Background(), admission.Override{Actor: "t", Reason: "r", Mode: admission.ModeDegraded, TTL: time.Millisecond})
+		}
+	}()
+	wg.Wait()
 }

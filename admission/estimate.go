@@ -67,6 +67,10 @@ func (e *estimator) observe(d time.Duration) {
 // meanD is the learned mean service time.
 func (e *estimator) meanD() time.Duration { return time.Duration(e.mean) }
 
+// unknown reports whether nothing is known of the service time: no seed
+// (ExpectedServiceTime) and no observation.
+func (e *estimator) unknown() bool { return e.n == 0 && e.mean == 0 && e.p95 == 0 }
+
 // service is the service time the deadline stage plans with: the larger of
 // the p95 and the mean.
 func (e *estimator) service() time.Duration { return time.Duration(max(e.p95, e.mean)) }

@@ -33,3 +33,18 @@ func TestUnknownServiceTimeNeverStartsAtTheDeadline(t *testing.T) {
 	require.Nil(t, r.permit, "the waiter reached its slot at its deadline")
 	require.Equal(t, status.ReasonDeadlineExpired, status.OutcomeOf(r.err).Reason)
 }
+
+// Invariant 9, "a job that would finish exactly at its deadline is
+// still useful". A class that has *learned* a service time of 0 (every
+// request so far released at the instant it started, as on a simulation's
+// virtual clock) predicts that a request arriving at its deadline finishes
+// exactly at it; a review found it refused DEADLINE_EXPIRED, as if the service
+// time were unknown (only an unknown one makes the deadline itself expired).
+func TestLearnedZeroServiceTimeStartsAtTheDeadline(t *testing.T) {
+	h := newHarness(t, admission.WithClasses(admission.Class{Name: "a", Slots: 1, QueueItems: 2}))
+	p := h.admitted(admission.Request{Method: heavyM, Size: -1})
+	h.release(p) // at the instant it started: the class learns 0
+	now := h.clk.Now()
+	q := h.admitted(admission.Request{Method: heavyM, Size: -1, Deadline: now})
+	h.release(q)
+}
