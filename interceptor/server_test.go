@@ -1129,17 +1129,16 @@ func TestCancelledChatKeepsItsSlot(t *testing.T) {
 	require.Eventually(t, func() bool { s, _ := ctrl.Stats().Class("work"); return s.Running == 0 }, 3*time.Second, time.Millisecond)
 }
 
-// TestFinalRefusalTellsGRPCRetryToStop: a final refusal's
-// grpc-retry-pushback-ms is "-1", which grpc-go's own retry reads as "do
-// not retry" (gRFC A6), so a plain client whose service config repeats
-// RESOURCE_EXHAUSTED stops at once; before, the refusal's suggested delay
-// went out as a positive pushback, and the client repeated a refusal that
-// no repeat could change. The same refusal without Final is repeated, so
-// the plain client's retry is live.
+// TestFinalRefusalTellsGRPCRetryToStop: a final refusal that suggests no
+// delay sends grpc-retry-pushback-ms "-1", which grpc-go's own retry reads
+// as "do not retry" (gRFC A6), so a plain client whose service config
+// repeats RESOURCE_EXHAUSTED stops at once; before, it sent none, and the
+// client repeated a refusal that no repeat could change. The same refusal
+// without Final is repeated, so the plain client's retry is live.
 func TestFinalRefusalTellsGRPCRetryToStop(t *testing.T) {
 	svc := &testsvc.Service{
 		GetFunc: func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-			return nil, status.NotAdmitted(status.ReasonTenantLimit, status.WithRetryAfter(time.Millisecond), status.Final())
+			return nil, status.NotAdmitted(status.ReasonTenantLimit, status.Final())
 		},
 		PutFunc: func(context.Context, *testingv1.PutRequest) (*testingv1.PutResponse, error) {
 			return nil, status.WithoutEffect(status.NotAdmitted(status.ReasonTenantLimit, status.WithRetryAfter(time.Millisecond)))
@@ -1160,4 +1159,51 @@ func TestFinalRefusalTellsGRPCRetryToStop(t *testing.T) {
 	_, err = plain.Put(t.Context(), &testingv1.PutRequest{})
 	require.Equal(t, codes.ResourceExhausted, grpcstatus.Code(err), "%v", err)
 	require.Equal(t, int64(4), svc.Calls("Put"), "the same refusal, not final, is repeated by the plain client's retry")
+}
+
+// A final NOT_ADMITTED that carries a retry-after says "this
+// attempt is over, a new one can succeed after the delay" (the owner's
+// ATTEMPT_UNVERIFIABLE on a per-run key's first try: README, "a new attempt
+// can succeed, after that retry-after"). A server that mints the attempt of
+// a plain caller (no tollgate header) and passes that refusal up
+// (status.WithoutEffect) sent grpc-retry-pushback-ms "-1" in a first
+// version of the final refusals' "-1", a review found: the plain
+// caller's grpc-go retry, whose repeat is exactly such a new attempt (the
+// server mints one per request), is told never to come back, while the
+// same status's RetryInfo tells it when to. The trailer is the delay.
+func TestFinalRefusalWithADelayKeepsItsPushback(t *testing.T) {
+	const skew = time.Minute // a new attempt is inside the store's young window
+	p := idempotency.DefaultPolicy()
+	p.Skew = skew
+	store, err := idempotency.NewMemoryStore(idempotency.SingleReplica, idempotency.WithPolicy(p))
+	require.NoError(t, err)
+	dep := newLedger(nil)
+	depEnd := mintedServer(t, &dep.Service, store, interceptor.WithClockSkew(skew), interceptor.WithTrustedPeer(interceptor.TrustAll))
+	depClient := testingv1.NewTestServiceClient(depEnd.DialT(t, interceptor.DialOptions()...))
+
+	mid := &testsvc.Service{ApplyFunc: func(ctx context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		resp, err := depClient.Apply(ctx, r)
+		if err != nil {
+			return nil, status.WithoutEffect(err) // nothing ran below: pass the refusal up
+		}
+		return resp, nil
+	}}
+	midEnd := testsvc.StartT(t, testsvc.Bufconn, mid.Register, serverOpts()...)
+	plain := testingv1.NewTestServiceClient(midEnd.DialT(t)) // no tollgate: mid mints each request's attempt
+
+	var trailer metadata.MD
+	_, err = plain.Apply(t.Context(), &testingv1.ApplyRequest{Key: "acct", Amount: 1}, grpc.Trailer(&trailer))
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
+	require.Equal(t, status.ReasonAttemptUnverifiable, o.Reason)
+	require.True(t, o.Final())
+	ra, ok := status.RetryAfter(err)
+	require.True(t, ok && ra > 0, "the refusal says when a new attempt can succeed")
+	require.Zero(t, dep.effects.Load())
+
+	vs := trailer.Get(status.PushbackKey)
+	require.Len(t, vs, 1)
+	ms, perr := strconv.ParseInt(vs[0], 10, 64)
+	require.NoError(t, perr)
+	require.Positive(t, ms, "grpc-retry-pushback-ms %q forbids the new attempt the RetryInfo (%v) invites", vs[0], ra)
 }

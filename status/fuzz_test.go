@@ -93,7 +93,8 @@ func check(t *testing.T, err error) {
 	}
 	if v, ok := status.Pushback(err); ok {
 		ms, perr := strconv.ParseInt(v, 10, 64)
-		if perr != nil || o.Kind != status.KindNotAdmitted || (ms <= 0) != o.Final() || (o.Final() && ms != -1) {
+		_, delayed := status.RetryAfter(err)
+		if perr != nil || o.Kind != status.KindNotAdmitted || (delayed && ms <= 0) || (!delayed && (!o.Final() || ms != -1)) {
 			t.Fatalf("pushback %q for %v", v, o.Kind)
 		}
 	}

@@ -339,11 +339,12 @@ func TestPushback(t *testing.T) {
 		{"received", received(t, status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(1200*time.Microsecond))), "2", true},
 		{"wrapped", fmt.Errorf("x: %w", status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Second))), "1000", true},
 		{"no delay", status.NotAdmitted(status.ReasonQueueFull), "", false},
-		// A final refusal tells grpc-go's retry not to repeat, whatever
-		// delay it suggests: no repeat of the attempt can help.
+		// A final refusal without a delay tells grpc-go's retry not to
+		// repeat: no repeat of the attempt can help. One with a delay keeps
+		// it, for a new attempt.
 		{"final", status.NotAdmitted(status.ReasonDeadlineExpired, status.Final()), "-1", true},
-		{"final with a delay", status.NotAdmitted(status.ReasonDeadlineExpired, status.WithRetryAfter(time.Second), status.Final()), "-1", true},
-		{"final received", received(t, status.NotAdmitted(status.ReasonRequestTooLarge, status.WithRetryAfter(time.Second), status.Final())), "-1", true},
+		{"final received", received(t, status.NotAdmitted(status.ReasonRequestTooLarge, status.Final())), "-1", true},
+		{"final with a delay", status.NotAdmitted(status.ReasonAttemptUnverifiable, status.WithRetryAfter(time.Second), status.Final()), "1000", true},
 		{"UNKNOWN", status.OutcomeUnknown(nil, status.WithRetryAfter(time.Second)), "", false},
 		{"COMMITTED", status.Committed(status.WithRetryAfter(time.Second)), "", false},
 		{"mismatch", status.RequestMismatch(tollgatev1.Outcome_OUTCOME_NOT_ADMITTED, status.WithRetryAfter(time.Second)), "", false},

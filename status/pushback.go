@@ -14,13 +14,15 @@ import (
 const PushbackKey = "grpc-retry-pushback-ms"
 
 // Pushback returns the value of the grpc-retry-pushback-ms trailer for an
-// error whose tollgate detail is NOT_ADMITTED: for a final refusal, "-1",
-// which tells grpc-go's own retry not to repeat the call (gRFC A6: a
-// negative pushback means "do not retry"), since no repeat of the attempt
-// can help, whatever delay the detail suggests; otherwise, when the
-// refusal suggests a delay (see [RetryAfter]), the delay in whole
-// milliseconds, rounded up, so that the client never comes back early. ok
-// is false for any other error, nil included.
+// error whose tollgate detail is NOT_ADMITTED: when the refusal suggests a
+// delay (see [RetryAfter]), the delay in whole milliseconds, rounded up, so
+// that the client never comes back early; otherwise, for a final refusal,
+// "-1", which tells grpc-go's own retry not to repeat the call (gRFC A6: a
+// negative pushback means "do not retry"). A final refusal that suggests a
+// delay keeps it: it says that this attempt is over and a new one may
+// succeed after the delay, and a plain client's repeat is a new attempt at
+// a server that mints one per request. ok is false for any other error,
+// nil included.
 func Pushback(err error) (value string, ok bool) {
 	if err == nil {
 		return "", false
@@ -29,11 +31,11 @@ func Pushback(err error) (value string, ok bool) {
 	if k, ok := x.kind(); !ok || k != KindNotAdmitted {
 		return "", false
 	}
-	if x.final() {
-		return "-1", true
-	}
 	d, ok := x.retryAfter()
 	if !ok {
+		if x.final() {
+			return "-1", true
+		}
 		return "", false
 	}
 	ms := d.Milliseconds()
