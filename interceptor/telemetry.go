@@ -95,8 +95,11 @@ func newServerTelemetry(c *serverConfig) (*serverTelemetry, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The admission controller records the other stages in its own scope;
+	// the description and unit are the same, so that an exporter that
+	// merges the two by name finds no conflict.
 	late, err := m.Int64Counter("tollgate.deadline.misses",
-		metric.WithDescription("Deadlines missed, by stage: arrival (a try that came after its attempt's deadline, refused before admission)."),
+		metric.WithDescription("Deadlines missed, by stage: arrival (a try that came after its attempt's deadline, refused by the server interceptor before admission), admission (arrived expired), dequeue (expired while waiting, dropped unrun), run (finished late)."),
 		metric.WithUnit("{request}"))
 	if err != nil {
 		return nil, err
