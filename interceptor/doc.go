@@ -22,15 +22,20 @@
 // DEADLINE_EXPIRED, and counted in tollgate.deadline.misses{stage=arrival}
 // — unless the call keeps records and a record answers it (a finished record
 // answers every later try, even a late one). The handler
-// runs with a deadline of min(grpc-timeout, attempt deadline + skew) — with a
-// record store (WithAttemptStore), on a context detached from the client's
-// cancellation with deadline exactly the attempt deadline + skew, so that a
-// try the client stopped waiting for finishes and its record resolves — its
-// context carrying the attempt (AttemptFromContext) and this tier's ledger (budget.FromContext). When the
-// handler returns the ledger is sealed and the units spent below this server
-// are reported in the tollgate-spent trailer (when positive, or always when
-// the caller asked for strict accounting). Streams are handled alike; their
-// trailer is set when the handler returns. With a record store, a try is
+// runs with a deadline of min(grpc-timeout, attempt deadline + skew) — except
+// a recorded unary call (WithAttemptStore, a method not declared
+// NO_SIDE_EFFECTS), whose handler runs on a context detached from the
+// client's cancellation with deadline exactly the attempt deadline + skew, so
+// that a try the client stopped waiting for finishes and its record resolves
+// — its context carrying the attempt (AttemptFromContext) and this tier's
+// ledger (budget.FromContext). When the handler returns the ledger is sealed
+// and the units spent below this server are reported in the tollgate-spent
+// trailer (when positive, or always when the caller asked for strict
+// accounting). Streams are handled alike, except that a stream's handler is
+// never detached: it talks to its client, so it keeps the client's
+// cancellation and the min deadline even when the stream is recorded (its
+// record is finished all the same); its trailer is set when the handler
+// returns. With a record store, a try is
 // begun before its handler runs and before every interceptor chained inside
 // tollgate's, for streams as for unary calls, so none of them runs for a try
 // the store refuses. A server-streaming call of a method whose request type

@@ -388,10 +388,13 @@ func WithAdmission(ctrl *admission.Controller) ServerOption {
 // hand-written grpc.ServiceDesc, as the type its handler returned on this
 // server, once a call of that method has succeeded here since the server
 // started (at most 1,024 such methods): until then such a record is answered
-// COMMITTED, RESPONSE_NOT_RETAINED); the handler runs
+// COMMITTED, RESPONSE_NOT_RETAINED); a recorded unary call's handler runs
 // on a context detached from the client's cancellation, with deadline exactly
 // the attempt deadline plus the clock skew, so that a try the client stopped
-// waiting for still finishes and its record resolves. Register
+// waiting for still finishes and its record resolves. A recorded stream's
+// handler is not detached: it talks to its client, so it keeps the client's
+// cancellation and runs until min(grpc-timeout, attempt deadline + skew); its
+// record is finished all the same when it returns. Register
 // idempotency.NewAttemptService(store) on the same server so that owners can
 // query the records. The store's policy must use the same clock skew as
 // WithClockSkew (both default to 500 ms): the record's lease lasts until the
