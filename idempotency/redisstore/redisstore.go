@@ -56,11 +56,18 @@
 // or Fence call may run its script twice. Each Begin and each Finish call
 // sends a random token that its script keeps in the record; a second run
 // that finds its own token answers as the first run did (the try started,
-// the finish took place) and writes nothing, while any other call — a
+// the finish took place) and changes nothing: it only writes its token
+// again over the same value, while any other call — a
 // duplicated delivery of the same try, a second Finish — is refused as
-// before. A second run of a Fence answers the record as it stands — the
-// tombstone the first run wrote or raised, unless another call changed it
-// since — as a repeated FenceAttempt would; Get changes no record. A reply
+// before. That write is deliberate: Redis 7.2 and later count, for WAIT,
+// only the writes a connection propagated, and go-redis may resend on
+// another connection, so a second run that wrote nothing would let the
+// WAIT after it count replicas of nothing. A full Redis refuses the
+// rewrite: Begin then fails, while Finish answers as the first run did. A
+// second run of a Fence answers the record as it stands — the tombstone
+// the first run wrote or raised, unless another call changed it since — as
+// a repeated FenceAttempt would, rewriting the tombstone's ballot as it is
+// for the same reason; Get changes no record. A reply
 // lost when the context ends the call is not asked for again: the call
 // fails with ErrStoreUnavailable. go-redis returns only its last attempt's
 // error, so whenever a Begin fails after it started sending its script,
@@ -127,8 +134,9 @@ func WithPolicy(p idempotency.Policy) Option { return optionFunc(func(s *Store) 
 // ErrStoreUnavailable (nothing was written; a server refuses the try
 // NOT_ADMITTED DEADLINE_UNREACHABLE). New refuses a timeout unless
 // timeout + tick ≤ ReadTimeout/2 of the Redis client: go-redis takes a longer silence for a lost reply and
-// sends the script again; and unless timeout + tick ≤ DefaultKeep/2 (15 s): a
-// reply later than DefaultKeep is refused. Redis's dynamic-hz only raises hz, so the
+// sends the script again; and unless timeout + tick is at most half the
+// keep (DefaultKeep plus twice the policy's skew and a second: 16 s with
+// the default policy): a reply later than the keep is refused. Redis's dynamic-hz only raises hz, so the
 // configured hz is the slowest tick; hz lowered after New is not seen.
 //
 // On a Cluster, Begin and Fence are then sent through the client of the
@@ -210,7 +218,7 @@ type Store struct {
 // This assumes Redis's clock within the skew of the servers': New refuses a
 // node whose clock differs by more than the skew plus a second. A Finish that ran late may still
 // end a try whose lease ended meanwhile. Records take up to the keep / TTL
-// more memory (10% with the default policy), and WithMaxRecordsPerTenant
+// more memory (about 11% with the default policy: 32 s on a 5 min TTL), and WithMaxRecordsPerTenant
 // counts them until Redis removes them.
 const DefaultKeep = 30 * time.Second
 
@@ -250,7 +258,7 @@ const clockMargin = time.Second
 // nothing (see DefaultKeep).
 func (s *Store) stale() error {
 	return fmt.Errorf("%w: redisstore: the script ran more than %v after its call read the clock (by Redis's clock), and wrote nothing",
-		idempotency.ErrStoreUnavailable, s.keep-s.policy.Skew)
+		idempotency.ErrStoreUnavailable, s.keep-s.policy.Skew-clockMargin)
 }
 
 // late fails a call whose reply came more than the keep after its clock was
@@ -292,7 +300,8 @@ func (e sentError) Unwrap() error { return e.error }
 // Cluster, on every node the client knows of, replicas included), and loads
 // the scripts. With [WithReplicas] it also reads Redis's hz (on a Cluster,
 // on every node) and refuses a timeout unless timeout + 1000/hz ms is at
-// most half the client's ReadTimeout (when it has one). It returns an error
+// most half the client's ReadTimeout (when it has one) and at most half the
+// keep (see WithReplicas). It returns an error
 // wrapping idempotency.ErrStoreUnavailable when Redis cannot be reached and
 // an error naming the problem for a wrong setting or option.
 func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*Store, error) {
@@ -342,8 +351,8 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 				s.waitTimeout, s.tick, hz, rt)
 		}
 		if s.waitTimeout+s.tick > s.keep/2 {
-			return nil, fmt.Errorf("redisstore: the WithReplicas timeout %v plus Redis's tick %v (hz %d) must be at most half of DefaultKeep plus the policy's skew (%v): a call whose reply comes later than that is refused (see DefaultKeep)",
-				s.waitTimeout, s.tick, hz, s.keep)
+			return nil, fmt.Errorf("redisstore: the WithReplicas timeout %v plus Redis's tick %v (hz %d) must be at most %v, half the store's keep %v (DefaultKeep plus twice the policy's skew and a second): a call whose reply comes later than the keep is refused (see DefaultKeep)",
+				s.waitTimeout, s.tick, hz, s.keep/2, s.keep)
 		}
 	}
 	for _, sc := range []*redis.Script{beginScript, finishScript, getScript, fenceScript} {
