@@ -46,11 +46,13 @@
 //     CONCURRENCY_FULL for a class without a queue; TENANT_LIMIT when only
 //     the tenant's running limit keeps the request from a free slot).
 //
-// When a slot frees, the next waiting request is re-checked: work that can
-// no longer finish by its deadline is dropped unrun with DEADLINE_EXPIRED,
-// never started; such work is also dropped when a window closes and when a
-// new request of its class arrives (that passes the size and shed checks),
-// so it never holds a place useful work could take. On the real clock (Admit and AdmitDecision, not the …At
+// When a slot frees, a window closes or an override is set or expires, the
+// queue is re-checked from its head: work that can no longer finish by its
+// deadline is dropped unrun with DEADLINE_EXPIRED, never started, up to the
+// first waiter that cannot start yet; when a new request of its class
+// arrives (that passes the size and shed checks), or a [Permit.Release]
+// teaches its class's service estimate, every such waiter of the class is dropped, so it
+// never holds a place useful work could take. On the real clock (Admit and AdmitDecision, not the …At
 // methods of virtual clocks) a waiting request also gives up by a timer of
 // its own as soon as its deadline less the class's service estimate has
 // passed (the timer follows the estimate: a release that at least doubles
@@ -117,8 +119,10 @@
 // # Early refusal and observability
 //
 // [Controller.TapHandle] is a tap.ServerInHandle that refuses new streams of
-// a class whose queue is full by reading one atomic flag, before the request
-// is read; once a waiter of that queue may no longer be able to finish (by
+// a class that has no free slot and whose queue is at its bound (QUEUE_FULL;
+// CONCURRENCY_FULL for a class without a queue), or that is shed, frozen or
+// draining (SHED, DRAINING), by reading one atomic flag, before the request
+// is read; once a waiter of a full queue may no longer be able to finish (by
 // the queue's earliest deadline less the service estimate), it lets
 // requests through to Admit, which drops such waiters first. It counts its
 // refusals in an atomic counter per class and
@@ -141,11 +145,20 @@
 // The controller reads the wall clock on Admit and Release. Simulations
 // drive it on a virtual clock with [Controller.AdmitAt], [Permit.ReleaseAt],
 // [Permit.AbandonAt], [Controller.ModeAt], [Controller.StatsAt] and
-// [Controller.OverridesAt]; windows and overrides are
-// evaluated lazily from the times given, so the controller starts no
-// goroutine: once driven with AdmitAt it arms no timer of its own, and its
-// metrics observe it as of the latest time given. Collecting metrics is an
-// observation only: it changes no state (the mode gauge is the mode that
+// [Controller.OverridesAt]; windows and overrides are evaluated lazily from
+// the times given. On the real clock, while requests wait and time alone
+// will change the state (an override expires, or a window ends while the
+// controller is not Normal or the tap refuses a class), the controller arms
+// one timer (time.AfterFunc) that brings the state up to date, so that the
+// waiters an expired override or a new step lets start do start; its
+// function runs on a goroutine of its own when it fires, as timers' do. A
+// waiting Admit call with a deadline also keeps a give-up timer, in its
+// caller's goroutine. Once driven with AdmitAt the controller arms no timer
+// of its own, and its metrics observe it as of the latest time given.
+// [Controller.Close] stops the timer (a run already under way finishes),
+// unregisters the metric callbacks and refuses waiting and later requests
+// with DRAINING; permits already granted stay valid. Collecting metrics is
+// an observation only: it changes no state (the mode gauge is the mode that
 // the windows closed by now would give, worked out and put back), so a
 // controller behaves alike whether and whenever its metrics are read.
 package admission
