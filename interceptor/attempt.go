@@ -139,12 +139,16 @@ func newAttemptID(now time.Time) (string, error) {
 
 type callNameKey struct{}
 
-// WithCallKey names the next calls made with ctx explicitly: their key is
-// the parent's key followed by name ("p.name"), the same on every re-run of
-// the handler, so that the callee's record deduplicates the call across
-// re-runs. name is 1–128 characters of [A-Za-z0-9_:-] with at least one
-// non-digit; a bad name makes the call fail locally with MALFORMED_HEADER
-// (check names ahead with ValidCallKey). A key that would grow past 128
+// WithCallKey names the next calls made with ctx explicitly: inside a
+// handler their key is the parent's key followed by name ("p.name"), the
+// same on every re-run of the handler, so that the callee's record
+// deduplicates the call across re-runs; at the origin (under StartAttempt,
+// or a call made outside a handler, which is an attempt of its own) there
+// is no parent call, and the key is name itself. Either way, calls named
+// alike under the same parent share one key. name is 1–128 characters of
+// [A-Za-z0-9_:-] with at least one non-digit; a bad name makes the call
+// fail locally with MALFORMED_HEADER (check names ahead with
+// ValidCallKey). A key that would grow past 128
 // characters with its parent's fails so too. A handler of a method declared
 // IDEMPOTENT must name every call it makes to a method not declared
 // NO_SIDE_EFFECTS (DESIGN.md §2.2).

@@ -724,9 +724,11 @@ func (s *serverStream) Context() context.Context { return s.ctx }
 //
 // The handle runs the controller's allocation-free check
 // (Controller.TapHandle), before the request is read, and on refusal adds
-// the attempt, call and try read from a trusted peer's tollgate header, so
-// that the caller can tell the refusal answers the very try it sent and
-// refund its grant.
+// the attempt, call and try read from the request's tollgate header
+// whenever it is well-formed, a trusted peer's or an untrusted one's (see
+// below), so that the caller can tell the refusal answers the very try it
+// sent and refund its grant; a refusal of a request without a well-formed
+// header names no try.
 //
 // Given the server's options, it also bounds the stream's own context of a
 // request it lets in, which grpc-go's RecvMsg waits on, by the time the
@@ -750,10 +752,11 @@ func (s *serverStream) Context() context.Context { return s.ctx }
 // These decisions, and a trusted peer's malformed header (counted in
 // tollgate.metadata.malformed and refused MALFORMED_HEADER), come before
 // the controller's, which counts only the refusals the handle sends. An
-// untrusted peer's header grants nothing here, as in the interceptor, but a
-// refusal names its try, so that its owner refunds the units it lent (the
-// handle sends no tollgate-spent); its malformed header is counted when the
-// handle refuses the request, and otherwise by the interceptor.
+// untrusted peer's well-formed header grants nothing here, as in the
+// interceptor, but a refusal names its try all the same, so that its owner
+// refunds the units it lent (the handle sends no tollgate-spent); its
+// malformed header is counted when the handle refuses the request, and
+// otherwise by the interceptor.
 func AdmissionTap(ctrl *admission.Controller, opts ...ServerOption) tap.ServerInHandle {
 	if ctrl == nil {
 		panic("interceptor: AdmissionTap: nil admission controller")
