@@ -153,8 +153,12 @@
 // waiters an expired override or a new step lets start do start; its
 // function runs on a goroutine of its own when it fires, as timers' do. A
 // waiting Admit call with a deadline also keeps a give-up timer, in its
-// caller's goroutine. Once driven with AdmitAt the controller arms no timer
-// of its own, and its metrics observe it as of the latest time given.
+// caller's goroutine. While its last admission was an AdmitAt (or
+// AdmitDecisionAt), whose clock is the caller's, the controller arms no
+// timer of its own, and its metrics observe it as of the latest time
+// given; an Admit returns it to the wall clock. Driving one controller on
+// both clocks at once is not supported: the waiters of one wait on the
+// other's calls.
 // [Controller.Close] stops the timer (a run already under way finishes),
 // unregisters the metric callbacks and refuses waiting and later requests
 // with DRAINING; permits already granted stay valid. Collecting metrics is
