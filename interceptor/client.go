@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	grpcstatus "google.golang.org/grpc/status"
 )
 
 // client holds what tollgate's client interceptors share; built once per
@@ -204,10 +205,12 @@ func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy
 		// one again (DESIGN.md §3.3's seed: the third origin try is refused).
 		// An allowance of 0 spends nothing: the origin's call, to a callee
 		// that needs no unit, repeats under its policy.
-		if n > 1 && !cl.verifying && s.ledger.Snapshot().Total > 0 {
-			if err := s.ledger.Check(); err != nil && status.IsFinal(err) {
-				return nil, nil, c.exhausted(ctx, s, key, n)
-			}
+		// A server that minted the attempt sealed its ledger when it
+		// answered: a goroutine that outlived its handler sends nothing
+		// more (DESIGN.md §3.3: later takes are refused).
+		snap := s.ledger.Snapshot()
+		if snap.Sealed || (n > 1 && !cl.verifying && snap.Total > 0 && snap.Spent >= snap.Total) {
+			return nil, nil, c.exhausted(ctx, s, key, n)
 		}
 	} else {
 		if err := s.ledger.Take(); err != nil {
@@ -281,8 +284,9 @@ func (c *client) exhausted(ctx context.Context, s *attemptState, key string, n u
 }
 
 // unpayable reports whether prepare is sure to refuse try n of a call under
-// s ALLOWANCE_EXHAUSTED, whatever happens meanwhile: below the origin, the
-// ledger is sealed; at the origin, a repeat once every unit below was spent.
+// s ALLOWANCE_EXHAUSTED, whatever happens meanwhile: the ledger is sealed
+// (below the origin, or at a server that minted the attempt); at the
+// origin, a repeat once every unit below was spent.
 // The owner asks before it spends a retry-budget token and waits a backoff
 // for a repeat. An unsealed ledger below the origin with no unit free may
 // still get one back (a sibling's try found never sent, a grant refunded):
@@ -290,7 +294,7 @@ func (c *client) exhausted(ctx context.Context, s *attemptState, key string, n u
 func unpayable(s *attemptState, n uint32) bool {
 	snap := s.ledger.Snapshot()
 	if s.Origin {
-		return n > 1 && snap.Total > 0 && snap.Spent >= snap.Total
+		return snap.Sealed || (n > 1 && snap.Total > 0 && snap.Spent >= snap.Total)
 	}
 	return snap.Sealed
 }
@@ -424,21 +428,27 @@ func endSpan(span trace.Span, s *attemptState, n uint32, o status.Outcome) {
 	span.End()
 }
 
-// result is the error a call returns after its last try: at the origin, a
-// refusal for lack of units from below becomes final once the allowance is
-// spent.
+// result is the error a call returns after its last try: a refusal for
+// lack of units, the caller's own or its callee's, is final exactly when
+// DESIGN.md §3.3 says, at the origin once the allowance is spent, whatever
+// the callee said (a callee that minted an attempt of its own may have
+// spent all of that one's).
 func (c *client) result(s *attemptState, key string, n uint32, err error, o status.Outcome) error {
-	if err == nil || !s.Origin || o.Kind != status.KindNotAdmitted || o.Reason != status.ReasonAllowanceExhausted || o.Final() {
+	if err == nil || o.Kind != status.KindNotAdmitted || o.Reason != status.ReasonAllowanceExhausted {
 		return err
 	}
 	snap := s.ledger.Snapshot()
-	if snap.Spent < snap.Total {
+	final := s.Origin && snap.Spent >= snap.Total
+	if final == o.Final() {
 		return err
 	}
+	msg := "interceptor: the attempt's allowance is spent"
+	if !final {
+		msg = grpcstatus.Convert(err).Message()
+	}
 	return status.NotAdmitted(status.ReasonAllowanceExhausted, status.Fields{
-		AttemptID: s.ID, Call: key, Try: n, Final: true,
-		Message: "interceptor: the attempt's allowance is spent",
-	})
+		AttemptID: s.ID, Call: key, Try: n, Final: final, Message: msg,
+	}, status.WithUnitsRemaining(snap.Free))
 }
 
 // stream is the stream client interceptor: the owner of a stream call, as

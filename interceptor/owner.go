@@ -498,7 +498,9 @@ func (w *owner) decide(ctx context.Context, n uint32, err error, o status.Outcom
 			}
 			err, next, uncounted = result, nx, w.verifying()
 		}
-		if o.Final() {
+		// A callee's ALLOWANCE_EXHAUSTED is never final here: only this
+		// tier's own ledger can say so (conclude, at the origin).
+		if o.Final() && o.Reason != status.ReasonAllowanceExhausted {
 			return 0, false, w.conclude(n, err), true
 		}
 		return next, uncounted, err, false

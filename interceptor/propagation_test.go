@@ -3,10 +3,12 @@ package interceptor_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/budget"
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
@@ -201,4 +203,98 @@ func TestStrictAccountingReportsZeroSpent(t *testing.T) {
 			require.Empty(t, trailer.Get("tollgate-spent"), "a leaf that spent nothing sends no trailer")
 		}
 	}
+}
+
+// DESIGN.md §3.3: ALLOWANCE_EXHAUSTED is final only at the origin, and only
+// when spent units reach the allowance. A callee that does not trust its
+// caller re-mints the attempt with an allowance of its own; when that
+// foreign allowance is spent, its final refusal is passed through a tier
+// below the origin (M) and then to the origin (C), whose own allowance is
+// untouched. A repeat by C would start a new attempt at B with a fresh
+// allowance, so "final" is false there. A review found the final flag
+// passed through both tiers.
+func TestForeignFinalAllowanceExhaustedIsNotFinalHere(t *testing.T) {
+	fast := interceptor.RetryPolicy{MaxTries: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}
+	// E: the leaf.
+	eEnd := testsvc.StartT(t, testsvc.Bufconn, (&testsvc.Service{GetFunc: okGet}).Register, serverOpts()...)
+	eClient := testingv1.NewTestServiceClient(eEnd.DialT(t, interceptor.DialOptions(interceptor.WithRetry(fast))...))
+	// D: spends its one unit on E, then refuses without effect.
+	d := &testsvc.Service{GetFunc: func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		if _, err := eClient.Get(ctx, &testingv1.GetRequest{}); err != nil {
+			return nil, err
+		}
+		return nil, status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Millisecond))
+	}}
+	dEnd := testsvc.StartT(t, testsvc.Bufconn, d.Register, serverOpts()...)
+	dClient := testingv1.NewTestServiceClient(dEnd.DialT(t, interceptor.DialOptions(interceptor.WithRetry(fast))...))
+	// B: trusts nobody, so it is the origin of an attempt of its own with
+	// one unit.
+	b := &testsvc.Service{GetFunc: func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		_, err := dClient.Get(ctx, &testingv1.GetRequest{})
+		return nil, err
+	}}
+	bEnd := testsvc.StartT(t, testsvc.Bufconn, b.Register,
+		interceptor.ServerOptions(interceptor.WithClockSkew(0), interceptor.WithDefaultAllowance(1))...)
+	bClient := testingv1.NewTestServiceClient(bEnd.DialT(t, interceptor.DialOptions(interceptor.WithRetry(fast))...))
+	// M: trusted, below the origin.
+	var midFinal, midOrigin atomic.Bool
+	m := &testsvc.Service{GetFunc: func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		_, err := bClient.Get(ctx, &testingv1.GetRequest{})
+		a, _ := interceptor.AttemptFromContext(ctx)
+		midOrigin.Store(a.Origin)
+		o := status.OutcomeOf(err)
+		midFinal.Store(o.Reason == status.ReasonAllowanceExhausted && o.Final())
+		return nil, err
+	}}
+	mEnd := testsvc.StartT(t, testsvc.Bufconn, m.Register, serverOpts()...)
+	origin := testingv1.NewTestServiceClient(mEnd.DialT(t, interceptor.DialOptions(interceptor.WithRetry(fast))...))
+
+	ctx, err := interceptor.StartAttempt(t.Context(), 4, 10*time.Second)
+	require.NoError(t, err)
+	_, err = origin.Get(ctx, &testingv1.GetRequest{})
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
+	require.Equal(t, status.ReasonAllowanceExhausted, o.Reason, "%v", err)
+
+	require.False(t, midOrigin.Load())
+	require.False(t, midFinal.Load(),
+		"M is below the origin: its call must never end with a final ALLOWANCE_EXHAUSTED (§3.3)")
+	ledger, _ := budget.FromContext(ctx)
+	snap := ledger.Snapshot()
+	require.False(t, o.Final() && snap.Spent < snap.Total,
+		"the origin got a final ALLOWANCE_EXHAUSTED with its allowance not spent: %+v", snap)
+}
+
+// DESIGN.md §3.3: the server seals its ledger when it answers; later takes
+// are refused, so a goroutine that outlives its handler sends nothing more.
+// A server that is its attempt's origin (its caller untrusted, or not
+// speaking tollgate) charges its own calls nothing, and prepare never asks
+// the sealed ledger for a first try: a review found that the goroutine's
+// call went out after the answer.
+func TestSealedMintingServerGoroutineSendsNothing(t *testing.T) {
+	var arrived atomic.Int64
+	leaf := &testsvc.Service{GetFunc: func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		arrived.Add(1)
+		return &testingv1.GetResponse{}, nil
+	}}
+	leafEnd := testsvc.StartT(t, testsvc.Bufconn, leaf.Register, serverOpts()...)
+	leafClient := testingv1.NewTestServiceClient(leafEnd.DialT(t, interceptor.DialOptions()...))
+	answered := make(chan struct{})
+	late := make(chan error, 1)
+	mid := &testsvc.Service{GetFunc: func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		go func() {
+			<-answered
+			_, err := leafClient.Get(context.WithoutCancel(ctx), &testingv1.GetRequest{})
+			late <- err
+		}()
+		return &testingv1.GetResponse{}, nil
+	}}
+	// No WithTrustedPeer: the mid server mints the attempt (its origin).
+	midEnd := testsvc.StartT(t, testsvc.Bufconn, mid.Register,
+		interceptor.ServerOptions(interceptor.WithClockSkew(0), interceptor.WithDefaultAllowance(4))...)
+	_, err := testingv1.NewTestServiceClient(midEnd.DialT(t)).Get(t.Context(), &testingv1.GetRequest{})
+	require.NoError(t, err)
+	close(answered)
+	lateErr := <-late
+	require.Zero(t, arrived.Load(), "a call sent after the handler answered reached a server (late call: %v)", lateErr)
 }
