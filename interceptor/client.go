@@ -351,7 +351,7 @@ func spentNothing(err error, attempt, key string, n uint32) bool {
 	}
 	d := o.Detail
 	refusal := o.Kind == status.KindNotAdmitted || o.Reason == status.ReasonAttemptRequestMismatch
-	return refusal && d.GetAttemptId() == attempt && d.GetCall() == key && d.GetTry() == n
+	return refusal && names(d, attempt, key, n)
 }
 
 // withHeader sets the tollgate header of the outgoing metadata, replacing

@@ -442,10 +442,11 @@ func (w *owner) decide(ctx context.Context, n uint32, err error, o status.Outcom
 	case status.KindOK, status.KindFailed, status.KindCommitted:
 		return 0, false, err, true
 	case status.KindUnknown:
-		if o.Reason == status.ReasonAttemptUnverifiable && n == 1 && !w.explicit && !w.doubt {
+		if o.Reason == status.ReasonAttemptUnverifiable && n == 1 && !w.explicit && !w.doubt && names(o.Detail, s.ID, key, n) {
 			// Nobody else can have sent the first try of a per-run key, and
-			// the server refused it before running anything: the grant it
-			// held comes back. A new attempt can succeed, after the
+			// the server refused it before running anything (its refusal
+			// names this try: a handler that ran and passed up a deeper
+			// call's is no such proof): the grant it held comes back. A new attempt can succeed, after the
 			// callee's retry-after when it sent one (its store began
 			// retaining less than the clock skew before this attempt was
 			// created).
@@ -772,4 +773,9 @@ func stateName(s tollgatev1.AttemptState, err error) string {
 		return fmt.Sprintf("STATE_%d", s)
 	}
 	return name[len("ATTEMPT_STATE_"):]
+}
+
+// names reports whether detail d is about try n of call key in attempt id.
+func names(d *tollgatev1.OutcomeDetail, id, key string, n uint32) bool {
+	return d.GetAttemptId() == id && d.GetCall() == key && d.GetTry() == n
 }
