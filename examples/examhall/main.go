@@ -4,7 +4,14 @@
 // modelled completion); the ticks are modelled, and the admission controller
 // runs on the same virtual clock (AdmitAt/ReleaseAt). The server counts the
 // useful completions (finished by the job's deadline tick and within the
-// observation horizon) and refusals by reason.
+// observation horizon), refusals by reason and waiting requests discarded
+// unrun.
+//
+// The catalog runs twice: once behind the seed's own gateway, which discards
+// a waiting request only once its deadline has passed (a small model in this
+// file: tollgate cannot be configured to do exactly that), and once behind
+// tollgate's waiting room, which also drops a waiter that can no longer
+// finish by its deadline.
 //
 //	go run ./examples/examhall
 //	go run ./examples/examhall -json
@@ -25,7 +32,9 @@ import (
 	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/status"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
@@ -65,21 +74,34 @@ type ScenarioReport struct {
 	Useful    int            `json:"useful"`
 	Late      int            `json:"late"`          // finished after their deadline
 	After     int            `json:"after_horizon"` // finished by their deadline, after the horizon
-	Refused   map[string]int `json:"refused"`
-	Inside    int            `json:"max_inside"`
-	Waiting   int            `json:"max_waiting"`
-	LastTick  int            `json:"last_tick"`
+	Refused   map[string]int `json:"refused"`       // refused on arrival, by reason
+	Discarded int            `json:"discarded"`     // left the waiting room unrun
+	// Inside and Waiting are the most inside (holding a place on the
+	// worker's FIFO) and waiting outside it at once, sampled after every
+	// arrival wave and every worker step: the only moments they change.
+	Inside   int `json:"max_inside"`
+	Waiting  int `json:"max_waiting"`
+	LastTick int `json:"last_tick"`
 }
 
-// Report is the program's result: the seed's four numbers and the detail.
+// Report is the program's result: the seed's four numbers, tollgate's
+// counterparts and the detail.
 type Report struct {
-	Low           int                        `json:"low"`
-	Unbounded     int                        `json:"unbounded"`
-	Bounded       int                        `json:"bounded"`
-	CatalogUseful int                        `json:"catalog_useful"`
-	Config        Config                     `json:"config"`
-	Scenarios     map[string]*ScenarioReport `json:"scenarios"`
+	Low           int `json:"low"`
+	Unbounded     int `json:"unbounded"`
+	Bounded       int `json:"bounded"`
+	CatalogUseful int `json:"catalog_useful"` // behind the seed's gateway
+	// BoundedDeadline is the bounded run with tollgate's deadline stages on
+	// as well; CatalogTollgateUseful the catalog behind tollgate's waiting
+	// room.
+	BoundedDeadline       int                        `json:"bounded_deadline"`
+	CatalogTollgateUseful int                        `json:"catalog_tollgate_useful"`
+	Config                Config                     `json:"config"`
+	Scenarios             map[string]*ScenarioReport `json:"scenarios"`
 }
+
+// order is the scenarios in the order they run and print.
+var order = []string{"low", "low_bounded", "unbounded", "bounded", "bounded_deadline", "catalog", "catalog_tollgate"}
 
 const (
 	service = "examhall.Proctor"
@@ -101,7 +123,7 @@ func main() {
 	flag.IntVar(&cfg.Second, "second", 2, "jobs in the second wave")
 	flag.IntVar(&cfg.SecondDeadline, "second-deadline", 4, "deadline tick of the second wave")
 	flag.IntVar(&cfg.Horizon, "horizon", 4, "count useful completions through this tick")
-	flag.IntVar(&cfg.BoundedInside, "bounded-inside", 2, "bounded admission: jobs let in at once, the one holding the worker's slot and those queued for it (the report's inside + waiting)")
+	flag.IntVar(&cfg.BoundedInside, "bounded-inside", 2, "bounded admission: jobs let in at once, the one holding the worker's slot and those queued for it (the report's inside + waiting); the excess is refused QUEUE_FULL")
 	flag.IntVar(&cfg.ServiceTicks, "service-ticks", 1, "ticks one job takes on the worker")
 	flag.IntVar(&cfg.CatalogInside, "catalog-inside", 2, "catalog: requests the backend permits inside")
 	flag.IntVar(&cfg.CatalogWaiting, "catalog-waiting", 3, "catalog: requests held in the waiting room")
@@ -130,20 +152,26 @@ func main() {
 
 // Print writes the report for people.
 func Print(w io.Writer, r *Report) {
+	cfg := r.Config
 	fmt.Fprintf(w, "one worker, jobs of %d tick(s), deadlines absolute and inclusive; useful = finished by deadline and horizon\n",
-		r.Config.ServiceTicks)
-	for _, name := range []string{"low", "low_bounded", "unbounded", "bounded", "catalog"} {
+		cfg.ServiceTicks)
+	fmt.Fprintf(w, "configured: bounded inside=%d (1 on the worker's slot + %d queued); catalog inside=%d outside=%d deadline=%d; horizons %d and %d (catalog); timeout %v for the whole run\n",
+		cfg.BoundedInside, cfg.BoundedInside-1, cfg.CatalogInside, cfg.CatalogWaiting, cfg.CatalogDeadline, cfg.Horizon, cfg.CatalogHorizon, cfg.Timeout)
+	for _, name := range order {
 		s := r.Scenarios[name]
 		after := ""
 		if s.After > 0 {
 			after = fmt.Sprintf(", %d on time after the horizon", s.After)
 		}
-		fmt.Fprintf(w, "  %-11s %-28s waves %v: offered %d, completed %d (late %d%s), useful %d through tick %d, refused %v, max inside %d + waiting %d\n",
-			name, s.Admission, s.Waves, s.Offered, s.Completed, s.Late, after, s.Useful, s.Horizon, s.Refused, s.Inside, s.Waiting)
+		fmt.Fprintf(w, "  %-16s %-27s waves %v: offered %d, completed %d (late %d%s), useful %d through tick %d, refused %v, discarded %d, max inside %d + waiting %d, last tick %d\n",
+			name, s.Admission, s.Waves, s.Offered, s.Completed, s.Late, after, s.Useful, s.Horizon, s.Refused, s.Discarded, s.Inside, s.Waiting, s.LastTick)
 	}
-	c := r.Scenarios["catalog"]
+	c, ct := r.Scenarios["catalog"], r.Scenarios["catalog_tollgate"]
 	fmt.Fprintf(w, "example useful completions: low=%d unbounded=%d bounded=%d\n", r.Low, r.Unbounded, r.Bounded)
+	fmt.Fprintf(w, "  with tollgate's deadline stages as well: bounded=%d\n", r.BoundedDeadline)
 	fmt.Fprintf(w, "waiting room admission layout: inside=%d outside=%d; absolute-deadline useful=%d\n", c.Inside, c.Waiting, r.CatalogUseful)
+	fmt.Fprintf(w, "  seed's gateway (discards passed deadlines): useful=%d, ran %d (late %d), discarded %d; tollgate (also drops waiters that cannot finish in time): useful=%d, ran %d (late %d), discarded %d\n",
+		c.Useful, c.Completed, c.Late, c.Discarded, ct.Useful, ct.Completed, ct.Late, ct.Discarded)
 }
 
 // maxFlagValue bounds every count and tick a flag sets: every job is an
@@ -154,14 +182,30 @@ const maxFlagValue = 10000
 type scenario struct {
 	waves   []Wave
 	horizon int
-	// ctrl options; nil: no admission (an unbounded FIFO in front of the worker)
+	// ctrl options; nil (and gate nil): no admission (an unbounded FIFO in
+	// front of the worker)
 	classes *admission.Class
 	stages  admission.Stage
-	label   string
+	// gate, when set, is the seed's own waiting-room gateway: gate inside,
+	// gateRoom outside.
+	gate, gateRoom int
+	label          string
 }
 
-// Run runs the five scenarios and reports what the servers counted.
+// Run runs the scenarios, all within cfg.Timeout, and reports what the
+// servers counted.
 func Run(cfg Config) (*Report, error) {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 30 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
+	defer cancel()
+	return RunContext(ctx, cfg)
+}
+
+// RunContext is Run bounded by ctx instead of cfg.Timeout: every scenario
+// runs within it.
+func RunContext(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.ServiceTicks < 1 || cfg.BoundedInside < 1 || cfg.CatalogInside < 1 || cfg.CatalogWaiting < 0 {
 		return nil, errors.New("service ticks and inside counts must be positive")
 	}
@@ -181,27 +225,37 @@ func Run(cfg Config) (*Report, error) {
 			return nil, fmt.Errorf("%s %d: must be 0–%d", f.name, f.v, maxFlagValue)
 		}
 	}
-	if cfg.Timeout <= 0 {
-		cfg.Timeout = 30 * time.Second
-	}
 	svc := time.Duration(cfg.ServiceTicks) * tick
 	low := []Wave{{0, cfg.LowFirst, cfg.FirstDeadline}, {cfg.SecondAt, cfg.Second, cfg.SecondDeadline}}
 	over := []Wave{{0, cfg.OverloadFirst, cfg.FirstDeadline}, {cfg.SecondAt, cfg.Second, cfg.SecondDeadline}}
-	// Bounded admission: one worker slot, the rest of "inside" may wait;
-	// deadline-aware on arrival and at dequeue.
+	// Bounded admission as the seed's MR !1840 has it: total inside
+	// limited to BoundedInside (one worker slot, the rest queued for it),
+	// the excess refused at once (QUEUE_FULL). No deadline stage: the bound
+	// alone decides. bounded_deadline adds tollgate's deadline stages (on
+	// arrival and at dequeue), which refuse work that cannot finish in time
+	// before the bound is reached.
 	bounded := &admission.Class{Name: "proctor", Slots: 1, QueueItems: cfg.BoundedInside - 1, ExpectedServiceTime: svc}
 	deadlines := admission.StageDeadline | admission.StageDequeue
+	catalog := []Wave{{0, cfg.CatalogInside + cfg.CatalogWaiting, cfg.CatalogDeadline}}
 	scenarios := map[string]scenario{
-		"low":         {waves: low, horizon: cfg.Horizon, label: "none (FIFO)"},
-		"low_bounded": {waves: low, horizon: cfg.Horizon, classes: bounded, stages: deadlines, label: "tollgate (bounded)"},
-		"unbounded":   {waves: over, horizon: cfg.Horizon, label: "none (FIFO)"},
-		"bounded":     {waves: over, horizon: cfg.Horizon, classes: bounded, stages: deadlines, label: "tollgate (bounded)"},
-		// The catalog's waiting room: the backend permits CatalogInside in,
-		// holds CatalogWaiting outside, and re-checks the absolute deadline
-		// when capacity frees (the arrival-time deadline stage is off so the
-		// waiting room fills as in the seed).
-		"catalog": {
-			waves:   []Wave{{0, cfg.CatalogInside + cfg.CatalogWaiting, cfg.CatalogDeadline}},
+		"low":              {waves: low, horizon: cfg.Horizon, label: "none (FIFO)"},
+		"low_bounded":      {waves: low, horizon: cfg.Horizon, classes: bounded, label: "tollgate (inside bound)"},
+		"unbounded":        {waves: over, horizon: cfg.Horizon, label: "none (FIFO)"},
+		"bounded":          {waves: over, horizon: cfg.Horizon, classes: bounded, label: "tollgate (inside bound)"},
+		"bounded_deadline": {waves: over, horizon: cfg.Horizon, classes: bounded, stages: deadlines, label: "tollgate (bound + deadline)"},
+		// The catalog's waiting room: the backend permits CatalogInside in
+		// and CatalogWaiting wait outside. The seed's gateway, modelled
+		// here, admits a waiter when capacity frees and discards those
+		// whose deadline has passed, so it admits one exactly at its
+		// deadline, which then finishes late.
+		"catalog": {waves: catalog, horizon: cfg.CatalogHorizon, gate: cfg.CatalogInside, gateRoom: cfg.CatalogWaiting,
+			label: "seed's gateway (modelled)"},
+		// tollgate's waiting room re-checks the deadline when capacity
+		// frees and drops, unrun, a waiter that cannot finish by it (the
+		// arrival-time deadline stage is off so the room fills as in the
+		// seed).
+		"catalog_tollgate": {
+			waves:   catalog,
 			horizon: cfg.CatalogHorizon,
 			classes: &admission.Class{Name: "catalog", Slots: cfg.CatalogInside, QueueItems: cfg.CatalogWaiting, ExpectedServiceTime: svc},
 			stages:  admission.StageDequeue,
@@ -209,8 +263,8 @@ func Run(cfg Config) (*Report, error) {
 		},
 	}
 	rep := &Report{Config: cfg, Scenarios: map[string]*ScenarioReport{}}
-	for name, sc := range scenarios {
-		sr, err := runScenario(cfg, sc)
+	for _, name := range order {
+		sr, err := runScenario(ctx, cfg, scenarios[name])
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
@@ -219,42 +273,67 @@ func Run(cfg Config) (*Report, error) {
 	rep.Low = rep.Scenarios["low"].Useful
 	rep.Unbounded = rep.Scenarios["unbounded"].Useful
 	rep.Bounded = rep.Scenarios["bounded"].Useful
+	rep.BoundedDeadline = rep.Scenarios["bounded_deadline"].Useful
 	rep.CatalogUseful = rep.Scenarios["catalog"].Useful
+	rep.CatalogTollgateUseful = rep.Scenarios["catalog_tollgate"].Useful
 	return rep, nil
 }
 
 // job is one modelled job on the worker.
 type job struct {
 	deadline int
-	permit   *admission.Permit
+	release  func(tick int) // frees its place in the admission at its completion; nil: none
 	done     chan struct{}
 }
 
+// gate is the seed's catalog gateway, modelled in this program because
+// tollgate cannot be configured to behave exactly like it: limit requests
+// inside, the next room wait outside, the rest are refused. When capacity
+// frees, it discards the waiters whose deadline has passed (the tick is
+// after it) and admits the next in arrival order, even one whose deadline
+// is the current tick and which therefore cannot finish in time.
+type gate struct {
+	limit, room int
+	inside      int
+	waiting     []*gateWaiter
+}
+
+type gateWaiter struct {
+	deadline int
+	admitted chan bool // true: admitted; false: discarded. Buffered: the sender never waits.
+}
+
 // sim is the server side of one run: a virtual clock, one worker with a
-// FIFO, the admission controller (or none) and the counts.
+// FIFO, the admission in front of it (tollgate's controller, the seed's
+// gateway, or none) and the counts.
 type sim struct {
 	ctx     context.Context // the run's bound: waits give up when it ends
 	ctrl    *admission.Controller
+	gate    *gate
 	service int
 	horizon int
 
-	mu        sync.Mutex
-	cond      *sync.Cond
-	tick      int
-	fifo      []*job
-	arrivals  int // arrivals decided: on the worker's FIFO, waiting in the controller, or refused
-	pending   int // admitted jobs not yet on the FIFO
-	completed int
-	useful    int
-	late      int // finished after their deadline
-	after     int // finished by their deadline, after the horizon
-	refused   map[string]int
+	mu         sync.Mutex
+	cond       *sync.Cond
+	tick       int
+	fifo       []*job
+	arrivals   int // arrivals decided: on the worker's FIFO, waiting for admission, or refused
+	pending    int // admitted jobs not yet on the FIFO
+	completed  int
+	useful     int
+	late       int // finished after their deadline
+	after      int // finished by their deadline, after the horizon
+	refused    map[string]int
+	discarded  int // left the waiting room unrun
+	maxInside  int
+	maxWaiting int
 }
 
-type permitKey struct{}
+type releaseKey struct{}
 
 // observe acknowledges arrivals and starts from the controller's events,
-// so the clock advances only once every job is where it belongs.
+// so the clock advances only once every job is where it belongs, and counts
+// refusals on arrival and waiters dropped unrun.
 func (s *sim) observe(e admission.Event) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -262,10 +341,15 @@ func (s *sim) observe(e admission.Event) {
 	case admission.EventAdmitted:
 		s.arrivals++
 		s.pending++
-	case admission.EventQueued, admission.EventRefused:
+	case admission.EventQueued:
 		s.arrivals++
+	case admission.EventRefused:
+		s.arrivals++
+		s.refused[status.ReasonName(e.Reason)]++
 	case admission.EventStarted:
 		s.pending++
+	case admission.EventDropped:
+		s.discarded++
 	}
 	s.cond.Broadcast()
 }
@@ -274,36 +358,95 @@ func (s *sim) observe(e admission.Event) {
 // interceptor.ServerOptions(interceptor.WithAdmission(ctrl)) on purpose:
 // that interceptor admits on the real clock, and this simulation drives the
 // controller tick by tick with AdmitAt and ReleaseAt. It asks the
-// controller at the current tick, counts refusals
-// by reason and hands the permit to the worker, which releases it at the
-// job's modelled completion; the deferred Release is then a no-op.
+// controller (or the seed's gateway) at the current tick and hands the
+// worker a release, which it calls at the job's modelled completion; the
+// deferred Release is then a no-op.
 func (s *sim) admit(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if s.ctrl == nil {
+	deadline := int(req.(*wrapperspb.Int64Value).GetValue())
+	switch {
+	case s.gate != nil:
+		return s.admitGate(ctx, deadline, req, handler)
+	case s.ctrl == nil:
 		return handler(ctx, req)
 	}
-	deadline := int(req.(*wrapperspb.Int64Value).GetValue())
 	s.mu.Lock()
 	now := at(s.tick)
 	s.mu.Unlock()
 	p, err := s.ctrl.AdmitAt(ctx, admission.Request{Method: info.FullMethod, Size: -1, Deadline: at(deadline)}, now)
 	if err != nil {
-		s.mu.Lock()
-		s.refused[status.ReasonName(status.OutcomeOf(err).Reason)]++
-		s.mu.Unlock()
-		return nil, err
+		return nil, err // counted by observe
 	}
 	defer p.Release()
-	return handler(context.WithValue(ctx, permitKey{}, p), req)
+	return handler(context.WithValue(ctx, releaseKey{}, func(t int) { p.ReleaseAt(at(t)) }), req)
+}
+
+// admitGate admits through the seed's gateway: inside if there is room,
+// else into the waiting room until releaseGate admits or discards it.
+func (s *sim) admitGate(ctx context.Context, deadline int, req any, handler grpc.UnaryHandler) (any, error) {
+	g := s.gate
+	s.mu.Lock()
+	s.arrivals++
+	s.cond.Broadcast()
+	switch {
+	case g.inside < g.limit:
+		g.inside++
+		s.pending++
+		s.mu.Unlock()
+	case len(g.waiting) < g.room:
+		w := &gateWaiter{deadline: deadline, admitted: make(chan bool, 1)}
+		g.waiting = append(g.waiting, w)
+		s.mu.Unlock()
+		select {
+		case ok := <-w.admitted:
+			if !ok {
+				return nil, grpcstatus.Error(codes.DeadlineExceeded, "examhall: deadline passed while waiting")
+			}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	default:
+		s.refused["WAITING_ROOM_FULL"]++
+		s.mu.Unlock()
+		return nil, grpcstatus.Error(codes.ResourceExhausted, "examhall: waiting room full")
+	}
+	return handler(context.WithValue(ctx, releaseKey{}, s.releaseGate), req)
+}
+
+// releaseGate frees a place inside at tick t: the gateway discards the
+// waiters whose deadline has passed, then admits the next ones.
+func (s *sim) releaseGate(t int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.gate
+	g.inside--
+	kept := g.waiting[:0]
+	for _, w := range g.waiting {
+		if t > w.deadline {
+			s.discarded++
+			w.admitted <- false
+			continue
+		}
+		kept = append(kept, w)
+	}
+	g.waiting = kept
+	for len(g.waiting) > 0 && g.inside < g.limit {
+		w := g.waiting[0]
+		g.waiting = g.waiting[1:]
+		g.inside++
+		s.pending++
+		w.admitted <- true
+	}
+	s.cond.Broadcast()
 }
 
 // handle puts the job on the worker's FIFO and answers at its completion.
 func (s *sim) handle(ctx context.Context, in *wrapperspb.Int64Value) (*emptypb.Empty, error) {
-	p, _ := ctx.Value(permitKey{}).(*admission.Permit)
-	j := &job{deadline: int(in.GetValue()), permit: p, done: make(chan struct{})}
+	rel, _ := ctx.Value(releaseKey{}).(func(int))
+	j := &job{deadline: int(in.GetValue()), release: rel, done: make(chan struct{})}
 	s.mu.Lock()
 	s.fifo = append(s.fifo, j)
-	if s.ctrl == nil {
-		s.arrivals++
+	if rel == nil {
+		s.arrivals++ // no admission in front: the arrival is placed here
 	} else {
 		s.pending--
 	}
@@ -360,8 +503,8 @@ func (s *sim) step() {
 	now := s.tick
 	s.mu.Unlock()
 	if j != nil {
-		if j.permit != nil {
-			j.permit.ReleaseAt(at(now)) // may start the next waiter (observe)
+		if j.release != nil {
+			j.release(now) // may start the next waiter
 		}
 		close(j.done)
 	}
@@ -373,6 +516,8 @@ func (s *sim) now() int {
 	return s.tick
 }
 
+// idle waits until every admitted job is on the FIFO and reports whether
+// the FIFO is empty (or the run's bound ended).
 func (s *sim) idle() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -382,10 +527,27 @@ func (s *sim) idle() bool {
 	return len(s.fifo) == 0 || s.ctx.Err() != nil
 }
 
+// record samples how many are inside and waiting once every admitted job is
+// placed, and keeps the most of each. It runs after every arrival wave and
+// every worker step, the only moments the layout changes, so the maxima are
+// the run's true maxima.
+func (s *sim) record() {
+	s.idle()
+	in, wait := s.layout()
+	s.mu.Lock()
+	s.maxInside, s.maxWaiting = max(s.maxInside, in), max(s.maxWaiting, wait)
+	s.mu.Unlock()
+}
+
+// layout reports how many hold a place inside (on the worker's FIFO) and
+// how many wait outside for one.
 func (s *sim) layout() (inside, waiting int) {
 	if s.ctrl == nil {
 		s.mu.Lock()
 		defer s.mu.Unlock()
+		if s.gate != nil {
+			return s.gate.inside, len(s.gate.waiting)
+		}
 		return len(s.fifo), 0
 	}
 	st := s.ctrl.StatsAt(at(s.now()))
@@ -413,10 +575,12 @@ func (s *sim) desc() *grpc.ServiceDesc {
 	}
 }
 
-func runScenario(cfg Config, sc scenario) (*ScenarioReport, error) {
-	s := &sim{service: cfg.ServiceTicks, horizon: sc.horizon, refused: map[string]int{}}
+// runScenario runs one scenario within ctx, the bound on the whole run.
+func runScenario(ctx context.Context, cfg Config, sc scenario) (*ScenarioReport, error) {
+	s := &sim{ctx: ctx, service: cfg.ServiceTicks, horizon: sc.horizon, refused: map[string]int{}}
 	s.cond = sync.NewCond(&s.mu)
-	if sc.classes != nil {
+	switch {
+	case sc.classes != nil:
 		ctrl, err := admission.New(
 			admission.WithClasses(*sc.classes),
 			admission.WithStages(sc.stages),
@@ -427,6 +591,8 @@ func runScenario(cfg Config, sc scenario) (*ScenarioReport, error) {
 		}
 		defer ctrl.Close()
 		s.ctrl = ctrl
+	case sc.gate > 0:
+		s.gate = &gate{limit: sc.gate, room: sc.gateRoom}
 	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -445,10 +611,7 @@ func runScenario(cfg Config, sc scenario) (*ScenarioReport, error) {
 		return nil, err
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
-	defer cancel()
-	s.ctx = ctx
-	// Wake waiters of the condition when the run times out.
+	// Wake waiters of the condition when the run's bound ends.
 	stop := context.AfterFunc(ctx, func() {
 		s.mu.Lock()
 		s.cond.Broadcast()
@@ -462,6 +625,7 @@ func runScenario(cfg Config, sc scenario) (*ScenarioReport, error) {
 	for _, w := range sc.waves {
 		for s.now() < w.At && ctx.Err() == nil {
 			s.step()
+			s.record()
 		}
 		for range w.Count {
 			wg.Add(1)
@@ -472,24 +636,25 @@ func runScenario(cfg Config, sc scenario) (*ScenarioReport, error) {
 		}
 		sent += w.Count
 		if err := s.awaitArrivals(ctx, sent); err != nil {
-			return nil, fmt.Errorf("arrivals not acknowledged: %w", err)
+			return nil, fmt.Errorf("arrivals not acknowledged within the run's bound (-timeout %v): %w", cfg.Timeout, err)
 		}
-		in, wait := s.layout()
-		rep.Inside, rep.Waiting = max(rep.Inside, in), max(rep.Waiting, wait)
+		s.record()
 	}
 	// Run the worker until every accepted job has finished (the fixture
 	// finishes expired work rather than cancelling it).
 	for !s.idle() {
 		s.step()
+		s.record()
 	}
 	wg.Wait()
 	if ctx.Err() != nil {
-		return nil, fmt.Errorf("run did not finish within %v", cfg.Timeout)
+		return nil, fmt.Errorf("run did not finish within the run's bound (-timeout %v): %w", cfg.Timeout, ctx.Err())
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rep.Offered = sent
 	rep.Completed, rep.Useful, rep.Late, rep.After = s.completed, s.useful, s.late, s.after
-	rep.Refused, rep.LastTick = s.refused, s.tick
+	rep.Refused, rep.Discarded, rep.LastTick = s.refused, s.discarded, s.tick
+	rep.Inside, rep.Waiting = s.maxInside, s.maxWaiting
 	return rep, nil
 }
