@@ -1,6 +1,7 @@
 // Command relay runs seed 000's cross-layer retry construction for real: a
 // client, a frontend and a dependency, each a gRPC process role on loopback
-// TCP, where the dependency refuses every call (NOT_ADMITTED, QUEUE_FULL).
+// TCP, where the dependency refuses every call: RESOURCE_EXHAUSTED in the
+// plain gRPC run, NOT_ADMITTED QUEUE_FULL with tollgate.
 //
 // It runs the construction twice. With independent local caps (plain gRPC,
 // each layer repeating on its own), the origin's tries multiply with the
@@ -11,7 +12,7 @@
 //
 // Every number printed is counted by the servers and clients as they ran.
 //
-//	go run ./examples/relay [-tries 3] [-calls-per-try 2] [-allowance 4] [-json]
+//	go run ./examples/relay [-tries 3] [-calls-per-try 2] [-allowance 4] [-attempt-timeout 10s] [-backoff 1ms] [-json]
 package main
 
 import (
@@ -38,9 +39,23 @@ import (
 )
 
 type config struct {
-	Tries       int   `json:"tries"`
-	CallsPerTry int   `json:"calls_per_try"`
-	Allowance   int64 `json:"allowance"`
+	Tries       int
+	CallsPerTry int
+	Allowance   int64
+	// AttemptTimeout bounds the origin's call, all its tries included (the
+	// attempt's deadline with tollgate, the call's context in the plain run).
+	AttemptTimeout time.Duration
+	// Backoff is the wait between tries at both layers with tollgate, and
+	// the pushback the dependency's refusals suggest.
+	Backoff time.Duration
+}
+
+// MarshalJSON writes durations as Go duration strings ("10s").
+func (c config) MarshalJSON() ([]byte, error) {
+	return json.Marshal(map[string]any{
+		"tries": c.Tries, "calls_per_try": c.CallsPerTry, "allowance": c.Allowance,
+		"attempt_timeout": c.AttemptTimeout.String(), "backoff": c.Backoff.String(),
+	})
 }
 
 type result struct {
@@ -61,6 +76,8 @@ func main() {
 	flag.IntVar(&cfg.Tries, "tries", 3, "tries the origin client may make (first included)")
 	flag.IntVar(&cfg.CallsPerTry, "calls-per-try", 2, "calls the frontend may make to the dependency per origin try (first included)")
 	flag.Int64Var(&cfg.Allowance, "allowance", 4, "units the attempt's allowance lets all layers below the origin spend")
+	flag.DurationVar(&cfg.AttemptTimeout, "attempt-timeout", 10*time.Second, "bound on the origin's call, all its tries included (both runs)")
+	flag.DurationVar(&cfg.Backoff, "backoff", time.Millisecond, "with tollgate: wait between tries at both layers, and the dependency's suggested pushback")
 	asJSON := flag.Bool("json", false, "print the result as JSON")
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -83,8 +100,9 @@ func main() {
 
 func report(w io.Writer, r *result) {
 	c := r.Config
-	fmt.Fprintf(w, "relay: client → frontend → dependency over loopback TCP; the dependency refuses every call (NOT_ADMITTED, QUEUE_FULL)\n")
-	fmt.Fprintf(w, "configured: origin tries=%d, frontend calls per try=%d, allowance=%d units\n\n", c.Tries, c.CallsPerTry, c.Allowance)
+	fmt.Fprintf(w, "relay: client → frontend → dependency over loopback TCP; the dependency refuses every call (plain gRPC: RESOURCE_EXHAUSTED; tollgate: NOT_ADMITTED QUEUE_FULL)\n")
+	fmt.Fprintf(w, "configured: origin tries=%d, frontend calls per try=%d, allowance=%d units, attempt timeout=%v, backoff=%v (tollgate; also the dependency's pushback)\n\n",
+		c.Tries, c.CallsPerTry, c.Allowance, c.AttemptTimeout, c.Backoff)
 	fmt.Fprintf(w, "independent local caps: the frontend received %d calls, the dependency %d\n", r.NaiveFrontendCalls, r.NaiveDependencyCalls)
 	fmt.Fprintf(w, "tollgate, one shared allowance: the frontend received %d calls, the dependency %d\n", r.TollgateFrontendCalls, r.TollgateDependencyCalls)
 	final := "not final"
@@ -93,13 +111,21 @@ func report(w io.Writer, r *result) {
 	}
 	fmt.Fprintf(w, "  the origin's call ended %s %s (%s); calls refused locally for lack of units: %d\n",
 		r.TollgateOutcome, r.TollgateReason, final, r.TollgateRefusedAllowance)
-	fmt.Fprintf(w, "  attempt ID seen by origin=%s frontend=%s dependency=%s\n",
-		r.TollgateAttemptIDs["origin"], r.TollgateAttemptIDs["frontend"], r.TollgateAttemptIDs["dependency"])
+	seen := func(tier string) string {
+		if id := r.TollgateAttemptIDs[tier]; id != "" {
+			return id
+		}
+		return "(none: it received no call)"
+	}
+	fmt.Fprintf(w, "  attempt ID seen by origin=%s frontend=%s dependency=%s\n", seen("origin"), seen("frontend"), seen("dependency"))
 }
 
 func run(ctx context.Context, cfg config) (*result, error) {
 	if cfg.Tries < 1 || cfg.Tries > interceptor.MaxTriesCap || cfg.CallsPerTry < 1 || cfg.CallsPerTry > interceptor.MaxTriesCap || cfg.Allowance < 0 {
 		return nil, fmt.Errorf("tries and calls-per-try must be in [1, %d], allowance ≥ 0", interceptor.MaxTriesCap)
+	}
+	if cfg.AttemptTimeout <= 0 || cfg.Backoff <= 0 {
+		return nil, errors.New("attempt timeout and backoff must be positive")
 	}
 	res := &result{Config: cfg}
 	var err error
@@ -143,7 +169,7 @@ func runNaive(ctx context.Context, cfg config) (frontendCalls, dependencyCalls i
 	}
 	defer conn.Close()
 	client := testingv1.NewTestServiceClient(conn)
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, cfg.AttemptTimeout)
 	defer cancel()
 	_, _ = repeatPlain(cfg.Tries, func() (*testingv1.GetResponse, error) { return client.Get(cctx, &testingv1.GetRequest{Key: "k"}) })
 	return front.Calls("Get"), dep.Calls("Get"), nil
@@ -189,11 +215,11 @@ func runTollgate(ctx context.Context, cfg config, res *result) error {
 	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer meters.Shutdown(context.Background())
 	seen := &ids{seen: map[string]string{}}
-	noWait := interceptor.RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}
+	noWait := interceptor.RetryPolicy{InitialBackoff: cfg.Backoff, MaxBackoff: cfg.Backoff}
 
 	dep := &testsvc.Service{GetFunc: func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
 		seen.note("dependency", ctx)
-		return nil, status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Millisecond))
+		return nil, status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(cfg.Backoff))
 	}}
 	serverOpts := []interceptor.ServerOption{interceptor.WithTrustedPeer(interceptor.TrustLoopback), interceptor.WithServerMeterProvider(meters)}
 	depEnd, err := testsvc.Start(testsvc.TCP, dep.Register, interceptor.ServerOptions(serverOpts...)...)
@@ -224,7 +250,7 @@ func runTollgate(ctx context.Context, cfg config, res *result) error {
 	originPolicy.MaxTries = cfg.Tries
 	conn, err := frontEnd.Dial(interceptor.DialOptions(
 		interceptor.WithAllowance(cfg.Allowance),
-		interceptor.WithAttemptTimeout(10*time.Second),
+		interceptor.WithAttemptTimeout(cfg.AttemptTimeout),
 		interceptor.WithRetry(originPolicy),
 		interceptor.WithClientMeterProvider(meters))...)
 	if err != nil {
