@@ -128,17 +128,24 @@ type callResult struct {
 }
 
 type scenarioResult struct {
-	Name            string `json:"name"`
-	Store           string `json:"store"`
-	Skipped         bool   `json:"skipped"`
-	SkipReason      string `json:"skip_reason,omitempty"`
-	IntendedEffects int    `json:"intended_effects"`
-	ExecutedEffects int    `json:"executed_effects"`
-	Duplicates      int    `json:"duplicates"`
-	Lost            int    `json:"lost"`
-	UnknownReported int    `json:"unknown_reported"`
-	Queries         int64  `json:"queries"`
-	Restarts        int    `json:"restarts"`
+	Name       string `json:"name"`
+	Store      string `json:"store"`
+	Skipped    bool   `json:"skipped"`
+	SkipReason string `json:"skip_reason,omitempty"`
+	// Fault is the failure the scenario means to inject; FaultInjected
+	// whether it did. A scenario whose fault did not happen (its try
+	// refused before the handler ran, say) shows nothing about that fault.
+	Fault         string `json:"fault"`
+	FaultInjected bool   `json:"fault_injected"`
+	// IntendedEffects is the changes the scenario's plan asks for, whether
+	// or not a call for each was made.
+	IntendedEffects int   `json:"intended_effects"`
+	ExecutedEffects int   `json:"executed_effects"`
+	Duplicates      int   `json:"duplicates"`
+	Lost            int   `json:"lost"`
+	UnknownReported int   `json:"unknown_reported"`
+	Queries         int64 `json:"queries"`
+	Restarts        int   `json:"restarts"`
 	// ReplacementRecord is the state in which the replacement server's
 	// store holds the call's record after the run, read directly: UNKNOWN
 	// when it cannot vouch for the attempt (a new memory store), the
@@ -151,16 +158,19 @@ type scenarioResult struct {
 }
 
 type result struct {
-	Config          config           `json:"config"`
-	IntendedEffects int              `json:"intended_effects"`
-	ExecutedEffects int              `json:"executed_effects"`
-	Duplicates      int              `json:"duplicates"`
-	Lost            int              `json:"lost"`
-	UnknownReported int              `json:"unknown_reported"`
-	Queries         int64            `json:"queries"`
-	UnitsLeft       int64            `json:"units_left"`
-	Skipped         []string         `json:"skipped"`
-	Scenarios       []scenarioResult `json:"scenarios"`
+	Config          config   `json:"config"`
+	IntendedEffects int      `json:"intended_effects"`
+	ExecutedEffects int      `json:"executed_effects"`
+	Duplicates      int      `json:"duplicates"`
+	Lost            int      `json:"lost"`
+	UnknownReported int      `json:"unknown_reported"`
+	Queries         int64    `json:"queries"`
+	UnitsLeft       int64    `json:"units_left"`
+	Skipped         []string `json:"skipped"`
+	// FaultsMissed names the scenarios that ran without their fault
+	// happening; the program then exits 1.
+	FaultsMissed []string         `json:"faults_missed"`
+	Scenarios    []scenarioResult `json:"scenarios"`
 }
 
 func defaultConfig() config {
@@ -202,9 +212,24 @@ func main() {
 	} else {
 		report(os.Stdout, res)
 	}
-	if res.Duplicates > 0 || res.Lost > 0 {
-		os.Exit(2)
+	if code, why := verdict(res); code != 0 {
+		fmt.Fprintln(os.Stderr, "ledger:", why)
+		os.Exit(code)
 	}
+}
+
+// verdict is the program's exit status and why: 2 when an effect ran twice
+// or was lost, 1 when a scenario ran without its fault happening (its
+// numbers then show nothing about that fault), else 0.
+func verdict(r *result) (code int, why string) {
+	switch {
+	case r.Duplicates > 0 || r.Lost > 0:
+		return 2, fmt.Sprintf("%d effect(s) ran twice and %d were lost", r.Duplicates, r.Lost)
+	case len(r.FaultsMissed) > 0:
+		return 1, fmt.Sprintf("the intended fault did not happen in %s, so the run does not show what it is meant to (is -attempt-timeout or -per-try too short for a try to reach the handler?)",
+			strings.Join(r.FaultsMissed, ", "))
+	}
+	return 0, ""
 }
 
 func report(w io.Writer, r *result) {
@@ -219,6 +244,11 @@ func report(w io.Writer, r *result) {
 		}
 		fmt.Fprintf(w, "%-21s [%s] intended=%d executed=%d duplicates=%d lost=%d unknown-reported=%d queries=%d restarts=%d\n",
 			s.Name, s.Store, s.IntendedEffects, s.ExecutedEffects, s.Duplicates, s.Lost, s.UnknownReported, s.Queries, s.Restarts)
+		injected := "injected"
+		if !s.FaultInjected {
+			injected = "DID NOT HAPPEN: this scenario shows nothing about it"
+		}
+		fmt.Fprintf(w, "  fault: %s → %s\n", s.Fault, injected)
 		if s.ReplacementRecord != "" {
 			fmt.Fprintf(w, "  the replacement server's store holds the call's record as %s\n", s.ReplacementRecord)
 		}
@@ -235,6 +265,9 @@ func report(w io.Writer, r *result) {
 		r.IntendedEffects, r.ExecutedEffects, r.Duplicates, r.Lost, r.UnknownReported, r.Queries, r.UnitsLeft)
 	if len(r.Skipped) > 0 {
 		fmt.Fprintf(w, " skipped=%s", strings.Join(r.Skipped, ","))
+	}
+	if len(r.FaultsMissed) > 0 {
+		fmt.Fprintf(w, " faults-missed=%s", strings.Join(r.FaultsMissed, ","))
 	}
 	fmt.Fprintln(w)
 }
@@ -267,7 +300,7 @@ func run(ctx context.Context, cfg config) (*result, error) {
 		cfg.AttemptTimeout <= 0 || cfg.Allowance < 0 || cfg.Skew < 0 || cfg.InitialBackoff <= 0 || cfg.MaxBackoff < cfg.InitialBackoff {
 		return nil, fmt.Errorf("tries must be in [1, %d]; per-try, attempt-timeout and initial-backoff positive; allowance, skew and restart-per-try ≥ 0; max-backoff ≥ initial-backoff", interceptor.MaxTriesCap)
 	}
-	res := &result{Config: cfg, Skipped: []string{}}
+	res := &result{Config: cfg, Skipped: []string{}, FaultsMissed: []string{}}
 	scenarios := []func(context.Context, config) (*scenarioResult, error){
 		droppedResponse, timeoutAfterCommit, restartMemory, restartRedis, unknownSecondCall,
 	}
@@ -280,6 +313,9 @@ func run(ctx context.Context, cfg config) (*result, error) {
 		if s.Skipped {
 			res.Skipped = append(res.Skipped, s.Name)
 			continue
+		}
+		if !s.FaultInjected {
+			res.FaultsMissed = append(res.FaultsMissed, s.Name)
 		}
 		res.IntendedEffects += s.IntendedEffects
 		res.ExecutedEffects += s.ExecutedEffects
@@ -382,6 +418,8 @@ type faults struct {
 	// whose response was dropped.
 	unreachable atomic.Bool
 	dropped     atomic.Pointer[effectKey]
+	// injected counts the faults that struck.
+	injected atomic.Int64
 	// queried is closed when the first query arrives.
 	queried     chan struct{}
 	queriedOnce sync.Once
@@ -419,6 +457,7 @@ func (l *ledger) outer(f *faults) grpc.UnaryServerInterceptor {
 		f.dropped.Store(&k)
 		resp, err := h(ctx, req)
 		if err == nil && f.dropAccount.CompareAndSwap(p, nil) {
+			f.injected.Add(1)
 			return nil, grpcstatus.Error(codes.Unavailable, "ledger: connection reset before the response was sent")
 		}
 		return resp, err
@@ -591,14 +630,10 @@ func judge(l *ledger, c *callResult) {
 	}
 }
 
-// finish judges the scenario's calls and fills its counts.
+// finish judges the scenario's calls and fills its counts; the intended
+// effects and the fault are the caller's (the scenario's plan).
 func (s *scenarioResult) finish(l *ledger, snap budget.Snapshot) {
 	s.ExecutedEffects, s.Duplicates = l.tally()
-	intended := map[string]bool{} // a change is intended once, however often a re-run handler asks for it
-	for _, c := range s.Calls {
-		intended[c.Account] = true
-	}
-	s.IntendedEffects = len(intended)
 	repeats := 0 // extra runs of each intended change, under any call key
 	for i := range s.Calls {
 		c := &s.Calls[i]
@@ -635,8 +670,9 @@ func startAttempt(ctx context.Context, cfg config) (context.Context, string, *bu
 // ----- scenarios 1 and 2: the answer is lost, the record is not -----
 
 // oneCall runs one Apply under a new attempt against a ledger served with a
-// memory store, with the faults set by prepare.
-func oneCall(ctx context.Context, cfg config, name string, prepare func(l *ledger, f *faults)) (*scenarioResult, error) {
+// memory store, with the fault set by prepare (which counts it in
+// f.injected when it strikes).
+func oneCall(ctx context.Context, cfg config, name, fault string, prepare func(l *ledger, f *faults)) (*scenarioResult, error) {
 	l, f := newLedger(), newFaults()
 	prepare(l, f)
 	srv, conn, err := serveMemory(ctx, cfg, l.outer(f), &testsvc.Service{ApplyFunc: l.apply})
@@ -653,23 +689,25 @@ func oneCall(ctx context.Context, cfg config, name string, prepare func(l *ledge
 	c := callResult{Account: name, AttemptID: id}
 	resp, err := testingv1.NewTestServiceClient(conn).Apply(actx, &testingv1.ApplyRequest{Key: name, Amount: cfg.Amount})
 	outcome(&c, resp, err)
-	s := &scenarioResult{Name: name, Store: "memory", Calls: []callResult{c}}
+	s := &scenarioResult{Name: name, Store: "memory", Calls: []callResult{c}, Fault: fault, IntendedEffects: 1,
+		FaultInjected: f.injected.Load() > 0}
 	s.finish(l, led.Snapshot())
 	return s, nil
 }
 
 func droppedResponse(ctx context.Context, cfg config) (*scenarioResult, error) {
-	return oneCall(ctx, cfg, "dropped-response", func(_ *ledger, f *faults) {
+	return oneCall(ctx, cfg, "dropped-response", "the answer is lost after the commit", func(_ *ledger, f *faults) {
 		account := "dropped-response"
 		f.dropAccount.Store(&account)
 	})
 }
 
 func timeoutAfterCommit(ctx context.Context, cfg config) (*scenarioResult, error) {
-	return oneCall(ctx, cfg, "timeout-after-commit", func(l *ledger, f *faults) {
+	return oneCall(ctx, cfg, "timeout-after-commit", "the answer is held back after the commit until the client asks", func(l *ledger, f *faults) {
 		// The change is made; the answer comes only once the client has
 		// given up on the try and asked about it (or at the deadline).
 		l.afterCommit = func(ctx context.Context, _ string) {
+			f.injected.Add(1)
 			select {
 			case <-f.queried:
 			case <-ctx.Done():
@@ -742,7 +780,7 @@ func restart(ctx context.Context, cfg config, name, kind string, newStore storeM
 		answered <- answer{resp, err}
 	}()
 
-	s := &scenarioResult{Name: name, Store: kind}
+	s := &scenarioResult{Name: name, Store: kind, Fault: "the server is replaced between the commit and the answer", IntendedEffects: 1}
 	var ans answer
 	var replacement *instance
 	select {
@@ -782,6 +820,7 @@ func restart(ctx context.Context, cfg config, name, kind string, newStore storeM
 	c := callResult{Account: name, AttemptID: id}
 	outcome(&c, ans.resp, ans.err)
 	s.Calls = []callResult{c}
+	s.FaultInjected = s.Restarts > 0
 	s.finish(l, led.Snapshot())
 	return s, nil
 }
@@ -933,7 +972,10 @@ func unknownSecondCall(ctx context.Context, cfg config) (*scenarioResult, error)
 	origin := &callResult{Account: name, AttemptID: id}
 	outcome(origin, resp, err)
 	judge(nil, origin)
-	s := &scenarioResult{Name: name, Store: "memory", Origin: origin}
+	// The plan: two changes, the second one's answer lost and its record
+	// out of reach.
+	s := &scenarioResult{Name: name, Store: "memory", Origin: origin, IntendedEffects: 2,
+		Fault: "the second call's answer is lost and its record cannot be queried", FaultInjected: f.injected.Load() > 0}
 	mu.Lock()
 	s.Calls = append([]callResult(nil), calls...)
 	mu.Unlock()

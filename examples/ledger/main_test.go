@@ -52,10 +52,15 @@ func TestLedgerFaultMatrix(t *testing.T) {
 	t.Run("invariants", func(t *testing.T) {
 		require.Zero(t, res.Duplicates, "no effect ran twice")
 		require.Zero(t, res.Lost, "no effect was silently lost")
+		require.Empty(t, res.FaultsMissed, "every scenario's fault happened")
+		code, _ := verdict(res)
+		require.Zero(t, code)
 		for _, s := range res.Scenarios {
 			if s.Skipped {
 				continue
 			}
+			require.True(t, s.FaultInjected, s.Name)
+			require.NotEmpty(t, s.Fault, s.Name)
 			require.Zero(t, s.Duplicates, s.Name)
 			require.Zero(t, s.Lost, s.Name)
 			require.Equal(t, s.IntendedEffects, len(s.Calls), s.Name)
@@ -195,6 +200,7 @@ func TestLedgerFlagsChangeTheRun(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, res.Duplicates)
 	require.Zero(t, res.Lost)
+	require.Empty(t, res.FaultsMissed)
 	for _, s := range res.Scenarios {
 		for _, c := range s.Calls {
 			require.Truef(t, allowedVerdicts[c.Verdict], "%s %s: %+v", s.Name, c.Account, c)
@@ -242,8 +248,47 @@ func TestLedgerFirstCallRefusedIsNotAdmitted(t *testing.T) {
 			require.Equal(t, "not-run", c.Verdict)
 		}
 		require.Equal(t, "NOT_ADMITTED", s.Origin.Outcome, "%+v", s.Origin)
-		require.Equal(t, 1, s.IntendedEffects, "one change was asked for, however many times")
+		require.Equal(t, 2, s.IntendedEffects, "the plan's two changes, though the frontend asked for only the first")
 		require.Zero(t, s.ExecutedEffects)
+		require.False(t, s.FaultInjected, "no second call was made, so its answer was never lost")
 	}
 	require.True(t, found)
+	require.Contains(t, res.FaultsMissed, name)
+	code, why := verdict(res)
+	require.Equal(t, 1, code)
+	require.Contains(t, why, name)
+}
+
+// TestLedgerFaultThatDidNotHappenFails: with an attempt deadline too short
+// for any try, every call is refused DEADLINE_UNREACHABLE before a handler
+// runs, so no fault strikes (the restart scenarios restart nothing). A
+// review found the program printing its totals and exiting 0 all the same,
+// and the frontend scenario's intended effects counted from the calls its
+// frontend made (none) instead of from its plan (two).
+func TestLedgerFaultThatDidNotHappenFails(t *testing.T) {
+	cfg := testConfig()
+	cfg.AttemptTimeout = time.Millisecond
+	res, err := run(t.Context(), cfg)
+	require.NoError(t, err)
+	for _, s := range res.Scenarios {
+		if s.Skipped {
+			continue
+		}
+		require.False(t, s.FaultInjected, s.Name)
+		require.Contains(t, res.FaultsMissed, s.Name)
+		require.Zero(t, s.Restarts, s.Name)
+		require.Zero(t, s.ExecutedEffects, s.Name)
+		if s.Name == "unknown-second-call" {
+			require.Equal(t, 2, s.IntendedEffects, "intended comes from the plan")
+		} else {
+			require.Equal(t, 1, s.IntendedEffects, s.Name)
+		}
+	}
+	code, why := verdict(res)
+	require.Equal(t, 1, code, "a run whose faults did not happen must not exit 0")
+	require.Contains(t, why, "restart-memory")
+	var out bytes.Buffer
+	report(&out, res)
+	require.Contains(t, out.String(), "→ DID NOT HAPPEN")
+	require.Contains(t, out.String(), "faults-missed=")
 }
