@@ -59,12 +59,14 @@ type ClassReport struct {
 
 // ProbeReport is what the control probes saw while heavy was saturated.
 type ProbeReport struct {
-	Sent            int       `json:"sent"`
-	Admitted        int       `json:"admitted"`
-	StartDelaysMs   []float64 `json:"start_delays_ms"`
-	MaxStartDelayMs float64   `json:"max_start_delay_ms"`
-	HeavyRunning    int       `json:"heavy_running_meanwhile"`
-	HeavyQueued     int       `json:"heavy_queued_meanwhile"`
+	Sent          int       `json:"sent"`
+	Admitted      int       `json:"admitted"`
+	StartDelaysMs []float64 `json:"start_delays_ms"`
+	// MaxStartDelayMs is the largest of StartDelaysMs; nil (left out of
+	// the JSON) when no probe started, so no delay was measured.
+	MaxStartDelayMs *float64 `json:"max_start_delay_ms,omitempty"`
+	HeavyRunning    int      `json:"heavy_running_meanwhile"`
+	HeavyQueued     int      `json:"heavy_queued_meanwhile"`
 }
 
 // Report is the run's result; every number is counted from what ran.
@@ -144,8 +146,12 @@ func Print(w io.Writer, r *Report) {
 	if hs := r.Classes[heavyClass].Slots; p.HeavyRunning >= hs {
 		heavy = "saturated"
 	}
-	fmt.Fprintf(w, "control probes while heavy %s (%d running of %d, %d queued): %d/%d admitted, start delays %v (max %v)\n",
-		heavy, p.HeavyRunning, r.Classes[heavyClass].Slots, p.HeavyQueued, p.Admitted, p.Sent, delays, slices.Max(append(delays, 0)))
+	measured := "none measured"
+	if len(delays) > 0 {
+		measured = fmt.Sprintf("%v (max %v)", delays, slices.Max(delays))
+	}
+	fmt.Fprintf(w, "control probes while heavy %s (%d running of %d, %d queued): %d/%d admitted, start delays %s\n",
+		heavy, p.HeavyRunning, r.Classes[heavyClass].Slots, p.HeavyQueued, p.Admitted, p.Sent, measured)
 	fmt.Fprintf(w, "elapsed %.1f ms\n", r.ElapsedMs)
 }
 
@@ -409,7 +415,7 @@ func Run(cfg Config) (*Report, error) {
 	}
 	s.mu.Unlock()
 	heavy, _ := ctrl.Stats().Class(heavyClass)
-	probes := ProbeReport{Sent: cfg.Probes, HeavyRunning: heavy.Running, HeavyQueued: heavy.Queued}
+	probes := ProbeReport{Sent: cfg.Probes, HeavyRunning: heavy.Running, HeavyQueued: heavy.Queued, StartDelaysMs: []float64{}}
 	for range cfg.Probes {
 		if err := conn.Invoke(ctx, probeMethod, &emptypb.Empty{}, &emptypb.Empty{}); err == nil {
 			probes.Admitted++
@@ -428,7 +434,8 @@ func Run(cfg Config) (*Report, error) {
 		probes.StartDelaysMs = append(probes.StartDelaysMs, ms)
 	}
 	if len(probes.StartDelaysMs) > 0 {
-		probes.MaxStartDelayMs = slices.Max(probes.StartDelaysMs)
+		m := slices.Max(probes.StartDelaysMs)
+		probes.MaxStartDelayMs = &m
 	}
 	rep := &Report{
 		Config:     cfg,

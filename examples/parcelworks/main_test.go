@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -67,4 +68,28 @@ func TestProbesAreNotTheBurst(t *testing.T) {
 	require.Zero(t, c.MaxRunning, "no control burst task ran")
 	require.Equal(t, 4, rep.Probes.Admitted)
 	require.EqualValues(t, 7, rep.MaxRunning, "6 heavy and a probe at a time")
+}
+
+// TestNoProbesMeasuresNoDelay: with -probes 0 no start delay is measured,
+// so none is reported. A review found "start delays [] (max 0s)" and
+// max_start_delay_ms 0 in the JSON, a delay that was never measured.
+func TestNoProbesMeasuresNoDelay(t *testing.T) {
+	cfg := defaults()
+	cfg.Probes = 0
+	rep, err := Run(cfg)
+	require.NoError(t, err)
+	require.Empty(t, rep.Probes.StartDelaysMs)
+	require.Nil(t, rep.Probes.MaxStartDelayMs)
+	var out bytes.Buffer
+	Print(&out, rep)
+	require.Contains(t, out.String(), "0/0 admitted, start delays none measured")
+	require.NotContains(t, out.String(), "max 0s")
+	b, err := json.Marshal(rep)
+	require.NoError(t, err)
+	require.NotContains(t, string(b), "max_start_delay_ms")
+	require.Contains(t, string(b), `"start_delays_ms":[]`)
+
+	rep, err = Run(defaults())
+	require.NoError(t, err)
+	require.NotNil(t, rep.Probes.MaxStartDelayMs, "measured when probes ran")
 }
