@@ -38,13 +38,38 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, nil); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return // -h: the flag set printed the usage
-		}
-		fmt.Fprintln(os.Stderr, "attemptserver:", err)
-		os.Exit(1)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, nil)
+	if code := exitStatus(err, os.Stderr); code != 0 {
+		os.Exit(code)
 	}
+}
+
+// usageError is a mistake on the command line. It exits 2, as the other
+// examples' (and the flag package's) command-line errors do.
+type usageError struct {
+	err     error
+	printed bool // the flag set already printed it, with the usage
+}
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+// exitStatus is the process's exit status for run's error, which it prints
+// to stderr unless the flag set already did: 0 for none (and for -h, whose
+// usage the flag set printed), 2 for a command-line mistake, else 1.
+func exitStatus(err error, stderr io.Writer) int {
+	var ue *usageError
+	switch {
+	case err == nil || errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		if !ue.printed {
+			fmt.Fprintln(stderr, "attemptserver:", err)
+		}
+		return 2
+	}
+	fmt.Fprintln(stderr, "attemptserver:", err)
+	return 1
 }
 
 // info is what the server tells once it is ready.
@@ -70,16 +95,22 @@ func localTenant(ctx context.Context) string {
 	return "remote"
 }
 
-func run(ctx context.Context, args []string, out io.Writer, ready chan<- info) error {
+// run serves until ctx ends or -duration passes; the flag set's errors and
+// usage go to errOut.
+func run(ctx context.Context, args []string, out, errOut io.Writer, ready chan<- info) error {
 	fs := flag.NewFlagSet("attemptserver", flag.ContinueOnError)
+	fs.SetOutput(errOut)
 	addr := fs.String("addr", "127.0.0.1:50051", "address to listen on")
 	duration := fs.Duration("duration", 0, "stop after this long (0: run until interrupted)")
 	asJSON := fs.Bool("json", false, "print what was set up as one JSON object")
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return &usageError{err: err, printed: true}
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q", fs.Args())
+		return &usageError{err: fmt.Errorf("unexpected arguments %q", fs.Args())}
 	}
 	if *duration < 0 {
 		return fmt.Errorf("-duration %v: must not be negative (0: run until interrupted)", *duration)

@@ -50,7 +50,7 @@ func TestAttemptServerAnswersItsCommand(t *testing.T) {
 		if asJSON {
 			args = append(args, "-json")
 		}
-		go func() { done <- run(ctx, args, out, ready) }()
+		go func() { done <- run(ctx, args, out, &syncBuffer{}, ready) }()
 		var in info
 		select {
 		case in = <-ready:
@@ -95,6 +95,32 @@ func TestAttemptServerAnswersItsCommand(t *testing.T) {
 }
 
 func TestAttemptServerStopsAfterDuration(t *testing.T) {
-	err := run(context.Background(), []string{"-addr", "127.0.0.1:0", "-duration", "1ms"}, &syncBuffer{}, nil)
+	err := run(context.Background(), []string{"-addr", "127.0.0.1:0", "-duration", "1ms"}, &syncBuffer{}, &syncBuffer{}, nil)
 	require.NoError(t, err)
+}
+
+// TestAttemptServerCommandLineMistakes: a stray argument and an unknown
+// flag exit 2, as in the other examples, and the error is printed once. A
+// review found a stray argument exiting 1 and -bogus printing its error
+// twice (by the flag set, then again by main).
+func TestAttemptServerCommandLineMistakes(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-addr", "127.0.0.1:0", "stray"}, `unexpected arguments ["stray"]`},
+		{[]string{"-bogus"}, "flag provided but not defined: -bogus"},
+	} {
+		stderr := &syncBuffer{}
+		err := run(context.Background(), tc.args, &syncBuffer{}, stderr, nil)
+		require.Error(t, err)
+		require.Equal(t, 2, exitStatus(err, stderr), "%v", tc.args)
+		require.Equal(t, 1, strings.Count(stderr.String(), tc.want), "printed once: %q", stderr.String())
+	}
+	stderr := &syncBuffer{}
+	err := run(context.Background(), []string{"-h"}, &syncBuffer{}, stderr, nil)
+	require.Zero(t, exitStatus(err, stderr))
+	require.Contains(t, stderr.String(), "-duration")
+	err = run(context.Background(), []string{"-duration", "-1s"}, &syncBuffer{}, stderr, nil)
+	require.Equal(t, 1, exitStatus(err, stderr), "a bad value is an error of the run, as in the other examples")
 }
