@@ -347,7 +347,10 @@ func New(opts ...Option) (*Controller, error) {
 }
 
 // Close unregisters the controller's metric callbacks, refuses every waiting
-// request with DRAINING and makes later Admit calls refuse the same way.
+// request with DRAINING and makes later Admit calls refuse the same way,
+// except in the control class, which stays open while the server drains:
+// callers resolve there the tries it ran (DESIGN.md §3.12), until the
+// server itself stops.
 // Permits already granted stay valid and may still be released. Close is
 // idempotent and returns the error of unregistering the callbacks, if any.
 func (c *Controller) Close() error {
@@ -361,6 +364,9 @@ func (c *Controller) Close() error {
 		c.wake.Stop()
 	}
 	for _, cs := range c.classes {
+		if cs == c.control {
+			continue // it stays open (decideLocked)
+		}
 		for w := cs.queue.head; w != nil; {
 			next := w.next
 			c.dropWaiter(w, status.ReasonDraining, 0, c.last)
@@ -555,7 +561,9 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 		c.emitLocked(Event{Kind: EventRefused, Class: cs.cfg.Name, Tenant: r.Tenant, Reason: reason, At: now, QueuedAhead: ahead})
 		return nil, nil, reason, ra, ahead
 	}
-	if c.closed {
+	if c.closed && cs != c.control {
+		// The control class stays open while the server drains: callers
+		// resolve there the tries it ran (DESIGN.md §3.12).
 		return refuse(status.ReasonDraining)
 	}
 	if cs.frozen || c.shedding(cs) {
@@ -1427,7 +1435,7 @@ func (c *Controller) unlock() {
 func (c *Controller) refreshFlag(cs *classState) {
 	var reason status.Reason
 	switch {
-	case c.closed:
+	case c.closed && cs != c.control:
 		reason = status.ReasonDraining
 	case cs.frozen || c.shedding(cs):
 		reason = status.ReasonShed

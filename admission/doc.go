@@ -161,7 +161,9 @@
 // other's calls.
 // [Controller.Close] stops the timer (a run already under way finishes),
 // unregisters the metric callbacks and refuses waiting and later requests
-// with DRAINING; permits already granted stay valid. Collecting metrics is
+// with DRAINING, but for the control class, which stays open so that
+// callers can still resolve the tries the server ran; permits already
+// granted stay valid. Collecting metrics is
 // an observation only: it changes no state (the mode gauge is the mode that
 // the windows closed by now would give, worked out and put back), so a
 // controller behaves alike whether and whenever its metrics are read.

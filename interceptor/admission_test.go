@@ -1175,3 +1175,42 @@ func slowQueryServer(t *testing.T, ctrl *admission.Controller, opts ...intercept
 		interceptor.WithAttemptStore(mem)}, opts...)...)...)
 	return tollgatev1.NewAttemptServiceClient(end.DialT(t)), store
 }
+
+// TestDrainingKeepsTheControlPathOpen: a server drains (Controller.Close:
+// later requests are refused DRAINING) while a recorded try it accepted is
+// still running detached. The try's owner, whose own wait ended, asks the
+// server what became of it. A review found FenceAttempt refused DRAINING
+// with the data path, so the owner's call ended UNKNOWN although the server
+// was up, the record was in its store and the handler finished moments
+// later (DESIGN.md §3.12: the control path stays open; §3.5: resolve
+// before repeat).
+func TestDrainingKeepsTheControlPathOpen(t *testing.T) {
+	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 4}), admission.WithDefaultClass("work"))
+	require.NoError(t, err)
+	store := memoryStore(t)
+	started, finish := make(chan struct{}), make(chan struct{})
+	svc := &testsvc.Service{ApplyFunc: func(ctx context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		close(started)
+		<-finish
+		return &testingv1.ApplyResponse{Total: 7}, nil
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
+		svc.Register(s)
+		tollgatev1.RegisterAttemptServiceServer(s, idempotency.NewAttemptService(store))
+	}, serverOpts(interceptor.WithAdmission(ctrl), interceptor.WithAttemptStore(store))...)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithAttemptTimeout(3*time.Second), interceptor.WithoutRetryBudget(),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 2, PerTryTimeout: 300 * time.Millisecond}))...))
+	done := make(chan error, 1)
+	go func() {
+		_, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "k"})
+		done <- err
+	}()
+	<-started
+	require.NoError(t, ctrl.Close()) // the server drains: no new work
+	go func() { time.Sleep(600 * time.Millisecond); close(finish) }()
+	err = <-done
+	o := status.OutcomeOf(err)
+	t.Logf("owner: %v (%v)", o.Kind, err)
+	require.NoError(t, err, "the owner resolved its try from the draining server's record")
+}
