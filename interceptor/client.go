@@ -442,13 +442,28 @@ func (c *client) result(s *attemptState, key string, n uint32, err error, o stat
 	if final == o.Final() {
 		return err
 	}
-	msg := "interceptor: the attempt's allowance is spent"
-	if !final {
-		msg = grpcstatus.Convert(err).Message()
+	// Only the flag changes: the refusal keeps its message, its suggested
+	// delay and its class.
+	msg := refusalMessage(err, status.ReasonAllowanceExhausted)
+	if msg == "" && final {
+		msg = "interceptor: the attempt's allowance is spent"
 	}
 	return status.NotAdmitted(status.ReasonAllowanceExhausted, status.Fields{
 		AttemptID: s.ID, Call: key, Try: n, Final: final, Message: msg,
+		RetryAfter: o.Detail.GetRetryAfter().AsDuration(), Class: o.Detail.GetWorkloadClass(),
 	}, status.WithUnitsRemaining(snap.Free))
+}
+
+// refusalMessage is the message a NOT_ADMITTED err with reason r was built
+// with, without the prefix status.NotAdmitted puts before it (and will put
+// again when the refusal is rebuilt): "" when it has none.
+func refusalMessage(err error, r status.Reason) string {
+	prefix := grpcstatus.Convert(status.NotAdmitted(r)).Message()
+	msg := grpcstatus.Convert(err).Message()
+	if rest, ok := strings.CutPrefix(msg, prefix); ok {
+		return strings.TrimPrefix(rest, ": ")
+	}
+	return msg
 }
 
 // stream is the stream client interceptor: the owner of a stream call, as

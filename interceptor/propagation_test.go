@@ -2,6 +2,7 @@ package interceptor_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -297,4 +298,56 @@ func TestSealedMintingServerGoroutineSendsNothing(t *testing.T) {
 	close(answered)
 	lateErr := <-late
 	require.Zero(t, arrived.Load(), "a call sent after the handler answered reached a server (late call: %v)", lateErr)
+}
+
+// DESIGN.md §3.3, §3.6: at the origin, once its allowance is spent (an
+// allowance of 0 is spent from the start), the callee's non-final
+// ALLOWANCE_EXHAUSTED becomes final (client.result). Only the flag should
+// change: the callee's retry-after (a new attempt's wait) and message are
+// what the caller decides anew with. A review found that result rebuilt
+// the error from scratch and dropped both.
+func TestOriginFinalAllowanceExhaustedKeepsCalleesRetryAfterAndMessage(t *testing.T) {
+	svc := &testsvc.Service{GetFunc: func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		return nil, status.WithoutEffect(status.NotAdmitted(status.ReasonAllowanceExhausted,
+			status.WithRetryAfter(2*time.Second), status.WithMessage("dependency quota for tenant x")))
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithAllowance(0),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1}),
+	)...))
+	_, err := client.Get(t.Context(), &testingv1.GetRequest{Key: "k"})
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.ReasonAllowanceExhausted, o.Reason, "%v", err)
+	require.True(t, o.Final(), "the origin's allowance (0) is spent: final (§3.3)")
+	ra, ok := status.RetryAfter(err)
+	require.True(t, ok && ra > 0, "the callee's retry-after was dropped when the final flag was set: %v", err)
+	require.Contains(t, grpcstatus.Convert(err).Message(), "dependency quota",
+		"the callee's message was replaced")
+}
+
+// client.result rebuilds a refusal whose final flag it changes; a review
+// found that it took the old status message as the new one's Message, so
+// the reason's own prefix was said twice, and dropped the retry-after.
+func TestNonFinalRebuildDoesNotRepeatPrefix(t *testing.T) {
+	svc := &testsvc.Service{GetFunc: func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		// A callee of another make (or an older build) that sends a final
+		// ALLOWANCE_EXHAUSTED: answered here without tollgate's server.
+		return nil, status.NotAdmitted(status.ReasonAllowanceExhausted, status.Final(),
+			status.WithRetryAfter(2*time.Second), status.WithMessage("quota"))
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithAllowance(4),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1}),
+	)...))
+	_, err := client.Get(t.Context(), &testingv1.GetRequest{Key: "k"})
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.ReasonAllowanceExhausted, o.Reason, "%v", err)
+	require.False(t, o.Final(), "%v", err)
+	msg := grpcstatus.Convert(err).Message()
+	prefix := strings.SplitN(msg, ":", 2)[0]
+	require.Equal(t, 1, strings.Count(msg, prefix+":"), "message %q", msg)
+	ra, ok := status.RetryAfter(err)
+	require.True(t, ok && ra > 0, "retry-after dropped: %v", err)
 }

@@ -334,8 +334,10 @@ func (sv *server) answer(in *inbound, err error) error {
 		// origin, or it minted an attempt of its own for an untrusted
 		// caller, whose repeat is minted anew with a fresh allowance.
 		final := o.Final() && o.Reason != status.ReasonAllowanceExhausted
+		// The refusal keeps what it said, and the class that refused it.
 		return status.NotAdmitted(o.Reason, status.Fields{
 			AttemptID: s.ID, Call: s.Call, Try: s.Try, RetryAfter: ra, Final: final,
+			Class: o.Detail.GetWorkloadClass(), Message: refusalMessage(err, o.Reason),
 		}, status.WithUnitsRemaining(s.ledger.Free()))
 	case status.KindUnknown, status.KindCommitted:
 		return status.OutcomeUnknown(err, status.WithAttempt(s.ID, s.Call, s.Try))
