@@ -1212,6 +1212,13 @@ func (c *Controller) dropWaiterCounted(w *waiter, reason status.Reason, ra time.
 	}
 	c.countDropLocked(w.cs, reason, overload)
 	final := reason == status.ReasonDeadlineExpired
+	if final && ra == 0 {
+		// Final for the request, whose deadline it cannot meet; but a
+		// caller with time beyond it (the interceptor makes the refusal
+		// repeatable when only a per-try deadline was missed) needs a
+		// delay that reflects the queue, as every refusal carries.
+		ra = c.retryAfterLocked(w.cs, reason, now)
+	}
 	w.reason = reason
 	w.err = refusal(w.cs, reason, ra, final)
 	w.decided = true

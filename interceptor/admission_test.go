@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"runtime"
 	"strconv"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/budget"
@@ -1213,4 +1215,48 @@ func TestDrainingKeepsTheControlPathOpen(t *testing.T) {
 	o := status.OutcomeOf(err)
 	t.Logf("owner: %v (%v)", o.Kind, err)
 	require.NoError(t, err, "the owner resolved its try from the draining server's record")
+}
+
+// TestNotFinalDequeueDropSuggestsADelay: a trusted try whose own
+// grpc-timeout (300 ms) ends well before its attempt's deadline (3 s) waits
+// behind the only slot and is dropped once it can no longer finish; the
+// interceptor makes that refusal not final (a later try may fit). A review
+// found that it carried no retry-after, inviting the caller to repeat at
+// once into the same full class (DESIGN.md §3.6: refusals carry a
+// retry-after that reflects the queue).
+func TestNotFinalDequeueDropSuggestsADelay(t *testing.T) {
+	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 4,
+		ExpectedServiceTime: 100 * time.Millisecond}), admission.WithDefaultClass("work"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	hold, rel := make(chan struct{}), make(chan struct{})
+	svc := &testsvc.Service{ApplyFunc: func(ctx context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		if r.GetKey() == "hold" {
+			close(hold)
+			<-rel
+		}
+		return &testingv1.ApplyResponse{}, nil
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts(interceptor.WithAdmission(ctrl))...)
+	client := testingv1.NewTestServiceClient(end.DialT(t))
+	done := make(chan error, 1)
+	go func() {
+		_, err := client.Apply(context.Background(), &testingv1.ApplyRequest{Key: "hold"})
+		done <- err
+	}()
+	<-hold
+	defer func() { close(rel); <-done }()
+
+	id, _ := uuid.NewV7()
+	d := time.Now().Add(3 * time.Second).UnixMilli()
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, "tollgate", fmt.Sprintf("a=%s;c=0;t=1;d=%d", id, d))
+	_, err = client.Apply(ctx, &testingv1.ApplyRequest{Key: "b"})
+	o := status.OutcomeOf(err)
+	ra, ok := status.RetryAfter(err)
+	t.Logf("%v final=%v retry-after %v (%v)", o.Reason, o.Final(), ra, ok)
+	require.Equal(t, status.ReasonDeadlineExpired, o.Reason)
+	require.False(t, o.Final())
+	require.True(t, ok && ra > 0, "a repeatable refusal from a full class suggests when to repeat")
 }
