@@ -42,6 +42,13 @@ type Request struct {
 	// when it stops waiting, ends the wait), nor is a request refused that
 	// finds a free slot.
 	StartBy time.Time
+	// Stream marks a request that opens a stream, whose slot is held for
+	// the stream's lifetime (DESIGN.md §3.9), which is no service time: a
+	// running stream's remaining time is estimated from its age (as long
+	// again as it has lived, and at least the class's mean), not from
+	// the class's learned service time, in the predicted waits and
+	// retry-afters. End its permit with Abandon, which teaches nothing.
+	Stream bool
 }
 
 // Permit is the right to run one admitted request. End it exactly once, when
@@ -57,6 +64,7 @@ type Permit struct {
 	tenant   string
 	start    time.Time
 	startOff float64 // ns since the controller's epoch
+	stream   bool    // Request.Stream
 	deadline time.Time
 	ahead    int // requests of its class waiting ahead of it when decided
 	released atomic.Bool
@@ -660,7 +668,7 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 		return refuse(status.ReasonDeadlineUnreachable)
 	}
 	if owner != nil {
-		p := c.startLocked(cs, owner, r.Tenant, tenantOn, r.Deadline, now, now, 0)
+		p := c.startLocked(cs, owner, r.Tenant, tenantOn, r.Stream, r.Deadline, now, now, 0)
 		c.emitLocked(Event{Kind: EventAdmitted, Class: cs.cfg.Name, Tenant: r.Tenant, At: now, Deadline: r.Deadline})
 		return p, nil, 0, 0, 0
 	}
@@ -677,7 +685,7 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 		return refuse(status.ReasonQueueFull)
 	}
 	w := &waiter{
-		cs: cs, tenant: r.Tenant, tenantOn: tenantOn, size: size, work: work,
+		cs: cs, tenant: r.Tenant, tenantOn: tenantOn, stream: r.Stream, size: size, work: work,
 		deadline: r.Deadline, enq: now, ready: make(chan struct{}),
 		predicted: wait, ahead: cs.queue.n,
 	}
@@ -899,7 +907,7 @@ func (c *Controller) acquire(cs *classState, slots int) *classState {
 
 // startLocked accounts a request that starts running now; ahead is the
 // requests of cs that were queued ahead of it when it was decided.
-func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn bool, deadline, arrived, now time.Time, ahead int) *Permit {
+func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn, stream bool, deadline, arrived, now time.Time, ahead int) *Permit {
 	// Callers read the clock before taking the lock, so a releaser's time
 	// may precede the arrival it starts: never start before arriving.
 	now = maxTime(now, arrived)
@@ -924,7 +932,7 @@ func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn 
 		c.deg.started(cs, now.Sub(maxTime(arrived, cs.unsteppedAt)))
 	}
 	c.judgeRejects(cs, arrived, now)
-	p := &Permit{c: c, cs: cs, owner: owner, tenant: tenant, start: now, startOff: off, deadline: deadline, ahead: ahead}
+	p := &Permit{c: c, cs: cs, owner: owner, tenant: tenant, start: now, startOff: off, deadline: deadline, ahead: ahead, stream: stream}
 	p.next = cs.runHead
 	if cs.runHead != nil {
 		cs.runHead.prev = p
@@ -1060,7 +1068,7 @@ func (c *Controller) pumpPass(now time.Time) (lenderEmptied bool) {
 				break
 			}
 			c.removeWaiter(w)
-			w.permit = c.startLocked(cs, owner, w.tenant, w.tenantOn, w.deadline, w.enq, now, w.ahead)
+			w.permit = c.startLocked(cs, owner, w.tenant, w.tenantOn, w.stream, w.deadline, w.enq, now, w.ahead)
 			w.decided = true
 			close(w.ready)
 			c.emitLocked(Event{Kind: EventStarted, Class: cs.cfg.Name, Tenant: w.tenant, At: now, Deadline: w.deadline, Waited: now.Sub(w.enq)})
@@ -1172,13 +1180,12 @@ func (c *Controller) heldByTenantLocked(w *waiter) bool {
 // later, m being the tenant's running requests.
 func (c *Controller) tenantStartWaitLocked(cs *classState, tenant string, now time.Time) time.Duration {
 	mean := cs.est.mean
-	floor := mean * overdueShare
 	nowOff := float64(now.Sub(c.epoch))
 	var buf [8]float64
 	rem := buf[:0]
 	for p := cs.runHead; p != nil; p = p.next {
 		if p.tenant == tenant {
-			rem = append(rem, max(mean-(nowOff-p.startOff), floor))
+			rem = append(rem, p.remaining(mean, nowOff))
 		}
 	}
 	if len(rem) == 0 {
@@ -1239,11 +1246,24 @@ func (c *Controller) countRefusal(cs *classState, reason status.Reason) {
 // outrun the mean is still expected to need.
 const overdueShare = 0.1
 
+// remaining is how long running request p is expected to hold its slot
+// still, at nowOff, in a class whose learned mean is mean: the mean less its
+// elapsed time, but at least overdueShare of the mean; for a stream, whose
+// lifetime the mean says nothing of, as long again as it has lived, and at
+// least the mean (a stream that has lived long is likely to live long).
+func (p *Permit) remaining(mean, nowOff float64) float64 {
+	age := nowOff - p.startOff
+	if p.stream {
+		return max(age, mean)
+	}
+	return max(mean-age, mean*overdueShare)
+}
+
 // predictedWaitLocked is the wait of a request of cs that finds no free
 // slot: the work queued ahead plus what remains of the running work of the
 // class, spread over the class's slots. Each running request's remainder is
-// clamped on its own: the learned mean minus its elapsed time, but at least
-// overdueShare of the mean, so that an overdue request neither hides the
+// clamped on its own (Permit.remaining; a stream's comes from its age): the
+// learned mean minus its elapsed time, but at least overdueShare of the mean, so that an overdue request neither hides the
 // others' remaining work nor makes a full class predict no wait. Requests
 // of other classes that borrowed this class's slots count too, with their
 // own class's mean: a class that lent every slot is full, and its next
@@ -1262,14 +1282,13 @@ const overdueShare = 0.1
 func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Duration {
 	slots := max(c.slots(cs), 1)
 	mean := cs.est.mean
-	floor := mean * overdueShare
 	nowOff := float64(now.Sub(c.epoch))
 	limit := cs.cfg.TenantRunning
 	tenants := limit > 0 && cs.queue.n > 0
 	var remaining, heldRemaining, heldQueued float64
 	held, own := 0, 0
 	for p := cs.runHead; p != nil; p = p.next {
-		r := max(mean-(nowOff-p.startOff), floor)
+		r := p.remaining(mean, nowOff)
 		if p.owner == cs {
 			own++
 		}
@@ -1292,7 +1311,7 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 			}
 			for p := b.runHead; p != nil && lent > 0; p = p.next {
 				if p.owner == cs {
-					remaining += max(b.est.mean-(nowOff-p.startOff), b.est.mean*overdueShare)
+					remaining += p.remaining(b.est.mean, nowOff)
 					lent--
 				}
 			}
@@ -1312,12 +1331,11 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 // (the class's predicted wait covers it).
 func (c *Controller) tenantNextLocked(cs *classState, tenant string, now time.Time) time.Duration {
 	mean := cs.est.mean
-	floor := mean * overdueShare
 	nowOff := float64(now.Sub(c.epoch))
 	next := -1.0
 	for p := cs.runHead; p != nil; p = p.next {
 		if p.tenant == tenant {
-			r := max(mean-(nowOff-p.startOff), floor)
+			r := p.remaining(mean, nowOff)
 			if next < 0 || r < next {
 				next = r
 			}

@@ -14,6 +14,7 @@ type waiter struct {
 	cs         *classState
 	tenant     string
 	tenantOn   bool
+	stream     bool // Request.Stream
 	size, work int64
 	deadline   time.Time
 	enq        time.Time

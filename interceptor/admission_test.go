@@ -1260,3 +1260,74 @@ func TestNotFinalDequeueDropSuggestsADelay(t *testing.T) {
 	require.False(t, o.Final())
 	require.True(t, ok && ra > 0, "a repeatable refusal from a full class suggests when to repeat")
 }
+
+// TestAStreamHoldingTheSlotCountsByItsAge: a bidi stream has held the
+// class's only slot for 300 ms and will hold it longer. A review found that
+// a unary call of the same class was refused and told to come back in about
+// the unary service time (or the 10 ms floor), a retry-after that did not
+// reflect what occupies the class (DESIGN.md §3.6), and that a call with a
+// deadline far shorter than the stream's age was queued, to be dropped when
+// its deadline came, rather than refused DEADLINE_UNREACHABLE on arrival: a
+// stream's permit counted as a unary job's. A running stream is now expected
+// to live as long again as it has.
+func TestAStreamHoldingTheSlotCountsByItsAge(t *testing.T) {
+	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 1,
+		ExpectedServiceTime: 2 * time.Millisecond}), admission.WithDefaultClass("work"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	release := make(chan struct{})
+	svc := &testsvc.Service{
+		GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+			return &testingv1.GetResponse{}, nil
+		},
+		ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+			if err := st.Send(&testingv1.ChatResponse{}); err != nil {
+				return err
+			}
+			select {
+			case <-release:
+			case <-st.Context().Done():
+			}
+			return nil
+		},
+	}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts(interceptor.WithAdmission(ctrl))...)
+	client := testingv1.NewTestServiceClient(end.DialT(t))
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	st, err := client.Chat(ctx)
+	require.NoError(t, err)
+	_, err = st.Recv()
+	require.NoError(t, err)
+	time.Sleep(300 * time.Millisecond) // the stream has held the slot a while
+
+	// A call with 200 ms to live: the one slot has been busy for longer.
+	start := time.Now()
+	qctx, qcancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	_, qerr := client.Get(qctx, &testingv1.GetRequest{})
+	qcancel()
+	waited := time.Since(start)
+
+	// Another call waits in the queue's one place; the next is refused.
+	require.Eventually(t, func() bool { s, _ := ctrl.Stats().Class("work"); return s.Queued == 0 }, time.Second, time.Millisecond)
+	filler := make(chan error, 1)
+	go func() {
+		fctx, fcancel := context.WithTimeout(t.Context(), 3*time.Second)
+		defer fcancel()
+		_, err := client.Get(fctx, &testingv1.GetRequest{})
+		filler <- err
+	}()
+	require.Eventually(t, func() bool { s, _ := ctrl.Stats().Class("work"); return s.Queued == 1 }, time.Second, time.Millisecond)
+	rctx, rcancel := context.WithTimeout(t.Context(), 2*time.Second)
+	_, err = client.Get(rctx, &testingv1.GetRequest{})
+	rcancel()
+	close(release)
+	<-filler
+	o := status.OutcomeOf(err)
+	ra, _ := status.RetryAfter(err)
+	t.Logf("queued call: %v after %v; refusal: %v retry-after %v", status.OutcomeOf(qerr).Reason, waited, o.Reason, ra)
+	require.Equal(t, status.ReasonDeadlineUnreachable, status.OutcomeOf(qerr).Reason, "refused on arrival: %v", qerr)
+	require.Less(t, waited, 150*time.Millisecond, "refused on arrival, not queued until its deadline")
+	require.Equal(t, status.KindNotAdmitted, o.Kind)
+	require.Greater(t, ra, 100*time.Millisecond, "the retry-after reflects a slot held for 300 ms, not the unary service time")
+}

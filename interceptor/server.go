@@ -226,7 +226,7 @@ func (sv *server) expired(ctx context.Context, s *attemptState) error {
 // in is the data path's request; a control-path call (in nil) is admitted
 // under the tenant control resolved and the deadline of its context, which
 // is the one its handler runs until.
-func (sv *server) admit(ctx context.Context, method string, in *inbound, tenant string, req any) (*admission.Permit, error) {
+func (sv *server) admit(ctx context.Context, method string, in *inbound, tenant string, req any, stream bool) (*admission.Permit, error) {
 	ctrl := sv.cfg.admission
 	if ctrl == nil || (in != nil && in.expired) {
 		return nil, nil // a late try only reads its record: it takes no slot
@@ -244,7 +244,7 @@ func (sv *server) admit(ctx context.Context, method string, in *inbound, tenant 
 	} else {
 		deadline, _ = ctx.Deadline()
 	}
-	p, d, err := ctrl.AdmitDecision(ctx, admission.Request{Method: method, Tenant: tenant, Size: size, Deadline: deadline, StartBy: startBy})
+	p, d, err := ctrl.AdmitDecision(ctx, admission.Request{Method: method, Tenant: tenant, Size: size, Deadline: deadline, StartBy: startBy, Stream: stream})
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		decision := "admitted"
 		if err != nil {
@@ -428,7 +428,7 @@ func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 	}
 	recorded := sv.recorded(in)
 	in.detached = recorded
-	permit, err := sv.admit(ctx, info.FullMethod, in, "", req)
+	permit, err := sv.admit(ctx, info.FullMethod, in, "", req, false)
 	if err != nil {
 		sv.setTrailer(ctx, in, 0, err)
 		return nil, err
@@ -560,7 +560,7 @@ func (sv *server) control(ctx context.Context, method string, req any, f func(co
 		// orchestrator would restart a server whose data path is healthy.
 		return sv.runControl(ctx, f)
 	}
-	permit, err := sv.admit(ctx, method, nil, tenant, req)
+	permit, err := sv.admit(ctx, method, nil, tenant, req, false)
 	if err != nil {
 		sv.setTrailer(ctx, nil, 0, err) // grpc-retry-pushback-ms, as on the data path
 		return nil, err
@@ -658,7 +658,7 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 			in.expired = true
 		}
 	}
-	permit, err := sv.admit(ctx, info.FullMethod, in, "", req)
+	permit, err := sv.admit(ctx, info.FullMethod, in, "", req, true)
 	if err != nil {
 		sv.setStreamTrailer(ss, in, 0, err)
 		return err
