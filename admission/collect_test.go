@@ -27,6 +27,35 @@ func gaugeOf(t *testing.T, ms map[string]metricdata.Metrics, name, class string)
 	return 0
 }
 
+// virtualWaiter builds a real-clock controller driven on virtual time t0
+// (AdmitAt, 2020) with opts: class "work" (one slot, 1 s expected) held by
+// p with a second request waiting, and class "other" (one slot, methods
+// "/demo.Other/"). cancel ends the waiter's wait, whose Admit returns on
+// waited.
+func virtualWaiter(t *testing.T, opts ...admission.Option) (c *admission.Controller, p *admission.Permit, t0 time.Time, cancel context.CancelFunc, waited chan error) {
+	t.Helper()
+	c, err := admission.New(append(opts,
+		admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 4, ExpectedServiceTime: time.Second},
+			admission.Class{Name: "other", Slots: 1}),
+		admission.WithDefaultClass("work"), admission.WithMethods("other", "/demo.Other/"))...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+
+	t0 = time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
+	p, err = c.AdmitAt(context.Background(), work("/demo.W/Do"), t0)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	waited = make(chan error, 1)
+	go func() { _, err := c.AdmitAt(ctx, work("/demo.W/Do"), t0); waited <- err }()
+	for {
+		if s, _ := c.StatsAt(t0).Class("work"); s.Queued == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return c, p, t0, cancel, waited
+}
+
 // Found by review: the metrics callback brought the controller up to date
 // at maxTime(wall clock, latest time seen) before observing. A simulation
 // that drives a real-clock controller on a virtual clock (AdmitAt, here in
@@ -39,26 +68,8 @@ func TestCollectDoesNotMoveAVirtualClock(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	c, err := admission.New(admission.WithMeterProvider(mp),
-		admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 4, ExpectedServiceTime: time.Second},
-			admission.Class{Name: "other", Slots: 1}),
-		admission.WithDefaultClass("work"), admission.WithMethods("other", "/demo.Other/"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close() })
-
-	t0 := time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC) // virtual time
-	p, err := c.AdmitAt(context.Background(), work("/demo.W/Do"), t0)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	waited := make(chan error, 1)
-	go func() { _, err := c.AdmitAt(ctx, work("/demo.W/Do"), t0); waited <- err }()
-	for {
-		if s, _ := c.StatsAt(t0).Class("work"); s.Queued == 1 {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
-	_, err = c.SetOverrideAt(context.Background(), admission.Override{
+	c, p, t0, cancel, waited := virtualWaiter(t, admission.WithMeterProvider(mp))
+	_, err := c.SetOverrideAt(context.Background(), admission.Override{
 		Actor: "test", Reason: "freeze for an hour of virtual time", Class: "other", Freeze: true, TTL: time.Hour,
 	}, t0.Add(2*time.Second))
 	require.NoError(t, err)

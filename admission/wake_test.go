@@ -18,26 +18,8 @@ import (
 // an override set for an hour of virtual time. A virtual clock's time is
 // its caller's to give.
 func TestWakeTimerDoesNotMoveAVirtualClock(t *testing.T) {
-	c, err := admission.New(
-		admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 4, ExpectedServiceTime: time.Second},
-			admission.Class{Name: "other", Slots: 1}),
-		admission.WithDefaultClass("work"), admission.WithMethods("other", "/demo.Other/"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close() })
-
-	t0 := time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC) // virtual time
-	p, err := c.AdmitAt(context.Background(), work("/demo.W/Do"), t0)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	waited := make(chan error, 1)
-	go func() { _, err := c.AdmitAt(ctx, work("/demo.W/Do"), t0); waited <- err }()
-	for {
-		if s, _ := c.StatsAt(t0).Class("work"); s.Queued == 1 {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
-	_, err = c.SetOverrideAt(context.Background(), admission.Override{
+	c, p, t0, cancel, waited := virtualWaiter(t)
+	_, err := c.SetOverrideAt(context.Background(), admission.Override{
 		Actor: "test", Reason: "freeze for an hour of virtual time", Class: "other", Freeze: true, TTL: time.Hour,
 	}, t0)
 	require.NoError(t, err)
