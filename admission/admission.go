@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -43,11 +44,13 @@ type Request struct {
 	// finds a free slot.
 	StartBy time.Time
 	// Stream marks a request that opens a stream, whose slot is held for
-	// the stream's lifetime (DESIGN.md §3.9), which is no service time: a
-	// running stream's remaining time is estimated from its age (as long
-	// again as it has lived, and at least the class's mean), not from
-	// the class's learned service time, in the predicted waits and
-	// retry-afters. End its permit with Abandon, which teaches nothing.
+	// the stream's lifetime (DESIGN.md §3.9), which is no service time:
+	// the predicted waits and retry-afters leave a running stream's slot
+	// out of the count, and when streams hold every slot, expect the
+	// first of them to end as long again as it has lived (at least the
+	// class's mean, no later than its deadline), not after the class's
+	// learned service time. End its permit with Abandon, which teaches
+	// nothing.
 	Stream bool
 }
 
@@ -64,7 +67,10 @@ type Permit struct {
 	tenant   string
 	start    time.Time
 	startOff float64 // ns since the controller's epoch
-	stream   bool    // Request.Stream
+	// endOff is its deadline in ns since the epoch, 0 for none: a stream
+	// holds its slot no longer (its handler's context ends there).
+	endOff   float64
+	stream   bool // Request.Stream
 	deadline time.Time
 	ahead    int // requests of its class waiting ahead of it when decided
 	released atomic.Bool
@@ -933,6 +939,9 @@ func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn,
 	}
 	c.judgeRejects(cs, arrived, now)
 	p := &Permit{c: c, cs: cs, owner: owner, tenant: tenant, start: now, startOff: off, deadline: deadline, ahead: ahead, stream: stream}
+	if !deadline.IsZero() {
+		p.endOff = float64(deadline.Sub(c.epoch))
+	}
 	p.next = cs.runHead
 	if cs.runHead != nil {
 		cs.runHead.prev = p
@@ -1191,9 +1200,18 @@ func (c *Controller) tenantStartWaitLocked(cs *classState, tenant string, now ti
 	if len(rem) == 0 {
 		return 0
 	}
+	// The tenant's j queued requests start first, each on the first of its
+	// slots to free, and take the mean there; the new request starts on
+	// the first slot free after them. The remainders differ (a stream's is
+	// long), so the starts are played out rather than assumed in rounds.
 	slices.Sort(rem)
-	j := cs.tenants[tenant].queued
-	return time.Duration(rem[j%len(rem)] + float64(j/len(rem))*mean)
+	for range cs.tenants[tenant].queued {
+		rem[0] += mean
+		for k := 0; k+1 < len(rem) && rem[k] > rem[k+1]; k++ {
+			rem[k], rem[k+1] = rem[k+1], rem[k]
+		}
+	}
+	return time.Duration(rem[0])
 }
 
 // countDropLocked counts the refusal of a waiter of cs in the class's stats
@@ -1219,13 +1237,6 @@ func (c *Controller) dropWaiterCounted(w *waiter, reason status.Reason, ra time.
 	}
 	c.countDropLocked(w.cs, reason, overload)
 	final := reason == status.ReasonDeadlineExpired
-	if final && ra == 0 {
-		// Final for the request, whose deadline it cannot meet; but a
-		// caller with time beyond it (the interceptor makes the refusal
-		// repeatable when only a per-try deadline was missed) needs a
-		// delay that reflects the queue, as every refusal carries.
-		ra = c.retryAfterLocked(w.cs, reason, now)
-	}
 	w.reason = reason
 	w.err = refusal(w.cs, reason, ra, final)
 	w.decided = true
@@ -1250,19 +1261,27 @@ const overdueShare = 0.1
 // still, at nowOff, in a class whose learned mean is mean: the mean less its
 // elapsed time, but at least overdueShare of the mean; for a stream, whose
 // lifetime the mean says nothing of, as long again as it has lived, and at
-// least the mean (a stream that has lived long is likely to live long).
+// least the mean (a stream that has lived long is likely to live long), but
+// no later than its deadline, where its handler's context ends.
 func (p *Permit) remaining(mean, nowOff float64) float64 {
 	age := nowOff - p.startOff
 	if p.stream {
-		return max(age, mean)
+		r := max(age, mean)
+		if p.endOff != 0 {
+			r = min(r, p.endOff-nowOff)
+		}
+		return max(r, 0)
 	}
 	return max(mean-age, mean*overdueShare)
 }
 
 // predictedWaitLocked is the wait of a request of cs that finds no free
 // slot: the work queued ahead plus what remains of the running work of the
-// class, spread over the class's slots. Each running request's remainder is
-// clamped on its own (Permit.remaining; a stream's comes from its age): the
+// class, spread over the class's slots. A running stream holds its slot for
+// its lifetime: its slot is left out of the count, unless streams hold every
+// slot, when the first of them to end (Permit.remaining: from its age and
+// deadline) frees one. Each running request's remainder is
+// clamped on its own: the
 // learned mean minus its elapsed time, but at least overdueShare of the mean, so that an overdue request neither hides the
 // others' remaining work nor makes a full class predict no wait. Requests
 // of other classes that borrowed this class's slots count too, with their
@@ -1286,11 +1305,23 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 	limit := cs.cfg.TenantRunning
 	tenants := limit > 0 && cs.queue.n > 0
 	var remaining, heldRemaining, heldQueued float64
-	held, own := 0, 0
+	held, own, streams := 0, 0, 0
+	firstStream := math.Inf(1)
 	for p := cs.runHead; p != nil; p = p.next {
 		r := p.remaining(mean, nowOff)
 		if p.owner == cs {
 			own++
+		}
+		if p.stream {
+			// A stream holds its slot for its lifetime: the slot is out of
+			// the count while another is free, rather than its long
+			// remainder spread over every slot. One on a borrowed slot
+			// holds none of this class's.
+			if p.owner == cs {
+				streams++
+				firstStream = min(firstStream, r)
+			}
+			continue
 		}
 		if tenants && p.tenant != "" {
 			if tc := cs.tenants[p.tenant]; tc.running >= limit && tc.queued > 0 {
@@ -1311,13 +1342,23 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 			}
 			for p := b.runHead; p != nil && lent > 0; p = p.next {
 				if p.owner == cs {
-					remaining += p.remaining(b.est.mean, nowOff)
+					if r := p.remaining(b.est.mean, nowOff); p.stream {
+						streams++
+						firstStream = min(firstStream, r)
+					} else {
+						remaining += r
+					}
 					lent--
 				}
 			}
 		}
 	}
 	queued := float64(cs.queuedWork)
+	if streams >= slots {
+		// Streams hold every slot: the first to end frees one.
+		return time.Duration(firstStream + (queued+remaining+heldRemaining)/float64(slots))
+	}
+	slots -= streams
 	if held > 0 && held < slots && own == cs.running && own == cs.used {
 		return time.Duration((queued - heldQueued + remaining) / float64(slots-held))
 	}

@@ -1331,3 +1331,45 @@ func TestAStreamHoldingTheSlotCountsByItsAge(t *testing.T) {
 	require.Equal(t, status.KindNotAdmitted, o.Kind)
 	require.Greater(t, ra, 100*time.Millisecond, "the retry-after reflects a slot held for 300 ms, not the unary service time")
 }
+
+// TestFinalDequeueDropTellsGrpcNotToRetry: a caller that does not speak
+// tollgate (the server is its origin) waits behind the only slot with
+// 300 ms to live and is dropped, DEADLINE_EXPIRED, final: its deadline
+// cannot be met by any repeat. Such a refusal's grpc-retry-pushback-ms is
+// "-1" (status.Pushback), which stops grpc-go's own retry. A review found
+// that a first version of the delay a repeatable drop needs
+// (TestNotFinalDequeueDropSuggestsADelay) put one on every drop, and the
+// trailer then invited the caller's retry policy to repeat the call.
+func TestFinalDequeueDropTellsGrpcNotToRetry(t *testing.T) {
+	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 4,
+		ExpectedServiceTime: 100 * time.Millisecond}), admission.WithDefaultClass("work"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	hold, rel := make(chan struct{}), make(chan struct{})
+	svc := &testsvc.Service{ApplyFunc: func(ctx context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		if r.GetKey() == "hold" {
+			close(hold)
+			<-rel
+		}
+		return &testingv1.ApplyResponse{}, nil
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts(interceptor.WithAdmission(ctrl))...)
+	client := testingv1.NewTestServiceClient(end.DialT(t))
+	done := make(chan error, 1)
+	go func() {
+		_, err := client.Apply(context.Background(), &testingv1.ApplyRequest{Key: "hold"})
+		done <- err
+	}()
+	<-hold
+	defer func() { close(rel); <-done }()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	var tr metadata.MD
+	_, err = client.Apply(ctx, &testingv1.ApplyRequest{Key: "b"}, grpc.Trailer(&tr))
+	o := status.OutcomeOf(err)
+	t.Logf("%v final=%v pushback %q", o.Reason, o.Final(), tr.Get(status.PushbackKey))
+	require.Equal(t, status.ReasonDeadlineExpired, o.Reason)
+	require.True(t, o.Final())
+	require.Equal(t, []string{"-1"}, tr.Get(status.PushbackKey), "a final refusal tells grpc-go's retry to stop")
+}

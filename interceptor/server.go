@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"time"
@@ -277,11 +278,29 @@ func (sv *server) tryDeadlineOnly(err error, in *inbound, deadline time.Time) er
 		!sv.cfg.now().Before(in.s.Deadline.Add(sv.cfg.skew)) {
 		return err // not final only when the try's own deadline, before the attempt's, was lost
 	}
-	ra, _ := status.RetryAfter(err)
+	// Admission's final refusal suggests no delay (its request's deadline
+	// can wait for nothing); repeatable, it gets one that reflects the
+	// class's queue, as every repeatable refusal carries (DESIGN.md §3.6).
+	class := o.Detail.GetWorkloadClass()
+	ra, ok := status.RetryAfter(err)
+	if !ok {
+		ra = sv.queueDelay(class)
+	}
 	return status.NotAdmitted(status.ReasonDeadlineExpired, status.Fields{
 		RetryAfter: ra,
 		Message:    "interceptor: the try cannot finish by its own deadline; the attempt's has not passed",
-	}, status.WithClass(o.Detail.GetWorkloadClass()))
+	}, status.WithClass(class))
+}
+
+// queueDelay suggests a delay before a repeat into class: its predicted
+// wait (or its learned service time when nothing waits; at least 10 ms),
+// jittered uniformly in [½, 1½) of itself, as admission's own are.
+func (sv *server) queueDelay(class string) time.Duration {
+	d := 10 * time.Millisecond
+	if cs, ok := sv.cfg.admission.Stats().Class(class); ok {
+		d = max(d, cs.PredictedWait, cs.ServiceMean)
+	}
+	return d/2 + rand.N(d)
 }
 
 // handlerContext returns the context the handler runs on: the attempt's
