@@ -20,13 +20,15 @@ type serviceOptionFunc func(*AttemptService)
 
 func (f serviceOptionFunc) applyService(s *AttemptService) { f(s) }
 
-// WithTenant sets the function that names the caller's tenant; every answer
-// is scoped to it. It must return a tenant of 0–64 characters of
-// [A-Za-z0-9._:-] and be safe for concurrent use, and name the tenant as the
-// server interceptor keys its records — which hashes any other name, and any
-// name starting with "h.", the same function given to the interceptor's
-// WithTenant would not. Default [TenantFromContext], the tenant tollgate's
-// server interceptor resolved: keep it unless the interceptor does not run.
+// WithTenant sets the function that names the caller's tenant when
+// tollgate's server interceptor does not run; every answer is scoped to it.
+// It must return a tenant of 0–64 characters of [A-Za-z0-9._:-] and be safe
+// for concurrent use. Where the interceptor runs, the tenant it resolved
+// ([TenantFromContext]: a trusted peer's header "n", else its own
+// WithTenant's, hashed when it is not such a token) is used whatever this
+// function says, since that is the tenant it keys the call's tries under: a
+// query answered under another would find no record, and fence a try that
+// ran. Default [TenantFromContext].
 func WithTenant(tenant func(ctx context.Context) string) ServiceOption {
 	return serviceOptionFunc(func(s *AttemptService) { s.tenant = tenant })
 }
@@ -108,7 +110,11 @@ func answerable(rec *tollgatev1.AttemptRecord) *tollgatev1.AttemptRecord {
 }
 
 func (s *AttemptService) key(ctx context.Context, attemptID, call, method string) (Key, error) {
-	key := Key{Tenant: s.tenant(ctx), AttemptID: attemptID, Call: call, Method: method}
+	tenant, resolved := ctx.Value(tenantKey{}).(string) // the interceptor's
+	if !resolved {
+		tenant = s.tenant(ctx)
+	}
+	key := Key{Tenant: tenant, AttemptID: attemptID, Call: call, Method: method}
 	if len(key.Tenant) > maxTenantLen || !tokenChars(key.Tenant) {
 		return Key{}, grpcstatus.Error(codes.Internal, "idempotency: the server's tenant function returned a malformed tenant")
 	}

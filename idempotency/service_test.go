@@ -169,16 +169,27 @@ func TestAttemptServiceStoreFull(t *testing.T) {
 	}
 }
 
+// TestAttemptServiceWithTenant: WithTenant names the tenant where no
+// interceptor resolved one; where one did (here the fixture's stand-in), its
+// tenant is the one the tries were keyed under, and it wins: a review found
+// the option's tenant used instead, so an owner's ballot was answered FENCED
+// under another tenant than its try's, for a try that ran.
 func TestAttemptServiceWithTenant(t *testing.T) {
 	f := newFixture(t)
 	fixed := func(context.Context) string { return "only" }
 	client := serve(t, f.store, idempotency.WithTenant(fixed))
 	id := storetest.AttemptIDAt(f.clock.Now())
-	_, err := client.FenceAttempt(as("ignored"), &tollgatev1.FenceAttemptRequest{AttemptId: id, Call: "0", Method: placeMethod, FenceThroughTry: 1})
+	_, err := client.FenceAttempt(context.Background(), &tollgatev1.FenceAttemptRequest{AttemptId: id, Call: "0", Method: placeMethod, FenceThroughTry: 1})
 	require.NoError(t, err)
 	rec, err := f.store.Get(context.Background(), idempotency.Key{Tenant: "only", AttemptID: id, Call: "0", Method: placeMethod})
 	require.NoError(t, err)
-	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState())
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState(), "no tenant resolved: the option's")
+
+	_, err = client.FenceAttempt(as("resolved"), &tollgatev1.FenceAttemptRequest{AttemptId: id, Call: "0", Method: placeMethod, FenceThroughTry: 1})
+	require.NoError(t, err)
+	rec, err = f.store.Get(context.Background(), idempotency.Key{Tenant: "resolved", AttemptID: id, Call: "0", Method: placeMethod})
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState(), "the interceptor's tenant, not the option's")
 
 	bad := serve(t, f.store, idempotency.WithTenant(func(context.Context) string { return "no spaces" }))
 	_, err = bad.GetAttempt(context.Background(), &tollgatev1.GetAttemptRequest{AttemptId: id, Call: "0", Method: placeMethod})

@@ -57,6 +57,10 @@ type inbound struct {
 	// unhonored is set when an untrusted caller sent a well-formed header:
 	// its grant is not used here, and the answer reports tollgate-spent 0.
 	unhonored bool
+	// foreign is set when the request carried a header this server does
+	// not honour (untrusted, or malformed and ignored): the handler's
+	// context goes without it (withoutHeader).
+	foreign bool
 	// expired is set for a recorded call whose try came after the attempt's
 	// deadline plus skew: only its record may answer it.
 	expired bool
@@ -102,6 +106,7 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 		if refusal := sv.malformed(ctx, err, trusted); refusal != nil {
 			return nil, refusal
 		}
+		in.foreign = !trusted || err != nil
 		switch {
 		case err != nil: // counted and ignored
 		case trusted:
@@ -306,12 +311,27 @@ func (sv *server) queueDelay(class string) time.Duration {
 // handlerContext returns the context the handler runs on: the attempt's
 // deadline (plus skew) and the attempt state with its ledger.
 func (sv *server) handlerContext(ctx context.Context, in *inbound) (context.Context, context.CancelFunc) {
+	if in.foreign {
+		ctx = withoutHeader(ctx)
+	}
 	cancel := context.CancelFunc(func() {})
 	if d, ok := ctx.Deadline(); !ok || in.until.Before(d) {
 		ctx, cancel = context.WithDeadline(ctx, in.until)
 	}
 	in.hctx = handlerCtx{Context: ctx, s: in.s}
 	return &in.hctx, cancel
+}
+
+// withoutHeader returns ctx with the tollgate header taken out of its
+// incoming metadata: a header this server did not honour (an untrusted
+// peer's, or one ignored as malformed) must not reach a handler that
+// forwards its incoming metadata upstream, to a server that trusts this
+// one (DESIGN.md §3.2, §3.11: untrusted peers' headers are replaced at the
+// edge), where it would name another tenant's attempt.
+func withoutHeader(ctx context.Context) context.Context {
+	md, _ := metadata.FromIncomingContext(ctx) // a copy
+	delete(md, headerKey)
+	return metadata.NewIncomingContext(ctx, md)
 }
 
 // handlerCtx is a handler's context: its parent with the attempt state and
@@ -547,6 +567,8 @@ func (sv *server) control(ctx context.Context, method string, req any, f func(co
 		}
 		if err == nil && trusted {
 			tenant = h.Tenant
+		} else {
+			ctx = withoutHeader(ctx) // as on the data path (handlerContext)
 		}
 	}
 	if tenant == "" {
