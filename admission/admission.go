@@ -3,7 +3,6 @@ package admission
 import (
 	"context"
 	"errors"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -46,11 +45,10 @@ type Request struct {
 	// Stream marks a request that opens a stream, whose slot is held for
 	// the stream's lifetime (DESIGN.md §3.9), which is no service time:
 	// the predicted waits and retry-afters leave a running stream's slot
-	// out of the count, and when streams hold every slot, expect the
-	// first of them to end as long again as it has lived (at least the
-	// class's mean, no later than its deadline), not after the class's
-	// learned service time. End its permit with Abandon, which teaches
-	// nothing.
+	// out of the count, and when streams hold every slot, expect each to
+	// live as long again as it has lived (at least the class's mean, no
+	// later than its deadline) and the queue to run on the slots as they
+	// free. End its permit with Abandon, which teaches nothing.
 	Stream bool
 }
 
@@ -1270,7 +1268,9 @@ func (p *Permit) remaining(mean, nowOff float64) float64 {
 		if p.endOff != 0 {
 			r = min(r, p.endOff-nowOff)
 		}
-		return max(r, 0)
+		// Past its deadline and still running (a handler that ignores its
+		// context): overdue, as a unary request past the mean.
+		return max(r, mean*overdueShare)
 	}
 	return max(mean-age, mean*overdueShare)
 }
@@ -1278,9 +1278,9 @@ func (p *Permit) remaining(mean, nowOff float64) float64 {
 // predictedWaitLocked is the wait of a request of cs that finds no free
 // slot: the work queued ahead plus what remains of the running work of the
 // class, spread over the class's slots. A running stream holds its slot for
-// its lifetime: its slot is left out of the count, unless streams hold every
-// slot, when the first of them to end (Permit.remaining: from its age and
-// deadline) frees one. Each running request's remainder is
+// its lifetime: its slot is left out of the count (and a saturated tenant's
+// queue with it), unless streams hold every slot, when the slots free only
+// as the requests on them end (playOutLocked). Each running request's remainder is
 // clamped on its own: the
 // learned mean minus its elapsed time, but at least overdueShare of the mean, so that an overdue request neither hides the
 // others' remaining work nor makes a full class predict no wait. Requests
@@ -1306,7 +1306,6 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 	tenants := limit > 0 && cs.queue.n > 0
 	var remaining, heldRemaining, heldQueued float64
 	held, own, streams := 0, 0, 0
-	firstStream := math.Inf(1)
 	for p := cs.runHead; p != nil; p = p.next {
 		r := p.remaining(mean, nowOff)
 		if p.owner == cs {
@@ -1316,10 +1315,16 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 			// A stream holds its slot for its lifetime: the slot is out of
 			// the count while another is free, rather than its long
 			// remainder spread over every slot. One on a borrowed slot
-			// holds none of this class's.
+			// holds none of this class's. A saturated tenant's queue waits
+			// for its stream as for its other requests: it is out of other
+			// tenants' wait too.
 			if p.owner == cs {
 				streams++
-				firstStream = min(firstStream, r)
+			}
+			if tenants && p.tenant != "" {
+				if tc := cs.tenants[p.tenant]; tc.running >= limit && tc.queued > 0 {
+					heldQueued += float64(tc.work) / float64(tc.running)
+				}
 			}
 			continue
 		}
@@ -1342,11 +1347,10 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 			}
 			for p := b.runHead; p != nil && lent > 0; p = p.next {
 				if p.owner == cs {
-					if r := p.remaining(b.est.mean, nowOff); p.stream {
+					if p.stream {
 						streams++
-						firstStream = min(firstStream, r)
 					} else {
-						remaining += r
+						remaining += p.remaining(b.est.mean, nowOff)
 					}
 					lent--
 				}
@@ -1355,14 +1359,46 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 	}
 	queued := float64(cs.queuedWork)
 	if streams >= slots {
-		// Streams hold every slot: the first to end frees one.
-		return time.Duration(firstStream + (queued+remaining+heldRemaining)/float64(slots))
+		// Streams hold every slot: slots free only as they end.
+		return c.playOutLocked(cs, slots, nowOff)
 	}
 	slots -= streams
-	if held > 0 && held < slots && own == cs.running && own == cs.used {
+	if (held > 0 || heldQueued > 0) && held < slots && own == cs.running && own == cs.used {
 		return time.Duration((queued - heldQueued + remaining) / float64(slots-held))
 	}
 	return time.Duration((queued + remaining + heldRemaining) / float64(slots))
+}
+
+// playOutLocked is the wait of a request of cs when streams hold all its
+// slots (slots of them, fewer than the requests running on them when an
+// override or Recovering lowered them): the requests on its slots end one
+// by one (Permit.remaining), each freeing a slot once no more run than
+// slots; the queued requests, each the queue's mean work, start in turn on
+// the first slot free; the request starts on the first free after them.
+func (c *Controller) playOutLocked(cs *classState, slots int, nowOff float64) time.Duration {
+	var rem []float64
+	for _, b := range c.classes {
+		for p := b.runHead; p != nil; p = p.next {
+			if p.owner == cs {
+				rem = append(rem, p.remaining(b.est.mean, nowOff))
+			}
+		}
+	}
+	slices.Sort(rem)
+	free := rem[max(len(rem)-slots, 0):] // the slot frees with the (len-slots+1)-th end
+	if len(free) == 0 {
+		return 0
+	}
+	if n := cs.queue.n; n > 0 {
+		work := float64(cs.queuedWork) / float64(n)
+		for range n {
+			free[0] += work
+			for k := 0; k+1 < len(free) && free[k] > free[k+1]; k++ {
+				free[k], free[k+1] = free[k+1], free[k]
+			}
+		}
+	}
+	return time.Duration(free[0])
 }
 
 // tenantNextLocked is how long until a tenant over its limits in cs is

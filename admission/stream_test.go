@@ -150,3 +150,135 @@ func TestAStreamEndsByItsDeadline(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// queueN queues n requests of tenant in the class "work" at now, each
+// deadline away, and returns a function that cancels them and waits for
+// them to leave.
+func queueN(t *testing.T, ctrl *admission.Controller, tenant string, n int, now time.Time, deadline time.Duration) func() {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, n)
+	before, _ := ctrl.Stats().Class("work")
+	for i := range n {
+		go func() {
+			_, err := ctrl.AdmitAt(ctx, admission.Request{Method: "/s.S/Get", Tenant: tenant, Size: 1, Deadline: now.Add(deadline)}, now)
+			done <- err
+		}()
+		require.Eventually(t, func() bool { s, _ := ctrl.Stats().Class("work"); return s.Queued == before.Queued+i+1 },
+			time.Second, time.Millisecond, "request %d of %s was not queued", i, tenant)
+	}
+	return func() {
+		cancel()
+		for range n {
+			<-done
+		}
+	}
+}
+
+// A saturated tenant (at its running limit, with requests waiting) whose
+// running request is a stream: its waiters can start only when the stream
+// ends, so their work is none of another tenant's wait, as it was before
+// the stream model left streams out of the count (the stream then counted
+// as the tenant's held slot, and its queued work came out with it). A
+// review found the stream skipped before the held-tenant check: its
+// tenant's queued work stayed in the count, spread over the one slot left,
+// and a request 10 ms from a start was refused DEADLINE_UNREACHABLE.
+func TestSaturatedTenantsStreamKeepsItsQueueOutOfOthersWait(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	ctrl, err := admission.New(admission.WithClock(func() time.Time { return t0 }),
+		admission.WithClasses(admission.Class{Name: "work", Slots: 2, QueueItems: 16, TenantRunning: 1,
+			ExpectedServiceTime: 10 * time.Millisecond}),
+		admission.WithDefaultClass("work"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	ctx := context.Background()
+	now := t0
+	stream, err := ctrl.AdmitAt(ctx, admission.Request{Method: "/s.S/Watch", Tenant: "a", Size: -1, Stream: true, Deadline: now.Add(24 * time.Hour)}, now)
+	require.NoError(t, err)
+	defer stream.Abandon()
+	c, err := ctrl.AdmitAt(ctx, admission.Request{Method: "/s.S/Get", Tenant: "c", Size: 1, Deadline: now.Add(time.Second)}, now)
+	require.NoError(t, err)
+	defer c.Abandon()
+	stop := queueN(t, ctrl, "a", 10, now, time.Second) // held behind a's stream
+	defer stop()
+
+	// b starts when c's 10 ms call ends: a's waiters are held by a's limit.
+	qctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := ctrl.AdmitAt(qctx, admission.Request{Method: "/s.S/Get", Tenant: "b", Size: 1, Deadline: now.Add(60 * time.Millisecond)}, now)
+		done <- err
+	}()
+	if qerr, refused := queuedOrRefused(t, ctrl, done, 11); refused {
+		ra, _ := status.RetryAfter(qerr)
+		t.Fatalf("a request 10 ms from a start was refused %v (retry-after %v): tenant a's waiters, held behind its stream, were counted ahead of it",
+			status.OutcomeOf(qerr).Reason, ra)
+	}
+	cancel()
+	<-done
+}
+
+// When streams hold every slot, the first to end frees one slot, and the
+// queued work runs there until another ends: it is not spread over every
+// slot. Four slots: three streams an hour old (each expected to live
+// another hour) and one young one (10 ms); 20 calls of 10 ms wait. The
+// next call starts after about 10 + 200 ms — the wait predicted when a
+// 10 ms unary call holds the young stream's slot instead. A review found it
+// predicted 10 + 200/4 ms, so a call with 150 ms to live was queued, to be
+// dropped at its deadline, instead of refused at once.
+func TestStreamsHoldingEverySlotDoNotSpreadTheQueueOverThem(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	predicted := func(young bool) time.Duration {
+		ctrl, err := admission.New(admission.WithClock(func() time.Time { return t0 }),
+			admission.WithClasses(admission.Class{Name: "work", Slots: 4, QueueItems: 32, ExpectedServiceTime: 10 * time.Millisecond}),
+			admission.WithDefaultClass("work"))
+		require.NoError(t, err)
+		defer func() { _ = ctrl.Close() }()
+		ctx := context.Background()
+		now := t0.Add(time.Hour)
+		for range 3 {
+			p, err := ctrl.AdmitAt(ctx, admission.Request{Method: "/s.S/Watch", Size: -1, Stream: true, Deadline: now.Add(24 * time.Hour)}, t0)
+			require.NoError(t, err)
+			defer p.Abandon()
+		}
+		p, err := ctrl.AdmitAt(ctx, admission.Request{Method: "/s.S/Get", Size: 1, Stream: young, Deadline: now.Add(24 * time.Hour)}, now)
+		require.NoError(t, err)
+		defer p.Abandon()
+		stop := queueN(t, ctrl, "", 20, now, time.Hour)
+		defer stop()
+		s, _ := ctrl.StatsAt(now).Class("work")
+		return s.PredictedWait
+	}
+	unary, stream := predicted(false), predicted(true)
+	t.Logf("predicted wait: young unary %v, young stream %v", unary, stream)
+	require.GreaterOrEqual(t, stream, 200*time.Millisecond,
+		"the queue's 200 ms of work, which runs on the one slot the young stream frees, was spread over all 4 slots (unary in its place: %v)", unary)
+}
+
+// An operator lowers a class of 3 slots to 1 while 3 streams run in it:
+// a request starts only when the class runs fewer than 1, after all three
+// streams end, two of them (an hour old) expected in an hour. A review
+// found the wait predicted from the first stream to end (10 ms), as if one
+// ending freed a slot, and a call with a second to live queued behind an
+// hour's wait.
+func TestStreamsAboveLoweredSlotsMustAllEnd(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	ctrl, err := admission.New(admission.WithClock(func() time.Time { return t0 }),
+		admission.WithClasses(admission.Class{Name: "work", Slots: 3, QueueItems: 8, ExpectedServiceTime: 10 * time.Millisecond}),
+		admission.WithDefaultClass("work"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	ctx := context.Background()
+	now := t0.Add(time.Hour)
+	for _, start := range []time.Time{t0, t0, now} {
+		p, err := ctrl.AdmitAt(ctx, admission.Request{Method: "/s.S/Watch", Size: -1, Stream: true, Deadline: now.Add(24 * time.Hour)}, start)
+		require.NoError(t, err)
+		defer p.Abandon()
+	}
+	_, err = ctrl.SetOverrideAt(ctx, admission.Override{Actor: "op", Reason: "test", TTL: time.Hour, Class: "work", Slots: 1}, now)
+	require.NoError(t, err)
+	s, _ := ctrl.StatsAt(now).Class("work")
+	require.GreaterOrEqual(t, s.PredictedWait, 30*time.Minute,
+		"three streams hold a class lowered to one slot: no slot frees before all three end, yet the wait predicted is the first's")
+}

@@ -20,15 +20,15 @@ type serviceOptionFunc func(*AttemptService)
 
 func (f serviceOptionFunc) applyService(s *AttemptService) { f(s) }
 
-// WithTenant sets the function that names the caller's tenant when
-// tollgate's server interceptor does not run; every answer is scoped to it.
-// It must return a tenant of 0–64 characters of [A-Za-z0-9._:-] and be safe
-// for concurrent use. Where the interceptor runs, the tenant it resolved
-// ([TenantFromContext]: a trusted peer's header "n", else its own
-// WithTenant's, hashed when it is not such a token) is used whatever this
-// function says, since that is the tenant it keys the call's tries under: a
-// query answered under another would find no record, and fence a try that
-// ran. Default [TenantFromContext].
+// WithTenant sets the function that names the caller's tenant where none
+// was put in the context with [ContextWithTenant]; every answer is scoped to
+// it. It must return a tenant of 0–64 characters of [A-Za-z0-9._:-] and be
+// safe for concurrent use. tollgate's server interceptor puts the tenant it
+// resolved in the context (a trusted peer's header "n", else its own
+// WithTenant's, hashed when it is not such a token), and that one is used
+// whatever this function says, since it is the tenant the call's tries were
+// keyed under: a query answered under another would find no record, and
+// fence a try that ran. Default [TenantFromContext].
 func WithTenant(tenant func(ctx context.Context) string) ServiceOption {
 	return serviceOptionFunc(func(s *AttemptService) { s.tenant = tenant })
 }

@@ -6,7 +6,8 @@ type tenantKey struct{}
 
 // ContextWithTenant returns a copy of ctx that carries tenant. tollgate's
 // server interceptor calls it with the tenant it resolved for a request, so
-// that [NewAttemptService]'s default tenant function finds it.
+// that an [AttemptService] answers under it (whatever its [WithTenant]
+// function says: the tries were keyed under it).
 func ContextWithTenant(ctx context.Context, tenant string) context.Context {
 	return context.WithValue(ctx, tenantKey{}, tenant)
 }
