@@ -180,8 +180,8 @@ func (c *client) unary(ctx context.Context, method string, req, reply any, cc *g
 	ctx, span := c.startSpan(ctx, cl.s, cl.key)
 	ended := false
 	defer func() {
-		if !ended { // a panic below the interceptor goes on; the span ends
-			span.End()
+		if !ended { // a panic below the interceptor goes on; the span ends with it
+			endSpan(span, cl.s, w.sent, status.OutcomeOf(errPanicBelow))
 		}
 	}()
 	w.callOpts = opts
@@ -290,12 +290,15 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 // try is settled first, as one whose outcome is unknown: its per-try
 // context ends, and the grant it lent is refunded if the try was never
 // sent, held otherwise — never left reserved in a ledger a caller that
-// recovers the panic goes on using.
+// recovers the panic goes on using — and recorded as any try is (its spend
+// event, tollgate.client.tries).
 func (w *owner) invoke(tctx context.Context, t *try, req, reply any, opts []grpc.CallOption) error {
 	settled := false
 	defer func() {
 		if !settled {
-			w.c.finish(w.cl.s, w.cl.key, t, errPanicBelow, false)
+			d := w.c.finish(w.cl.s, w.cl.key, t, errPanicBelow, false)
+			spendEvent(trace.SpanFromContext(tctx), w.cl.s, t)
+			w.c.record(tctx, status.OutcomeOfCall(errPanicBelow, d), d)
 		}
 	}()
 	err := w.invoker(tctx, w.cl.method, req, reply, w.cc, opts...)
