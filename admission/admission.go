@@ -1375,30 +1375,70 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 // by one (Permit.remaining), each freeing a slot once no more run than
 // slots; the queued requests, each the queue's mean work, start in turn on
 // the first slot free; the request starts on the first free after them.
+// As in predictedWaitLocked, a tenant at its running limit with requests
+// waiting (saturated) keeps its slots and its waiters to itself, unless
+// such tenants hold every slot. It allocates nothing for up to 16 running
+// requests, and costs a pass over them and a search over the slots.
 func (c *Controller) playOutLocked(cs *classState, slots int, nowOff float64) time.Duration {
-	var rem []float64
+	limit := cs.cfg.TenantRunning
+	var buf, heldBuf [16]float64
+	rem, held := buf[:0], heldBuf[:0]
+	var heldWork float64
 	for _, b := range c.classes {
 		for p := b.runHead; p != nil; p = p.next {
-			if p.owner == cs {
-				rem = append(rem, p.remaining(b.est.mean, nowOff))
+			if p.owner != cs {
+				continue
 			}
+			r := p.remaining(b.est.mean, nowOff)
+			if limit > 0 && b == cs && p.tenant != "" {
+				if tc := cs.tenants[p.tenant]; tc.running >= limit && tc.queued > 0 {
+					held = append(held, r)
+					heldWork += float64(tc.work) / float64(tc.running)
+					continue
+				}
+			}
+			rem = append(rem, r)
 		}
 	}
+	n, work := cs.queue.n, float64(cs.queuedWork)
+	if len(held) > 0 && len(held) < slots {
+		// The saturated tenants' slots serve only their own waiters.
+		slots -= len(held)
+		n, work = n-cs.heldWaiters, work-heldWork
+	} else {
+		rem = append(rem, held...)
+	}
 	slices.Sort(rem)
-	free := rem[max(len(rem)-slots, 0):] // the slot frees with the (len-slots+1)-th end
+	free := rem[max(len(rem)-slots, 0):] // a slot frees with the (len-slots+1)-th end
 	if len(free) == 0 {
 		return 0
 	}
-	if n := cs.queue.n; n > 0 {
-		work := float64(cs.queuedWork) / float64(n)
-		for range n {
-			free[0] += work
-			for k := 0; k+1 < len(free) && free[k] > free[k+1]; k++ {
-				free[k], free[k+1] = free[k+1], free[k]
+	if n <= 0 || work <= 0 {
+		return time.Duration(free[0])
+	}
+	// The request is the (n+1)-th to start: the earliest time by which
+	// the slots, each taking one request of mean work w at a time from
+	// when it frees, have started n+1.
+	w := work / float64(n)
+	starts := func(at float64) int {
+		k := 0
+		for _, f := range free {
+			if at >= f {
+				k += int((at-f)/w) + 1
 			}
 		}
+		return k
 	}
-	return time.Duration(free[0])
+	lo, hi := free[0], free[0]+float64(n)*w // all on the first slot to free
+	for range 60 {
+		mid := (lo + hi) / 2
+		if starts(mid) >= n+1 {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return time.Duration(hi)
 }
 
 // tenantNextLocked is how long until a tenant over its limits in cs is

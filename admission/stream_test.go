@@ -282,3 +282,78 @@ func TestStreamsAboveLoweredSlotsMustAllEnd(t *testing.T) {
 	require.GreaterOrEqual(t, s.PredictedWait, 30*time.Minute,
 		"three streams hold a class lowered to one slot: no slot frees before all three end, yet the wait predicted is the first's")
 }
+
+// The commit's own scenario (TestSaturatedTenantsStreamKeepsItsQueueOutOfOthersWait)
+// with c's 10 ms call swapped for a young stream: now streams hold every
+// slot. A review found that playOutLocked played tenant a's ten waiters,
+// which can start only after a's hour-old stream ends, onto the slot c's
+// stream frees: b, which starts when c's stream ends (~10 ms), was
+// predicted 110 ms and refused.
+func TestPlayOutLeavesASaturatedTenantsQueueOut(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	now := t0.Add(time.Hour)
+	ctrl, err := admission.New(admission.WithClock(func() time.Time { return now }),
+		admission.WithClasses(admission.Class{Name: "work", Slots: 2, QueueItems: 16, TenantRunning: 1,
+			ExpectedServiceTime: 10 * time.Millisecond}),
+		admission.WithDefaultClass("work"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	ctx := context.Background()
+	a, err := ctrl.AdmitAt(ctx, admission.Request{Method: "/s.S/Watch", Tenant: "a", Size: -1, Stream: true, Deadline: now.Add(24 * time.Hour)}, t0)
+	require.NoError(t, err)
+	defer a.Abandon()
+	c, err := ctrl.AdmitAt(ctx, admission.Request{Method: "/s.S/Watch", Tenant: "c", Size: -1, Stream: true, Deadline: now.Add(24 * time.Hour)}, now)
+	require.NoError(t, err)
+	defer c.Abandon()
+	stop := queueN(t, ctrl, "a", 10, now, 2*time.Hour) // held behind a's stream
+	defer stop()
+
+	s, _ := ctrl.StatsAt(now).Class("work")
+	t.Logf("predicted wait for another tenant: %v", s.PredictedWait)
+
+	qctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := ctrl.AdmitAt(qctx, admission.Request{Method: "/s.S/Get", Tenant: "b", Size: 1, Deadline: now.Add(60 * time.Millisecond)}, now)
+		done <- err
+	}()
+	if qerr, refused := queuedOrRefused(t, ctrl, done, 11); refused {
+		ra, _ := status.RetryAfter(qerr)
+		t.Fatalf("b, ~10 ms from a start (c's stream's end; a's waiters are held by a's limit), was refused %v (retry-after %v, predicted %v)",
+			status.OutcomeOf(qerr).Reason, ra, s.PredictedWait)
+	}
+	cancel()
+	<-done
+}
+
+// DESIGN.md §3.6: refusals are allocation-light. A refusal in a class whose
+// slots all hold streams allocates more than the same refusal with unary
+// calls on the slots: a review found that playOutLocked built its
+// remainders in a fresh slice (twice per refusal: the deadline stage's wait
+// and the retry-after).
+func TestPlayOutRefusalAllocatesNoMoreThanUnary(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	allocs := func(stream bool) float64 {
+		ctrl, err := admission.New(admission.WithClock(func() time.Time { return t0 }),
+			admission.WithClasses(admission.Class{Name: "work", Slots: 8, QueueItems: 0, ExpectedServiceTime: 10 * time.Millisecond}),
+			admission.WithDefaultClass("work"))
+		require.NoError(t, err)
+		defer func() { _ = ctrl.Close() }()
+		ctx := context.Background()
+		for range 8 {
+			p, err := ctrl.AdmitAt(ctx, admission.Request{Method: "/s.S/Watch", Size: -1, Stream: stream, Deadline: t0.Add(24 * time.Hour)}, t0)
+			require.NoError(t, err)
+			defer p.Abandon()
+		}
+		r := admission.Request{Method: "/s.S/Get", Size: 1, Deadline: t0.Add(time.Hour)}
+		return testing.AllocsPerRun(200, func() {
+			if _, err := ctrl.AdmitAt(ctx, r, t0); err == nil {
+				t.Fatal("admitted into a full class")
+			}
+		})
+	}
+	unary, stream := allocs(false), allocs(true)
+	t.Logf("allocations per refusal: unary on every slot %v, streams on every slot %v", unary, stream)
+	require.LessOrEqual(t, stream, unary, "a refusal where streams hold every slot allocates the play-out's slice")
+}
