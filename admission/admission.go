@@ -184,7 +184,7 @@ type Decision struct {
 // changes it (an override expires, a window ends), whose function runs on a
 // goroutine of its own as timers' do. [Controller.Close] stops that timer
 // (a run already under way finishes), unregisters its metric callbacks and
-// refuses waiting and later requests.
+// refuses waiting and later requests DRAINING, except in the control class.
 type Controller struct {
 	cfg *config
 
@@ -202,7 +202,7 @@ type Controller struct {
 	last  time.Time // latest time seen
 	// virtual is set while a caller drives the controller on a clock of
 	// its own: by the last admission's kind, AdmitAt or AdmitDecisionAt
-	// (set) or Admit, AdmitDecision or the tap (cleared). While it is set
+	// (set) or Admit and AdmitDecision (cleared). While it is set
 	// the time is the caller's to give, so wake is not armed (it reads the
 	// wall clock) and the metrics callback observes at last; an Admit
 	// clears it and arms wake again for its waiters.
@@ -1179,12 +1179,9 @@ func (c *Controller) heldByTenantLocked(w *waiter) bool {
 
 // tenantStartWaitLocked estimates how long a new request of tenant, held
 // back by its tenant's running limit, waits before it starts: the tenant's
-// queued requests start before it, each as one of the tenant's running
-// requests ends. With the running requests' remainders sorted (each the
-// learned mean less its elapsed time, at least a share of the mean, as in
-// predictedWaitLocked), the j-th to start (j = the tenant's queued
-// requests) starts when remainder j mod m ends, j div m rounds of the mean
-// later, m being the tenant's running requests.
+// queued requests start before it, each on the first of the tenant's slots
+// to free (its running requests' remainders, Permit.remaining), taking the
+// mean there; it starts on the first slot free after them.
 func (c *Controller) tenantStartWaitLocked(cs *classState, tenant string, now time.Time) time.Duration {
 	mean := cs.est.mean
 	nowOff := float64(now.Sub(c.epoch))

@@ -35,7 +35,8 @@
 //     waiters that can no longer finish have left), or over its running
 //     requests in a class without a queue that has a slot free →
 //     TENANT_LIMIT;
-//  3. deadline: already passed, or reached (no time left) →
+//  3. deadline: already passed, or reached while the class's service
+//     time is unknown (no time left for work of unknown length) →
 //     DEADLINE_EXPIRED; predicted wait (for a
 //     request held back only by its tenant's running limit, its tenant's
 //     own start wait; for one whose tenant is at that limit in a full
@@ -92,7 +93,8 @@
 // slot is the learned work queued ahead plus the remaining work of the
 // class's running requests, spread over its slots (seed 004); each running
 // request counts the learned mean minus its elapsed time, but at least a
-// tenth of the mean, so an overdue request hides no one else's work. Requests that
+// tenth of the mean, so an overdue request hides no one else's work (a
+// stream counts otherwise: see Request.Stream). Requests that
 // were admitted and then finished late are counted as false accepts;
 // DEADLINE_UNREACHABLE refusals that later starts show to have been
 // avoidable as false rejects.

@@ -25,7 +25,8 @@ func (f serviceOptionFunc) applyService(s *AttemptService) { f(s) }
 // it. It must return a tenant of 0–64 characters of [A-Za-z0-9._:-] and be
 // safe for concurrent use. tollgate's server interceptor puts the tenant it
 // resolved in the context (a trusted peer's header "n", else its own
-// WithTenant's, hashed when it is not such a token), and that one is used
+// WithTenant's, hashed when it is not such a token or starts with "h."),
+// and that one is used
 // whatever this function says, since it is the tenant the call's tries were
 // keyed under: a query answered under another would find no record, and
 // fence a try that ran. Default [TenantFromContext].

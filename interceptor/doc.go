@@ -178,8 +178,9 @@
 // tollgate.client.tries{outcome} (tries that may have been sent),
 // tollgate.allowance.exhausted,
 // tollgate.retry_budget.exhausted, tollgate.metadata.malformed{trusted},
-// tollgate.deadline.misses{stage=arrival} (tries refused for coming after
-// their attempt's deadline, which admission never sees), and the admission
+// tollgate.deadline.misses{stage=arrival} (tries refused DEADLINE_EXPIRED
+// for coming after their attempt's deadline: by the server's clock, before
+// admission, or by the store's when it begins the try), and the admission
 // package's. No tenant or attempt ID is a metric label.
 // Providers come from options, by default the global ones.
 package interceptor

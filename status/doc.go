@@ -32,7 +32,7 @@
 // the suggested delay, [IsFinal] the final flag, and [Pushback] and
 // [SetPushbackTrailer] give clients that use grpc-go's own retry the
 // grpc-retry-pushback-ms trailer ("-1", do not retry, for a final
-// refusal).
+// refusal that suggests no delay).
 //
 // Building a refusal costs one allocation; its gRPC status is built once, on
 // the first GRPCStatus call, with a few more (most of them grpc-go's copy of

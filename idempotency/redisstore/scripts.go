@@ -132,7 +132,7 @@ local function reply(kind, v, now)
   return {kind, view(v, now), v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11], v[12], v[13], v[2]}
 end
 
--- stale reports whether this script runs more than keep - skew after its
+-- stale reports whether this script runs more than keep - skew - CLOCK_MARGIN after its
 -- call read the clock (now), by Redis's own clock (TIME): Redis may have
 -- removed, meanwhile, a record that now still counts as alive, and an
 -- absence judged by now is no evidence (see DefaultKeep). Redis's clock is
