@@ -266,6 +266,14 @@ func boolInt(b bool) int64 {
 	return 0
 }
 
+// originFinal reports whether an origin's ledger, as snap shows it, makes a
+// refusal for lack of units final (DESIGN.md §3.3): its allowance is spent,
+// or it was sealed when the server that minted the attempt answered (no
+// call under it can ever be sent again).
+func originFinal(snap budget.Snapshot) bool {
+	return snap.Origin && (snap.Spent >= snap.Total || snap.Sealed)
+}
+
 // exhausted builds the local ALLOWANCE_EXHAUSTED refusal of try n and counts
 // it. A sealed ledger's free units went back to its caller: none remain.
 func (c *client) exhausted(ctx context.Context, s *attemptState, key string, n uint32) error {
@@ -273,7 +281,7 @@ func (c *client) exhausted(ctx context.Context, s *attemptState, key string, n u
 	c.tel.exhausted.Add(ctx, 1)
 	f := status.Fields{
 		AttemptID: s.ID, Call: key, Try: n,
-		Final:   snap.Origin && snap.Spent >= snap.Total,
+		Final:   originFinal(snap),
 		Message: "interceptor: the attempt's allowance has no free unit",
 	}
 	if snap.Sealed {
@@ -438,7 +446,7 @@ func (c *client) result(s *attemptState, key string, n uint32, err error, o stat
 		return err
 	}
 	snap := s.ledger.Snapshot()
-	final := s.Origin && snap.Spent >= snap.Total
+	final := s.Origin && originFinal(snap)
 	if final == o.Final() {
 		return err
 	}

@@ -298,6 +298,9 @@ func TestSealedMintingServerGoroutineSendsNothing(t *testing.T) {
 	close(answered)
 	lateErr := <-late
 	require.Zero(t, arrived.Load(), "a call sent after the handler answered reached a server (late call: %v)", lateErr)
+	o := status.OutcomeOf(lateErr)
+	require.Equal(t, status.ReasonAllowanceExhausted, o.Reason, "%v", lateErr)
+	require.True(t, o.Final(), "no call under a sealed minting ledger can ever be sent: final")
 }
 
 // DESIGN.md §3.3, §3.6: at the origin, once its allowance is spent (an
