@@ -501,6 +501,13 @@ func (w *owner) decide(ctx context.Context, n uint32, err error, o status.Outcom
 				return 0, false, result, true
 			}
 			err, next, uncounted = result, nx, w.verifying()
+		case status.ReasonAllowanceExhausted:
+			if s.Origin && s.ledger.Snapshot().Total == 0 {
+				// The callee needed units an origin with no allowance can
+				// never lend it: a repeat is refused the same way (conclude
+				// makes it final).
+				return 0, false, w.conclude(n, err), true
+			}
 		}
 		// A callee's ALLOWANCE_EXHAUSTED is never final here: only this
 		// tier's own ledger can say so (conclude, at the origin).

@@ -354,3 +354,22 @@ func TestNonFinalRebuildDoesNotRepeatPrefix(t *testing.T) {
 	ra, ok := status.RetryAfter(err)
 	require.True(t, ok && ra > 0, "retry-after dropped: %v", err)
 }
+
+// TestNoAllowanceStopsAtTheCalleesExhaustion: an origin with an allowance
+// of 0 repeats under its policy a call whose callee needs no unit; but a
+// callee that answers ALLOWANCE_EXHAUSTED needed units the origin can never
+// lend it, and a review found that every repeat was sent, to be refused the
+// same way. The origin now ends the call at once, final.
+func TestNoAllowanceStopsAtTheCalleesExhaustion(t *testing.T) {
+	svc := &testsvc.Service{GetFunc: func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		return nil, status.WithoutEffect(status.NotAdmitted(status.ReasonAllowanceExhausted))
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(interceptor.WithAllowance(0),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}))...))
+	_, err := client.Get(t.Context(), &testingv1.GetRequest{})
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.ReasonAllowanceExhausted, o.Reason, "%v", err)
+	require.True(t, o.Final())
+	require.Equal(t, int64(1), svc.Calls("Get"), "no repeat can be lent a unit")
+}
