@@ -215,3 +215,46 @@ func TestCorruptHorizonIsAnError(t *testing.T) {
 		})
 	}
 }
+
+// A record's "exp" that the store cannot have written (every writing
+// script sets it to at least its reading plus the TTL, and only inside
+// ts <= now + skew, so exp >= ts - skew + ttl always) reads as an expired
+// record, that is as no record: a review found Get answering UNSEEN and
+// Begin starting the try of a call that SUCCEEDED. load() promises that a
+// hash that is not a record this store wrote is an error, never an absent
+// record.
+func TestCorruptExpiryIsNotReadAsAbsent(t *testing.T) {
+	for _, exp := range []string{"0", "1", "-5"} {
+		t.Run(exp, func(t *testing.T) {
+			c, s, clock, k, rk := atRecordKey(t)
+			ctx := context.Background()
+			res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
+			require.NoError(t, err)
+			require.True(t, res.Started)
+			require.NoError(t, s.Finish(ctx, idempotency.FinishRequest{Key: k, Try: 1,
+				State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("done")}))
+			require.NoError(t, c.HSet(ctx, rk, "exp", exp).Err()) // the record is still there, its TTL untouched
+
+			rec, err := s.Get(ctx, k)
+			require.False(t, err == nil && rec.GetState() == tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN,
+				"Get read a SUCCEEDED record whose exp is %q as no record: UNSEEN", exp)
+			res, err = s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: clock.Now().Add(time.Second)})
+			require.False(t, err == nil && res.Started, "Begin started try 2 of a call that SUCCEEDED (exp %q)", exp)
+		})
+	}
+}
+
+// A tombstone's "fen" below 1 is one no script writes (FenceAttempt's
+// through and a FENCED finish's try are at least 1): read as it stands, the
+// tombstone FENCED(1) of a ballot stops no try, and the late try 1 whose
+// absence the ballot was cast on starts.
+func TestCorruptTombstoneBallotIsAnError(t *testing.T) {
+	c, s, clock, k, rk := atRecordKey(t)
+	ctx := context.Background()
+	rec, err := s.Fence(ctx, k, 1)
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState())
+	require.NoError(t, c.HSet(ctx, rk, "fen", "0").Err())
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
+	require.False(t, err == nil && res.Started, "the late try 1 started over a tombstone whose ballot reads 0")
+}

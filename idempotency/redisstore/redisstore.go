@@ -20,9 +20,14 @@
 //     and the identity of the Redis that created it (its run_id and
 //     master_replid). Every script compares that identity with the running
 //     Redis's before it reads a record. A missing key (flush) or another
-//     identity (restart, restore from a backup, failover to a replica) moves
-//     the horizon to now at once: every earlier attempt reads UNKNOWN, and
-//     none of its tries runs, even when an old copy of its record survived.
+//     identity (restart, a backup restored by restarting, failover to a
+//     replica) moves the horizon to now at once: every earlier attempt reads
+//     UNKNOWN, and none of its tries runs, even when an old copy of its
+//     record survived. A backup restored into the running Redis (its keys
+//     RESTOREd after a FLUSHALL, or DEBUG RELOAD of an older RDB) brings the
+//     horizon keys back with this Redis's own identity, and the records
+//     written since are lost unseen: after such a restore, delete every
+//     horizon key (<prefix>{t:*}:h) or restart Redis.
 //     The key is also created at a tenant's first request, so for the
 //     policy's skew after it a tollgate client's attempts are refused
 //     (ATTEMPT_UNVERIFIABLE); an attempt the server minted for the request
@@ -45,8 +50,13 @@
 //     tries or cast ballots on its own.
 //
 // Times come from the calling server's clock; servers' clocks are assumed to
-// agree within the policy's skew. The horizon keys (one small hash per tenant
-// and prefix) have no TTL; records do.
+// agree within the policy's skew. The horizon keys (one small hash, some 200
+// bytes, per tenant and prefix, written by a tenant's first call of any
+// kind, GetAttempt included) have no TTL; records do. The set of tenant
+// names is therefore a memory bound: a trusted peer naming made-up tenants
+// in its header, or a tenant function fed by caller-chosen names, adds keys
+// without end (WithMaxRecordsPerTenant bounds records within a tenant, not
+// tenants).
 //
 // # A script that runs twice
 //

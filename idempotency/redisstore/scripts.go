@@ -115,8 +115,22 @@ local function load(rk, now)
       error('tollgate: the hash at ' .. rk .. ' is not a record: field ' .. FIELDS[i])
     end
   end
-  if not STORED[tonumber(v[1])] then
+  local st = tonumber(v[1])
+  if not STORED[st] then
     error('tollgate: the hash at ' .. rk .. ' is not a record: state ' .. v[1])
+  end
+  -- Every write sets exp at least ttl past its own time (sa or fa): an
+  -- exp at or before them would read the record as expired, that is as
+  -- absent, and no script writes one. Nor a tombstone without a ballot, nor
+  -- a running try without a start and a lease.
+  if tonumber(v[15]) <= math.max(tonumber(v[11]), tonumber(v[12])) then
+    error('tollgate: the hash at ' .. rk .. ' is not a record: field exp')
+  end
+  if st == FENCED and tonumber(v[4]) < 1 then
+    error('tollgate: the hash at ' .. rk .. ' is not a record: field fen')
+  end
+  if st == IN_PROGRESS and (tonumber(v[11]) <= 0 or tonumber(v[13]) <= 0) then
+    error('tollgate: the hash at ' .. rk .. ' is not a record: field lease')
   end
   if tonumber(v[15]) <= now then return nil end
   return v
