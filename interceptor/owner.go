@@ -125,6 +125,10 @@ type owner struct {
 	// ATTEMPT_FENCED: from then on only a finished record or a FENCED
 	// answer may end the call NOT_ADMITTED.
 	doubt bool
+	// unqueried is set once a try in doubt was repeated without the query
+	// (an IDEMPOTENT call at a callee that keeps no records): a later fence
+	// vouches only for the store that answers it.
+	unqueried bool
 	// pushback is the last try's grpc-retry-pushback-ms (see delivery).
 	pushback int64
 	// verify is set when a resolution found a finished record under an
@@ -472,6 +476,7 @@ func (w *owner) decide(ctx context.Context, n uint32, err error, o status.Outcom
 			return n + 1, false, err, false // repeats freely
 		}
 		if w.cl.info.Level == methodinfo.Idempotent && w.c.recordless(w.tgt) {
+			w.unqueried = true
 			return n + 1, false, err, false // IDEMPOTENT at a callee without records: repeat without the query
 		}
 		next, result, done := w.resolve(ctx, n, err, reply)
@@ -606,6 +611,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 			if grpcstatus.Code(err) == codes.Unimplemented {
 				c.setRecordless(w.tgt)
 				if w.cl.info.Level == methodinfo.Idempotent {
+					w.unqueried = true
 					return n + 1, last, false // repeat without the query
 				}
 			}
@@ -657,8 +663,14 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 			}
 			return 0, status.Committed(status.WithAttempt(s.ID, w.cl.key, rec.GetTry())), true
 		case tollgatev1.AttemptState_ATTEMPT_STATE_FENCED:
-			w.reconcile(rec)
-			w.doubt = false // no try up to the fence ran: no effect
+			// No try up to the fence ran where this store keeps records; a
+			// try repeated without the query may have run where none are
+			// kept, and spent the grant it held: neither its doubt nor its
+			// grant is settled by this tombstone.
+			if !w.unqueried {
+				w.reconcile(rec)
+			}
+			w.doubt = w.unqueried
 			f := min(rec.GetFencedThroughTry(), header.MaxTry)
 			return max(f, n) + 1, status.NotAdmitted(status.ReasonAttemptFenced, status.Fields{
 				AttemptID: s.ID, Call: w.cl.key, Try: n, FencedThroughTry: f,

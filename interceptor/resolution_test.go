@@ -1616,3 +1616,69 @@ func TestTryHasRetryEvent(t *testing.T) {
 	require.Equal(t, int64(2), final.AsInt64(), "precondition: the span ends at try 2")
 	require.Equal(t, []int64{2}, retryTries, "the verifying try, a repeat sent, has no tollgate.retry event")
 }
+
+// One target, two backends in a rolling deploy (the case recordlessFor is
+// there for): the first, without a store, runs try 1 of an IDEMPOTENT call
+// and its answer is lost, and its AttemptService is UNIMPLEMENTED; the
+// owner repeats without the query, as DESIGN.md §3.5 allows. Later, the
+// recordless mark has lapsed, and try 2's answer is lost on its way to the
+// second backend, which has a store: its fence FENCED(2) vouches only for
+// what that store saw. A review found that the fence cleared the call's
+// doubt (and freed the grants it held), so a later refusal ended it
+// NOT_ADMITTED, although try 1 took effect. An outer interceptor on one server plays the store-less backend
+// for try 1 and its query.
+func TestRecordlessRepeatThenFenceElsewhereStaysUnknown(t *testing.T) {
+	var (
+		effects  atomic.Int64
+		queries  atomic.Int64
+		offsetNs atomic.Int64
+	)
+	clock := func() time.Time { return time.Now().Add(time.Duration(offsetNs.Load())) }
+	tryOf := func(ctx context.Context) string {
+		md, _ := metadata.FromIncomingContext(ctx)
+		for _, f := range strings.Split(strings.Join(md.Get("tollgate"), ""), ";") {
+			if v, ok := strings.CutPrefix(f, "t="); ok {
+				return v
+			}
+		}
+		return "1" // t is omitted on the first try
+	}
+	outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		switch {
+		case strings.HasSuffix(info.FullMethod, "/FenceAttempt"):
+			if queries.Add(1) == 1 {
+				// The store-less backend: tollgate's own answer there.
+				return nil, grpcstatus.Error(codes.Unimplemented, "no records")
+			}
+		case strings.HasSuffix(info.FullMethod, "/Put"):
+			switch tryOf(ctx) {
+			case "1": // the store-less backend runs it; the answer is lost
+				effects.Add(1)
+				return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
+			case "2": // lost before it reached the backend with records
+				offsetNs.Store(int64(2 * time.Minute)) // the recordless mark lapses
+				return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
+			case "3": // refused before anything ran
+				return nil, status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Millisecond))
+			}
+		}
+		return handler(ctx, req)
+	})
+	svc := &testsvc.Service{}
+	svc.PutFunc = func(context.Context, *testingv1.PutRequest) (*testingv1.PutResponse, error) {
+		effects.Add(1)
+		return &testingv1.PutResponse{}, nil
+	}
+	end := recordedServer(t, svc, memoryStore(t), outer)
+	conn := end.DialT(t, interceptor.DialOptions(
+		interceptor.WithClientClock(clock),
+		interceptor.WithoutRetryBudget(),
+		interceptor.WithAttemptTimeout(10*time.Minute),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+	)...)
+	_, err := testingv1.NewTestServiceClient(conn).Put(t.Context(), &testingv1.PutRequest{Key: "k"})
+	require.Equal(t, int64(1), effects.Load(), "try 1 took effect")
+	require.Error(t, err)
+	require.NotEqual(t, status.KindNotAdmitted, status.OutcomeOf(err).Kind,
+		"a fence at one backend does not vouch for a try another backend ran: %v", err)
+}
