@@ -667,9 +667,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 			// try repeated without the query may have run where none are
 			// kept, and spent the grant it held: neither its doubt nor its
 			// grant is settled by this tombstone.
-			if !w.unqueried {
-				w.reconcile(rec)
-			}
+			w.reconcile(rec)
 			w.doubt = w.unqueried
 			f := min(rec.GetFencedThroughTry(), header.MaxTry)
 			return max(f, n) + 1, status.NotAdmitted(status.ReasonAttemptFenced, status.Fields{
@@ -754,6 +752,12 @@ func isOnFinish(o grpc.CallOption) bool {
 
 // reconcile settles the call's held grants from a finished record.
 func (w *owner) reconcile(rec *tollgatev1.AttemptRecord) {
+	if w.unqueried {
+		// A try repeated without the query may have run where no record
+		// is kept, and spent its grant below: this record does not count
+		// it, so no grant is settled from it (the safe side).
+		return
+	}
 	switch rec.GetState() {
 	case tollgatev1.AttemptState_ATTEMPT_STATE_FENCED:
 	case tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, tollgatev1.AttemptState_ATTEMPT_STATE_FAILED,

@@ -1682,3 +1682,70 @@ func TestRecordlessRepeatThenFenceElsewhereStaysUnknown(t *testing.T) {
 	require.NotEqual(t, status.KindNotAdmitted, status.OutcomeOf(err).Kind,
 		"a fence at one backend does not vouch for a try another backend ran: %v", err)
 }
+
+// A tombstone may not free the grant of a try repeated without the query
+// (TestRecordlessRepeatThenFenceElsewhereStaysUnknown); a review found that
+// a finished record from the same store freed it all the same, though its
+// units_spent counts only the tries that store began. Try 1 runs at the store-less backend (its answer lost: its grant
+// may be spent below), try 2 runs at the backend with records and its
+// answer is lost too; the query finds SUCCEEDED with units_spent 0, and
+// ReconcileCall(0, loan1, loan2) returned try 1's grant to the ledger.
+func TestRecordlessRepeatThenFinishedRecordKeepsGrantHeld(t *testing.T) {
+	var (
+		queries   atomic.Int64
+		offsetNs  atomic.Int64
+		ledgerRef atomic.Pointer[budget.Allowance]
+		heldAt2   atomic.Int64
+	)
+	clock := func() time.Time { return time.Now().Add(time.Duration(offsetNs.Load())) }
+	tryOf := func(ctx context.Context) string {
+		md, _ := metadata.FromIncomingContext(ctx)
+		for _, f := range strings.Split(strings.Join(md.Get("tollgate"), ""), ";") {
+			if v, ok := strings.CutPrefix(f, "t="); ok {
+				return v
+			}
+		}
+		return "1"
+	}
+	outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		switch {
+		case strings.HasSuffix(info.FullMethod, "/FenceAttempt"):
+			if queries.Add(1) == 1 {
+				return nil, grpcstatus.Error(codes.Unimplemented, "no records")
+			}
+		case strings.HasSuffix(info.FullMethod, "/Put"):
+			switch tryOf(ctx) {
+			case "1": // the store-less backend runs it (and spends below); the answer is lost
+				return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
+			case "2": // runs at the backend with records; its answer is lost
+				heldAt2.Store(ledgerRef.Load().Snapshot().Held)
+				_, _ = handler(ctx, req)
+				offsetNs.Store(int64(2 * time.Minute)) // the recordless mark lapses
+				return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
+			}
+		}
+		return handler(ctx, req)
+	})
+	svc := &testsvc.Service{}
+	svc.PutFunc = func(context.Context, *testingv1.PutRequest) (*testingv1.PutResponse, error) {
+		return &testingv1.PutResponse{}, nil
+	}
+	end := recordedServer(t, svc, memoryStore(t), outer)
+	conn := end.DialT(t, interceptor.DialOptions(
+		interceptor.WithClientClock(clock),
+		interceptor.WithoutRetryBudget(),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+	)...)
+	ctx, err := interceptor.StartAttempt(t.Context(), 6, 20*time.Minute)
+	require.NoError(t, err)
+	l, _ := budget.FromContext(ctx)
+	ledgerRef.Store(l)
+	_, err = testingv1.NewTestServiceClient(conn).Put(ctx, &testingv1.PutRequest{Key: "k"})
+	ledger, _ := budget.FromContext(ctx)
+	snap := ledger.Snapshot()
+	t.Logf("err=%v queries=%d ledger=%+v", err, queries.Load(), snap)
+	require.Equal(t, int64(2), queries.Load(), "precondition: the second query found the record")
+	require.NotZero(t, heldAt2.Load(), "precondition: try 1's grant was held when try 2 arrived")
+	require.NotZero(t, snap.Held+snap.Spent,
+		"try 1 ran at a backend without records and its answer was lost: its grant stays held, not freed by another store's record")
+}

@@ -258,3 +258,77 @@ func TestCorruptTombstoneBallotIsAnError(t *testing.T) {
 	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
 	require.False(t, err == nil && res.Started, "the late try 1 started over a tombstone whose ballot reads 0")
 }
+
+// Every record two servers whose clocks differ by up to the skew write, in
+// any order, with clocks stepping back between calls, stays readable:
+// load()'s checks of exp, fen and lease (TestCorruptExpiryIsNotReadAsAbsent,
+// TestCorruptTombstoneBallotIsAnError) must never call one corrupt, which
+// would fail every later call of its key (written by the review of those
+// checks, which found none).
+func TestSkewedServersWriteNoCorruptRecord(t *testing.T) {
+	policies := map[string]idempotency.Policy{
+		"suite": storetest.Policy(),
+		"tiny":  {Skew: 500 * time.Millisecond, Grace: 0, MaxAttemptDeadline: time.Millisecond, TTL: 560 * time.Millisecond},
+		"nograce-1ms": {Skew: 500 * time.Millisecond, Grace: 0, MaxAttemptDeadline: time.Millisecond,
+			TTL: 600 * time.Millisecond},
+	}
+	for name, p := range policies {
+		for _, off := range []time.Duration{p.Skew, -p.Skew} {
+			for _, back := range []time.Duration{0, p.Skew} {
+				back := back
+				t.Run(name+"/"+off.String()+"/back"+back.String(), func(t *testing.T) {
+					ctx := context.Background()
+					c, prefix := newClient(t)
+					base := time.Now()
+					cb := storetest.NewClock(base)
+					ca := storetest.NewClock(base.Add(off))
+					a := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(ca))
+					b := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(cb))
+					first := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(base), Call: "0", Method: "/x.Y/Z"}
+					_, err := b.Get(ctx, first) // the horizon starts
+					require.NoError(t, err)
+					k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(base.Add(p.Skew + 40*time.Millisecond)), Call: "0", Method: "/x.Y/Z"}
+					adv := func(d time.Duration) { ca.Advance(d); cb.Advance(d) }
+					adv(40 * time.Millisecond)
+					if off < 0 {
+						adv(-off)
+						back = 0 // a clock behind by the skew stepping back leaves the skew
+					}
+					check := func(step string) {
+						for _, s := range []*redisstore.Store{a, b} {
+							_, err := s.Get(ctx, k)
+							require.NoError(t, err, step)
+						}
+					}
+					res, err := a.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: ca.Now().Add(time.Millisecond)})
+					require.NoError(t, err)
+					require.True(t, res.Started, "%+v", res)
+					ca.Advance(-back) // the clock steps back between Begin and Finish
+					require.NoError(t, a.Finish(ctx, idempotency.FinishRequest{Key: k, Try: 1, State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED}))
+					check("after FENCED finish")
+
+					_, err = b.Fence(ctx, k, 2)
+					require.NoError(t, err)
+					check("after fence over tombstone")
+					res, err = b.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 3, Deadline: cb.Now().Add(time.Millisecond)})
+					require.NoError(t, err)
+					require.True(t, res.Started, "%+v", res)
+					check("after begin over tombstone")
+					require.NoError(t, b.Finish(ctx, idempotency.FinishRequest{Key: k, Try: 3, State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED}))
+					check("after finish")
+					// A fence-made tombstone, then a begin over it from the other server.
+					k2 := idempotency.Key{Tenant: "acme", AttemptID: k.AttemptID, Call: "1", Method: "/x.Y/Z"}
+					_, err = a.Fence(ctx, k2, 1)
+					require.NoError(t, err)
+					_, err = b.Fence(ctx, k2, 2)
+					require.NoError(t, err)
+					res, err = b.Begin(ctx, idempotency.BeginRequest{Key: k2, Try: 3, Deadline: cb.Now().Add(time.Millisecond)})
+					require.NoError(t, err)
+					require.True(t, res.Started, "%+v", res)
+					_, err = a.Get(ctx, k2)
+					require.NoError(t, err)
+				})
+			}
+		}
+	}
+}
