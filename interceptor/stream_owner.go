@@ -745,7 +745,7 @@ func (cs *clientStream) committedResult(n uint32, err error, o status.Outcome) e
 		return res
 	}
 	if status.OutcomeOf(res).Kind == status.KindNotAdmitted && !cs.header && !cs.message {
-		return res // fenced: no try ran; what was sent cannot be replayed
+		return w.conclude(n, res) // fenced: no try ran here (UNKNOWN when a try repeated unqueried may have); what was sent cannot be replayed
 	}
 	if status.OutcomeOf(res).Kind == status.KindNotAdmitted {
 		return status.OutcomeUnknown(err, status.WithAttempt(w.cl.s.ID, w.cl.key, n),
