@@ -78,6 +78,8 @@ type call struct {
 	// verifying is set while prepare readies a unary call's verifying try
 	// (owner.verifyTry).
 	verifying bool
+	// start is when the call began, in Unix ns (owner.unvouched).
+	start int64
 }
 
 // repeatTry is the storage of a repeat's try and its context base: one
@@ -105,7 +107,7 @@ func (c *deliveryCtx) Value(key any) any {
 // or a new attempt minted here at now, with its key.
 func (c *client) newCall(ctx context.Context, cc *grpc.ClientConn, method string, now time.Time) (*call, error) {
 	info := methodinfo.Of(method)
-	cl := &call{s: attemptFrom(ctx), info: info, method: method, seen: c.seenFor(cc)}
+	cl := &call{s: attemptFrom(ctx), info: info, method: method, seen: c.seenFor(cc), start: now.UnixNano()}
 	if cl.s == nil {
 		if err := cl.minted.initOrigin(ctx, now, c.cfg.allowance, c.cfg.attemptTimeout); err != nil {
 			return nil, err

@@ -91,6 +91,15 @@ func (c *client) recordless(t *target) bool {
 	return !until.IsZero() && c.cfg.now().Before(until)
 }
 
+// recordlessSince reports whether t was marked as keeping no records at any
+// time after since (its mark lasts until recordlessUntil).
+func (c *client) recordlessSince(t *target, since time.Time) bool {
+	c.targets.mu.Lock()
+	until := t.recordlessUntil
+	c.targets.mu.Unlock()
+	return until.After(since)
+}
+
 func (c *client) setRecordless(t *target) {
 	until := c.cfg.now().Add(recordlessFor)
 	c.targets.mu.Lock()
@@ -668,7 +677,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 			// kept, and spent the grant it held: neither its doubt nor its
 			// grant is settled by this tombstone.
 			w.reconcile(rec)
-			w.doubt = w.unqueried
+			w.doubt = w.unvouched()
 			f := min(rec.GetFencedThroughTry(), header.MaxTry)
 			return max(f, n) + 1, status.NotAdmitted(status.ReasonAttemptFenced, status.Fields{
 				AttemptID: s.ID, Call: w.cl.key, Try: n, FencedThroughTry: f,
@@ -750,12 +759,21 @@ func isOnFinish(o grpc.CallOption) bool {
 	return ok
 }
 
+// unvouched reports whether a record of the call's target may not speak for
+// every try of the call: a try was repeated without the query, or the
+// target was marked as keeping no records while the call ran, so a try
+// sent then may have reached a backend without a store (a rolling deploy
+// that adds one), which no record of another backend's store covers.
+func (w *owner) unvouched() bool {
+	return w.unqueried || w.c.recordlessSince(w.tgt, time.Unix(0, w.cl.start))
+}
+
 // reconcile settles the call's held grants from a finished record.
 func (w *owner) reconcile(rec *tollgatev1.AttemptRecord) {
-	if w.unqueried {
-		// A try repeated without the query may have run where no record
-		// is kept, and spent its grant below: this record does not count
-		// it, so no grant is settled from it (the safe side).
+	if w.unvouched() {
+		// A try may have run where no record is kept, and spent its grant
+		// below: this record does not count it, so no grant is settled
+		// from it (the safe side).
 		return
 	}
 	switch rec.GetState() {

@@ -1749,3 +1749,67 @@ func TestRecordlessRepeatThenFinishedRecordKeepsGrantHeld(t *testing.T) {
 	require.NotZero(t, snap.Held+snap.Spent,
 		"try 1 ran at a backend without records and its answer was lost: its grant stays held, not freed by another store's record")
 }
+
+// A try sent while the target was marked recordless may have gone to the
+// store-less backend; if the mark lapses before the try's answer is lost,
+// the owner queries, and a fence from the backend with a store vouches only
+// for what that store saw. A review found that the call then ended
+// NOT_ADMITTED although its first try took effect: a record now speaks for
+// a call only when its target was not marked recordless while it ran.
+func TestTrySentWhileRecordlessThenFenceElsewhereStaysUnknown(t *testing.T) {
+	var (
+		effects  atomic.Int64
+		queries  atomic.Int64
+		offsetNs atomic.Int64
+		kTries   atomic.Int64
+	)
+	clock := func() time.Time { return time.Now().Add(time.Duration(offsetNs.Load())) }
+	outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		switch {
+		case strings.HasSuffix(info.FullMethod, "/FenceAttempt"):
+			if queries.Add(1) == 1 {
+				return nil, grpcstatus.Error(codes.Unimplemented, "no records") // the store-less backend
+			}
+		case strings.HasSuffix(info.FullMethod, "/Put"):
+			r := req.(*testingv1.PutRequest)
+			if r.GetKey() == "warm" && queries.Load() == 0 {
+				return nil, grpcstatus.Error(codes.Unavailable, "connection reset") // marks the target recordless
+			}
+			if r.GetKey() == "k" {
+				switch kTries.Add(1) {
+				case 1: // sent while the mark held; the store-less backend runs it, the answer is lost late
+					effects.Add(1)
+					offsetNs.Store(int64(2 * time.Minute)) // the recordless mark lapses meanwhile
+					return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
+				default: // refused before anything ran
+					return nil, status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Millisecond))
+				}
+			}
+		}
+		return handler(ctx, req)
+	})
+	svc := &testsvc.Service{}
+	svc.PutFunc = func(_ context.Context, r *testingv1.PutRequest) (*testingv1.PutResponse, error) {
+		if r.GetKey() == "k" {
+			effects.Add(1)
+		}
+		return &testingv1.PutResponse{}, nil
+	}
+	end := recordedServer(t, svc, memoryStore(t), outer)
+	conn := end.DialT(t, interceptor.DialOptions(
+		interceptor.WithClientClock(clock),
+		interceptor.WithoutRetryBudget(),
+		interceptor.WithAttemptTimeout(10*time.Minute),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+	)...)
+	cli := testingv1.NewTestServiceClient(conn)
+	_, err := cli.Put(t.Context(), &testingv1.PutRequest{Key: "warm"})
+	require.NoError(t, err, "precondition: the warm-up call repeated without the query")
+	require.Equal(t, int64(1), queries.Load(), "precondition: the target is marked recordless")
+	_, err = cli.Put(t.Context(), &testingv1.PutRequest{Key: "k"})
+	t.Logf("queries %d, tries %d, err %v", queries.Load(), kTries.Load(), err)
+	require.Equal(t, int64(1), effects.Load(), "try 1 took effect")
+	require.Error(t, err)
+	require.NotEqual(t, status.KindNotAdmitted, status.OutcomeOf(err).Kind,
+		"a try sent while the target was known recordless may have run where no record is kept: %v", err)
+}
