@@ -24,11 +24,7 @@ import (
 // the count instead.
 func TestOneOldStreamDoesNotStretchEveryUnaryWait(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
-	ctrl, err := admission.New(admission.WithClock(func() time.Time { return t0 }),
-		admission.WithClasses(admission.Class{Name: "work", Slots: 4, QueueItems: 8, ExpectedServiceTime: 10 * time.Millisecond}),
-		admission.WithDefaultClass("work"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ctrl.Close() })
+	ctrl := workController(t, t0, admission.Class{Slots: 4, QueueItems: 8, ExpectedServiceTime: 10 * time.Millisecond})
 	ctx := context.Background()
 	stream, err := ctrl.AdmitAt(ctx, admission.Request{Method: "/s.S/Watch", Size: -1, Stream: true, Deadline: t0.Add(24 * time.Hour)}, t0)
 	require.NoError(t, err)
@@ -80,12 +76,8 @@ func queuedOrRefused(t *testing.T, ctrl *admission.Controller, done chan error, 
 // in rounds) and refused it DEADLINE_UNREACHABLE.
 func TestTenantWaitWithAStreamAndAUnaryRunning(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
-	ctrl, err := admission.New(admission.WithClock(func() time.Time { return t0 }),
-		admission.WithClasses(admission.Class{Name: "work", Slots: 8, QueueItems: 8, TenantRunning: 2,
-			ExpectedServiceTime: 10 * time.Millisecond}),
-		admission.WithDefaultClass("work"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ctrl.Close() })
+	ctrl := workController(t, t0, admission.Class{Slots: 8, QueueItems: 8, TenantRunning: 2,
+		ExpectedServiceTime: 10 * time.Millisecond})
 	ctx := context.Background()
 	stream, err := ctrl.AdmitAt(ctx, admission.Request{Method: "/s.S/Watch", Tenant: "a", Size: -1, Stream: true, Deadline: t0.Add(24 * time.Hour)}, t0)
 	require.NoError(t, err)
@@ -125,11 +117,7 @@ func TestTenantWaitWithAStreamAndAUnaryRunning(t *testing.T) {
 // deadline.
 func TestAStreamEndsByItsDeadline(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
-	ctrl, err := admission.New(admission.WithClock(func() time.Time { return t0 }),
-		admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 8, ExpectedServiceTime: 10 * time.Millisecond}),
-		admission.WithDefaultClass("work"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ctrl.Close() })
+	ctrl := workController(t, t0, admission.Class{Slots: 1, QueueItems: 8, ExpectedServiceTime: 10 * time.Millisecond})
 	ctx := context.Background()
 	now := t0.Add(time.Hour)
 	stream, err := ctrl.AdmitAt(ctx, admission.Request{Method: "/s.S/Watch", Size: -1, Stream: true, Deadline: now.Add(time.Minute)}, t0)
@@ -185,12 +173,8 @@ func queueN(t *testing.T, ctrl *admission.Controller, tenant string, n int, now 
 // and a request 10 ms from a start was refused DEADLINE_UNREACHABLE.
 func TestSaturatedTenantsStreamKeepsItsQueueOutOfOthersWait(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
-	ctrl, err := admission.New(admission.WithClock(func() time.Time { return t0 }),
-		admission.WithClasses(admission.Class{Name: "work", Slots: 2, QueueItems: 16, TenantRunning: 1,
-			ExpectedServiceTime: 10 * time.Millisecond}),
-		admission.WithDefaultClass("work"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ctrl.Close() })
+	ctrl := workController(t, t0, admission.Class{Slots: 2, QueueItems: 16, TenantRunning: 1,
+		ExpectedServiceTime: 10 * time.Millisecond})
 	ctx := context.Background()
 	now := t0
 	stream, err := ctrl.AdmitAt(ctx, admission.Request{Method: "/s.S/Watch", Tenant: "a", Size: -1, Stream: true, Deadline: now.Add(24 * time.Hour)}, now)
@@ -264,11 +248,7 @@ func TestStreamsHoldingEverySlotDoNotSpreadTheQueueOverThem(t *testing.T) {
 // hour's wait.
 func TestStreamsAboveLoweredSlotsMustAllEnd(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
-	ctrl, err := admission.New(admission.WithClock(func() time.Time { return t0 }),
-		admission.WithClasses(admission.Class{Name: "work", Slots: 3, QueueItems: 8, ExpectedServiceTime: 10 * time.Millisecond}),
-		admission.WithDefaultClass("work"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ctrl.Close() })
+	ctrl := workController(t, t0, admission.Class{Slots: 3, QueueItems: 8, ExpectedServiceTime: 10 * time.Millisecond})
 	ctx := context.Background()
 	now := t0.Add(time.Hour)
 	for _, start := range []time.Time{t0, t0, now} {
@@ -276,7 +256,7 @@ func TestStreamsAboveLoweredSlotsMustAllEnd(t *testing.T) {
 		require.NoError(t, err)
 		defer p.Abandon()
 	}
-	_, err = ctrl.SetOverrideAt(ctx, admission.Override{Actor: "op", Reason: "test", TTL: time.Hour, Class: "work", Slots: 1}, now)
+	_, err := ctrl.SetOverrideAt(ctx, admission.Override{Actor: "op", Reason: "test", TTL: time.Hour, Class: "work", Slots: 1}, now)
 	require.NoError(t, err)
 	s, _ := ctrl.StatsAt(now).Class("work")
 	require.GreaterOrEqual(t, s.PredictedWait, 30*time.Minute,
@@ -292,12 +272,8 @@ func TestStreamsAboveLoweredSlotsMustAllEnd(t *testing.T) {
 func TestPlayOutLeavesASaturatedTenantsQueueOut(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
 	now := t0.Add(time.Hour)
-	ctrl, err := admission.New(admission.WithClock(func() time.Time { return now }),
-		admission.WithClasses(admission.Class{Name: "work", Slots: 2, QueueItems: 16, TenantRunning: 1,
-			ExpectedServiceTime: 10 * time.Millisecond}),
-		admission.WithDefaultClass("work"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ctrl.Close() })
+	ctrl := workController(t, now, admission.Class{Slots: 2, QueueItems: 16, TenantRunning: 1,
+		ExpectedServiceTime: 10 * time.Millisecond})
 	ctx := context.Background()
 	a, err := ctrl.AdmitAt(ctx, admission.Request{Method: "/s.S/Watch", Tenant: "a", Size: -1, Stream: true, Deadline: now.Add(24 * time.Hour)}, t0)
 	require.NoError(t, err)
@@ -356,4 +332,16 @@ func TestPlayOutRefusalAllocatesNoMoreThanUnary(t *testing.T) {
 	unary, stream := allocs(false), allocs(true)
 	t.Logf("allocations per refusal: unary on every slot %v, streams on every slot %v", unary, stream)
 	require.LessOrEqual(t, stream, unary, "a refusal where streams hold every slot allocates the play-out's slice")
+}
+
+// workController is a controller whose one class, "work", is class (its
+// name set here), on a test clock that stands at the time now points to.
+func workController(t *testing.T, now time.Time, class admission.Class) *admission.Controller {
+	t.Helper()
+	class.Name = "work"
+	ctrl, err := admission.New(admission.WithClock(func() time.Time { return now }),
+		admission.WithClasses(class), admission.WithDefaultClass("work"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	return ctrl
 }

@@ -1634,15 +1634,6 @@ func TestRecordlessRepeatThenFenceElsewhereStaysUnknown(t *testing.T) {
 		offsetNs atomic.Int64
 	)
 	clock := func() time.Time { return time.Now().Add(time.Duration(offsetNs.Load())) }
-	tryOf := func(ctx context.Context) string {
-		md, _ := metadata.FromIncomingContext(ctx)
-		for _, f := range strings.Split(strings.Join(md.Get("tollgate"), ""), ";") {
-			if v, ok := strings.CutPrefix(f, "t="); ok {
-				return v
-			}
-		}
-		return "1" // t is omitted on the first try
-	}
 	outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		switch {
 		case strings.HasSuffix(info.FullMethod, "/FenceAttempt"):
@@ -1651,7 +1642,7 @@ func TestRecordlessRepeatThenFenceElsewhereStaysUnknown(t *testing.T) {
 				return nil, grpcstatus.Error(codes.Unimplemented, "no records")
 			}
 		case strings.HasSuffix(info.FullMethod, "/Put"):
-			switch tryOf(ctx) {
+			switch headerTry(ctx) {
 			case "1": // the store-less backend runs it; the answer is lost
 				effects.Add(1)
 				return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
@@ -1698,15 +1689,6 @@ func TestRecordlessRepeatThenFinishedRecordKeepsGrantHeld(t *testing.T) {
 		heldAt2   atomic.Int64
 	)
 	clock := func() time.Time { return time.Now().Add(time.Duration(offsetNs.Load())) }
-	tryOf := func(ctx context.Context) string {
-		md, _ := metadata.FromIncomingContext(ctx)
-		for _, f := range strings.Split(strings.Join(md.Get("tollgate"), ""), ";") {
-			if v, ok := strings.CutPrefix(f, "t="); ok {
-				return v
-			}
-		}
-		return "1"
-	}
 	outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		switch {
 		case strings.HasSuffix(info.FullMethod, "/FenceAttempt"):
@@ -1714,7 +1696,7 @@ func TestRecordlessRepeatThenFinishedRecordKeepsGrantHeld(t *testing.T) {
 				return nil, grpcstatus.Error(codes.Unimplemented, "no records")
 			}
 		case strings.HasSuffix(info.FullMethod, "/Put"):
-			switch tryOf(ctx) {
+			switch headerTry(ctx) {
 			case "1": // the store-less backend runs it (and spends below); the answer is lost
 				return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
 			case "2": // runs at the backend with records; its answer is lost
@@ -1812,4 +1794,16 @@ func TestTrySentWhileRecordlessThenFenceElsewhereStaysUnknown(t *testing.T) {
 	require.Error(t, err)
 	require.NotEqual(t, status.KindNotAdmitted, status.OutcomeOf(err).Kind,
 		"a try sent while the target was known recordless may have run where no record is kept: %v", err)
+}
+
+// headerTry is the try a request's tollgate header names, as a server sees
+// it ("1" when the header omits t, as a first try's does).
+func headerTry(ctx context.Context) string {
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, f := range strings.Split(strings.Join(md.Get("tollgate"), ""), ";") {
+		if v, ok := strings.CutPrefix(f, "t="); ok {
+			return v
+		}
+	}
+	return "1"
 }
