@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tollgate-go/tollgate/budget"
@@ -38,6 +39,9 @@ type target struct {
 	// a store; one backend lacks it), so the answer is kept only for
 	// recordlessFor.
 	recordlessUntil time.Time
+	// marks counts the times it was marked so (setRecordless), so that a
+	// call can tell, whatever the clock does, that a mark came while it ran.
+	marks atomic.Uint64
 }
 
 // recordlessFor is how long a target that answered a query UNIMPLEMENTED
@@ -91,20 +95,12 @@ func (c *client) recordless(t *target) bool {
 	return !until.IsZero() && c.cfg.now().Before(until)
 }
 
-// recordlessSince reports whether t was marked as keeping no records at any
-// time after since (its mark lasts until recordlessUntil).
-func (c *client) recordlessSince(t *target, since time.Time) bool {
-	c.targets.mu.Lock()
-	until := t.recordlessUntil
-	c.targets.mu.Unlock()
-	return until.After(since)
-}
-
 func (c *client) setRecordless(t *target) {
 	until := c.cfg.now().Add(recordlessFor)
 	c.targets.mu.Lock()
 	t.recordlessUntil = until
 	c.targets.mu.Unlock()
+	t.marks.Add(1)
 }
 
 func (c *client) policy(method string) *RetryPolicy {
@@ -676,8 +672,15 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 			// try repeated without the query may have run where none are
 			// kept, and spent the grant it held: neither its doubt nor its
 			// grant is settled by this tombstone.
+			unvouched := w.unvouched()
+			if unvouched && w.cl.info.Level != methodinfo.Idempotent {
+				// The fence vouches only for its own store: a try of a
+				// method with side effects may have run at a backend that
+				// keeps none, and is not repeated.
+				return 0, unknown("interceptor: the try was fenced where records are kept, but its target keeps none at some backends"), true
+			}
 			w.reconcile(rec)
-			w.doubt = w.unvouched()
+			w.doubt = unvouched
 			f := min(rec.GetFencedThroughTry(), header.MaxTry)
 			return max(f, n) + 1, status.NotAdmitted(status.ReasonAttemptFenced, status.Fields{
 				AttemptID: s.ID, Call: w.cl.key, Try: n, FencedThroughTry: f,
@@ -765,7 +768,7 @@ func isOnFinish(o grpc.CallOption) bool {
 // sent then may have reached a backend without a store (a rolling deploy
 // that adds one), which no record of another backend's store covers.
 func (w *owner) unvouched() bool {
-	return w.unqueried || w.c.recordlessSince(w.tgt, time.Unix(0, w.cl.start))
+	return w.unqueried || w.cl.startRecordless || w.tgt.marks.Load() != w.cl.marks
 }
 
 // reconcile settles the call's held grants from a finished record.

@@ -1807,3 +1807,102 @@ func headerTry(ctx context.Context) string {
 	}
 	return "1"
 }
+
+// When the owner knows a FENCED answer does not vouch for the call
+// (unvouched), a review found that it still repeated a method with side
+// effects that is not IDEMPOTENT: try 1 ran at the store-less backend, the
+// fence came from the store backend, and try 2 ran the handler again. The
+// call now ends UNKNOWN there.
+func TestUnvouchedFenceDoesNotRepeatAMethodWithSideEffects(t *testing.T) {
+	var effects, queries, kTries atomic.Int64
+	outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		switch {
+		case strings.HasSuffix(info.FullMethod, "/FenceAttempt"):
+			if queries.Add(1) == 1 {
+				return nil, grpcstatus.Error(codes.Unimplemented, "no records") // the store-less backend
+			}
+		case strings.HasSuffix(info.FullMethod, "/Apply"):
+			r := req.(*testingv1.ApplyRequest)
+			if r.GetKey() == "warm" {
+				return nil, grpcstatus.Error(codes.Unavailable, "connection reset") // its query marks the target recordless
+			}
+			if r.GetKey() == "k" && kTries.Add(1) == 1 {
+				effects.Add(1) // the store-less backend ran it; the answer is lost
+				return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
+			}
+		}
+		return handler(ctx, req)
+	})
+	svc := &testsvc.Service{ApplyFunc: func(_ context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		if r.GetKey() == "k" {
+			effects.Add(1)
+		}
+		return &testingv1.ApplyResponse{}, nil
+	}}
+	end := recordedServer(t, svc, memoryStore(t), outer)
+	conn := end.DialT(t, interceptor.DialOptions(
+		interceptor.WithoutRetryBudget(),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+	)...)
+	cli := testingv1.NewTestServiceClient(conn)
+	_, err := cli.Apply(t.Context(), &testingv1.ApplyRequest{Key: "warm"})
+	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "precondition: %v", err)
+	require.Equal(t, int64(1), queries.Load(), "precondition: the target is marked recordless")
+	_, err = cli.Apply(t.Context(), &testingv1.ApplyRequest{Key: "k"})
+	t.Logf("queries %d, tries %d, err %v", queries.Load(), kTries.Load(), err)
+	require.Equal(t, int64(1), effects.Load(),
+		"a fence the owner knows does not vouch for try 1 must not repeat a method with side effects")
+}
+
+// A review found the recordless mark compared with the call's start on the
+// client clock: a clock that stepped back more than recordlessFor during
+// the call set a mark that ended before the call began, and a try sent
+// while that mark held was vouched for by another store's fence. Marks are
+// now counted, whatever the clock does.
+func TestClockStepBackDoesNotHideAMarkDuringTheCall(t *testing.T) {
+	var effects, queries, kTries, offsetNs atomic.Int64
+	clock := func() time.Time { return time.Now().Add(time.Duration(offsetNs.Load())) }
+	var cli testingv1.TestServiceClient
+	outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		switch {
+		case strings.HasSuffix(info.FullMethod, "/FenceAttempt"):
+			if queries.Add(1) == 1 {
+				return nil, grpcstatus.Error(codes.Unimplemented, "no records")
+			}
+		case strings.HasSuffix(info.FullMethod, "/Apply"):
+			return nil, grpcstatus.Error(codes.Unavailable, "connection reset") // its query marks the target
+		case strings.HasSuffix(info.FullMethod, "/Put"):
+			if req.(*testingv1.PutRequest).GetKey() != "k" {
+				break
+			}
+			switch kTries.Add(1) {
+			case 1: // refused before anything ran; meanwhile the clock steps back and another call marks the target
+				offsetNs.Store(int64(-5 * time.Minute))
+				_, _ = cli.Apply(context.Background(), &testingv1.ApplyRequest{Key: "mark"})
+				return nil, status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Millisecond))
+			case 2: // sent while the mark held; the store-less backend runs it; the mark lapses before the answer is lost
+				effects.Add(1)
+				offsetNs.Store(int64(-3 * time.Minute))
+				return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
+			default:
+				return nil, status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Millisecond))
+			}
+		}
+		return handler(ctx, req)
+	})
+	svc := &testsvc.Service{}
+	end := recordedServer(t, svc, memoryStore(t), outer)
+	conn := end.DialT(t, interceptor.DialOptions(
+		interceptor.WithClientClock(clock),
+		interceptor.WithoutRetryBudget(),
+		interceptor.WithAttemptTimeout(10*time.Minute),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 4, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+	)...)
+	cli = testingv1.NewTestServiceClient(conn)
+	_, err := cli.Put(t.Context(), &testingv1.PutRequest{Key: "k"})
+	t.Logf("queries %d, tries %d, err %v", queries.Load(), kTries.Load(), err)
+	require.Equal(t, int64(2), queries.Load(), "precondition: one query marked the target, one fenced try 2")
+	require.Equal(t, int64(1), effects.Load())
+	require.NotEqual(t, status.KindNotAdmitted, status.OutcomeOf(err).Kind,
+		"try 2 was sent while the target was marked recordless: %v", err)
+}
