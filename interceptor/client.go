@@ -78,8 +78,10 @@ type call struct {
 	// verifying is set while prepare readies a unary call's verifying try
 	// (owner.verifyTry).
 	verifying bool
-	// marks is its target's count of recordless marks when the call
-	// began, and startRecordless whether one held then (owner.unvouched).
+	// tgt is the call's target; marks is its count of recordless marks
+	// when the call began, and startRecordless whether one held then
+	// (owner.unvouched).
+	tgt             *target
 	marks           uint64
 	startRecordless bool
 }
@@ -109,12 +111,9 @@ func (c *deliveryCtx) Value(key any) any {
 // or a new attempt minted here at now, with its key.
 func (c *client) newCall(ctx context.Context, cc *grpc.ClientConn, method string, now time.Time) (*call, error) {
 	info := methodinfo.Of(method)
-	cl := &call{s: attemptFrom(ctx), info: info, method: method, seen: c.seenFor(cc)}
-	if t := c.target(cc); t != nil {
-		// Lock-free for a target never marked, the common case.
-		if cl.marks = t.marks.Load(); cl.marks > 0 {
-			cl.startRecordless = c.recordless(t)
-		}
+	cl := &call{s: attemptFrom(ctx), info: info, method: method, seen: c.seenFor(cc), tgt: c.target(cc)}
+	if cl.marks = cl.tgt.marks.Load(); cl.marks > 0 {
+		cl.startRecordless = c.recordless(cl.tgt)
 	}
 	if cl.s == nil {
 		if err := cl.minted.initOrigin(ctx, now, c.cfg.allowance, c.cfg.attemptTimeout); err != nil {

@@ -34,11 +34,11 @@ type targets struct {
 type target struct {
 	budget *budget.RetryBudget // nil: no budget
 	// recordlessUntil is when the target's answer that it keeps no
-	// records (its query was UNIMPLEMENTED) is next doubted; guarded by
-	// targets.mu. Servers behind one target change (a rolling deploy adds
-	// a store; one backend lacks it), so the answer is kept only for
-	// recordlessFor.
-	recordlessUntil time.Time
+	// records (its query was UNIMPLEMENTED) is next doubted, in Unix ns of
+	// the client's clock (0: never). Servers behind one target change (a
+	// rolling deploy adds a store; one backend lacks it), so the answer is
+	// kept only for recordlessFor.
+	recordlessUntil atomic.Int64
 	// marks counts the times it was marked so (setRecordless), so that a
 	// call can tell, whatever the clock does, that a mark came while it ran.
 	marks atomic.Uint64
@@ -89,17 +89,14 @@ func (c *client) targetOf(name string) *target {
 }
 
 func (c *client) recordless(t *target) bool {
-	c.targets.mu.Lock()
-	until := t.recordlessUntil
-	c.targets.mu.Unlock()
-	return !until.IsZero() && c.cfg.now().Before(until)
+	until := t.recordlessUntil.Load()
+	return until != 0 && c.cfg.now().UnixNano() < until
 }
 
+// setRecordless marks t as keeping no records for recordlessFor; the mark
+// is stored before it is counted, so a call that sees the count sees it.
 func (c *client) setRecordless(t *target) {
-	until := c.cfg.now().Add(recordlessFor)
-	c.targets.mu.Lock()
-	t.recordlessUntil = until
-	c.targets.mu.Unlock()
+	t.recordlessUntil.Store(c.cfg.now().Add(recordlessFor).UnixNano())
 	t.marks.Add(1)
 }
 
@@ -184,7 +181,7 @@ func (c *client) unary(ctx context.Context, method string, req, reply any, cc *g
 	_, named := ctx.Value(callNameKey{}).(string)
 	w := &cl.w
 	*w = owner{c: c, cl: cl, p: c.policy(method),
-		tgt: c.target(cc), cc: cc, invoker: invoker, explicit: named}
+		tgt: cl.tgt, cc: cc, invoker: invoker, explicit: named}
 	w.loans = w.loanBuf[:0]
 	ctx, span := c.startSpan(ctx, cl.s, cl.key)
 	ended := false
@@ -650,6 +647,11 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 				if w.committed {
 					return 0, unknown("interceptor: the record under the call's explicit key may be another request's, and the stream can no longer be repeated to ask"), true
 				}
+				if w.unvouched() && w.rerunHarms() {
+					// The verifying try may reach a backend that keeps no
+					// records, which would run the handler again.
+					return 0, unknown("interceptor: the record under the call's explicit key may be another request's, and its target keeps none at some backends, so no try may ask"), true
+				}
 				w.verify = true
 				w.verifyUntil = s.deadlineIn(ctx).Add(c.cfg.grace)
 				return n + 1, last, false
@@ -673,7 +675,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 			// kept, and spent the grant it held: neither its doubt nor its
 			// grant is settled by this tombstone.
 			unvouched := w.unvouched()
-			if unvouched && w.cl.info.Level != methodinfo.Idempotent {
+			if unvouched && w.rerunHarms() {
 				// The fence vouches only for its own store: a try of a
 				// method with side effects may have run at a backend that
 				// keeps none, and is not repeated.
@@ -760,6 +762,13 @@ func withoutOnFinish(opts []grpc.CallOption) ([]grpc.CallOption, []func(error)) 
 func isOnFinish(o grpc.CallOption) bool {
 	_, ok := o.(grpc.OnFinishCallOption)
 	return ok
+}
+
+// rerunHarms reports whether running the call's handler again may do harm:
+// its method is declared neither IDEMPOTENT nor NO_SIDE_EFFECTS.
+func (w *owner) rerunHarms() bool {
+	l := w.cl.info.Level
+	return l != methodinfo.Idempotent && l != methodinfo.NoSideEffects
 }
 
 // unvouched reports whether a record of the call's target may not speak for

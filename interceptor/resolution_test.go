@@ -1852,6 +1852,9 @@ func TestUnvouchedFenceDoesNotRepeatAMethodWithSideEffects(t *testing.T) {
 	t.Logf("queries %d, tries %d, err %v", queries.Load(), kTries.Load(), err)
 	require.Equal(t, int64(1), effects.Load(),
 		"a fence the owner knows does not vouch for try 1 must not repeat a method with side effects")
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindUnknown, o.Kind, "%v", err)
+	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
 }
 
 // A review found the recordless mark compared with the call's start on the
@@ -1905,4 +1908,59 @@ func TestClockStepBackDoesNotHideAMarkDuringTheCall(t *testing.T) {
 	require.Equal(t, int64(1), effects.Load())
 	require.NotEqual(t, status.KindNotAdmitted, status.OutcomeOf(err).Kind,
 		"try 2 was sent while the target was marked recordless: %v", err)
+}
+
+// A call keyed explicitly whose lost try the store backend recorded
+// SUCCEEDED sends a verifying try. While its target is known to mix
+// backends with and without a store (unvouched), that try may reach the
+// store-less backend, which runs the handler again: a review found that the
+// verify path repeated a method with side effects there; it now ends the
+// call UNKNOWN, as the fence path does.
+func TestUnvouchedVerifyingTryDoesNotRerunAMethodWithSideEffects(t *testing.T) {
+	var effects, queries, kTries atomic.Int64
+	outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		switch {
+		case strings.HasSuffix(info.FullMethod, "/FenceAttempt"):
+			if queries.Add(1) == 1 {
+				return nil, grpcstatus.Error(codes.Unimplemented, "no records") // the store-less backend
+			}
+		case strings.HasSuffix(info.FullMethod, "/Apply"):
+			r := req.(*testingv1.ApplyRequest)
+			if r.GetKey() == "warm" {
+				return nil, grpcstatus.Error(codes.Unavailable, "connection reset") // its query marks the target recordless
+			}
+			if r.GetKey() == "k" {
+				switch kTries.Add(1) {
+				case 1: // the store backend runs and records it; the answer is lost
+					_, _ = handler(ctx, req)
+					return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
+				default: // the verifying try reaches the store-less backend
+					effects.Add(1)
+					return &testingv1.ApplyResponse{}, nil
+				}
+			}
+		}
+		return handler(ctx, req)
+	})
+	svc := &testsvc.Service{ApplyFunc: func(_ context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		if r.GetKey() == "k" {
+			effects.Add(1)
+		}
+		return &testingv1.ApplyResponse{}, nil
+	}}
+	end := recordedServer(t, svc, memoryStore(t), outer)
+	conn := end.DialT(t, interceptor.DialOptions(
+		interceptor.WithoutRetryBudget(),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+	)...)
+	cli := testingv1.NewTestServiceClient(conn)
+	_, err := cli.Apply(t.Context(), &testingv1.ApplyRequest{Key: "warm"})
+	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "precondition: %v", err)
+	require.Equal(t, int64(1), queries.Load(), "precondition: the target is marked recordless")
+	_, err = cli.Apply(interceptor.WithCallKey(t.Context(), "pay"), &testingv1.ApplyRequest{Key: "k"})
+	t.Logf("queries %d, tries %d, err %v", queries.Load(), kTries.Load(), err)
+	require.Equal(t, int64(2), queries.Load(), "precondition: try 1 was resolved at the store backend")
+	require.Equal(t, int64(1), effects.Load(),
+		"the record of the store backend does not vouch for the target: a verifying try must not run the handler again")
+	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
 }

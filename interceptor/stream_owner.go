@@ -86,7 +86,7 @@ func newClientStream(ctx context.Context, c *client, cl *call, desc *grpc.Stream
 		ownCodec:      ownCodec(opts),
 	}
 	cs.p.PerTryTimeout = math.MaxInt64 // each try may last until the deadline
-	cs.w = &owner{c: c, cl: cl, p: &cs.p, tgt: c.target(cc), cc: cc,
+	cs.w = &owner{c: c, cl: cl, p: &cs.p, tgt: cl.tgt, cc: cc,
 		invoker: streamInvoker(streamer), explicit: named, callOpts: opts}
 	cs.cond.L = &cs.mu
 	return cs
