@@ -163,6 +163,8 @@ type server struct {
 	mu       sync.Mutex
 	cond     *sync.Cond
 	decided  int                       // arrivals admitted, queued or refused
+	admitted int                       // arrivals admitted to a slot
+	entered  int                       // admitted arrivals whose task has begun
 	taken    map[string]int            // class → arrivals admitted or queued
 	refused  map[string]map[string]int // class → reason → count
 	accepted map[string]int            // class → tasks that ran
@@ -197,6 +199,9 @@ func (s *server) observe(e admission.Event) {
 	case admission.EventAdmitted, admission.EventQueued, admission.EventRefused:
 		s.mu.Lock()
 		s.decided++
+		if e.Kind == admission.EventAdmitted {
+			s.admitted++
+		}
 		if e.Kind != admission.EventRefused {
 			s.taken[e.Class]++
 		}
@@ -208,7 +213,9 @@ func (s *server) observe(e admission.Event) {
 func (s *server) awaitDecided(ctx context.Context, n int) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for s.decided < n {
+	// Admitted is not yet running: wait until every admitted task has
+	// begun, so that opening a gate cannot end one before the last starts.
+	for s.decided < n || s.entered < s.admitted {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -271,6 +278,10 @@ func (s *server) task(ctx context.Context, class string, gate chan struct{}) (*e
 		raise(s.classMax[class], s.classRun[class].Add(1))
 		defer s.classRun[class].Add(-1)
 	}
+	s.mu.Lock()
+	s.entered++
+	s.cond.Broadcast()
+	s.mu.Unlock()
 	if class == controlClass && gate == nil {
 		arrived, _ := ctx.Value(startKey{}).(time.Time)
 		s.mu.Lock()
