@@ -162,7 +162,9 @@ func admissionStress(t *testing.T, outerRecovery bool) {
 		if !ok || a.Tenant != want {
 			mon.note("handler of %s runs for tenant %q, want %q", class, a.Tenant, want)
 		}
-		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < -5*time.Millisecond {
+		// A margin for the scheduler between the start and this line on a
+		// loaded machine: a handler started late by more is a defect.
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < -50*time.Millisecond {
 			mon.expired.Add(1)
 		}
 		done := mon.enter(class, a.Tenant)

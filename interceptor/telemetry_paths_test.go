@@ -151,6 +151,11 @@ func TestStreamSpansEndExactlyOnce(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	_, _ = cs.Recv()
 	_, _ = cs.Recv()
+	require.Eventually(t, func() bool { // every way a stream ends has ended its span
+		ec.mu.Lock()
+		defer ec.mu.Unlock()
+		return len(ec.ends) == 5
+	}, 2*time.Second, 10*time.Millisecond)
 	ec.check(t)
 	ec.mu.Lock()
 	require.Len(t, ec.ends, 5)
