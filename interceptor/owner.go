@@ -34,8 +34,10 @@ type targets struct {
 type target struct {
 	budget *budget.RetryBudget // nil: no budget
 	// recordlessUntil is when the target's answer that it keeps no
-	// records (its query was UNIMPLEMENTED) is next doubted, in Unix ns of
-	// the client's clock (0: never). Servers behind one target change (a
+	// records (its query was UNIMPLEMENTED) is next doubted, in ns since
+	// the client's epoch, on its monotonic clock when it has one (a
+	// wall-clock step must not end the mark early); read only once marks
+	// is above 0. Servers behind one target change (a
 	// rolling deploy adds a store; one backend lacks it), so the answer is
 	// kept only for recordlessFor.
 	recordlessUntil atomic.Int64
@@ -89,14 +91,16 @@ func (c *client) targetOf(name string) *target {
 }
 
 func (c *client) recordless(t *target) bool {
-	until := t.recordlessUntil.Load()
-	return until != 0 && c.cfg.now().UnixNano() < until
+	if t.marks.Load() == 0 {
+		return false // never marked
+	}
+	return int64(c.cfg.now().Sub(c.epoch)) < t.recordlessUntil.Load()
 }
 
 // setRecordless marks t as keeping no records for recordlessFor; the mark
 // is stored before it is counted, so a call that sees the count sees it.
 func (c *client) setRecordless(t *target) {
-	t.recordlessUntil.Store(c.cfg.now().Add(recordlessFor).UnixNano())
+	t.recordlessUntil.Store(int64(c.cfg.now().Sub(c.epoch) + recordlessFor))
 	t.marks.Add(1)
 }
 
