@@ -42,9 +42,6 @@ type client struct {
 	seenAdded atomic.Uint64
 	// policies are WithMethodRetry's policies, validated, by full method.
 	policies map[string]*RetryPolicy
-	// epoch anchors target.recordlessUntil, so that it is measured on the
-	// monotonic clock (time.Now's), which no wall-clock step moves.
-	epoch time.Time
 }
 
 // isControl reports whether method belongs to the control path (tollgate's

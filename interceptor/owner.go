@@ -34,13 +34,12 @@ type targets struct {
 type target struct {
 	budget *budget.RetryBudget // nil: no budget
 	// recordlessUntil is when the target's answer that it keeps no
-	// records (its query was UNIMPLEMENTED) is next doubted, in ns since
-	// the client's epoch, on its monotonic clock when it has one (a
-	// wall-clock step must not end the mark early); read only once marks
-	// is above 0. Servers behind one target change (a
-	// rolling deploy adds a store; one backend lacks it), so the answer is
-	// kept only for recordlessFor.
-	recordlessUntil atomic.Int64
+	// records (its query was UNIMPLEMENTED) is next doubted: a time of the
+	// client's clock, with time.Now's monotonic reading, so that no
+	// wall-clock step ends the mark early; nil until the first mark.
+	// Servers behind one target change (a rolling deploy adds a store; one
+	// backend lacks it), so the answer is kept only for recordlessFor.
+	recordlessUntil atomic.Pointer[time.Time]
 	// marks counts the times it was marked so (setRecordless), so that a
 	// call can tell, whatever the clock does, that a mark came while it ran.
 	marks atomic.Uint64
@@ -91,16 +90,15 @@ func (c *client) targetOf(name string) *target {
 }
 
 func (c *client) recordless(t *target) bool {
-	if t.marks.Load() == 0 {
-		return false // never marked
-	}
-	return int64(c.cfg.now().Sub(c.epoch)) < t.recordlessUntil.Load()
+	until := t.recordlessUntil.Load()
+	return until != nil && c.cfg.now().Before(*until)
 }
 
 // setRecordless marks t as keeping no records for recordlessFor; the mark
 // is stored before it is counted, so a call that sees the count sees it.
 func (c *client) setRecordless(t *target) {
-	t.recordlessUntil.Store(int64(c.cfg.now().Sub(c.epoch) + recordlessFor))
+	until := c.cfg.now().Add(recordlessFor)
+	t.recordlessUntil.Store(&until)
 	t.marks.Add(1)
 }
 

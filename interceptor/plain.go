@@ -43,7 +43,7 @@ func newClient(opts []ClientOption, statsInstalled bool) (*client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("interceptor: client telemetry: %w", err)
 	}
-	c := &client{cfg: cfg, tel: tel, statsInstalled: statsInstalled, policies: map[string]*RetryPolicy{}, epoch: cfg.now()}
+	c := &client{cfg: cfg, tel: tel, statsInstalled: statsInstalled, policies: map[string]*RetryPolicy{}}
 	for m, p := range cfg.methodRetry {
 		c.policies[m] = &p
 	}

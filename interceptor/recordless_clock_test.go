@@ -41,5 +41,21 @@ func TestRecordlessMarkSurvivesAWallClockStepForward(t *testing.T) {
 	c.setRecordless(tg)
 	now = wallStepped(base.Add(time.Second), 2*time.Minute)
 	require.Equal(t, time.Second, now.Sub(base), "precondition: one second elapsed")
+	require.Equal(t, 2*time.Minute+time.Second, now.Round(0).Sub(base.Round(0)),
+		"precondition: the wall clock stepped (time.Time's layout is as wallStepped writes it)")
 	require.True(t, c.recordless(tg), "the mark was set one second ago")
+}
+
+// A test clock that read the zero time when the client was built and a real
+// date later spans more than a Duration holds: a review found that a mark
+// kept as time elapsed since the client was built then wrapped negative and
+// never held. The mark is now a time of the client's clock.
+func TestRecordlessMarkHoldsFarFromTheEpoch(t *testing.T) {
+	var now time.Time
+	c, err := newClient([]ClientOption{withClientClock(func() time.Time { return now })}, false)
+	require.NoError(t, err)
+	tg := c.targetOf("x")
+	now = time.Unix(1_800_000_000, 0)
+	c.setRecordless(tg)
+	require.True(t, c.recordless(tg), "the mark was just set")
 }
