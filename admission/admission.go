@@ -1195,18 +1195,42 @@ func (c *Controller) tenantStartWaitLocked(cs *classState, tenant string, now ti
 	if len(rem) == 0 {
 		return 0
 	}
-	// The tenant's j queued requests start first, each on the first of its
+	// The tenant's queued requests start first, each on the first of its
 	// slots to free, and take the mean there; the new request starts on
 	// the first slot free after them. The remainders differ (a stream's is
 	// long), so the starts are played out rather than assumed in rounds.
 	slices.Sort(rem)
-	for range cs.tenants[tenant].queued {
-		rem[0] += mean
-		for k := 0; k+1 < len(rem) && rem[k] > rem[k+1]; k++ {
-			rem[k], rem[k+1] = rem[k+1], rem[k]
+	return time.Duration(nextStart(rem, cs.tenants[tenant].queued, mean))
+}
+
+// nextStart is when the (n+1)-th of requests that each take w start on
+// slots that free at the sorted times free (each slot taking one request
+// at a time from when it frees): the start of a request with n queued
+// ahead of it. It searches the time rather than stepping through the
+// queue, so it costs a pass over the slots per step of the search.
+func nextStart(free []float64, n int, w float64) float64 {
+	if n <= 0 || w <= 0 {
+		return free[0]
+	}
+	starts := func(at float64) int {
+		k := 0
+		for _, f := range free {
+			if at >= f {
+				k += int((at-f)/w) + 1
+			}
+		}
+		return k
+	}
+	lo, hi := free[0], free[0]+float64(n)*w // all on the first slot to free
+	for range 60 {
+		mid := (lo + hi) / 2
+		if starts(mid) >= n+1 {
+			hi = mid
+		} else {
+			lo = mid
 		}
 	}
-	return time.Duration(rem[0])
+	return hi
 }
 
 // countDropLocked counts the refusal of a waiter of cs in the class's stats
@@ -1319,14 +1343,14 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 				streams++
 			}
 			if tenants && p.tenant != "" {
-				if tc := cs.tenants[p.tenant]; tc.running >= limit && tc.queued > 0 {
+				if tc, ok := cs.saturated(p.tenant); ok {
 					heldQueued += float64(tc.work) / float64(tc.running)
 				}
 			}
 			continue
 		}
 		if tenants && p.tenant != "" {
-			if tc := cs.tenants[p.tenant]; tc.running >= limit && tc.queued > 0 {
+			if tc, ok := cs.saturated(p.tenant); ok {
 				heldRemaining += r
 				heldQueued += float64(tc.work) / float64(tc.running)
 				held++
@@ -1366,6 +1390,14 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 	return time.Duration((queued + remaining + heldRemaining) / float64(slots))
 }
 
+// saturated returns tenant's counts in cs and whether the tenant is
+// saturated: at its running limit with requests waiting, which can start
+// only as its own running requests end.
+func (cs *classState) saturated(tenant string) (tenantCount, bool) {
+	tc := cs.tenants[tenant]
+	return tc, tc.running >= cs.cfg.TenantRunning && tc.queued > 0
+}
+
 // playOutLocked is the wait of a request of cs when streams hold all its
 // slots (slots of them, fewer than the requests running on them when an
 // override or Recovering lowered them): the requests on its slots end one
@@ -1388,7 +1420,7 @@ func (c *Controller) playOutLocked(cs *classState, slots int, nowOff float64) ti
 			}
 			r := p.remaining(b.est.mean, nowOff)
 			if limit > 0 && b == cs && p.tenant != "" {
-				if tc := cs.tenants[p.tenant]; tc.running >= limit && tc.queued > 0 {
+				if tc, ok := cs.saturated(p.tenant); ok {
 					held = append(held, r)
 					heldWork += float64(tc.work) / float64(tc.running)
 					continue
@@ -1413,29 +1445,7 @@ func (c *Controller) playOutLocked(cs *classState, slots int, nowOff float64) ti
 	if n <= 0 || work <= 0 {
 		return time.Duration(free[0])
 	}
-	// The request is the (n+1)-th to start: the earliest time by which
-	// the slots, each taking one request of mean work w at a time from
-	// when it frees, have started n+1.
-	w := work / float64(n)
-	starts := func(at float64) int {
-		k := 0
-		for _, f := range free {
-			if at >= f {
-				k += int((at-f)/w) + 1
-			}
-		}
-		return k
-	}
-	lo, hi := free[0], free[0]+float64(n)*w // all on the first slot to free
-	for range 60 {
-		mid := (lo + hi) / 2
-		if starts(mid) >= n+1 {
-			hi = mid
-		} else {
-			lo = mid
-		}
-	}
-	return time.Duration(hi)
+	return time.Duration(nextStart(free, n, work/float64(n)))
 }
 
 // tenantNextLocked is how long until a tenant over its limits in cs is
