@@ -217,8 +217,8 @@ func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy
 		// A server that minted the attempt sealed its ledger when it
 		// answered: a goroutine that outlived its handler sends nothing
 		// more (DESIGN.md §3.3: later takes are refused).
-		snap := s.ledger.Snapshot()
-		if snap.Sealed || (n > 1 && !cl.verifying && snap.Total > 0 && snap.Spent >= snap.Total) {
+		// A verifying try is answered by the record and needs no unit.
+		if originRefuses(s.ledger.Snapshot(), n, cl.verifying) {
 			return nil, nil, c.exhausted(ctx, s, key, n)
 		}
 	} else {
@@ -311,9 +311,17 @@ func (c *client) exhausted(ctx context.Context, s *attemptState, key string, n u
 func unpayable(s *attemptState, n uint32) bool {
 	snap := s.ledger.Snapshot()
 	if s.Origin {
-		return snap.Sealed || (n > 1 && snap.Total > 0 && snap.Spent >= snap.Total)
+		return originRefuses(snap, n, false)
 	}
 	return snap.Sealed
+}
+
+// originRefuses reports whether an origin whose ledger snap shows refuses
+// its own try n (prepare): its ledger is sealed (a server that minted the
+// attempt answered), or n is a repeat, other than a verifying try, once a
+// non-zero allowance is all spent.
+func originRefuses(snap budget.Snapshot, n uint32, verifying bool) bool {
+	return snap.Sealed || (n > 1 && !verifying && snap.Total > 0 && snap.Spent >= snap.Total)
 }
 
 // finish ends try t with err: it settles the callee's grant as DESIGN.md
