@@ -162,7 +162,8 @@ func (c *client) startSpan(ctx context.Context, s *attemptState, key string) (co
 // try is one sending of a call: what was granted, how it ended.
 type try struct {
 	n        uint32
-	charged  bool // a unit was taken for it
+	charged  bool  // a unit was taken for it
+	held     int64 // units of its grant held when it ended (finish)
 	loan     *budget.Loan
 	delivery delivery
 	cancel   context.CancelFunc
@@ -206,7 +207,7 @@ func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy
 		r := new(repeatTry)
 		t, base = &r.t, &r.base
 	}
-	t.n, t.charged, t.loan = n, false, nil
+	t.n, t.charged, t.held, t.loan = n, false, 0, nil
 	t.delivery.reset(cl.method, c.statsInstalled, cl.seen)
 	if s.Origin {
 		// The origin's own tries are not charged; a repeat is pointless once
@@ -255,12 +256,20 @@ func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy
 	return tctx, t, nil
 }
 
-// spendEvent records try t's tollgate.allowance.spend event on the call's
-// span once finish knows whether its unit was spent: units 1 for a try
-// below the origin that may have reached its callee, 0 for the origin's
-// own tries and for a try that never left the client (its unit went back);
-// the grant it lent; and the units free once it ended.
-func spendEvent(span trace.Span, s *attemptState, t *try) {
+// spent records how try t spent once finish knows whether its unit was
+// spent: its tollgate.allowance.spend event on the call's span (units 1 for
+// a try below the origin that may have reached its callee, 0 for the
+// origin's own tries and for a try that never left the client, whose unit
+// went back; the grant it lent; and the units free once it ended), and the
+// metrics tollgate.allowance.spent (its unit) and tollgate.allowance.held
+// (the grant held because its ending proved nothing).
+func (c *client) spent(ctx context.Context, span trace.Span, s *attemptState, t *try) {
+	if t.charged {
+		c.tel.spent.Add(ctx, 1)
+	}
+	if t.held > 0 {
+		c.tel.held.Add(ctx, t.held)
+	}
 	if span.IsRecording() {
 		span.AddEvent(eventSpend, trace.WithAttributes(
 			attrTry.Int64(int64(t.n)), attrUnits.Int64(boolInt(t.charged)), attrGranted.Int64(t.loan.Units()),
@@ -340,7 +349,7 @@ func (c *client) finish(s *attemptState, key string, t *try, err error, local bo
 		return d
 	}
 	if t.delivery.reportedBadly() {
-		t.loan.Hold() // the callee reported, but what cannot be read
+		t.hold() // the callee reported, but what cannot be read
 		return d
 	}
 	switch d {
@@ -354,12 +363,20 @@ func (c *client) finish(s *attemptState, key string, t *try, err error, local bo
 		if !c.cfg.strict && spentNothing(err, s.ID, key, t.n) {
 			t.loan.Refund()
 		} else {
-			t.loan.Hold()
+			t.hold()
 		}
 	default:
-		t.loan.Hold()
+		t.hold()
 	}
 	return d
+}
+
+// hold holds t's grant, which its ending did not settle, and notes its
+// units for tollgate.allowance.held.
+func (t *try) hold() {
+	if t.loan.Hold() {
+		t.held = t.loan.Units()
+	}
 }
 
 // spentNothing reports whether a call that ended with the peer's status and

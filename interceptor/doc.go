@@ -176,6 +176,9 @@
 // admission.Controller.AdmitDecision) to the request's span when one is
 // recording (e.g. otelgrpc's); it starts no span of its own. Metrics:
 // tollgate.client.tries{outcome} (tries that may have been sent),
+// tollgate.allowance.spent (one unit per try below the origin that may have
+// reached its callee), tollgate.allowance.held (units of grants held on an
+// ending that proved nothing of what the callee spent),
 // tollgate.allowance.exhausted,
 // tollgate.retry_budget.exhausted, tollgate.metadata.malformed{trusted},
 // tollgate.deadline.misses{stage=arrival} (tries refused DEADLINE_EXPIRED

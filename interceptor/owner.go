@@ -248,7 +248,7 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		err = w.invoke(tctx, t, req, reply, opts)
 		d := c.finish(s, key, t, err, false)
 		releaseCtx()
-		spendEvent(trace.SpanFromContext(ctx), s, t)
+		c.spent(ctx, trace.SpanFromContext(ctx), s, t)
 		w.pushback = t.delivery.pushback.Load()
 		if t.loan != nil {
 			w.loans = append(w.loans, t.loan)
@@ -305,7 +305,7 @@ func (w *owner) invoke(tctx context.Context, t *try, req, reply any, opts []grpc
 	defer func() {
 		if !settled {
 			d := w.c.finish(w.cl.s, w.cl.key, t, errPanicBelow, false)
-			spendEvent(trace.SpanFromContext(tctx), w.cl.s, t)
+			w.c.spent(tctx, trace.SpanFromContext(tctx), w.cl.s, t)
 			w.c.record(tctx, status.OutcomeOfCall(errPanicBelow, d), d)
 		}
 	}()

@@ -704,7 +704,7 @@ func (cs *clientStream) finishTryLocked(err error, local bool) status.Outcome {
 	}
 	cs.settled = true
 	d := c.finish(w.cl.s, w.cl.key, cs.t, err, local)
-	spendEvent(cs.span, w.cl.s, cs.t)
+	c.spent(cs.ctx, cs.span, w.cl.s, cs.t)
 	w.pushback = cs.t.delivery.pushback.Load()
 	if cs.t.loan != nil {
 		w.loans = append(w.loans, cs.t.loan)

@@ -43,6 +43,8 @@ type clientTelemetry struct {
 	exhausted       metric.Int64Counter
 	tries           metric.Int64Counter
 	budgetExhausted metric.Int64Counter
+	spent           metric.Int64Counter
+	held            metric.Int64Counter
 }
 
 func newClientTelemetry(c *clientConfig) (*clientTelemetry, error) {
@@ -65,11 +67,25 @@ func newClientTelemetry(c *clientConfig) (*clientTelemetry, error) {
 	if err != nil {
 		return nil, err
 	}
+	spent, err := m.Int64Counter("tollgate.allowance.spent",
+		metric.WithDescription("Units of attempts' allowances spent: one per try sent below the origin (a try that never left the client gives its unit back)."),
+		metric.WithUnit("{unit}"))
+	if err != nil {
+		return nil, err
+	}
+	held, err := m.Int64Counter("tollgate.allowance.held",
+		metric.WithDescription("Units of grants held because a try's ending proved nothing of what its callee spent: they count as spent until a finished record of the call reconciles them, or for good once the ledger is sealed."),
+		metric.WithUnit("{unit}"))
+	if err != nil {
+		return nil, err
+	}
 	return &clientTelemetry{
 		tracer:          c.tracer.Tracer(instrumentationName),
 		exhausted:       exhausted,
 		tries:           tries,
 		budgetExhausted: budgetExhausted,
+		spent:           spent,
+		held:            held,
 	}, nil
 }
 

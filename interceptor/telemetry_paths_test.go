@@ -234,6 +234,9 @@ func TestSpendAddsUpWithSplitFanOutAndRepeats(t *testing.T) {
 	require.Equal(t, dep.Calls("Get"), spent)
 	require.Equal(t, spent, originSpent)
 	require.LessOrEqual(t, spent, int64(9))
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(t.Context(), &rm))
+	require.Equal(t, spent, counter(rm, "tollgate.allowance.spent"), "the metric counts what the events count")
 }
 
 // tollgate.client.tries counts tries that may have been sent, and

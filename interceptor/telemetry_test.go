@@ -87,6 +87,49 @@ func TestTelemetryOneAttemptOnEverySpanAndSpendAddsUp(t *testing.T) {
 	require.NoError(t, reader.Collect(t.Context(), &rm))
 	require.Equal(t, int64(1), counter(rm, "tollgate.allowance.exhausted"))
 	require.Equal(t, int64(2+4), counter(rm, "tollgate.client.tries"), "2 origin tries and 4 frontend tries were sent")
+	require.Equal(t, tr.dep.Calls("Get"), counter(rm, "tollgate.allowance.spent"),
+		"the spent metric counts the units the dependency's calls spent, as the events do")
+	require.Zero(t, counter(rm, "tollgate.allowance.held"), "every refusal proved that its callee spent nothing")
+}
+
+// TestHeldGrantIsCounted: the frontend's call to the dependency ends with a
+// plain UNAVAILABLE and no tollgate-spent, which proves nothing of what the
+// dependency spent: the grant the frontend lent it is held, and
+// tollgate.allowance.held counts its units (before the metric, a held grant
+// showed only as units missing from the ledger).
+func TestHeldGrantIsCounted(t *testing.T) {
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	once := interceptor.RetryPolicy{MaxTries: 1}
+	tr := newTiers(t,
+		[]interceptor.ClientOption{interceptor.WithAllowance(4), interceptor.WithRetry(once)},
+		[]interceptor.ClientOption{interceptor.WithRetry(once),
+			interceptor.WithClientTracerProvider(tp), interceptor.WithClientMeterProvider(mp)},
+		func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+			return nil, grpcstatus.Error(codes.Unavailable, "lost")
+		})
+	_, err := tr.origin.Get(t.Context(), &testingv1.GetRequest{})
+	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind)
+
+	var granted int64
+	for _, s := range spans.GetSpans() {
+		for _, e := range s.Events {
+			if e.Name == "tollgate.allowance.spend" {
+				g, ok := attr(e.Attributes, "tollgate.allowance.granted")
+				require.True(t, ok)
+				granted += g.AsInt64()
+			}
+		}
+	}
+	require.Equal(t, int64(3), granted, "the frontend took 1 of its 4 units and lent the dependency the other 3")
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(t.Context(), &rm))
+	require.Equal(t, int64(1), counter(rm, "tollgate.allowance.spent"))
+	require.Equal(t, granted, counter(rm, "tollgate.allowance.held"), "the whole grant is held")
 }
 
 func counter(rm metricdata.ResourceMetrics, name string) int64 {
