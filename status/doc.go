@@ -97,6 +97,34 @@
 //	no detail, definite code                         FAILED
 //	no detail, any other code or a context error     UNKNOWN
 //
+// # Details of another error
+//
+// An outcome rebuilt from another error (an unknown outcome's cause, or the
+// error given to [WithDetailsOf]: a peer's or a handler's status that a
+// client or server re-addresses, retypes or makes final) keeps what that
+// error's status said: its details follow tollgate's own, in their order,
+// but for these, since the rebuilt outcome is authoritative:
+//
+//   - a tollgate OutcomeDetail is dropped: it describes a call below, or an
+//     earlier reading of this one, and would contradict the new detail;
+//   - every google.rpc.RetryInfo is dropped: a status carries at most one,
+//     tollgate's, made from its own retry_after. Two would be read
+//     differently by different readers ([RetryAfter] and most clients take
+//     the first, a loop that keeps the last one seen takes the last; grpc-go
+//     reads none, only the grpc-retry-pushback-ms trailer), and on an unknown
+//     or final outcome any RetryInfo would invite a generic client to
+//     repeat. A client or server that rebuilds a refusal that may be
+//     repeated takes the delay [RetryAfter] reads from the other error into
+//     its retry_after;
+//   - a google.rpc.ErrorInfo is not kept as one: a status carries one
+//     (AIP-193), tollgate's, with domain "tollgate.dev" and the tollgate
+//     reason. The first other ErrorInfo's domain and reason go into the
+//     metadata of tollgate's as "cause_domain" and "cause_reason", and each
+//     of its metadata entries as "cause_md_" and its key; the cause_ entries
+//     of a tollgate ErrorInfo (its own cause, from further below) are kept
+//     as they are, so that the callee's ErrorInfo survives every hop. An
+//     ErrorInfo that does not decode is dropped.
+//
 // # Compatibility
 //
 // Errors built here satisfy GRPCStatus, so grpc-go sends them as they are, and

@@ -7,9 +7,11 @@ import (
 	"unicode/utf8"
 
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -30,6 +32,7 @@ type Error struct {
 	outcome tollgatev1.Outcome
 	reason  Reason
 	f       Fields
+	carried error // whose status details the status carries after its own (carriedDetails)
 
 	st atomic.Pointer[grpcstatus.Status] // built by the first GRPCStatus call
 }
@@ -107,6 +110,7 @@ type (
 	finalOption      struct{}
 	codeOption       codes.Code
 	reasonOption     Reason
+	detailsOption    struct{ err error }
 )
 
 func (o retryAfterOption) apply(e *Error) { Fields{RetryAfter: time.Duration(o)}.apply(e) }
@@ -115,6 +119,7 @@ func (o unitsOption) apply(e *Error)      { e.f.UnitsRemaining = int64(o) }
 func (finalOption) apply(e *Error)        { e.f.Final = true }
 func (o codeOption) apply(e *Error)       { e.code = codes.Code(o) }
 func (o reasonOption) apply(e *Error)     { e.reason = Reason(o) }
+func (o detailsOption) apply(e *Error)    { e.carried = o.err }
 
 // WithAttempt names the attempt and the call's try.
 func WithAttempt(attemptID, call string, try uint32) Option {
@@ -159,6 +164,18 @@ func WithCode(c codes.Code) Option { return codeOption(c) }
 // ignore it: their reason decides their code.
 func WithReason(r Reason) Option { return reasonOption(r) }
 
+// WithDetailsOf carries err's status details, but for tollgate's own, after
+// the outcome's own details, in err's order: for an outcome rebuilt from an
+// error a peer or a handler sent (a refusal re-addressed, a refusal's final
+// flag changed, a try's error typed), so that the caller still gets what the
+// other side said (a google.rpc.QuotaFailure, BadRequest, DebugInfo, a
+// handler's own detail…). [OutcomeUnknown] carries its cause's details
+// without it; WithDetailsOf replaces the error they are taken from, and
+// WithDetailsOf(nil) carries none. What is not carried as it is, and why, is
+// in the package doc (# Details of another error). A later WithDetailsOf
+// replaces an earlier one.
+func WithDetailsOf(err error) Option { return detailsOption{err: err} }
+
 // build applies opts to e, then restores what the constructor fixes
 // (fixedCode, fixedReason) and finishes the message.
 func build(e *Error, opts []Option, fixedCode, fixedReason bool) *Error {
@@ -180,6 +197,8 @@ func build(e *Error, opts []Option, fixedCode, fixedReason bool) *Error {
 		case codeOption:
 			o.apply(e)
 		case reasonOption:
+			o.apply(e)
+		case detailsOption:
 			o.apply(e)
 		}
 	}
@@ -249,8 +268,9 @@ func NotAdmitted(reason Reason, opts ...Option) error {
 // WithMessage appends to either.
 // cause may be nil (the code is then UNKNOWN); it is returned by Unwrap. The
 // reason is UNSPECIFIED unless [WithReason] sets one. Its status carries,
-// after tollgate's own details, the cause's status details but for a
-// tollgate OutcomeDetail, an ErrorInfo and a RetryInfo.
+// after tollgate's own details, the cause's status details as
+// [WithDetailsOf] carries them (never a RetryInfo: an unknown outcome
+// suggests no delay).
 func OutcomeUnknown(cause error, opts ...Option) error {
 	code := codes.Unknown
 	msg := "tollgate: outcome unknown"
@@ -267,6 +287,7 @@ func OutcomeUnknown(cause error, opts ...Option) error {
 		msg:     msg,
 		cause:   cause,
 		outcome: tollgatev1.Outcome_OUTCOME_UNKNOWN,
+		carried: cause,
 	}
 	e = build(e, opts, false, false)
 	e.code = unknownCode(e.code)
@@ -349,9 +370,10 @@ func (e *Error) Detail() *tollgatev1.OutcomeDetail {
 
 // GRPCStatus returns the status that carries the error across gRPC: its code
 // and message, the OutcomeDetail, a google.rpc.ErrorInfo and, when a delay was
-// suggested, a google.rpc.RetryInfo, in that order; an unknown outcome then
-// carries its cause's details, but for a tollgate OutcomeDetail, an
-// ErrorInfo and a RetryInfo. The status is built on the
+// suggested, a google.rpc.RetryInfo, in that order; then the details of
+// the error it carries ([WithDetailsOf]; an unknown outcome's cause), but
+// for tollgate's own, a RetryInfo and an ErrorInfo, whose data goes into
+// tollgate's (see the package doc). The status is built on the
 // first call and shared by later ones (a grpc-go Status is immutable). A nil
 // *Error has no status (grpc-go then sends UNKNOWN).
 func (e *Error) GRPCStatus() *grpcstatus.Status {
@@ -396,38 +418,90 @@ func (e *Error) buildStatus() *grpcstatus.Status {
 		code = codes.Unknown
 	}
 	p.s.Code, p.s.Message, p.s.Details = int32(code), e.msg, p.details[:n:n]
-	if e.outcome == tollgatev1.Outcome_OUTCOME_UNKNOWN {
-		p.s.Details = append(p.s.Details, causeDetails(e.cause)...)
+	if e.carried != nil {
+		others, cause := carriedDetails(e.carried)
+		if cause != nil {
+			p.details[1] = e.errorInfoWith(cause)
+		}
+		p.s.Details = append(p.s.Details, others...)
 	}
 	return grpcstatus.FromProto(&p.s)
 }
 
-// causeDetails returns the status details of an unknown outcome's cause that
-// still say something true of the call (a callee's BadRequest,
-// PreconditionFailure, QuotaFailure, DebugInfo…), after tollgate's own:
-// every detail but a tollgate OutcomeDetail, which describes the call below;
-// an ErrorInfo, of which a status carries one (AIP-193), tollgate's; and a
-// RetryInfo, which would invite generic clients to repeat what may have
-// taken effect.
-func causeDetails(cause error) []*anypb.Any {
-	if cause == nil {
-		return nil
+// ErrorInfo metadata keys under which tollgate's ErrorInfo keeps the
+// ErrorInfo of the error an outcome carries (see the package doc).
+const (
+	causeDomainKey   = "cause_domain"
+	causeReasonKey   = "cause_reason"
+	causeMetadataKey = "cause_md_" // followed by the carried ErrorInfo's own key
+)
+
+// carriedDetails returns the details of err's status that an outcome
+// carries after its own (a callee's BadRequest, QuotaFailure, DebugInfo, a
+// handler's own detail…), in their order: every detail but a tollgate
+// OutcomeDetail, which describes another call, or the same call as an
+// earlier, now superseded, reading; a RetryInfo, since a status carries at
+// most one and tollgate's retry guidance is authoritative; and an
+// ErrorInfo, of which a status carries one (AIP-193), tollgate's. cause is
+// the metadata tollgate's ErrorInfo takes in instead: the first other
+// domain's ErrorInfo's domain, reason and metadata, or what a tollgate
+// ErrorInfo carried of its own cause (so that it survives every hop), and
+// nil when there is neither.
+func carriedDetails(err error) (others []*anypb.Any, cause map[string]string) {
+	st, ok := grpcstatus.FromError(err)
+	if !ok || st == nil {
+		return nil, nil
 	}
-	st, ok := grpcstatus.FromError(cause)
-	if !ok {
-		return nil
-	}
-	var out []*anypb.Any
 	for _, d := range st.Proto().GetDetails() {
 		// By the name after the type URL's last '/', as readers resolve it:
 		// another prefix names the same type.
 		switch typeURLPrefix + string(d.MessageName()) {
-		case outcomeDetailURL, retryInfoURL, errorInfoURL:
+		case outcomeDetailURL, retryInfoURL:
+			continue
+		case errorInfoURL:
+			var ei errdetails.ErrorInfo
+			if proto.Unmarshal(d.GetValue(), &ei) != nil {
+				continue // not an ErrorInfo any reader could use
+			}
+			if cause == nil {
+				cause = causeOf(&ei)
+			}
 			continue
 		}
-		out = append(out, d)
+		others = append(others, d)
 	}
-	return out
+	return others, cause
+}
+
+// causeOf is the metadata tollgate's ErrorInfo takes from ei (carriedDetails).
+func causeOf(ei *errdetails.ErrorInfo) map[string]string {
+	var m map[string]string
+	if ei.GetDomain() == Domain {
+		for k, v := range ei.GetMetadata() {
+			if strings.HasPrefix(k, "cause_") {
+				if m == nil {
+					m = make(map[string]string, len(ei.GetMetadata()))
+				}
+				m[k] = v
+			}
+		}
+		return m
+	}
+	m = make(map[string]string, len(ei.GetMetadata())+2)
+	for k, v := range ei.GetMetadata() {
+		m[causeMetadataKey+k] = v
+	}
+	m[causeDomainKey], m[causeReasonKey] = ei.GetDomain(), ei.GetReason()
+	return m
+}
+
+// errorInfoWith is e's ErrorInfo with metadata md.
+func (e *Error) errorInfoWith(md map[string]string) *anypb.Any {
+	ei, err := anypb.New(&errdetails.ErrorInfo{Reason: infoOf(e.reason).name, Domain: Domain, Metadata: md})
+	if err != nil {
+		return infoOf(e.reason).errorInfo // strings a proto decoded: cannot happen
+	}
+	return ei
 }
 
 // unknownCode is the code an UNKNOWN outcome carries for an underlying code c.

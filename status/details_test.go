@@ -1,0 +1,157 @@
+package status_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// foreignStatus is a status as a peer that mixes tollgate's details with
+// others may send it: an earlier tollgate reading (OutcomeDetail, ErrorInfo,
+// RetryInfo 2 s), then a QuotaFailure, another domain's ErrorInfo, a
+// RetryInfo of 5 s, a BadRequest and a DebugInfo.
+func foreignStatus(t testing.TB) (*grpcstatus.Status, []proto.Message) {
+	t.Helper()
+	kept := []proto.Message{
+		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: "project:7", Description: "rate"}}},
+		&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "amount"}}},
+		&errdetails.DebugInfo{Detail: "ledger write timed out"},
+	}
+	old := grpcstatus.Convert(status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(2*time.Second))).Proto().GetDetails()
+	details := append([]*anypb.Any(nil), old...)
+	for i, m := range []proto.Message{
+		kept[0],
+		&errdetails.ErrorInfo{Domain: "quota.example.com", Reason: "RATE_LIMITED", Metadata: map[string]string{"limit": "10"}},
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(5 * time.Second)},
+		kept[1], kept[2],
+	} {
+		a, err := anypb.New(m)
+		require.NoError(t, err, "detail %d", i)
+		details = append(details, a)
+	}
+	return grpcstatus.FromProto(&spb.Status{Code: int32(codes.ResourceExhausted), Message: "quota", Details: details}), kept
+}
+
+// others is every detail of w's status that is not an OutcomeDetail, an
+// ErrorInfo or a RetryInfo, in order.
+func others(t testing.TB, w onWire) []proto.Message {
+	t.Helper()
+	var out []proto.Message
+	for _, d := range w.st.Details() {
+		switch d.(type) {
+		case *tollgatev1.OutcomeDetail, *errdetails.ErrorInfo, *errdetails.RetryInfo:
+		default:
+			out = append(out, d.(proto.Message))
+		}
+	}
+	return out
+}
+
+// A review found that a client or server that rebuilt a status error (a
+// refusal re-addressed, retyped or made final) built it from tollgate's own
+// details only: what else the peer or handler sent (a QuotaFailure, a
+// BadRequest, another domain's ErrorInfo…) was lost. WithDetailsOf carries
+// them after tollgate's own, in order, without a second OutcomeDetail,
+// ErrorInfo or RetryInfo; the other domain's ErrorInfo goes into the
+// metadata of tollgate's, and survives a second rebuild.
+func TestWithDetailsOf(t *testing.T) {
+	peer, kept := foreignStatus(t)
+	refusal := status.NotAdmitted(status.ReasonNotSent, status.WithAttempt("a1", "0", 2),
+		status.WithRetryAfter(time.Second), status.WithDetailsOf(peer.Err()))
+
+	w := sendOverWire(t, refusal) // fails on a second OutcomeDetail, ErrorInfo or RetryInfo
+	require.Equal(t, status.ReasonNotSent, w.detail.GetReason(), "the rebuilt detail is authoritative")
+	require.Equal(t, time.Second, w.retryInfo.GetRetryDelay().AsDuration(), "tollgate's retry guidance, not the peer's")
+	require.Empty(t, cmpDiff(&errdetails.ErrorInfo{Domain: status.Domain, Reason: "NOT_SENT", Metadata: map[string]string{
+		"cause_domain": "quota.example.com", "cause_reason": "RATE_LIMITED", "cause_md_limit": "10",
+	}}, w.errorInfo))
+	got := others(t, w)
+	require.Len(t, got, len(kept), "%v", got)
+	for i := range kept {
+		require.Empty(t, cmpDiff(kept[i], got[i]), "detail %d", i)
+	}
+	require.Len(t, w.st.Details(), 3+len(kept), "tollgate's three, then the peer's")
+
+	// A second rebuild, at a server that re-addresses the unknown outcome:
+	// the peer's details and its ErrorInfo's data are still there, and the
+	// unknown outcome suggests no delay.
+	unknown := status.With(status.OutcomeUnknown(w.st.Err()), status.WithAttempt("a1", "0.1.1", 1))
+	w2 := sendOverWire(t, unknown)
+	require.Equal(t, tollgatev1.Outcome_OUTCOME_UNKNOWN, w2.detail.GetOutcome())
+	require.Nil(t, w2.retryInfo)
+	require.Equal(t, w.errorInfo.GetMetadata(), w2.errorInfo.GetMetadata())
+	require.Equal(t, "UNSPECIFIED", w2.errorInfo.GetReason())
+	got = others(t, w2)
+	require.Len(t, got, len(kept), "%v", got)
+	for i := range kept {
+		require.Empty(t, cmpDiff(kept[i], got[i]), "detail %d", i)
+	}
+
+	// Without another error (or with one that has no status) nothing follows.
+	for _, err := range []error{nil, errors.New("no status")} {
+		w := sendOverWire(t, status.NotAdmitted(status.ReasonShed, status.WithDetailsOf(err)))
+		require.Len(t, w.st.Details(), 2)
+		require.Empty(t, w.errorInfo.GetMetadata())
+	}
+}
+
+// FuzzDetailsOf rebuilds a refusal from an arbitrary google.rpc.Status, as a
+// client or server rebuilds one a peer sent: whatever the peer's details,
+// the refusal carries one OutcomeDetail (its own), one ErrorInfo
+// (tollgate's), one RetryInfo (its own delay), then every other detail of
+// the peer's, in order.
+func FuzzDetailsOf(f *testing.F) {
+	peer, _ := foreignStatus(f)
+	for _, s := range []*spb.Status{peer.Proto(), grpcstatus.Convert(status.OutcomeUnknown(peer.Err())).Proto(), {Code: 2}} {
+		b, err := proto.Marshal(s)
+		require.NoError(f, err)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var p spb.Status
+		if proto.Unmarshal(b, &p) != nil || p.GetCode() == 0 {
+			t.Skip()
+		}
+		var want []*anypb.Any
+		for _, d := range p.GetDetails() {
+			switch d.MessageName() {
+			case "tollgate.v1.OutcomeDetail", "google.rpc.ErrorInfo", "google.rpc.RetryInfo":
+			default:
+				want = append(want, d)
+			}
+		}
+		refusal := status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Second),
+			status.WithDetailsOf(grpcstatus.FromProto(&p).Err()))
+		wire, err := proto.Marshal(grpcstatus.Convert(refusal).Proto())
+		require.NoError(t, err)
+		var q spb.Status
+		require.NoError(t, proto.Unmarshal(wire, &q))
+		got := q.GetDetails()
+		require.Len(t, got, 3+len(want))
+		st := grpcstatus.FromProto(&q)
+		o := status.OutcomeOf(st.Err())
+		require.Equal(t, status.KindNotAdmitted, o.Kind)
+		require.Equal(t, status.ReasonQueueFull, o.Reason)
+		ra, ok := status.RetryAfter(st.Err())
+		require.True(t, ok)
+		require.Equal(t, time.Second, ra)
+		ei := new(errdetails.ErrorInfo)
+		require.NoError(t, got[1].UnmarshalTo(ei))
+		require.Equal(t, status.Domain, ei.GetDomain())
+		require.Equal(t, "QUEUE_FULL", ei.GetReason())
+		for i, d := range want {
+			require.True(t, proto.Equal(d, got[3+i]), "detail %d: want %v, got %v", i, d, got[3+i])
+		}
+	})
+}
