@@ -485,15 +485,17 @@ func (c *client) result(s *attemptState, key string, n uint32, err error, o stat
 		return err
 	}
 	// Only the flag changes: the refusal keeps its message, its suggested
-	// delay and its class.
+	// delay, its class and the details its status carried besides
+	// tollgate's.
 	msg := refusalMessage(err, status.ReasonAllowanceExhausted)
 	if msg == "" && final {
 		msg = "interceptor: the attempt's allowance is spent"
 	}
+	ra, _ := status.RetryAfter(err) // what its RetryInfo said, carried as the refusal's one RetryInfo
 	return status.NotAdmitted(status.ReasonAllowanceExhausted, status.Fields{
 		AttemptID: s.ID, Call: key, Try: n, Final: final, Message: msg,
-		RetryAfter: o.Detail.GetRetryAfter().AsDuration(), Class: o.Detail.GetWorkloadClass(),
-	}, status.WithUnitsRemaining(snap.Free))
+		RetryAfter: ra, Class: o.Detail.GetWorkloadClass(),
+	}, status.WithUnitsRemaining(snap.Free), status.WithDetailsOf(err))
 }
 
 // refusalMessage is the message a NOT_ADMITTED err with reason r was built

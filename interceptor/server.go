@@ -294,7 +294,7 @@ func (sv *server) tryDeadlineOnly(err error, in *inbound, deadline time.Time) er
 	return status.NotAdmitted(status.ReasonDeadlineExpired, status.Fields{
 		RetryAfter: ra,
 		Message:    "interceptor: the try cannot finish by its own deadline; the attempt's has not passed",
-	}, status.WithClass(class))
+	}, status.WithClass(class), status.WithDetailsOf(err))
 }
 
 // queueDelay suggests a delay before a repeat into class: its predicted
@@ -377,7 +377,7 @@ func (sv *server) answer(in *inbound, err error) error {
 		return status.NotAdmitted(o.Reason, status.Fields{
 			AttemptID: s.ID, Call: s.Call, Try: s.Try, RetryAfter: ra, Final: final,
 			Class: o.Detail.GetWorkloadClass(), Message: refusalMessage(err, o.Reason),
-		}, status.WithUnitsRemaining(s.ledger.Free()))
+		}, status.WithUnitsRemaining(s.ledger.Free()), status.WithDetailsOf(err))
 	case status.KindUnknown, status.KindCommitted:
 		return status.OutcomeUnknown(err, status.WithAttempt(s.ID, s.Call, s.Try))
 	default:
