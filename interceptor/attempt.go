@@ -181,17 +181,31 @@ func (s *attemptState) callKey(ctx context.Context, level methodinfo.Level) (str
 	case named:
 		key, err = s.origin.Explicit(name)
 	case s.idempotent && level != methodinfo.NoSideEffects:
-		return "", status.NotAdmitted(status.ReasonCallKeyRequired,
-			status.WithAttempt(s.ID, s.Call, s.Try),
+		// The refusal names the call it refuses (status.Fields), not the
+		// handler's own: by the key its number gives it, used as any
+		// locally refused call's is (keys skip, never repeat), and its
+		// first try. A key too long to send names none.
+		var refused status.Option = status.WithAttempt(s.ID, "", 0)
+		if k, kerr := s.nextKey(); kerr == nil {
+			refused = status.WithAttempt(s.ID, k, 1)
+		}
+		return "", status.NotAdmitted(status.ReasonCallKeyRequired, refused,
 			status.WithMessage("interceptor: the handler of an IDEMPOTENT method must name its calls to methods with side effects (interceptor.WithCallKey)"))
-	case s.run != nil:
-		key, err = s.run.Next()
 	default:
-		key = s.origin.Next()
+		key, err = s.nextKey()
 	}
 	if err != nil {
 		return "", status.NotAdmitted(status.ReasonMalformedHeader,
 			status.WithAttempt(s.ID, s.Call, s.Try), status.WithMessage(err.Error()))
 	}
 	return key, nil
+}
+
+// nextKey returns the key of the next call made under s without an
+// explicit key: the handler run's next, or the origin's.
+func (s *attemptState) nextKey() (string, error) {
+	if s.run != nil {
+		return s.run.Next()
+	}
+	return s.origin.Next(), nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 	"github.com/tollgate-go/tollgate/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -78,6 +79,49 @@ func TestIdempotentHandlerMustKeyCallsWithSideEffects(t *testing.T) {
 	_, err = origin.Put(t.Context(), &testingv1.PutRequest{Key: "too-long"})
 	require.Error(t, err)
 	require.Len(t, keys, 1, "an over-long key is refused before sending")
+}
+
+// A review found that the CALL_KEY_REQUIRED refusal an IDEMPOTENT handler
+// gets for an unkeyed call to a method with side effects named the
+// handler's own call and try (its inbound call's key), not the call it
+// refused: the detail, final, then reads as a refusal of the handler's own
+// call, while status.Fields says Call and Try are those of the refused
+// call. It names the key the refused call takes (the run's next number,
+// used, as any locally refused call's is: keys skip, never repeat) and its
+// first try.
+func TestCallKeyRequiredNamesTheRefusedCall(t *testing.T) {
+	leaf := &testsvc.Service{GetFunc: okGet}
+	type seen struct {
+		own    interceptor.Attempt
+		detail *tollgatev1.OutcomeDetail
+	}
+	got := make(chan seen, 1)
+	var keys []string
+	leaf.ApplyFunc = func(ctx context.Context, _ *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		a, _ := interceptor.AttemptFromContext(ctx)
+		keys = append(keys, a.Call)
+		return &testingv1.ApplyResponse{}, nil
+	}
+	origin, _ := twoTier(t, leaf, func(leaf testingv1.TestServiceClient) *testsvc.Service {
+		return &testsvc.Service{PutFunc: func(ctx context.Context, r *testingv1.PutRequest) (*testingv1.PutResponse, error) {
+			own, _ := interceptor.AttemptFromContext(ctx)
+			_, err := leaf.Apply(ctx, &testingv1.ApplyRequest{})
+			_, _ = leaf.Apply(interceptor.WithCallKey(ctx, "next"), &testingv1.ApplyRequest{})
+			got <- seen{own: own, detail: status.OutcomeOf(err).Detail}
+			return nil, status.WithoutEffect(err)
+		}}
+	})
+	_, err := origin.Put(t.Context(), &testingv1.PutRequest{Key: "unkeyed"})
+	require.Equal(t, status.ReasonCallKeyRequired, status.OutcomeOf(err).Reason, "%v", err)
+	s := <-got
+	require.Equal(t, status.ReasonCallKeyRequired, s.detail.GetReason())
+	require.Equal(t, s.own.ID, s.detail.GetAttemptId())
+	require.NotEqual(t, s.own.Call, s.detail.GetCall(), "the refusal names the handler's own call")
+	require.Equal(t, s.own.Call+"."+itoa(int64(s.own.Try))+".1", s.detail.GetCall(), "the refused call's key: the run's first")
+	require.Equal(t, uint32(1), s.detail.GetTry(), "the refused call's first try")
+	require.Equal(t, []string{s.own.Call + ".next"}, keys, "only the keyed call was sent")
+	// The origin's answer is re-addressed to the origin's call.
+	require.Equal(t, "0", status.OutcomeOf(err).Detail.GetCall())
 }
 
 func TestLocalRefusalsAreTyped(t *testing.T) {
