@@ -101,7 +101,8 @@
 // the handler's attempt and is keyed p.T.k (DESIGN.md §2.2); WithCallKey
 // names it explicitly, which a handler of a method declared IDEMPOTENT must
 // do for every call to a method with side effects (otherwise the call is
-// refused locally, CALL_KEY_REQUIRED, final).
+// refused locally, CALL_KEY_REQUIRED, final; the refusal's detail names the
+// refused call by the key p.T.k its number gives it, and its first try).
 //
 // Before each try the client checks that the try fits the deadline (less the
 // hop margin, WithHopMargin; otherwise NOT_ADMITTED DEADLINE_UNREACHABLE,
