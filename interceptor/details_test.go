@@ -273,3 +273,19 @@ func TestDetailsClientFencedKeepsForeign(t *testing.T) {
 	d := requireCarried(t, err)
 	require.Equal(t, status.ReasonAttemptFenced, d.GetReason(), "%v", err)
 }
+
+// The same for a stream: the server interceptor's stream path re-addresses
+// the handler's refusal, keeping its details.
+func TestDetailsServerStreamRefusalKeepsForeign(t *testing.T) {
+	svc := &testsvc.Service{WatchFunc: func(*testingv1.WatchRequest, grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
+		return status.WithoutEffect(withForeign(t, status.NotAdmitted(status.ReasonShed, status.WithRetryAfter(time.Second))))
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	plain := testingv1.NewTestServiceClient(end.DialT(t))
+	st, err := plain.Watch(t.Context(), &testingv1.WatchRequest{Count: 1})
+	require.NoError(t, err)
+	_, err = recvAll(st)
+	d := requireCarried(t, err)
+	require.Equal(t, status.ReasonShed, d.GetReason(), "%v", err)
+	require.NotEmpty(t, d.GetAttemptId(), "re-addressed to the server's call")
+}

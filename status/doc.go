@@ -118,12 +118,13 @@
 //     its retry_after;
 //   - a google.rpc.ErrorInfo is not kept as one: a status carries one
 //     (AIP-193), tollgate's, with domain "tollgate.dev" and the tollgate
-//     reason. The first other ErrorInfo's domain and reason go into the
-//     metadata of tollgate's as "cause_domain" and "cause_reason", and each
-//     of its metadata entries as "cause_md_" and its key; the cause_ entries
-//     of a tollgate ErrorInfo (its own cause, from further below) are kept
-//     as they are, so that the callee's ErrorInfo survives every hop. An
-//     ErrorInfo that does not decode is dropped.
+//     reason. Another domain's ErrorInfo has its domain and reason go into
+//     the metadata of tollgate's as "cause_domain" and "cause_reason", and
+//     each of its metadata entries as "cause_md_" and its key; a tollgate
+//     ErrorInfo has its cause_ entries (its own cause, from further below)
+//     kept as they are, so that a callee's ErrorInfo survives every hop.
+//     The first ErrorInfo that gives entries so gives them all; the others,
+//     and an ErrorInfo that does not decode, are dropped.
 //
 // # Compatibility
 //
