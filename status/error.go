@@ -269,8 +269,8 @@ func NotAdmitted(reason Reason, opts ...Option) error {
 // cause may be nil (the code is then UNKNOWN); it is returned by Unwrap. The
 // reason is UNSPECIFIED unless [WithReason] sets one. Its status carries,
 // after tollgate's own details, the cause's status details as
-// [WithDetailsOf] carries them (never a RetryInfo: an unknown outcome
-// suggests no delay).
+// [WithDetailsOf] carries them (never the cause's RetryInfo, which would
+// invite a generic client to repeat what may have taken effect).
 func OutcomeUnknown(cause error, opts ...Option) error {
 	code := codes.Unknown
 	msg := "tollgate: outcome unknown"
