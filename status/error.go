@@ -68,7 +68,8 @@ type Fields struct {
 // Option adds data to an outcome built by this package's constructors. The
 // options are this package's: [Fields], [WithAttempt], [WithRetryAfter],
 // [WithClass], [WithUnitsRemaining], [Final], [WithFencedThroughTry],
-// [WithMessage], [WithCode] and [WithReason]. A nil Option is ignored.
+// [WithMessage], [WithCode], [WithReason] and [WithDetailsOf]. A nil Option
+// is ignored.
 type Option interface{ apply(*Error) }
 
 func (f Fields) apply(e *Error) {
