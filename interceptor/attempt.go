@@ -195,8 +195,11 @@ func (s *attemptState) callKey(ctx context.Context, level methodinfo.Level) (str
 		key, err = s.nextKey()
 	}
 	if err != nil {
+		// The refused call has no key it could be sent with, and the
+		// handler's own call is not the one refused: the refusal names
+		// the attempt only.
 		return "", status.NotAdmitted(status.ReasonMalformedHeader,
-			status.WithAttempt(s.ID, s.Call, s.Try), status.WithMessage(err.Error()))
+			status.Fields{AttemptID: s.ID}, status.WithMessage(err.Error()))
 	}
 	return key, nil
 }

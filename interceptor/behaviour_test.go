@@ -124,6 +124,36 @@ func TestCallKeyRequiredNamesTheRefusedCall(t *testing.T) {
 	require.Equal(t, "0", status.OutcomeOf(err).Detail.GetCall())
 }
 
+// The same review found that the MALFORMED_HEADER refusal of a call whose
+// key would be over 128 characters named the handler's own call and try
+// too. The refused call has no key it could be sent with: the refusal
+// names the attempt only.
+func TestMalformedCallKeyNamesNoCall(t *testing.T) {
+	type seen struct {
+		own    interceptor.Attempt
+		detail *tollgatev1.OutcomeDetail
+	}
+	got := make(chan seen, 1)
+	origin, _ := twoTier(t, &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		return &testingv1.ApplyResponse{}, nil
+	}}, func(leaf testingv1.TestServiceClient) *testsvc.Service {
+		return &testsvc.Service{PutFunc: func(ctx context.Context, _ *testingv1.PutRequest) (*testingv1.PutResponse, error) {
+			own, _ := interceptor.AttemptFromContext(ctx)
+			_, err := leaf.Apply(interceptor.WithCallKey(ctx, strings.Repeat("x", 130)), &testingv1.ApplyRequest{})
+			got <- seen{own: own, detail: status.OutcomeOf(err).Detail}
+			return nil, status.WithoutEffect(err) // final: the origin does not repeat
+		}}
+	})
+	_, err := origin.Put(t.Context(), &testingv1.PutRequest{Key: "too-long"})
+	require.Error(t, err)
+	s := <-got
+	require.Equal(t, status.ReasonMalformedHeader, s.detail.GetReason())
+	require.Equal(t, s.own.ID, s.detail.GetAttemptId())
+	require.Empty(t, s.detail.GetCall(), "the refusal names the handler's own call")
+	require.Zero(t, s.detail.GetTry())
+	require.True(t, s.detail.GetFinal())
+}
+
 func TestLocalRefusalsAreTyped(t *testing.T) {
 	svc := &testsvc.Service{GetFunc: okGet}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
