@@ -298,6 +298,7 @@ type classState struct {
 
 	admitted     uint64
 	refused      map[status.Reason]uint64
+	cancelled    uint64 // waiters whose context was canceled (ctxEnded)
 	falseAccepts uint64
 	falseRejects uint64
 	rejects      rejectRing
@@ -446,7 +447,9 @@ func (c *Controller) classifyMethod(m string) *classState {
 // Close) carrying the class and, unless final, a jittered retry-after that
 // reflects the queue; or, when ctx ends while the request waits (or before
 // it is looked at), a NOT_ADMITTED error that also wraps ctx's error
-// (errors.Is(err, context.Canceled) holds).
+// (errors.Is(err, context.Canceled) holds): DEADLINE_EXPIRED when ctx's
+// deadline passed while it waited, UNSPECIFIED otherwise (a waiter whose
+// context was canceled is counted as cancelled, not as a refusal).
 func (c *Controller) Admit(ctx context.Context, r Request) (*Permit, error) {
 	p, _, err := c.admit(ctx, r, c.cfg.now(), true)
 	return p, err
@@ -778,9 +781,16 @@ func (c *Controller) ctxEnded(ctx context.Context, w *waiter, timed bool) (*Perm
 	}
 	reason := status.ReasonUnspecified
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// Its caller's deadline passed while it waited: the queue held it
+		// too long, a refusal like the dequeue stage's.
 		reason = status.ReasonDeadlineExpired
+		c.countDropLocked(w.cs, reason, !c.heldByTenantLocked(w))
+	} else {
+		// Canceled: its caller went away. The server refused nothing, and
+		// a client giving up is no sign of health either: a decision of
+		// its own (cancelled), in no degradation window.
+		w.cs.cancelled++
 	}
-	c.countDropLocked(w.cs, reason, !c.heldByTenantLocked(w))
 	c.removeWaiter(w)
 	c.emitLocked(Event{Kind: EventDropped, Class: w.cs.cfg.Name, Tenant: w.tenant, Reason: reason, At: w.enq})
 	// Leaving the queue may free a lender's idle slot for another class's
@@ -793,8 +803,10 @@ func (c *Controller) ctxEnded(ctx context.Context, w *waiter, timed bool) (*Perm
 	c.unlock()
 	if reason == status.ReasonDeadlineExpired {
 		c.m.missDequeueAdd(ctx) // expired while waiting
+		c.m.refused(ctx, w.cs, reason)
+	} else {
+		c.m.cancelled(ctx, w.cs)
 	}
-	c.m.refused(ctx, w.cs, reason)
 	return nil, waitEnded(reason, w.cs, ctx.Err())
 }
 

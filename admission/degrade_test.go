@@ -1110,3 +1110,35 @@ func TestExpiredArrivalsCountAsClassFull(t *testing.T) {
 		})
 	}
 }
+
+// A review found that a waiter whose context was canceled (its client went
+// away) counted in the degradation window as a decision that was no
+// refusal, a healthy one: clients that gave up while waiting diluted the
+// refusals of an overloaded window. Here one request runs, two wait and
+// two are refused QUEUE_FULL (2 refusals of 3 decisions: overloaded at a
+// ratio of 0.5); the two waiters' clients then go away. The window must
+// still be overloaded; it was healthy (2 of 5). A window of cancellations
+// alone is no overload either.
+func TestCancelledWaitersAreNoHealthyDecisions(t *testing.T) {
+	h := newHarness(t,
+		admission.WithClasses(admission.Class{Name: "main", Slots: 1, QueueItems: 2, ExpectedServiceTime: time.Second}),
+		admission.WithDegradation(admission.Degradation{Window: time.Second, EnterAfter: 1, ExitAfter: 1, MinDecisions: 3, MaxRefusalRatio: 0.5}))
+	p := h.admitted(work(mainM))
+	q1, q2 := h.queued(work(mainM)), h.queued(work(mainM))
+	h.refused(work(mainM), status.ReasonQueueFull)
+	h.refused(work(mainM), status.ReasonQueueFull)
+	h.clk.Advance(100 * time.Millisecond)
+	h.cancel(q1)
+	h.cancel(q2)
+	h.tick(900 * time.Millisecond)
+	require.Equal(t, admission.ModeDegraded, h.ctrl.Mode(),
+		"2 of 3 decisions were QUEUE_FULL; the clients that gave up waiting made the window look healthy")
+
+	// Window 2: only waiters that leave.
+	w1, w2 := h.queued(work(mainM)), h.queued(work(mainM))
+	h.cancel(w1)
+	h.cancel(w2)
+	h.tick(time.Second)
+	require.Equal(t, admission.ModeNormal, h.ctrl.Mode(), "clients going away are no overload")
+	h.release(p)
+}

@@ -69,7 +69,13 @@
 // TENANT_LIMIT and REQUEST_TOO_LARGE refusals count in no window at all,
 // but for a TenantQueueWork refusal of a tenant with nothing waiting and
 // under its running limit in a full class, which is the class's overload. Waiting
-// requests leave the queue when their context ends. Each permit ends exactly
+// requests leave the queue when their context ends: one whose context's
+// deadline passed is refused DEADLINE_EXPIRED (the queue held it too long,
+// an overload refusal like the dequeue stage's); one whose context was
+// canceled (its caller went away) is refused nothing: it counts as a
+// decision of its own, cancelled (tollgate.admission.decisions
+// {decision=cancelled}, [ClassStats].Cancelled), and in no window's
+// decisions, neither an overload refusal nor a healthy one. Each permit ends exactly
 // once, with [Permit.Release] after work that ran or [Permit.Abandon] after
 // work that did not run (a replay, a refusal after admission) or a stream;
 // the first call wins and extra calls do nothing. Each stage but the slot and
@@ -134,7 +140,8 @@
 // ahead, counted under the lock as the controller decides (also on the
 // permit: [Permit.QueuedAhead]), so per-request telemetry needs no
 // [Controller.Stats] snapshot. Metrics (DESIGN.md §5) go to the meter provider of
-// [WithMeterProvider]: tollgate.admission.decisions{decision,class,reason},
+// [WithMeterProvider]: tollgate.admission.decisions{decision,class,reason}
+// (decision admitted, refused with its reason, or cancelled with none),
 // tollgate.queue.estimated_work, tollgate.queue.oldest_age,
 // tollgate.task.start_delay, tollgate.task.service_time,
 // tollgate.deadline.misses{stage}, tollgate.admission.false_accepts,

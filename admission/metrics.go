@@ -29,10 +29,11 @@ type instruments struct {
 
 // classAttrs are a class's prebuilt attribute options.
 type classAttrs struct {
-	admitted []metric.AddOption
-	refused  map[status.Reason][]metric.AddOption
-	record   []metric.RecordOption
-	observe  []metric.ObserveOption
+	admitted  []metric.AddOption
+	cancelled []metric.AddOption
+	refused   map[status.Reason][]metric.AddOption
+	record    []metric.RecordOption
+	observe   []metric.ObserveOption
 }
 
 func newInstruments(c *Controller) (*instruments, error) {
@@ -40,7 +41,7 @@ func newInstruments(c *Controller) (*instruments, error) {
 	m := &instruments{tracer: c.cfg.tp.Tracer(scope)}
 	var err error
 	if m.decisions, err = meter.Int64Counter("tollgate.admission.decisions",
-		metric.WithDescription("Admission decisions by decision (admitted, refused), class and reason."),
+		metric.WithDescription("Admission decisions by decision (admitted; refused, with its reason; cancelled: a waiting request whose caller went away, its context canceled, before it started, with no reason), class and reason."),
 		metric.WithUnit("{decision}")); err != nil {
 		return nil, err
 	}
@@ -96,6 +97,8 @@ func newInstruments(c *Controller) (*instruments, error) {
 		a := &classAttrs{
 			admitted: []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(
 				attribute.String("decision", "admitted"), attribute.String("class", cs.cfg.Name), attribute.String("reason", "")))},
+			cancelled: []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(
+				attribute.String("decision", "cancelled"), attribute.String("class", cs.cfg.Name), attribute.String("reason", "")))},
 			refused: map[status.Reason][]metric.AddOption{},
 			record:  []metric.RecordOption{metric.WithAttributeSet(set)},
 			observe: []metric.ObserveOption{metric.WithAttributeSet(set)},
@@ -161,6 +164,12 @@ func (m *instruments) refused(ctx context.Context, cs *classState, r status.Reas
 	if opts, ok := cs.attrs.refused[r]; ok {
 		m.decisions.Add(ctx, 1, opts...)
 	}
+}
+
+// cancelled counts a waiter whose context was canceled before it started:
+// its caller went away, and the server refused nothing.
+func (m *instruments) cancelled(ctx context.Context, cs *classState) {
+	m.decisions.Add(ctx, 1, cs.attrs.cancelled...)
 }
 
 func (m *instruments) tapRefused(ctx context.Context, cs *classState, r status.Reason) {

@@ -151,3 +151,49 @@ func TestDeadlineMissKeepsTheRequestContext(t *testing.T) {
 	require.True(t, found)
 	require.True(t, traced, "the deadline miss of the same request is recorded without its context (context.Background)")
 }
+
+// A review found that a request that waited in the queue and whose context
+// was canceled (its client went away) before it started was counted as a
+// refusal, tollgate.admission.decisions{decision=refused,reason=UNSPECIFIED},
+// and in Stats' Refused as "UNSPECIFIED": the server refused nothing, and
+// an operator alerting on refusals saw clients that gave up as refusals of
+// an unknown kind. It pins that such a request is a decision of its own,
+// decision=cancelled with no reason, counted in Stats' Cancelled, and that
+// its wait, which ended in no start, is neither a start delay nor a
+// prediction error.
+func TestCancelledWaiterIsItsOwnDecision(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	h := newHarness(t, admission.WithMeterProvider(mp),
+		admission.WithClasses(admission.Class{Name: "a", Slots: 1, QueueItems: 4, ExpectedServiceTime: time.Second}))
+	p := h.admitted(work(heavyM))
+	q := h.queued(work(heavyM))
+	h.clk.Advance(300 * time.Millisecond)
+	res := h.cancel(q)
+	require.ErrorIs(t, res.err, context.Canceled)
+	require.Equal(t, status.KindNotAdmitted, status.OutcomeOf(res.err).Kind)
+
+	ms := collect(t, reader)
+	got := map[[3]string]int64{}
+	for _, dp := range ms["tollgate.admission.decisions"].Data.(metricdata.Sum[int64]).DataPoints {
+		a := attrs(dp.Attributes)
+		got[[3]string{a["decision"], a["class"], a["reason"]}] += dp.Value
+	}
+	require.Equal(t, map[[3]string]int64{
+		{"admitted", "a", ""}:  1,
+		{"cancelled", "a", ""}: 1,
+	}, got, "a waiter whose client went away is neither admitted nor refused")
+	s, _ := h.ctrl.Stats().Class("a")
+	require.Empty(t, s.Refused, "nothing was refused")
+	require.EqualValues(t, 1, s.Cancelled)
+	require.EqualValues(t, 1, s.Admitted)
+	delay := ms["tollgate.task.start_delay"].Data.(metricdata.Histogram[float64])
+	require.EqualValues(t, 1, delay.DataPoints[0].Count, "only the request that started has a start delay")
+	if pe, ok := ms["tollgate.queue.wait_prediction_error"]; ok {
+		for _, dp := range pe.Data.(metricdata.Histogram[float64]).DataPoints {
+			require.Zero(t, dp.Count, "a wait cut short by the caller is no measure of the prediction")
+		}
+	}
+	h.release(p)
+}

@@ -48,7 +48,8 @@ type Event struct {
 	// Tenant is the request's tenant, as given to Admit. Events are for
 	// logs and tests; metrics never carry tenants.
 	Tenant string
-	// Reason is the refusal's reason (EventRefused, EventDropped).
+	// Reason is the refusal's reason (EventRefused, EventDropped);
+	// UNSPECIFIED for a waiter that left because its context was canceled.
 	Reason status.Reason
 	// Mode is the new mode (EventMode).
 	Mode Mode
@@ -110,6 +111,11 @@ type ClassStats struct {
 	// reason name ("QUEUE_FULL", ...), the tap's included.
 	Admitted uint64
 	Refused  map[string]uint64
+	// Cancelled counts waiting requests whose context was canceled (their
+	// caller went away) before they started: no refusal, and in no
+	// degradation window. A waiter whose context's deadline passed is
+	// refused DEADLINE_EXPIRED instead.
+	Cancelled uint64
 	// FalseAccepts counts admitted requests that finished after their
 	// deadline; FalseRejects DEADLINE_UNREACHABLE refusals judged, from the
 	// requests that started after them, to have been avoidable.
@@ -152,6 +158,7 @@ func (c *Controller) StatsAt(now time.Time) Stats {
 			PredictedWait:   c.predictedWaitLocked(cs, now),
 			Admitted:        cs.admitted,
 			Refused:         map[string]uint64{},
+			Cancelled:       cs.cancelled,
 			FalseAccepts:    cs.falseAccepts,
 			FalseRejects:    cs.falseRejects,
 		}
