@@ -779,6 +779,11 @@ func (c *Controller) ctxEnded(ctx context.Context, w *waiter, timed bool) (*Perm
 		c.mu.Unlock()
 		return c.woken(ctx, w)
 	}
+	now := c.last
+	if !c.virtual {
+		now = maxTime(c.cfg.now(), c.last)
+	}
+	c.noteLeftWaitLocked(w, now)
 	reason := status.ReasonUnspecified
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		// Its caller's deadline passed while it waited: the queue held it
@@ -798,7 +803,7 @@ func (c *Controller) ctxEnded(ctx context.Context, w *waiter, timed bool) (*Perm
 	// time is the caller's to give (AdmitAt, ReleaseAt): its pumps wait for
 	// the caller's next call.
 	if timed {
-		c.pump(c.cfg.now())
+		c.pump(now)
 	}
 	c.unlock()
 	if reason == status.ReasonDeadlineExpired {
@@ -1266,6 +1271,9 @@ func (c *Controller) dropWaiterCounted(w *waiter, reason status.Reason, ra time.
 		// ended (a window roll steps before it drops; see stepped).
 		overload = false
 	}
+	if overload && reason == status.ReasonDeadlineExpired {
+		c.noteLeftWaitLocked(w, now)
+	}
 	c.countDropLocked(w.cs, reason, overload)
 	final := reason == status.ReasonDeadlineExpired
 	w.reason = reason
@@ -1273,6 +1281,26 @@ func (c *Controller) dropWaiterCounted(w *waiter, reason status.Reason, ra time.
 	w.decided = true
 	close(w.ready)
 	c.emitLocked(Event{Kind: EventDropped, Class: w.cs.cfg.Name, Tenant: w.tenant, Reason: reason, At: now, Deadline: w.deadline})
+}
+
+// noteLeftWaitLocked counts against MaxQueueAge the wait of waiter w, which
+// leaves its queue unrun at now because its context ended or it can no
+// longer finish: its age as the current window's end would have seen it had
+// it stayed (oldestWait), at now or at the window's end if that came first.
+// As in oldestWait, a waiter held back only by its own tenant's running
+// limit, or of a class Recovering's step holds, counts nothing, and the
+// part of its wait before the step ended is the step's. Call it before
+// removing w.
+func (c *Controller) noteLeftWaitLocked(w *waiter, now time.Time) {
+	cs := w.cs
+	if c.stepped(cs) || c.heldByTenantLocked(w) {
+		return
+	}
+	at := now
+	if c.deg.winEnd.Before(at) {
+		at = c.deg.winEnd
+	}
+	c.deg.waited(cs, at.Sub(maxTime(w.enq, cs.unsteppedAt)))
 }
 
 // countRefusal counts a refusal for the class's stats and the window (not

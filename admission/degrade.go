@@ -71,6 +71,15 @@ func (d *degradeState) started(cs *classState, waited time.Duration) {
 	d.maxWait = max(d.maxWait, waited)
 }
 
+// waited counts, against MaxQueueAge, the wait of a request of cs that left
+// its queue unrun: a wait, but no decision (see noteLeftWaitLocked).
+func (d *degradeState) waited(cs *classState, waited time.Duration) {
+	if cs.cfg.Name == ControlClass {
+		return
+	}
+	d.maxWait = max(d.maxWait, waited)
+}
+
 // refused counts a refusal of a request of cs.
 func (d *degradeState) refused(cs *classState, reason status.Reason) { d.refusedN(cs, reason, 1) }
 

@@ -1142,3 +1142,39 @@ func TestCancelledWaitersAreNoHealthyDecisions(t *testing.T) {
 	require.Equal(t, admission.ModeNormal, h.ctrl.Mode(), "clients going away are no overload")
 	h.release(p)
 }
+
+// A review found that the wait of a request that left the queue unrun,
+// because its client went away or its deadline could no longer be met,
+// counted nowhere in the degradation windows: MaxQueueAge saw the waiters
+// still queued when a window closed and the requests that started, so a
+// queue whose every waiter gave up after waiting longer than MaxQueueAge
+// never made a window overloaded, though tollgate.queue.oldest_age showed
+// its age all along. Here one request runs and one waits 600 ms against a
+// MaxQueueAge of 500 ms, then leaves (canceled; dropped by its deadline);
+// the window must be overloaded.
+func TestLeftWaitersWaitCountsAgainstMaxQueueAge(t *testing.T) {
+	for _, leave := range []string{"canceled", "expired"} {
+		t.Run(leave, func(t *testing.T) {
+			h := newHarness(t,
+				admission.WithClasses(admission.Class{Name: "main", Slots: 1, QueueItems: 2, ExpectedServiceTime: 100 * time.Millisecond}),
+				admission.WithDegradation(admission.Degradation{Window: time.Second, MaxQueueAge: 500 * time.Millisecond, MaxRefusalRatio: -1}))
+			p := h.admitted(work(mainM))
+			r := work(mainM)
+			if leave == "expired" {
+				r.Deadline = h.clk.Now().Add(650 * time.Millisecond)
+			}
+			q := h.queued(r)
+			h.clk.Advance(600 * time.Millisecond)
+			if leave == "canceled" {
+				h.cancel(q)
+			} else {
+				h.arrive(work(mainM)) // drops q (it can no longer finish) and queues
+				require.Equal(t, status.ReasonDeadlineExpired, status.OutcomeOf(h.take(q).err).Reason)
+			}
+			h.tick(400 * time.Millisecond)
+			require.Equal(t, admission.ModeDegraded, h.ctrl.Mode(),
+				"a request waited 600 ms against a MaxQueueAge of 500 ms in this window, then left the queue (%s)", leave)
+			h.release(p)
+		})
+	}
+}

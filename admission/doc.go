@@ -65,7 +65,9 @@
 // tenant's running limit (its class had a slot free) are the tenant's
 // doing: they do not count as overload for degradation, nor does a waiter
 // held so when a window closes count against MaxQueueAge (the wait of a
-// request that started does count in full, whatever held it);
+// request that started does count in full, whatever held it; that of a
+// waiter that leaves unrun, its context ended or its deadline out of
+// reach, counts as a waiter's still queued when the window closes would);
 // TENANT_LIMIT and REQUEST_TOO_LARGE refusals count in no window at all,
 // but for a TenantQueueWork refusal of a tenant with nothing waiting and
 // under its running limit in a full class, which is the class's overload. Waiting

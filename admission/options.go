@@ -182,7 +182,10 @@ type Degradation struct {
 	// MinDecisions is the least number of decisions in a window for the
 	// refusal ratio to count. Default 20.
 	MinDecisions int
-	// MaxQueueAge makes a window overloaded when a request waited this long.
+	// MaxQueueAge makes a window overloaded when a request waited this long
+	// in it: one that started, one still waiting when the window closes, or
+	// one that left the queue unrun in it (its context ended, or it could
+	// no longer finish by its deadline), its age counted up to when it left.
 	// 0: this signal is off.
 	MaxQueueAge time.Duration
 }
