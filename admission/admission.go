@@ -445,7 +445,7 @@ func (c *Controller) classifyMethod(m string) *classState {
 // status package (QUEUE_FULL, CONCURRENCY_FULL, DEADLINE_UNREACHABLE,
 // DEADLINE_EXPIRED, SHED, TENANT_LIMIT, REQUEST_TOO_LARGE, DRAINING after
 // Close) carrying the class and, unless final, a jittered retry-after that
-// reflects the queue; or, when ctx ends while the request waits (or before
+// reflects the queue, below the bound of [WithMaxRetryAfter]; or, when ctx ends while the request waits (or before
 // it is looked at), a NOT_ADMITTED error that also wraps ctx's error
 // (errors.Is(err, context.Canceled) holds): DEADLINE_EXPIRED when ctx's
 // deadline passed while it waited, UNSPECIFIED otherwise (a waiter whose
@@ -568,7 +568,7 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 			if !heldByTenant {
 				next = max(next, c.retryBaseLocked(cs, reason, now))
 			}
-			ra = jitter(next)
+			ra = c.jitter(next)
 		default:
 			ra = c.retryAfterLocked(cs, reason, now)
 		}
@@ -1513,10 +1513,9 @@ const minRetryAfter = 10 * time.Millisecond
 
 // retryAfterLocked suggests a delay that reflects the class's queue: the
 // predicted wait (or the learned service time when nothing waits; the
-// degradation window for SHED), jittered uniformly in [½, 1½) of itself so
-// that refused clients do not come back together.
+// degradation window for SHED), jittered (see jitter).
 func (c *Controller) retryAfterLocked(cs *classState, reason status.Reason, now time.Time) time.Duration {
-	return jitter(c.retryBaseLocked(cs, reason, now))
+	return c.jitter(c.retryBaseLocked(cs, reason, now))
 }
 
 func (c *Controller) retryBaseLocked(cs *classState, reason status.Reason, now time.Time) time.Duration {
@@ -1530,8 +1529,13 @@ func (c *Controller) retryBaseLocked(cs *classState, reason status.Reason, now t
 	return base
 }
 
-func jitter(d time.Duration) time.Duration {
-	d = max(d, minRetryAfter)
+// jitter spreads a suggested delay d uniformly over [½, 1½) of itself, so
+// that refused clients do not come back together: d at least
+// minRetryAfter, and at most ⅔ of the bound (WithMaxRetryAfter), so that
+// every suggestion is below the bound however long the predicted wait
+// (a bound below 15 ms wins over the floor).
+func (c *Controller) jitter(d time.Duration) time.Duration {
+	d = min(max(d, minRetryAfter), c.cfg.maxRA*2/3)
 	return d/2 + rand.N(d)
 }
 

@@ -2,6 +2,7 @@ package admission_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -979,4 +980,80 @@ func TestTapShedEndsWithDegradedWindows(t *testing.T) {
 		t.Fatalf("Admit after the healthy windows: %v", err)
 	}
 	q.Release()
+}
+
+// A review found that the retry-after of a refusal had no upper bound: it is
+// the class's predicted wait (jittered in [½, 1½) of it), so a class with
+// long work and a deep queue told refused clients to come back in tens of
+// minutes (the review saw 40), long after the queue it judged had changed,
+// and the tap repeated the same prediction. Here one slot runs work learned
+// at 10 minutes and four requests wait: the predicted wait is 50 minutes.
+// Every suggestion — QUEUE_FULL from Admit and from the tap, TENANT_LIMIT,
+// SHED in a window of 5 minutes — must stay below the bound in force
+// (DefaultMaxRetryAfter, or WithMaxRetryAfter's), and still be jittered.
+func TestRetryAfterIsBounded(t *testing.T) {
+	for _, bound := range []time.Duration{0, 2 * time.Second} {
+		t.Run(fmt.Sprint(bound), func(t *testing.T) {
+			opts := []admission.Option{
+				admission.WithClasses(
+					admission.Class{Name: "w", Slots: 1, QueueItems: 4, ExpectedServiceTime: 10 * time.Minute,
+						MaxServiceTime: time.Hour, TenantRunning: 1, TenantQueued: 1},
+					admission.Class{Name: "opt", Slots: 1, Optional: true}),
+				admission.WithMethods("opt", optM),
+				admission.WithDegradation(admission.Degradation{Window: 5 * time.Minute}),
+			}
+			limit := admission.DefaultMaxRetryAfter
+			if bound > 0 {
+				opts = append(opts, admission.WithMaxRetryAfter(bound))
+				limit = bound
+			}
+			h := newHarness(t, opts...)
+			tenant := func(name string) admission.Request {
+				r := work(heavyM)
+				r.Tenant = name
+				return r
+			}
+			p := h.admitted(tenant("A"))
+			h.queued(tenant("A"))
+			for _, name := range []string{"B", "C", "D"} {
+				h.queued(tenant(name))
+			}
+			s, _ := h.ctrl.Stats().Class("w")
+			require.Equal(t, 50*time.Minute, s.PredictedWait, "setup: 4 queued and 1 running of 10 minutes each on one slot")
+			_, err := h.ctrl.SetOverride(context.Background(), admission.Override{
+				Actor: "test", Reason: "shed opt", TTL: time.Minute, Class: "opt", Freeze: true})
+			require.NoError(t, err)
+
+			check := func(what string, err error, reason status.Reason, seen map[time.Duration]bool) {
+				t.Helper()
+				require.Equal(t, reason, status.OutcomeOf(err).Reason, "%s: %v", what, err)
+				ra, ok := status.RetryAfter(err)
+				require.True(t, ok, "%s carries a retry-after", what)
+				require.Less(t, ra, limit, "%s: retry-after %v over the bound %v", what, ra, limit)
+				require.GreaterOrEqual(t, ra, limit/3, "%s: the bound caps the suggestion, it does not shrink it further", what)
+				seen[ra] = true
+			}
+			for _, c := range []struct {
+				what   string
+				reason status.Reason
+				refuse func() error
+			}{
+				{"Admit QUEUE_FULL", status.ReasonQueueFull, func() error { return h.refused(tenant("E"), status.ReasonQueueFull) }},
+				{"tap QUEUE_FULL", status.ReasonQueueFull, func() error {
+					_, err := h.ctrl.TapHandle(context.Background(), &tap.Info{FullMethodName: heavyM})
+					return err
+				}},
+				{"TENANT_LIMIT", status.ReasonTenantLimit, func() error { return h.refused(tenant("A"), status.ReasonTenantLimit) }},
+				{"SHED", status.ReasonShed, func() error { return h.refused(work(optM), status.ReasonShed) }},
+			} {
+				seen := map[time.Duration]bool{}
+				for range 20 {
+					check(c.what, c.refuse(), c.reason, seen)
+				}
+				require.Greater(t, len(seen), 10, "%s: retry-after is jittered, never a constant", c.what)
+			}
+			h.drain()
+			h.release(p)
+		})
+	}
 }

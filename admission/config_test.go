@@ -3,6 +3,7 @@ package admission_test
 import (
 	"math"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/admission"
@@ -27,6 +28,10 @@ func TestNewRefusesMeaninglessConfig(t *testing.T) {
 		{"ratio NaN", []admission.Option{admission.WithDegradation(admission.Degradation{MaxRefusalRatio: math.NaN()})}},
 		{"pattern to two classes", []admission.Option{cls, admission.WithMethods("a", "/x.S/"), admission.WithMethods("b", "/x.S/")}},
 		{"control method to a data class", []admission.Option{cls, admission.WithMethods("b", "/grpc.health.v1.Health/")}},
+		// A retry-after bound of nothing cannot be honoured by a jittered
+		// suggestion (TestRetryAfterIsBounded).
+		{"max retry-after 0", []admission.Option{admission.WithMaxRetryAfter(0)}},
+		{"max retry-after below a millisecond", []admission.Option{admission.WithMaxRetryAfter(time.Microsecond)}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -27,7 +27,10 @@
 // can help, a retry-after that reflects the class's queue (for TENANT_LIMIT
 // the time until the tenant's first running request ends, and the class's
 // predicted wait too unless the class has a slot free) and is
-// jittered so refused clients do not return together:
+// jittered so refused clients do not return together, in [½, 1½) of that
+// wait, capped so that it stays below [WithMaxRetryAfter]'s bound (default
+// [DefaultMaxRetryAfter], 30 s; a longer predicted wait suggests a delay
+// spread over [⅓, 1) of the bound):
 //
 //  1. size: larger than the class's MaxRequestBytes → REQUEST_TOO_LARGE;
 //  2. class and tenant: a frozen class or an optional class while degraded

@@ -237,6 +237,7 @@ type config struct {
 	margin      time.Duration
 	degradation Degradation
 	maxTTL      time.Duration
+	maxRA       time.Duration
 	alpha       float64
 	mp          metric.MeterProvider
 	tp          trace.TracerProvider
@@ -319,6 +320,21 @@ func WithMaxOverrideTTL(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.maxTTL = d })
 }
 
+// DefaultMaxRetryAfter bounds the retry-after of refusals unless
+// [WithMaxRetryAfter] sets another bound.
+const DefaultMaxRetryAfter = 30 * time.Second
+
+// WithMaxRetryAfter bounds the retry-after a refusal suggests: every
+// suggestion is less than d. A suggestion reflects the class's predicted
+// wait, jittered in [½, 1½) of it; that base is capped at ⅔ of d, so a
+// refusal whose predicted wait is long suggests a delay spread over
+// [⅓ d, d) rather than one as long as the wait, which the queue will have
+// changed long before (a repeat is refused cheaply if it has not).
+// Default [DefaultMaxRetryAfter]; d must be at least a millisecond.
+func WithMaxRetryAfter(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.maxRA = d })
+}
+
 // WithLearningRate sets the weight of a new observation in the learned mean
 // service time (an exponentially weighted moving average). Default 0.2;
 // must be in (0, 1].
@@ -360,6 +376,7 @@ func newConfig(opts []Option) (*config, error) {
 		control:   true,
 		stages:    AllStages,
 		maxTTL:    time.Hour,
+		maxRA:     DefaultMaxRetryAfter,
 		alpha:     0.2,
 		now:       time.Now,
 		realClock: true,
@@ -386,6 +403,8 @@ func newConfig(opts []Option) (*config, error) {
 		return nil, invalidConfig("negative safety margin")
 	case c.maxTTL <= 0:
 		return nil, invalidConfig("max override TTL must be positive")
+	case c.maxRA < time.Millisecond:
+		return nil, invalidConfig("max retry-after %v below a millisecond", c.maxRA)
 	case !(c.alpha > 0 && c.alpha <= 1):
 		return nil, invalidConfig("learning rate %v outside (0, 1]", c.alpha)
 	}

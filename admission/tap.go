@@ -71,7 +71,7 @@ func (c *Controller) TapHandle(ctx context.Context, info *tap.Info) (context.Con
 	reason := status.Reason(r)
 	var ra time.Duration
 	if reason != status.ReasonDraining {
-		ra = jitter(time.Duration(cs.hint.Load()))
+		ra = c.jitter(time.Duration(cs.hint.Load()))
 	}
 	if i := tapReasonIndex(reason); i >= 0 {
 		cs.tapRefused[i].Add(1)
