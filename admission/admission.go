@@ -1511,6 +1511,29 @@ func (c *Controller) tenantNextLocked(cs *classState, tenant string, now time.Ti
 // minRetryAfter is the floor of suggested delays when nothing is known.
 const minRetryAfter = 10 * time.Millisecond
 
+// RetryAfter suggests a delay before a repeat of a request of the named
+// class, as the class's QUEUE_FULL refusal would now: its predicted wait
+// (its learned service time when nothing waits), jittered in [½, 1½) of
+// itself and below the bound of [WithMaxRetryAfter]; for a name that is no
+// class, the floor of suggestions (10 ms), jittered. It is for refusals made
+// on the class's behalf outside the controller (tollgate's interceptor
+// gives one to a try that admission dropped for the try's own deadline). It
+// only observes: it takes the lock once and changes nothing.
+func (c *Controller) RetryAfter(class string) time.Duration {
+	cs, ok := c.byName[class]
+	if !ok {
+		return c.jitter(0)
+	}
+	c.mu.Lock()
+	now := c.last
+	if !c.virtual {
+		now = maxTime(c.cfg.now(), c.last)
+	}
+	base := c.retryBaseLocked(cs, status.ReasonQueueFull, now)
+	c.mu.Unlock()
+	return c.jitter(base)
+}
+
 // retryAfterLocked suggests a delay that reflects the class's queue: the
 // predicted wait (or the learned service time when nothing waits; the
 // degradation window for SHED), jittered (see jitter).

@@ -1052,6 +1052,17 @@ func TestRetryAfterIsBounded(t *testing.T) {
 				}
 				require.Greater(t, len(seen), 10, "%s: retry-after is jittered, never a constant", c.what)
 			}
+			// What the interceptor suggests on the class's behalf
+			// (Controller.RetryAfter) is bounded alike.
+			seen := map[time.Duration]bool{}
+			for range 20 {
+				ra := h.ctrl.RetryAfter("w")
+				require.Less(t, ra, limit)
+				require.GreaterOrEqual(t, ra, limit/3)
+				seen[ra] = true
+			}
+			require.Greater(t, len(seen), 10, "RetryAfter is jittered, never a constant")
+			require.Less(t, h.ctrl.RetryAfter("no such class"), 15*time.Millisecond, "the floor, jittered")
 			h.drain()
 			h.release(p)
 		})

@@ -1373,3 +1373,43 @@ func TestFinalDequeueDropTellsGrpcNotToRetry(t *testing.T) {
 	require.True(t, o.Final())
 	require.Equal(t, []string{"-1"}, tr.Get(status.PushbackKey), "a final refusal tells grpc-go's retry to stop")
 }
+
+// A review found that the retry-after the server interceptor gives a try
+// that admission dropped for the try's own deadline while its attempt's has
+// not passed (tryDeadlineOnly) had no upper bound: it was the class's
+// predicted wait, jittered, read from a Stats snapshot, while admission
+// bounds its own refusals' by WithMaxRetryAfter. Here one slot runs work
+// expected to take 10 minutes and four requests wait (a predicted wait of
+// 50 minutes): the suggestion must stay below admission's bound, as
+// admission's own refusal's would, and still be jittered.
+func TestTryDeadlineRetryAfterIsBoundedLikeAdmissions(t *testing.T) {
+	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "w", Slots: 1, QueueItems: 4,
+		ExpectedServiceTime: 10 * time.Minute, MaxServiceTime: time.Hour}))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	r := admission.Request{Method: "/s.S/M", Size: -1}
+	p, err := ctrl.Admit(t.Context(), r)
+	require.NoError(t, err)
+	defer p.Abandon()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 4)
+	for range 4 {
+		go func() { _, err := ctrl.Admit(ctx, r); done <- err }()
+	}
+	defer func() {
+		cancel()
+		for range 4 {
+			<-done
+		}
+	}()
+	require.Eventually(t, func() bool { s, _ := ctrl.Stats().Class("w"); return s.Queued == 4 }, 10*time.Second, time.Millisecond)
+
+	seen := map[time.Duration]bool{}
+	for range 20 {
+		d := interceptor.QueueDelay(ctrl, "w")
+		require.Less(t, d, admission.DefaultMaxRetryAfter, "the class predicts a 50-minute wait; admission's own refusal would suggest less than its bound")
+		require.GreaterOrEqual(t, d, admission.DefaultMaxRetryAfter/3)
+		seen[d] = true
+	}
+	require.Greater(t, len(seen), 10, "jittered, never a constant")
+}

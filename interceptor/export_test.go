@@ -3,6 +3,7 @@ package interceptor
 import (
 	"time"
 
+	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/status"
 )
 
@@ -19,4 +20,15 @@ func BeforeHorizonRefusal(verifiableFrom time.Time) error {
 	}
 	s := &attemptState{Attempt: Attempt{ID: "a", Call: "0", Try: 1}}
 	return sv.beforeHorizon(s, status.WithAttempt(s.ID, s.Call, s.Try), verifiableFrom)
+}
+
+// QueueDelay is the retry-after a server with admission ctrl gives a try
+// that admission dropped for the try's own deadline while its attempt's has
+// not passed (tryDeadlineOnly): a refusal no black-box test can time.
+func QueueDelay(ctrl *admission.Controller, class string) time.Duration {
+	sv, err := newServer([]ServerOption{WithAdmission(ctrl)})
+	if err != nil {
+		panic(err)
+	}
+	return sv.queueDelay(class)
 }

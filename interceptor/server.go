@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"strings"
 	"time"
@@ -297,15 +296,12 @@ func (sv *server) tryDeadlineOnly(err error, in *inbound, deadline time.Time) er
 	}, status.WithClass(class), status.WithDetailsOf(err))
 }
 
-// queueDelay suggests a delay before a repeat into class: its predicted
-// wait (or its learned service time when nothing waits; at least 10 ms),
-// jittered uniformly in [½, 1½) of itself, as admission's own are.
+// queueDelay suggests a delay before a repeat into class, as admission's
+// own refusals do (admission.Controller.RetryAfter): the class's predicted
+// wait, or its learned service time when nothing waits, jittered and below
+// admission's bound (admission.WithMaxRetryAfter).
 func (sv *server) queueDelay(class string) time.Duration {
-	d := 10 * time.Millisecond
-	if cs, ok := sv.cfg.admission.Stats().Class(class); ok {
-		d = max(d, cs.PredictedWait, cs.ServiceMean)
-	}
-	return d/2 + rand.N(d)
+	return sv.cfg.admission.RetryAfter(class)
 }
 
 // handlerContext returns the context the handler runs on: the attempt's
