@@ -150,3 +150,93 @@ func TestAdmissionEventQueuedAheadCountsTheRequestsActuallyQueued(t *testing.T) 
 		"full": {"refused:QUEUE_FULL", "work", 3},
 	}, got)
 }
+
+// A review found that a request that waited in admission's queue and whose
+// client went away before it started got a tollgate.admission event saying
+// "refused:UNSPECIFIED": nothing refused it, and admission counts it as
+// cancelled (tollgate.admission.decisions{decision=cancelled}). The event
+// must say so too: decision "cancelled", with the class and the requests
+// that were queued ahead of it.
+func TestAdmissionEventOfACancelledWaiter(t *testing.T) {
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+
+	events := make(chan admission.Event, 64)
+	ctrl, err := admission.New(
+		admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 3}),
+		admission.WithDefaultClass("work"),
+		admission.WithObserver(func(e admission.Event) { events <- e }),
+	)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	awaitEvent := func(kind admission.EventKind) admission.Event {
+		t.Helper()
+		for {
+			if e := within(t, events, kind.String()+" event"); e.Kind == kind {
+				return e
+			}
+		}
+	}
+	ended := make(chan struct{}, 4)
+	withSpan := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		ctx, span := tp.Tracer("test").Start(ctx, info.FullMethod)
+		defer func() { span.End(); ended <- struct{}{} }()
+		span.SetAttributes(attribute.String("key", req.(*testingv1.GetRequest).GetKey()))
+		return h(ctx, req)
+	})
+	holding, release := make(chan struct{}), make(chan struct{})
+	svc := &testsvc.Service{GetFunc: func(_ context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		if r.GetKey() == "hold" {
+			close(holding)
+			<-release
+		}
+		return &testingv1.GetResponse{}, nil
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register,
+		append([]grpc.ServerOption{withSpan}, serverOpts(interceptor.WithAdmission(ctrl), interceptor.WithoutAdmissionTap())...)...)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1}))...))
+
+	held := make(chan error, 1)
+	go func() {
+		_, err := client.Get(t.Context(), &testingv1.GetRequest{Key: "hold"})
+		held <- err
+	}()
+	within(t, holding, "held handler")
+	awaitEvent(admission.EventAdmitted)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	gone := make(chan error, 1)
+	go func() {
+		_, err := client.Get(ctx, &testingv1.GetRequest{Key: "gone"})
+		gone <- err
+	}()
+	awaitEvent(admission.EventQueued)
+	cancel()
+	within(t, gone, "the canceled call's answer")
+	awaitEvent(admission.EventDropped)
+	within(t, ended, "the canceled request's span") // the held request's has not ended
+	close(release)
+	require.NoError(t, within(t, held, "answer"))
+	within(t, ended, "the held request's span")
+
+	var decisions []string
+	for _, s := range spans.Ended() {
+		if key, _ := attr(s.Attributes(), "key"); key.AsString() != "gone" {
+			continue
+		}
+		for _, e := range s.Events() {
+			if e.Name == "tollgate.admission" {
+				d, _ := attr(e.Attributes, "decision")
+				c, _ := attr(e.Attributes, "class")
+				q, _ := attr(e.Attributes, "queued_ahead")
+				decisions = append(decisions, d.AsString()+" "+c.AsString()+" "+q.Emit())
+			}
+		}
+	}
+	require.Equal(t, []string{"cancelled work 0"}, decisions, "the client went away: nothing refused its request")
+	st, _ := ctrl.Stats().Class("work")
+	require.EqualValues(t, 1, st.Cancelled)
+	require.Empty(t, st.Refused)
+}

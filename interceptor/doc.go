@@ -172,7 +172,9 @@
 // passed the local checks; reason: why the last try failed; delay: the wait
 // before it, in milliseconds) and
 // tollgate.attempt.query (state). The server adds a
-// tollgate.admission event (decision, class, queued_ahead: the requests of
+// tollgate.admission event (decision: admitted, refused:<REASON>, or
+// cancelled for a request whose client went away while it waited; class;
+// queued_ahead: the requests of
 // the class queued ahead of this one when the controller decided, from
 // admission.Controller.AdmitDecision) to the request's span when one is
 // recording (e.g. otelgrpc's); it starts no span of its own. Metrics:

@@ -252,7 +252,13 @@ func (sv *server) admit(ctx context.Context, method string, in *inbound, tenant 
 	p, d, err := ctrl.AdmitDecision(ctx, admission.Request{Method: method, Tenant: tenant, Size: size, Deadline: deadline, StartBy: startBy, Stream: stream})
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		decision := "admitted"
-		if err != nil {
+		switch {
+		case err == nil:
+		case errors.Is(err, context.Canceled):
+			// Its client went away while it waited: nothing refused it
+			// (admission counts it as cancelled).
+			decision = "cancelled"
+		default:
 			decision = "refused:" + status.ReasonName(status.OutcomeOf(err).Reason)
 		}
 		span.AddEvent(eventAdmission, trace.WithAttributes(attrDecision.String(decision),
