@@ -78,9 +78,10 @@
 // deadline passed is refused DEADLINE_EXPIRED (the queue held it too long,
 // an overload refusal like the dequeue stage's); one whose context was
 // canceled (its caller went away) is refused nothing: it counts as a
-// decision of its own, cancelled (tollgate.admission.decisions
-// {decision=cancelled}, [ClassStats].Cancelled), and in no window's
-// decisions, neither an overload refusal nor a healthy one. Each permit ends exactly
+// decision of its own, cancelled
+// (tollgate.admission.decisions{decision=cancelled},
+// [ClassStats.Cancelled]), and in no window's decisions, neither an
+// overload refusal nor a healthy one. Each permit ends exactly
 // once, with [Permit.Release] after work that ran or [Permit.Abandon] after
 // work that did not run (a replay, a refusal after admission) or a stream;
 // the first call wins and extra calls do nothing. Each stage but the slot and
