@@ -175,13 +175,19 @@ func TestFarDeadlineRecordStaysReadable(t *testing.T) {
 // the strength of it, and Begin started the try; one tonumber cannot read
 // made inside() compare nil, an error, except for an attempt the server
 // minted, which skips that comparison and began; and "inf", "nan" or a time
-// past the year 9999 refused every attempt as unverifiable until then.
+// past the year 9999 refused every attempt as unverifiable until then. A
+// later review found that the lower bound was 1 ms after the epoch: a
+// horizon of 1, or of any time before the store existed (it writes Redis's
+// TIME or later, and New checks Redis's clock), was still read as one and
+// vouched for every absence since.
 func TestCorruptHorizonIsAnError(t *testing.T) {
 	for name, at := range map[string]string{
 		"empty":              "",
 		"foreign":            "garbage",
 		"negative":           "-5",
 		"zero":               "0",
+		"one millisecond":    "1",
+		"before 2024":        "1704067199999",
 		"minus infinity":     "-inf",
 		"infinity":           "inf",
 		"nan":                "nan",

@@ -34,7 +34,7 @@
 //     itself (idempotency.BeginRequest.Minted: a caller without a tollgate
 //     header, or one the server does not trust) begins at once. A horizon
 //     key of this Redis whose time the store cannot have written (not
-//     digits, zero, or past the year 9999) is an error for every call of its
+//     digits, before 2024, or past the year 9999) is an error for every call of its
 //     tenant (ErrStoreUnavailable), as a record key holding a hash that is
 //     not a record is: the store cannot tell which absences are evidence.
 //     Deleting the key moves the horizon to now.

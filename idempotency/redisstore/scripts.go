@@ -59,18 +59,22 @@ end
 --
 -- A horizon key of this Redis whose time is not one this store writes (n()
 -- writes digits only; Lua's tonumber also reads a sign, a fraction, a
--- space, "0x10" and "-inf") or lies outside 1 ms .. the year 9999 is an
--- error, as a hash at a record key that is not a record is (see load): read
--- as it stands, a time before every attempt's would vouch for every
--- absence, and moving the horizon over it would hide that something other
--- than this store wrote there. MAX_AT is maxStampMs.
-local MAX_AT = 253402300799999
+-- space, "0x10" and "-inf") or lies outside MIN_AT .. MAX_AT is an error,
+-- as a hash at a record key that is not a record is (see load): read as it
+-- stands, a time before every attempt's would vouch for every absence, and
+-- moving the horizon over it would hide that something other than this
+-- store wrote there. The store writes Redis's TIME or later, which New
+-- checks against the server's clock: MIN_AT, 2024-01-01 UTC, is before this
+-- store existed, and no horizon it wrote lies before it (a Redis whose
+-- clock reads earlier cannot pass New's check against a server's clock
+-- that is right). MAX_AT is maxStampMs, the year 9999.
+local MIN_AT, MAX_AT = 1704067200000, 253402300799999
 local function horizon(hk, now, skew, readonly)
   local h = redis.call('HMGET', hk, 'at', 'id')
   local id = identity()
   if h[1] and h[2] == id then
     local at = #h[1] <= 15 and string.match(h[1], '^[1-9]%d*$') and tonumber(h[1])
-    if not at or at > MAX_AT then
+    if not at or at < MIN_AT or at > MAX_AT then
       error('tollgate: the hash at ' .. hk .. ' is not a horizon: field at')
     end
     return at
