@@ -19,7 +19,10 @@
 //   - Each tenant hash tag has a horizon key holding the time it was created
 //     and the identity of the Redis that created it (its run_id and
 //     master_replid). Every script compares that identity with the running
-//     Redis's before it reads a record. A missing key (flush) or another
+//     Redis's before it reads a record. [New] refuses a server whose INFO
+//     does not tell both (on a Cluster, any node): a Redis-compatible
+//     server that hides them would look the same after a restart or a
+//     failover, and a record it lost would read as absent. A missing key (flush) or another
 //     identity (restart, a backup restored by restarting, failover to a
 //     replica) moves the horizon to now at once: every earlier attempt reads
 //     UNKNOWN, and none of its tries runs, even when an old copy of its
@@ -307,8 +310,9 @@ func (e sentError) Unwrap() error { return e.error }
 // (ReadTimeout or WriteTimeout -2), so that a context's deadline bounds
 // every store call (go-redis ignores deadlines otherwise). New checks that,
 // that Redis answers, and that its maxmemory-policy is noeviction (on a
-// Cluster, on every node the client knows of, replicas included), and loads
-// the scripts. With [WithReplicas] it also reads Redis's hz (on a Cluster,
+// Cluster, on every node the client knows of, replicas included), that it
+// tells its identity (run_id and master_replid in INFO, on every node), and
+// loads the scripts. With [WithReplicas] it also reads Redis's hz (on a Cluster,
 // on every node) and refuses a timeout unless timeout + 1000/hz ms is at
 // most half the client's ReadTimeout (when it has one) and at most half the
 // keep (see WithReplicas). It returns an error
@@ -345,6 +349,9 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 		return nil, fmt.Errorf("redisstore: WithReplicas(%d, %v) needs n ≥ 0 and, for n > 0, a timeout of at least 1 ms", s.replicas, s.waitTimeout)
 	}
 	if err := checkNoEviction(ctx, client); err != nil {
+		return nil, err
+	}
+	if err := checkIdentity(ctx, client); err != nil {
 		return nil, err
 	}
 	if err := s.checkClock(ctx); err != nil {
@@ -400,6 +407,44 @@ func checkNoEviction(ctx context.Context, client redis.UniversalClient) error {
 		}
 		return nil
 	})
+}
+
+// identityFields are what the scripts' identity() reads from INFO: the
+// section and the field, whose value must be hex digits.
+var identityFields = []struct{ section, field string }{{"server", "run_id"}, {"replication", "master_replid"}}
+
+// checkIdentity checks that every node (eachNode) tells its identity in
+// INFO, as the scripts read it (run_id in the server section, master_replid
+// in the replication one). A Redis-compatible server that leaves them out
+// would give every script the same identity, so that a restart, a restore
+// or a failover would not move the horizon, and a record it lost would read
+// as absent.
+func checkIdentity(ctx context.Context, client redis.UniversalClient) error {
+	return eachNode(ctx, client, func(ctx context.Context, c redis.UniversalClient, where string) error {
+		for _, f := range identityFields {
+			info, err := c.Info(ctx, f.section).Result()
+			if err != nil {
+				return fmt.Errorf("%w: redisstore: reading INFO %s%s: %w", idempotency.ErrStoreUnavailable, f.section, where, err)
+			}
+			if !hasHexField(info, f.field) {
+				return fmt.Errorf("redisstore: Redis's INFO %s%s has no %s: the store tells a restart, a restore or a failover, which lose records, by run_id and master_replid, and without them would read a lost record as absent (a Redis-compatible server that hides them is not supported)",
+					f.section, where, f.field)
+			}
+		}
+		return nil
+	})
+}
+
+// hasHexField reports whether info has a line "field:" followed by hex
+// digits, as the scripts' pattern field:(%x+) finds.
+func hasHexField(info, field string) bool {
+	for line := range strings.Lines(info) {
+		v, ok := strings.CutPrefix(strings.TrimRight(line, "\r\n"), field+":")
+		if ok && v != "" && strings.Trim(v, "0123456789abcdefABCDEF") == "" {
+			return true
+		}
+	}
+	return false
 }
 
 // readHz returns Redis's hz: the lowest of every node's (eachNode), whose

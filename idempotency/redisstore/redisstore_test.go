@@ -219,6 +219,52 @@ func TestRedisNewChecks(t *testing.T) {
 	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
 }
 
+// A review found that a Redis-compatible server whose INFO leaves out
+// run_id or master_replid (as some managed offerings may) gave every
+// script the same identity ("?/?"): a restart, a restore or a failover,
+// which lose records, no longer moved the horizon, and a lost record read
+// as absent. New now refuses such a server, as it refuses one that may
+// evict. The server is the test Redis, whose INFO replies a hook strips of
+// the field.
+func TestRedisNewRefusesServerWithoutIdentity(t *testing.T) {
+	for _, f := range []struct{ section, field string }{{"server", "run_id"}, {"replication", "master_replid"}} {
+		t.Run(f.field, func(t *testing.T) {
+			c, prefix := newClient(t)
+			c.AddHook(stripInfo{field: f.field})
+			ctx := context.Background()
+			info, err := c.Info(ctx, f.section).Result()
+			require.NoError(t, err)
+			require.NotContains(t, info, f.field+":", "the hook strips the field")
+			_, err = redisstore.New(ctx, c, redisstore.WithPrefix(prefix))
+			require.ErrorContains(t, err, "has no "+f.field)
+			require.NotErrorIs(t, err, idempotency.ErrStoreUnavailable, "a setting to change, not an outage")
+		})
+	}
+}
+
+// stripInfo removes the line of field from every INFO reply.
+type stripInfo struct{ field string }
+
+func (h stripInfo) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h stripInfo) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if sc, ok := cmd.(*redis.StringCmd); ok && cmd.Name() == "info" && err == nil {
+			var kept []string
+			for line := range strings.Lines(sc.Val()) {
+				if !strings.HasPrefix(line, h.field+":") {
+					kept = append(kept, line)
+				}
+			}
+			sc.SetVal(strings.Join(kept, ""))
+		}
+		return err
+	}
+}
+func (h stripInfo) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
 // New refuses a Redis that may evict keys. It runs on a Redis of its own:
 // the shared one serves other packages' tests at the same time.
 func TestRedisNewRefusesEvictingRedis(t *testing.T) {
