@@ -69,7 +69,9 @@
 // or Fence call may run its script twice. Each Begin and each Finish call
 // sends a random token that its script keeps in the record; a second run
 // that finds its own token answers as the first run did (the try started,
-// the finish took place) and changes nothing: it only writes its token
+// the finish took place) and changes nothing — it judges by its call's
+// reading of the clock, resent with it, so a resend that arrives after the
+// try's lease ended still finds its try running —: it only writes its token
 // again over the same value, while any other call — a
 // duplicated delivery of the same try, a second Finish — is refused as
 // before. That write is deliberate: Redis 7.2 and later count, for WAIT,

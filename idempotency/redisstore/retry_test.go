@@ -59,6 +59,7 @@ type lossyDialer struct {
 	armed   atomic.Bool
 	evalsha atomic.Int32 // EVALSHA commands written, on any connection
 	lost    atomic.Int32 // replies lost
+	onLoss  func()       // when set, called as a reply is lost (before go-redis resends)
 }
 
 // arm makes the next EVALSHA's reply get lost and starts counting anew.
@@ -103,6 +104,9 @@ func (c *lossyConn) Read(b []byte) (int, error) {
 		return 0, err
 	}
 	c.d.lost.Add(1)
+	if c.d.onLoss != nil {
+		c.d.onLoss()
+	}
 	if c.d.mode == lossEOF {
 		_ = c.Conn.Close()
 		return 0, io.EOF
@@ -199,6 +203,42 @@ func TestRedisBeginReplyLost(t *testing.T) {
 			_, prefix := newClient(t)
 			c, d := newLossyClient(t, redisAddr(), mode)
 			beginLostReply(t, newLossyStore(t, c, d, prefix))
+		})
+	}
+}
+
+// A review suspected that a Begin whose reply was lost, resent by go-redis
+// after the try's lease ended, would find its own try ABANDONED and refuse
+// it instead of recognising its token. It does not: the script judges the
+// record by its call's reading of the clock, which go-redis resends
+// unchanged with the script, and the first run began the try only with
+// that reading before the lease's end (dl + skew). Here the clock moves
+// past the lease while the reply is lost: the resend still answers
+// "started", while another Begin call, reading the later clock, finds the
+// try ABANDONED.
+func TestRedisBeginResentAfterLeaseStarts(t *testing.T) {
+	for _, mode := range []loss{lossEOF, lossTimeout} {
+		t.Run(mode.String(), func(t *testing.T) {
+			_, prefix := newClient(t)
+			c, d := newLossyClient(t, redisAddr(), mode)
+			l := newLossyStore(t, c, d, prefix)
+			ctx := context.Background()
+			p := storetest.Policy()
+			req := idempotency.BeginRequest{Key: l.key, Try: 1, Fingerprint: lossyFingerprint, Deadline: l.clock.Now().Add(50 * time.Millisecond)}
+			d.onLoss = func() { l.clock.Advance(50*time.Millisecond + p.Skew + time.Second) } // past the lease
+			d.arm()
+			res, err := l.s.Begin(ctx, req)
+			d.onLoss = nil
+			require.NoError(t, err)
+			requireRetried(t, d)
+			require.True(t, res.Started, "the resent Begin refused its own try: %v, record %v", res.Refusal, res.Record)
+
+			rec, err := l.s.Get(ctx, l.key)
+			require.NoError(t, err)
+			require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_ABANDONED, rec.GetState(), "by the clock now, the lease has ended")
+			dup, err := l.s.Begin(ctx, req)
+			require.NoError(t, err)
+			require.Equal(t, idempotency.RefusedAbandoned, dup.Refusal, "another Begin call of the try")
 		})
 	}
 }
