@@ -14,6 +14,7 @@ import (
 	"github.com/tollgate-go/tollgate/idempotency"
 	"github.com/tollgate-go/tollgate/idempotency/internal/hooks"
 	"github.com/tollgate-go/tollgate/idempotency/redisstore"
+	"github.com/tollgate-go/tollgate/idempotency/storetest"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 )
 
@@ -242,4 +243,79 @@ func TestStoreStalledLostReplyFenceTombstonesSucceededCall(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, res.Started,
 		"try 3 of a call whose try 1 SUCCEEDED started: the lost-reply fence tombstoned the try a stalled, stale Begin script began")
+}
+
+// A review suspected that a fence over a tombstone can shorten the
+// tombstone's life: the fence script rewrites exp as its own reading plus
+// the TTL, which is earlier than the exp written by a server whose clock is
+// ahead (or whose TTL is longer). With one policy on every replica, as
+// WithPolicy requires, that is harmless: every write sets exp at least the
+// TTL past its own reading, and a script writes only for an attempt created
+// at most the skew after its reading, so exp >= attempt time - skew + TTL,
+// and a server whose clock reads the tombstone expired also reads the
+// attempt past its TTL: it answers UNKNOWN and starts no try, never UNSEEN.
+// Here server a, a skew ahead of b, fences; b raises the ballot and moves
+// exp a skew earlier; at that exp, by a's clock and then by b's, Get
+// answers UNKNOWN, Fence UNKNOWN, and no try starts. (Replicas with
+// different policies are another matter: a longer TTL reads any record
+// another replica let expire as absent; see WithPolicy.)
+func TestFenceOverTombstoneShortensItHarmlessly(t *testing.T) {
+	c, prefix := newClient(t)
+	p := storetest.Policy()
+	base := time.Now().Add(storetest.ClockLead)
+	cb := storetest.NewClock(base)
+	ca := storetest.NewClock(base.Add(p.Skew))
+	a := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(ca))
+	b := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(cb))
+	ctx := context.Background()
+	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(base.Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
+	_, err := b.Get(ctx, k) // the horizon starts at b's reading
+	require.NoError(t, err)
+	afterHorizon()
+	adv := func(d time.Duration) { ca.Advance(d); cb.Advance(d) }
+	adv(time.Millisecond)
+
+	rk := recordKey(prefix, k)
+	rec, err := a.Fence(ctx, k, 1)
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState())
+	first, err := c.HGet(ctx, rk, "exp").Int64()
+	require.NoError(t, err)
+	rec, err = b.Fence(ctx, k, 2)
+	require.NoError(t, err)
+	require.Equal(t, uint32(2), rec.GetFencedThroughTry())
+	exp, err := c.HGet(ctx, rk, "exp").Int64()
+	require.NoError(t, err)
+	require.Equal(t, first-p.Skew.Milliseconds(), exp, "b's fence moved the tombstone's expiry a skew earlier")
+
+	for _, at := range []struct {
+		name  string
+		clock *storetest.Clock
+	}{{"a", ca}, {"b", cb}} {
+		adv(time.UnixMilli(exp).Sub(at.clock.Now())) // the tombstone reads expired by at's clock
+		for _, srv := range []struct {
+			name  string
+			s     *redisstore.Store
+			clock *storetest.Clock
+		}{{"a", a, ca}, {"b", b, cb}} {
+			rec, err := srv.s.Get(ctx, k)
+			require.NoError(t, err)
+			if srv.name == "b" && at.name == "a" {
+				// By b's clock, a skew behind, the tombstone still stands.
+				require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState())
+				continue
+			}
+			require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN, rec.GetState(),
+				"%s at the expiry by %s's clock: the tombstone's absence read as evidence", srv.name, at.name)
+			for _, try := range []uint32{1, 2} {
+				res, err := srv.s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: try, Deadline: srv.clock.Now().Add(time.Second)})
+				require.NoError(t, err)
+				require.False(t, res.Started, "%s at the expiry by %s's clock: fenced try %d started", srv.name, at.name, try)
+				require.Equal(t, idempotency.RefusedUnverifiable, res.Refusal)
+			}
+			rec, err = srv.s.Fence(ctx, k, 2)
+			require.NoError(t, err)
+			require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN, rec.GetState())
+		}
+	}
 }

@@ -127,7 +127,16 @@ func (f optionFunc) apply(s *Store) { f(s) }
 func WithPrefix(prefix string) Option { return optionFunc(func(s *Store) { s.prefix = prefix }) }
 
 // WithPolicy sets the store's times and response size limit. Default
-// idempotency.DefaultPolicy(). Every replica of a server must use the same.
+// idempotency.DefaultPolicy(). Every replica of a server must use the same:
+// a record's expiry is written by one replica's policy and judged by
+// another's, and a replica whose TTL or skew is longer reads a record that
+// another let expire as never seen, and begins its tries again. A policy is
+// therefore not changed replica by replica: stop every replica, and before
+// starting them with a longer TTL or skew, delete every horizon key
+// (<prefix>{t:*}:h), so that the attempts created before read UNKNOWN.
+// (Within one policy, a write may move a record's expiry earlier, as a
+// fence from a server whose clock is behind does; never before the attempt's
+// time - skew + TTL, after which every reader answers UNKNOWN.)
 func WithPolicy(p idempotency.Policy) Option { return optionFunc(func(s *Store) { s.policy = p }) }
 
 // WithReplicas makes Begin and Fence wait (Redis WAIT) until n replicas
