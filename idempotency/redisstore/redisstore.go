@@ -145,7 +145,11 @@ func WithPolicy(p idempotency.Policy) Option { return optionFunc(func(s *Store) 
 // idempotency.ErrStoreUnavailable when fewer did. A try whose begin fell
 // short is fenced again at once (best effort, on a context of its own
 // bounded by a second, so that it is sent even when the caller's context is
-// about to end), so its next try can start.
+// about to end), so its next try can start. Get is not waited for: it
+// writes at most a tenant's horizon key, which a promoted replica's other
+// identity moves again whether it had a copy or not; its answer is a
+// reading of the primary it reached (an owner's decision goes through
+// Fence, which waits).
 //
 // Redis times out a blocked WAIT only on its serverCron tick, every 1000/hz
 // ms (hz 10 by default: up to 100 ms late), so New reads hz (on a Cluster,

@@ -595,3 +595,67 @@ func TestNothingSentReadsNoClusterMap(t *testing.T) {
 	require.Never(t, func() bool { return reads.Load() > before }, 500*time.Millisecond, 5*time.Millisecond,
 		"a Begin that sent nothing had the Cluster's map read again")
 }
+
+// A review asked whether it matters that Get sends no WAIT with
+// WithReplicas, although it writes the horizon key of a tenant that has
+// none. It does not change what any call answers after a failover: the
+// promoted replica has another identity (its run_id and a new
+// master_replid), so every horizon key, copied or not, is another Redis's,
+// and the first script of each tenant moves its horizon. A horizon key
+// lost with the primary reads as a missing one and moves it the same way.
+// Get's answer itself is a reading of one Redis at one moment (GetAttempt
+// is for operators and tools); an owner's decision goes through
+// FenceAttempt, whose Fence waits. Here, on servers of the test's own, the
+// replica is cut off while Get starts the horizon of tenant "lone", the
+// primary dies, and the replica, promoted, lacks that key: "lone"'s
+// attempt reads UNKNOWN and no try of it starts, exactly as the attempts of
+// tenant "acme", whose horizon and records the replica acknowledged.
+func TestRedisGetHorizonLostInFailover(t *testing.T) {
+	paddr, pproc := ownRedis(t)
+	raddr, _ := ownRedis(t)
+	primary := redis.NewClient(&redis.Options{Addr: paddr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = primary.Close() })
+	replica := redis.NewClient(&redis.Options{Addr: raddr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = replica.Close() })
+	ctx := context.Background()
+	host, port, err := net.SplitHostPort(paddr)
+	require.NoError(t, err)
+	require.NoError(t, primary.ConfigSet(ctx, "repl-diskless-sync-delay", "0").Err()) // a server of this test's own
+	require.NoError(t, replica.Do(ctx, "REPLICAOF", host, port).Err())
+	waitFor(t, 10*time.Second, "the replica in sync", func() bool { return inSync(ctx, primary, replica) })
+
+	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
+	p := storetest.Policy()
+	const prefix = "getwait:"
+	s := newStore(t, primary, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithReplicas(1, 500*time.Millisecond))
+	done, fenced := finishedAndFenced(t, s, clock, p, "acme")
+	waitFor(t, 10*time.Second, "the replica in sync", func() bool { return inSync(ctx, primary, replica) })
+
+	// The replica is cut off (it turns to a master that does not answer,
+	// keeping its data), as a partition would.
+	require.NoError(t, replica.Do(ctx, "REPLICAOF", "127.0.0.1", "1").Err())
+	waitFor(t, 10*time.Second, "the primary without its replica", func() bool {
+		return mustInfo(t, primary, "replication", "connected_slaves") == "0"
+	})
+	lone := idempotency.Key{Tenant: "lone", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
+	rec, err := s.Get(ctx, lone) // starts "lone"'s horizon, on the primary only
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN, rec.GetState())
+	require.Equal(t, int64(1), primary.Exists(ctx, horizonKey(prefix, "lone")).Val())
+	require.NoError(t, pproc.Process.Kill())
+	_ = pproc.Wait()
+	require.NoError(t, replica.Do(ctx, "REPLICAOF", "NO", "ONE").Err())
+	require.Zero(t, replica.Exists(ctx, horizonKey(prefix, "lone")).Val(), "Get's horizon write was lost with the primary")
+	require.Equal(t, int64(1), replica.Exists(ctx, horizonKey(prefix, "acme")).Val())
+
+	promoted := newStore(t, replica, prefix, redisstore.WithPolicy(p), clockOption(clock))
+	clock.Advance(time.Millisecond)
+	for _, k := range []idempotency.Key{lone, done, fenced} {
+		rec, err := promoted.Get(ctx, k)
+		require.NoError(t, err)
+		require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN, rec.GetState(), "tenant %s, call %s", k.Tenant, k.Call)
+		res, err := promoted.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: clock.Now().Add(time.Second)})
+		require.NoError(t, err)
+		require.Equal(t, idempotency.RefusedUnverifiable, res.Refusal, "tenant %s, call %s: try 2 must not start", k.Tenant, k.Call)
+	}
+}
