@@ -15,10 +15,17 @@
 //
 //   - [New] refuses to start unless maxmemory-policy is noeviction: a full
 //     Redis refuses writes (the store answers ErrStoreFull) instead of
-//     evicting records.
+//     evicting records. New reads the policy once (scripts cannot read the
+//     configuration), so a policy changed afterwards is not seen, but its
+//     evictions are: once Redis has evicted keys (INFO stats evicted_keys),
+//     their count is part of its identity (below), and each eviction moves
+//     every tenant's horizon as a restart does. CONFIG RESETSTAT zeroes that
+//     count: evictions followed by one before a tenant's next call go unseen
+//     for that tenant, so after evictions delete every horizon key
+//     (<prefix>{t:*}:h) or restart Redis, and keep CONFIG from other users.
 //   - Each tenant hash tag has a horizon key holding the time it was created
 //     and the identity of the Redis that created it (its run_id and
-//     master_replid). Every script compares that identity with the running
+//     master_replid, and its evicted_keys once not 0). Every script compares that identity with the running
 //     Redis's before it reads a record. [New] refuses a server whose INFO
 //     does not tell both (on a Cluster, any node): a Redis-compatible
 //     server that hides them would look the same after a restart or a

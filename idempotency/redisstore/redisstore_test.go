@@ -270,9 +270,70 @@ func (h stripInfo) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 func TestRedisNewRefusesEvictingRedis(t *testing.T) {
 	c := privateRedis(t)
 	ctx := context.Background()
-	require.NoError(t, c.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err())
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory-policy", "volatile-lru").Err())
 	_, err := redisstore.New(ctx, c)
 	require.ErrorContains(t, err, "noeviction")
+}
+
+// A review asked whether a maxmemory-policy changed after New (CONFIG SET,
+// a managed service's parameter change) is noticed. It was not: New checks
+// the policy once, and the scripts cannot read the configuration (CONFIG is
+// not allowed in scripts). Here Redis, switched to volatile-lru after New (a
+// common default of managed services), evicts the record of a call that
+// SUCCEEDED — records have TTLs, horizon keys none, so a volatile policy
+// evicts records only, and the horizon stayed —: the call read UNSEEN and
+// its try 2 began, its handler would have run again, even after the policy
+// was put back. The scripts now count Redis's evictions (INFO stats
+// evicted_keys) into its identity: an eviction moves the horizon as a
+// restart does, and the call reads UNKNOWN. It runs on a Redis of its own.
+func TestRedisEvictionAfterNewMovesHorizon(t *testing.T) {
+	c := privateRedis(t)
+	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
+	p := storetest.Policy()
+	const prefix = "evict:"
+	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
+	ctx := context.Background()
+	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
+	_, err := s.Get(ctx, k) // the horizon starts
+	require.NoError(t, err)
+	clock.Advance(p.Skew)
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.True(t, res.Started)
+	require.NoError(t, s.Finish(ctx, idempotency.FinishRequest{Key: k, Try: 1, State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("ok")}))
+
+	used, err := strconv.ParseInt(mustInfo(t, c, "memory", "used_memory"), 10, 64)
+	require.NoError(t, err)
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory-policy", "volatile-lru").Err())
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory", fmt.Sprint(used+2<<20)).Err())
+	hk, rk := horizonKey(prefix, k.Tenant), recordKey(prefix, k)
+	junk := strings.Repeat("x", 64<<10)
+	for i := 0; c.Exists(ctx, rk).Val() == 1; i++ {
+		require.Less(t, i, 1000, "Redis evicted no record")
+		// The SET that evicts the last volatile key may still not fit: OOM.
+		if err := c.Set(ctx, fmt.Sprintf("junk:%d", i), junk, 0).Err(); err != nil {
+			require.True(t, redis.HasErrorPrefix(err, "OOM"), "%v", err)
+		}
+	}
+	require.Equal(t, int64(1), c.Exists(ctx, hk).Val(), "a volatile policy evicts records (they have TTLs), never horizon keys")
+	// Put back, the policy does not bring the record back.
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err())
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "0").Err())
+
+	clock.Advance(time.Millisecond)
+	rec, err := s.Get(ctx, k)
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN, rec.GetState(), "the evicted record of a call that SUCCEEDED")
+	res, err = s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: clock.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.Equal(t, idempotency.RefusedUnverifiable, res.Refusal, "try 2 of a call that SUCCEEDED must not begin")
+
+	// Attempts created after the horizon moved are vouched for again.
+	clock.Advance(p.Skew)
+	fresh := idempotency.Key{Tenant: k.Tenant, AttemptID: storetest.AttemptIDAt(clock.Now()), Call: "0", Method: "/x.Y/Z"}
+	res, err = s.Begin(ctx, idempotency.BeginRequest{Key: fresh, Try: 1, Deadline: clock.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.True(t, res.Started, "%+v", res)
 }
 
 // A Redis out of memory refuses writes (noeviction): Begin and Fence answer

@@ -41,10 +41,18 @@ local function n(x) return string.format('%d', x) end
 -- and a server's beyond the skew.
 local CLOCK_MARGIN = 1000
 
+-- identity names the running Redis: its run_id and master_replid, and,
+-- once it has evicted keys (a maxmemory-policy changed from noeviction after
+-- New), how many: each eviction may have removed a record, so it moves every
+-- horizon as a restart does. Under noeviction the count stays 0 and is left
+-- out (horizon keys written before it was counted stay this Redis's).
 local function identity()
   local s = redis.call('INFO', 'server')
   local r = redis.call('INFO', 'replication')
-  return (string.match(s, 'run_id:(%x+)') or '?') .. '/' .. (string.match(r, 'master_replid:(%x+)') or '?')
+  local id = (string.match(s, 'run_id:(%x+)') or '?') .. '/' .. (string.match(r, 'master_replid:(%x+)') or '?')
+  local e = string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)')
+  if e and e ~= '0' then id = id .. '/evicted:' .. e end
+  return id
 end
 
 -- horizon returns the tenant's horizon, moving it to now when its key is
