@@ -373,10 +373,10 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 	if err := checkNoEviction(ctx, client); err != nil {
 		return nil, err
 	}
-	if err := checkIdentity(ctx, client); err != nil {
+	if err := s.checkClock(ctx); err != nil {
 		return nil, err
 	}
-	if err := s.checkClock(ctx); err != nil {
+	if err := checkIdentity(ctx, client); err != nil {
 		return nil, err
 	}
 	if s.replicas > 0 {
