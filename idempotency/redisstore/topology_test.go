@@ -622,12 +622,14 @@ func TestRedisGetHorizonLostInFailover(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, primary.ConfigSet(ctx, "repl-diskless-sync-delay", "0").Err()) // a server of this test's own
 	require.NoError(t, replica.Do(ctx, "REPLICAOF", host, port).Err())
-	waitFor(t, 10*time.Second, "the replica in sync", func() bool { return inSync(ctx, primary, replica) })
+	waitFor(t, 10*time.Second, "the replica in sync, and online for the primary", func() bool {
+		return inSync(ctx, primary, replica) && onlineReplica(primary.Info(ctx, "replication").Val()) != ""
+	})
 
 	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
 	p := storetest.Policy()
 	const prefix = "getwait:"
-	s := newStore(t, primary, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithReplicas(1, 500*time.Millisecond))
+	s := newStore(t, primary, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithReplicas(1, time.Second))
 	done, fenced := finishedAndFenced(t, s, clock, p, "acme")
 	waitFor(t, 10*time.Second, "the replica in sync", func() bool { return inSync(ctx, primary, replica) })
 
