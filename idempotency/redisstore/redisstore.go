@@ -25,13 +25,14 @@
 //     (<prefix>{t:*}:h) or restart Redis, and keep CONFIG from other users.
 //   - Each tenant hash tag has a horizon key holding the time it was created
 //     and the identity of the Redis that created it (its run_id and
-//     master_replid, and its evicted_keys once not 0). Every script compares that identity with the running
-//     Redis's before it reads a record. [New] refuses a server whose INFO
-//     does not tell both (on a Cluster, any node): a Redis-compatible
-//     server that hides them would look the same after a restart or a
-//     failover, and a record it lost would read as absent. A missing key (flush) or another
-//     identity (restart, a backup restored by restarting, failover to a
-//     replica) moves the horizon to now at once: every earlier attempt reads
+//     master_replid, and its evicted_keys once not 0). Every script
+//     compares that identity with the running Redis's before it reads a
+//     record. [New] refuses a server whose INFO does not tell its run_id
+//     and master_replid (on a Cluster, any node): a Redis-compatible server
+//     that hides them would look the same after a restart or a failover,
+//     and a record it lost would read as absent. A missing key (flush) or
+//     another identity (restart, a backup restored by restarting, failover
+//     to a replica, an eviction) moves the horizon to now at once: every earlier attempt reads
 //     UNKNOWN, and none of its tries runs, even when an old copy of its
 //     record survived. A backup restored into the running Redis (its keys
 //     RESTOREd after a FLUSHALL, or DEBUG RELOAD of an older RDB) brings the

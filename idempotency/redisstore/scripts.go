@@ -4,9 +4,10 @@ import "github.com/redis/go-redis/v9"
 
 // Every state change is one of these scripts: one atomic step, one round
 // trip. Each first compares the tenant's horizon key with Redis's identity
-// (run_id and master_replid, read with INFO inside the script): when the key
-// is missing (flushed, deleted) or the identity differs (restart, restore,
-// failover), the horizon moves to now before anything else happens.
+// (run_id and master_replid, and evicted_keys once not 0, read with INFO
+// inside the script): when the key is missing (flushed, deleted) or the
+// identity differs (restart, restore, failover, eviction), the horizon moves
+// to now before anything else happens.
 //
 // Times are Unix milliseconds from the caller's clock. A record is a hash;
 // its logical expiry "exp" is checked as well as its Redis TTL, so that a
