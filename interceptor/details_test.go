@@ -289,3 +289,51 @@ func TestDetailsServerStreamRefusalKeepsForeign(t *testing.T) {
 	require.Equal(t, status.ReasonShed, d.GetReason(), "%v", err)
 	require.NotEmpty(t, d.GetAttemptId(), "re-addressed to the server's call")
 }
+
+// A review found that a rebuilt status carried the other error's details
+// however large: a callee's refusal with a 12 KiB DebugInfo, passed up
+// without effect by the tier above, reached a caller whose header list limit
+// is 8 KiB (grpc-java's and gRPC C++'s default) as a trailer it refuses, so
+// the caller lost the whole answer and read an INTERNAL error, an unknown
+// outcome, where the callee had refused the call. A rebuilt status carries
+// a bounded share of the other error's details (status, # Details of
+// another error): the refusal arrives, with the details that fit.
+func TestDetailsChainCarriesBoundedDetails(t *testing.T) {
+	quota := &errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: "project:7"}}}
+	dep := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		p := grpcstatus.Convert(status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Second))).Proto()
+		for _, m := range []proto.Message{&errdetails.DebugInfo{Detail: strings.Repeat("x", 12<<10)}, quota} {
+			a, err := anypb.New(m)
+			require.NoError(t, err)
+			p.Details = append(p.Details, a)
+		}
+		return nil, status.WithoutEffect(grpcstatus.FromProto(p).Err()) // it refused before changing anything
+	}}
+	depEnd := testsvc.StartT(t, testsvc.Bufconn, dep.Register, serverOpts()...)
+	depClient := testingv1.NewTestServiceClient(depEnd.DialT(t, interceptor.DialOptions(fastRetry(1))...))
+	mid := &testsvc.Service{ApplyFunc: func(ctx context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		resp, err := depClient.Apply(ctx, r)
+		if err != nil {
+			return nil, status.WithoutEffect(err) // nothing ran below: pass the refusal up
+		}
+		return resp, nil
+	}}
+	midEnd := testsvc.StartT(t, testsvc.Bufconn, mid.Register, serverOpts()...)
+	origin := testingv1.NewTestServiceClient(midEnd.DialT(t, append(interceptor.DialOptions(fastRetry(1)),
+		grpc.WithMaxHeaderListSize(8<<10))...))
+
+	_, err := origin.Apply(t.Context(), &testingv1.ApplyRequest{Key: "k"})
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
+	require.Equal(t, status.ReasonQueueFull, o.Reason)
+	var kept []proto.Message
+	for _, d := range grpcstatus.Convert(err).Details() {
+		switch d.(type) {
+		case *tollgatev1.OutcomeDetail, *errdetails.ErrorInfo, *errdetails.RetryInfo:
+		default:
+			kept = append(kept, d.(proto.Message))
+		}
+	}
+	require.Len(t, kept, 1, "the DebugInfo does not fit; the QuotaFailure does")
+	require.True(t, proto.Equal(quota, kept[0]))
+}

@@ -2,6 +2,8 @@ package status_test
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,11 +108,64 @@ func TestWithDetailsOf(t *testing.T) {
 	}
 }
 
+// A review found that a rebuilt status carried every detail of the other
+// error, and every entry of its ErrorInfo's metadata, however large: a
+// callee's (or handler's) 64 KiB DebugInfo or a 10,000-entry ErrorInfo went
+// on up every hop, where a caller whose header list limit is below the
+// callee's (grpc-java's and gRPC C++'s 8 KiB default) lost the whole answer,
+// refusal and all. What is carried is bounded: a detail that does not fit
+// is dropped, later ones that fit are kept in order, and the ErrorInfo
+// keeps its domain, reason and the entries that fit by key order, the same
+// at every hop.
+func TestWithDetailsOfIsBounded(t *testing.T) {
+	md := make(map[string]string, 10000)
+	for i := range 10000 {
+		md[fmt.Sprintf("k%05d", i)] = strings.Repeat("v", 20)
+	}
+	var details []*anypb.Any
+	for i, m := range []proto.Message{
+		&errdetails.DebugInfo{Detail: strings.Repeat("stack frame\n", 64<<10/12)},
+		&errdetails.ErrorInfo{Domain: "quota.example.com", Reason: "RATE_LIMITED", Metadata: md},
+		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: "project:7"}}},
+	} {
+		a, err := anypb.New(m)
+		require.NoError(t, err, "detail %d", i)
+		details = append(details, a)
+	}
+	peer := grpcstatus.FromProto(&spb.Status{Code: int32(codes.ResourceExhausted), Message: "quota", Details: details})
+
+	refusal := status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Second), status.WithDetailsOf(peer.Err()))
+	b, err := proto.Marshal(grpcstatus.Convert(refusal).Proto())
+	require.NoError(t, err)
+	require.Less(t, len(b), 4<<10, "the rebuilt status is bounded")
+	w := sendOverWire(t, refusal)
+	got := others(t, w)
+	require.Len(t, got, 1, "the DebugInfo does not fit, the QuotaFailure after it does: %v", got)
+	require.Empty(t, cmpDiff(details[2], mustAny(t, got[0])))
+	cause := w.errorInfo.GetMetadata()
+	require.Equal(t, "quota.example.com", cause["cause_domain"])
+	require.Equal(t, "RATE_LIMITED", cause["cause_reason"])
+	require.Equal(t, md["k00000"], cause["cause_md_k00000"], "the entries that fit, by key order")
+	require.Less(t, len(cause), 100)
+
+	// A second hop keeps the same entries.
+	w2 := sendOverWire(t, status.OutcomeUnknown(w.st.Err()))
+	require.Equal(t, cause, w2.errorInfo.GetMetadata())
+	require.Len(t, others(t, w2), 1)
+}
+
+func mustAny(t testing.TB, m proto.Message) *anypb.Any {
+	t.Helper()
+	a, err := anypb.New(m)
+	require.NoError(t, err)
+	return a
+}
+
 // FuzzDetailsOf rebuilds a refusal from an arbitrary google.rpc.Status, as a
 // client or server rebuilds one a peer sent: whatever the peer's details,
 // the refusal carries one OutcomeDetail (its own), one ErrorInfo
 // (tollgate's), one RetryInfo (its own delay), then every other detail of
-// the peer's, in order.
+// the peer's that fits in the bound of what it carries, in order.
 func FuzzDetailsOf(f *testing.F) {
 	peer, _ := foreignStatus(f)
 	for _, s := range []*spb.Status{peer.Proto(), grpcstatus.Convert(status.OutcomeUnknown(peer.Err())).Proto(), {Code: 2}} {
@@ -124,11 +179,15 @@ func FuzzDetailsOf(f *testing.F) {
 			t.Skip()
 		}
 		var want []*anypb.Any
+		room := 3 << 10 // what a rebuilt status carries at most (TestWithDetailsOfIsBounded)
 		for _, d := range p.GetDetails() {
 			switch d.MessageName() {
 			case "tollgate.v1.OutcomeDetail", "google.rpc.ErrorInfo", "google.rpc.RetryInfo":
 			default:
-				want = append(want, d)
+				if size := len(d.GetTypeUrl()) + len(d.GetValue()); size <= room {
+					room -= size
+					want = append(want, d)
+				}
 			}
 		}
 		refusal := status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Second),

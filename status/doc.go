@@ -124,7 +124,16 @@
 //     ErrorInfo has its cause_ entries (its own cause, from further below)
 //     kept as they are, so that a callee's ErrorInfo survives every hop.
 //     The first ErrorInfo that gives entries so gives them all; the others,
-//     and an ErrorInfo that does not decode, are dropped.
+//     and an ErrorInfo that does not decode, are dropped;
+//   - what is carried is bounded, since it goes on up every hop in the
+//     grpc-status-details-bin trailer, and a caller whose header list limit
+//     is below the peer's (grpc-java's and gRPC C++'s default is 8 KiB) would
+//     lose the whole answer as an INTERNAL error: the details kept weigh at
+//     most 3 KiB (type URL and encoded value), a detail that does not fit in
+//     what remains is dropped and later ones that fit are kept; the cause_
+//     entries weigh at most 512 bytes (key and value), the domain and reason
+//     first, then the metadata entries in the order of their keys, each kept
+//     while it fits, so that every hop keeps the same ones.
 //
 // # Compatibility
 //

@@ -1,6 +1,7 @@
 package status
 
 import (
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -437,22 +438,39 @@ const (
 	causeMetadataKey = "cause_md_" // followed by the carried ErrorInfo's own key
 )
 
+// Bounds of what an outcome carries of another error's status (see the
+// package doc): the details it keeps (each counted by its type URL and
+// encoded value), and the cause_ entries of its ErrorInfo (each by its key
+// and value). A status is sent as the grpc-status-details-bin trailer,
+// base64-encoded, beside grpc-message; without a bound a rebuilt status
+// forwards whatever the peer or handler sent, however large, and a caller
+// whose header list limit is lower than the peer's (grpc-java's and gRPC
+// C++'s default is 8 KiB) loses the whole answer, refusal and all, as an
+// INTERNAL error. With these, tollgate's details and the carried ones stay
+// within about 5 KiB of trailer besides the message.
+const (
+	maxCarriedBytes = 3 << 10
+	maxCauseBytes   = 512
+)
+
 // carriedDetails returns the details of err's status that an outcome
 // carries after its own (a callee's BadRequest, QuotaFailure, DebugInfo, a
 // handler's own detail…), in their order: every detail but a tollgate
 // OutcomeDetail, which describes another call, or the same call as an
 // earlier, now superseded, reading; a RetryInfo, since a status carries at
-// most one and tollgate's retry guidance is authoritative; and an
-// ErrorInfo, of which a status carries one (AIP-193), tollgate's. cause is
-// the metadata tollgate's ErrorInfo takes in instead: the first other
-// domain's ErrorInfo's domain, reason and metadata, or what a tollgate
-// ErrorInfo carried of its own cause (so that it survives every hop), and
-// nil when there is neither.
+// most one and tollgate's retry guidance is authoritative; an ErrorInfo, of
+// which a status carries one (AIP-193), tollgate's; and a detail that does
+// not fit in what remains of maxCarriedBytes. cause is the metadata
+// tollgate's ErrorInfo takes in instead: the first other domain's
+// ErrorInfo's domain, reason and metadata, or what a tollgate ErrorInfo
+// carried of its own cause (so that it survives every hop), bounded by
+// maxCauseBytes, and nil when there is neither.
 func carriedDetails(err error) (others []*anypb.Any, cause map[string]string) {
 	st, ok := grpcstatus.FromError(err)
 	if !ok || st == nil {
 		return nil, nil
 	}
+	room := maxCarriedBytes
 	for _, d := range st.Proto().GetDetails() {
 		// By the name after the type URL's last '/', as readers resolve it:
 		// another prefix names the same type.
@@ -469,30 +487,56 @@ func carriedDetails(err error) (others []*anypb.Any, cause map[string]string) {
 			}
 			continue
 		}
-		others = append(others, d)
+		if size := len(d.GetTypeUrl()) + len(d.GetValue()); size <= room {
+			room -= size
+			others = append(others, d)
+		}
 	}
 	return others, cause
 }
 
-// causeOf is the metadata tollgate's ErrorInfo takes from ei (carriedDetails).
+// causeOf is the metadata tollgate's ErrorInfo takes from ei (carriedDetails):
+// the domain and reason first, then the entries in the order of their keys,
+// each while it fits in maxCauseBytes, so that the same ErrorInfo gives the
+// same entries at every hop.
 func causeOf(ei *errdetails.ErrorInfo) map[string]string {
 	var m map[string]string
+	room := maxCauseBytes
+	add := func(k, v string) {
+		if len(k)+len(v) > room {
+			return
+		}
+		if m == nil {
+			m = make(map[string]string)
+		}
+		room -= len(k) + len(v)
+		m[k] = v
+	}
+	md := ei.GetMetadata()
+	keys := make([]string, 0, len(md))
+	for k := range md {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
 	if ei.GetDomain() == Domain {
-		for k, v := range ei.GetMetadata() {
-			if strings.HasPrefix(k, "cause_") {
-				if m == nil {
-					m = make(map[string]string, len(ei.GetMetadata()))
-				}
-				m[k] = v
+		// Its own cause, from further below: its domain and reason first.
+		for _, k := range []string{causeDomainKey, causeReasonKey} {
+			if v, ok := md[k]; ok {
+				add(k, v)
+			}
+		}
+		for _, k := range keys {
+			if strings.HasPrefix(k, "cause_") && k != causeDomainKey && k != causeReasonKey {
+				add(k, md[k])
 			}
 		}
 		return m
 	}
-	m = make(map[string]string, len(ei.GetMetadata())+2)
-	for k, v := range ei.GetMetadata() {
-		m[causeMetadataKey+k] = v
+	add(causeDomainKey, ei.GetDomain())
+	add(causeReasonKey, ei.GetReason())
+	for _, k := range keys {
+		add(causeMetadataKey+k, md[k])
 	}
-	m[causeDomainKey], m[causeReasonKey] = ei.GetDomain(), ei.GetReason()
 	return m
 }
 
