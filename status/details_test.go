@@ -154,6 +154,25 @@ func TestWithDetailsOfIsBounded(t *testing.T) {
 	require.Len(t, others(t, w2), 1)
 }
 
+// A review found that the entries tollgate's ErrorInfo took from another
+// domain's were named cause_md_ and the other's key whatever that key was:
+// a 60-character key made a 69-character one, and a key such as
+// "limit.per.sec" one with a dot, where AIP-193 wants metadata keys to match
+// [a-z][a-zA-Z0-9-_]+ and be at most 64 characters. An entry whose carried
+// key would not be one is dropped; the others are kept.
+func TestWithDetailsOfKeepsAIP193Keys(t *testing.T) {
+	long := strings.Repeat("k", 60)
+	peer := grpcstatus.FromProto(&spb.Status{Code: int32(codes.ResourceExhausted), Details: []*anypb.Any{mustAny(t, &errdetails.ErrorInfo{
+		Domain: "quota.example.com", Reason: "RATE_LIMITED",
+		Metadata: map[string]string{"limit": "10", "limit.per.sec": "2", long: "x", "Zone": "eu", "cause_x": "y"},
+	})}})
+	w := sendOverWire(t, status.NotAdmitted(status.ReasonQueueFull, status.WithDetailsOf(peer.Err())))
+	require.Equal(t, map[string]string{
+		"cause_domain": "quota.example.com", "cause_reason": "RATE_LIMITED",
+		"cause_md_limit": "10", "cause_md_Zone": "eu", "cause_md_cause_x": "y",
+	}, w.errorInfo.GetMetadata())
+}
+
 func mustAny(t testing.TB, m proto.Message) *anypb.Any {
 	t.Helper()
 	a, err := anypb.New(m)

@@ -120,7 +120,9 @@
 //     (AIP-193), tollgate's, with domain "tollgate.dev" and the tollgate
 //     reason. Another domain's ErrorInfo has its domain and reason go into
 //     the metadata of tollgate's as "cause_domain" and "cause_reason", and
-//     each of its metadata entries as "cause_md_" and its key; a tollgate
+//     each of its metadata entries as "cause_md_" and its key (an entry
+//     whose key so made would break AIP-193's rule for metadata keys,
+//     [a-z][a-zA-Z0-9-_]+ and at most 64 characters, is dropped); a tollgate
 //     ErrorInfo has its cause_ entries (its own cause, from further below)
 //     kept as they are, so that a callee's ErrorInfo survives every hop.
 //     The first ErrorInfo that gives entries so gives them all; the others,

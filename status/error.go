@@ -503,7 +503,7 @@ func causeOf(ei *errdetails.ErrorInfo) map[string]string {
 	var m map[string]string
 	room := maxCauseBytes
 	add := func(k, v string) {
-		if len(k)+len(v) > room {
+		if len(k)+len(v) > room || !metadataKey(k) {
 			return
 		}
 		if m == nil {
@@ -538,6 +538,24 @@ func causeOf(ei *errdetails.ErrorInfo) map[string]string {
 		add(causeMetadataKey+k, md[k])
 	}
 	return m
+}
+
+// metadataKey reports whether k may name an entry of an ErrorInfo's
+// metadata: AIP-193 wants [a-z][a-zA-Z0-9-_]+, at most 64 characters. A
+// carried entry whose key, with the cause_md_ prefix, would not be one is
+// dropped.
+func metadataKey(k string) bool {
+	if len(k) < 2 || len(k) > 64 || k[0] < 'a' || k[0] > 'z' {
+		return false
+	}
+	for i := 1; i < len(k); i++ {
+		switch c := k[i]; {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '-', c == '_':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // errorInfoWith is e's ErrorInfo with metadata md.
