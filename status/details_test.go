@@ -228,6 +228,13 @@ func FuzzDetailsOf(f *testing.F) {
 		require.NoError(t, got[1].UnmarshalTo(ei))
 		require.Equal(t, status.Domain, ei.GetDomain())
 		require.Equal(t, "QUEUE_FULL", ei.GetReason())
+		size := 0
+		for k, v := range ei.GetMetadata() {
+			require.Regexp(t, `^cause_[a-zA-Z0-9_-]*$`, k, "an AIP-193 key of the cause")
+			require.LessOrEqual(t, len(k), 64)
+			size += len(k) + len(v)
+		}
+		require.LessOrEqual(t, size, 512, "the cause entries are bounded")
 		for i, d := range want {
 			require.True(t, proto.Equal(d, got[3+i]), "detail %d: want %v, got %v", i, d, got[3+i])
 		}
