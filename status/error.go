@@ -173,8 +173,9 @@ func WithReason(r Reason) Option { return reasonOption(r) }
 // other side said (a google.rpc.QuotaFailure, BadRequest, DebugInfo, a
 // handler's own detail…). [OutcomeUnknown] carries its cause's details
 // without it; WithDetailsOf replaces the error they are taken from, and
-// WithDetailsOf(nil) carries none. What is not carried as it is, and why, is
-// in the package doc (# Details of another error). A later WithDetailsOf
+// WithDetailsOf(nil) carries none. What is not carried as it is (including
+// what exceeds the bound of what is carried), and why, is in the package
+// doc (# Details of another error). A later WithDetailsOf
 // replaces an earlier one.
 func WithDetailsOf(err error) Option { return detailsOption{err: err} }
 
@@ -374,8 +375,9 @@ func (e *Error) Detail() *tollgatev1.OutcomeDetail {
 // and message, the OutcomeDetail, a google.rpc.ErrorInfo and, when a delay was
 // suggested, a google.rpc.RetryInfo, in that order; then the details of
 // the error it carries ([WithDetailsOf]; an unknown outcome's cause), but
-// for tollgate's own, a RetryInfo and an ErrorInfo, whose data goes into
-// tollgate's (see the package doc). The status is built on the
+// for tollgate's own, a RetryInfo, an ErrorInfo, whose data goes into
+// tollgate's, and what exceeds a bound of a few KiB (see the package doc).
+// The status is built on the
 // first call and shared by later ones (a grpc-go Status is immutable). A nil
 // *Error has no status (grpc-go then sends UNKNOWN).
 func (e *Error) GRPCStatus() *grpcstatus.Status {
