@@ -491,11 +491,24 @@ func (c *client) result(s *attemptState, key string, n uint32, err error, o stat
 	if msg == "" && final {
 		msg = "interceptor: the attempt's allowance is spent"
 	}
-	ra, _ := status.RetryAfter(err) // what its RetryInfo said, carried as the refusal's one RetryInfo
 	return status.NotAdmitted(status.ReasonAllowanceExhausted, status.Fields{
 		AttemptID: s.ID, Call: key, Try: n, Final: final, Message: msg,
-		RetryAfter: ra, Class: o.Detail.GetWorkloadClass(),
+		RetryAfter: refusalDelay(err, o, final), Class: o.Detail.GetWorkloadClass(),
 	}, status.WithUnitsRemaining(snap.Free), status.WithDetailsOf(err))
+}
+
+// refusalDelay is the delay a refusal rebuilt from err (outcome o) suggests,
+// carried as its one RetryInfo: when it may be repeated, what err's
+// RetryInfo said (status.RetryAfter), another layer's included; when it is
+// final, only its own detail's, since a RetryInfo another layer added would
+// invite a repeat no repeat can change (and turn grpc-retry-pushback-ms -1
+// into a delay).
+func refusalDelay(err error, o status.Outcome, final bool) time.Duration {
+	if final {
+		return o.Detail.GetRetryAfter().AsDuration()
+	}
+	ra, _ := status.RetryAfter(err)
+	return ra
 }
 
 // refusalMessage is the message a NOT_ADMITTED err with reason r was built

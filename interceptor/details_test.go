@@ -137,6 +137,29 @@ func TestDetailsServerRefusalKeepsForeign(t *testing.T) {
 	require.Equal(t, 2*time.Second, d.GetRetryAfter().AsDuration(), "the refusal's own delay, not the foreign RetryInfo's")
 }
 
+// A review found that a final refusal with no delay of its own took the
+// delay of a RetryInfo another layer added (status.RetryAfter reads the
+// first RetryInfo): the server re-sent it final but with a positive
+// grpc-retry-pushback-ms instead of -1, inviting grpc-go's own retry to
+// repeat what no repeat can change, and the client rebuilding an
+// ALLOWANCE_EXHAUSTED refusal did the same. A final refusal suggests only
+// the delay of its own detail.
+func TestDetailsFinalRefusalTakesNoForeignDelay(t *testing.T) {
+	svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		return nil, status.WithoutEffect(withForeign(t, status.NotAdmitted(status.ReasonRequestTooLarge, status.Final())))
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	plain := testingv1.NewTestServiceClient(end.DialT(t))
+	var trailer metadata.MD
+	_, err := plain.Apply(t.Context(), &testingv1.ApplyRequest{Key: "k"}, grpc.Trailer(&trailer))
+	d := requireCarried(t, err)
+	require.True(t, d.GetFinal())
+	require.Nil(t, d.GetRetryAfter(), "a final refusal suggests no delay it did not make")
+	_, ok := status.RetryAfter(err)
+	require.False(t, ok)
+	require.Equal(t, []string{"-1"}, trailer.Get(status.PushbackKey), "grpc-go's own retry is told to stop")
+}
+
 // A handler fails with a status that is not definite: the server answers
 // UNKNOWN and keeps the handler's details, its ErrorInfo in tollgate's.
 func TestDetailsServerUnknownKeepsForeign(t *testing.T) {
@@ -199,6 +222,7 @@ func TestDetailsClientAllowanceKeepsForeign(t *testing.T) {
 	d := requireCarried(t, err)
 	require.Equal(t, status.ReasonAllowanceExhausted, d.GetReason(), "%v", err)
 	require.False(t, d.GetFinal(), "the origin's allowance is not spent")
+	require.Equal(t, 5*time.Second, d.GetRetryAfter().AsDuration(), "a refusal that may be repeated adopts the other layer's delay")
 }
 
 // A callee refuses without effect, with details of its own, and the retry

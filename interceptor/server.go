@@ -369,12 +369,12 @@ func (sv *server) answer(in *inbound, err error) error {
 	s := in.s
 	switch o.Kind {
 	case status.KindNotAdmitted:
-		ra, _ := status.RetryAfter(err)
 		// ALLOWANCE_EXHAUSTED is final only at the origin (DESIGN.md §3.3),
 		// and this server is never its caller's: it is below the caller's
 		// origin, or it minted an attempt of its own for an untrusted
 		// caller, whose repeat is minted anew with a fresh allowance.
 		final := o.Final() && o.Reason != status.ReasonAllowanceExhausted
+		ra := refusalDelay(err, o, final)
 		// The refusal keeps what it said, and the class that refused it.
 		return status.NotAdmitted(o.Reason, status.Fields{
 			AttemptID: s.ID, Call: s.Call, Try: s.Try, RetryAfter: ra, Final: final,
