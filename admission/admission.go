@@ -1558,8 +1558,15 @@ func (c *Controller) retryBaseLocked(cs *classState, reason status.Reason, now t
 // every suggestion is below the bound however long the predicted wait
 // (a bound below 15 ms wins over the floor).
 func (c *Controller) jitter(d time.Duration) time.Duration {
-	d = min(max(d, minRetryAfter), c.cfg.maxRA*2/3)
+	d = min(max(d, minRetryAfter), twoThirds(c.cfg.maxRA))
 	return d/2 + rand.N(d)
+}
+
+// twoThirds is ⌊2b/3⌋ for a positive b, without overflowing for a b above
+// half of time.Duration's range (WithMaxRetryAfter(math.MaxInt64) asks for
+// no practical bound).
+func twoThirds(b time.Duration) time.Duration {
+	return b/3*2 + b%3*2/3
 }
 
 // refusal builds the NOT_ADMITTED error of a refusal.

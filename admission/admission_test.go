@@ -3,6 +3,7 @@ package admission_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -1063,6 +1064,38 @@ func TestRetryAfterIsBounded(t *testing.T) {
 			}
 			require.Greater(t, len(seen), 10, "RetryAfter is jittered, never a constant")
 			require.Less(t, h.ctrl.RetryAfter("no such class"), 15*time.Millisecond, "the floor, jittered")
+			h.drain()
+			h.release(p)
+		})
+	}
+}
+
+// A review found that the cap of the retry-after's base, ⅔ of the bound of
+// WithMaxRetryAfter, was computed as bound*2/3, which overflows for a bound
+// above half of time.Duration's range: a server that asked for no
+// practical bound, WithMaxRetryAfter(math.MaxInt64), got a negative cap,
+// and its first refusal panicked in the jitter (rand.N of a negative
+// duration). It pins that such a bound is accepted and caps nothing: the
+// suggestion is the predicted wait, jittered, as without a bound.
+func TestRetryAfterHugeBound(t *testing.T) {
+	for _, bound := range []time.Duration{math.MaxInt64, math.MaxInt64/2 + 1, 1<<62 + 7} {
+		t.Run(fmt.Sprint(int64(bound)), func(t *testing.T) {
+			h := newHarness(t, admission.WithMaxRetryAfter(bound),
+				admission.WithClasses(admission.Class{Name: "w", Slots: 1, QueueItems: 1, ExpectedServiceTime: 10 * time.Minute,
+					MaxServiceTime: time.Hour}))
+			p := h.admitted(work(heavyM))
+			h.queued(work(heavyM))
+			for range 20 {
+				err := h.refused(work(heavyM), status.ReasonQueueFull)
+				ra, ok := status.RetryAfter(err)
+				require.True(t, ok)
+				// Predicted wait 20 minutes (one running, one queued), jittered.
+				require.GreaterOrEqual(t, ra, 10*time.Minute)
+				require.Less(t, ra, 30*time.Minute)
+				ra = h.ctrl.RetryAfter("w")
+				require.GreaterOrEqual(t, ra, 10*time.Minute)
+				require.Less(t, ra, 30*time.Minute)
+			}
 			h.drain()
 			h.release(p)
 		})
