@@ -445,11 +445,13 @@ func (c *Controller) classifyMethod(m string) *classState {
 // status package (QUEUE_FULL, CONCURRENCY_FULL, DEADLINE_UNREACHABLE,
 // DEADLINE_EXPIRED, SHED, TENANT_LIMIT, REQUEST_TOO_LARGE, DRAINING after
 // Close) carrying the class and, unless final, a jittered retry-after that
-// reflects the queue, below the bound of [WithMaxRetryAfter]; or, when ctx ends while the request waits (or before
-// it is looked at), a NOT_ADMITTED error that also wraps ctx's error
-// (errors.Is(err, context.Canceled) holds): DEADLINE_EXPIRED when ctx's
-// deadline passed while it waited, UNSPECIFIED otherwise (a waiter whose
-// context was canceled is counted as cancelled, not as a refusal).
+// reflects the queue, below the bound of [WithMaxRetryAfter]; or, when ctx
+// ends while the request waits (or before it is looked at), a NOT_ADMITTED
+// error that also wraps ctx's error (errors.Is(err, context.Canceled) or
+// context.DeadlineExceeded holds): DEADLINE_EXPIRED when a deadline passed
+// (ctx's, or the request's, or ctx's cause is context.DeadlineExceeded),
+// UNSPECIFIED otherwise (a request whose context was canceled is counted as
+// cancelled, not as a refusal).
 func (c *Controller) Admit(ctx context.Context, r Request) (*Permit, error) {
 	p, _, err := c.admit(ctx, r, c.cfg.now(), true)
 	return p, err
@@ -483,11 +485,33 @@ func (c *Controller) AdmitDecisionAt(ctx context.Context, r Request, now time.Ti
 // admit is AdmitDecisionAt. timed is true on the real clock's path (Admit,
 // AdmitDecision): a waiter then gives up by a timer of its own (see wait).
 func (c *Controller) admit(ctx context.Context, r Request, now time.Time, timed bool) (*Permit, Decision, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, Decision{}, waitEnded(status.ReasonUnspecified, nil, err)
-	}
 	cs := c.classify(ctx, r)
 	d := Decision{Class: cs.cfg.Name}
+	if err := ctx.Err(); err != nil {
+		// Ended before it was looked at: counted as it would have been had
+		// it ended while it waited, but as the caller's doing (in no
+		// window: the queue held it for nothing).
+		c.mu.Lock()
+		c.virtual = !timed
+		c.advance(now)
+		d.QueuedAhead = cs.queue.n
+		reason := status.ReasonUnspecified
+		if deadlineEnded(ctx, r.Deadline, now) {
+			reason = status.ReasonDeadlineExpired
+			cs.refused[reason]++ // stats only, as an arrival after the deadline
+		} else {
+			cs.cancelled++
+		}
+		c.emitLocked(Event{Kind: EventRefused, Class: cs.cfg.Name, Tenant: r.Tenant, Reason: reason, At: now, QueuedAhead: d.QueuedAhead})
+		c.unlock()
+		if reason == status.ReasonDeadlineExpired {
+			c.m.missAdmissionAdd(ctx)
+			c.m.refused(ctx, cs, reason)
+		} else {
+			c.m.cancelled(ctx, cs)
+		}
+		return nil, d, waitEnded(reason, cs, err)
+	}
 	if c.cfg.stages&StageSize != 0 && cs.cfg.MaxRequestBytes > 0 && r.Size > cs.cfg.MaxRequestBytes {
 		// The cheapest stage needs no state; the lock only counts it.
 		c.mu.Lock()
@@ -785,7 +809,7 @@ func (c *Controller) ctxEnded(ctx context.Context, w *waiter, timed bool) (*Perm
 	}
 	c.noteLeftWaitLocked(w, now)
 	reason := status.ReasonUnspecified
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+	if deadlineEnded(ctx, w.deadline, now) {
 		// Its caller's deadline passed while it waited: the queue held it
 		// too long, a refusal like the dequeue stage's.
 		reason = status.ReasonDeadlineExpired
@@ -813,6 +837,26 @@ func (c *Controller) ctxEnded(ctx context.Context, w *waiter, timed bool) (*Perm
 		c.m.cancelled(ctx, w.cs)
 	}
 	return nil, waitEnded(reason, w.cs, ctx.Err())
+}
+
+// deadlineEnded reports whether ctx, which has ended, ended because a
+// deadline passed rather than because its caller went away: its error or
+// its cause (context.Cause) is context.DeadlineExceeded; or it was
+// canceled once its own deadline had passed (by the wall clock, which
+// contexts keep) or the request's deadline had (by the controller's clock,
+// now) — a gRPC server's context is canceled by the client's RST_STREAM
+// when the client's deadline passes, which often comes before the
+// server's own timer for the same deadline fires, and a context canceled
+// in the instant between its deadline and its timer reports
+// context.Canceled too.
+func deadlineEnded(ctx context.Context, deadline, now time.Time) bool {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
+		return true
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return true
+	}
+	return !deadline.IsZero() && !now.Before(deadline)
 }
 
 // woken turns a decided waiter into Admit's result.

@@ -104,7 +104,10 @@ func TestAdmitDecisionAdmittedPastHeldBackWaitersReportsZero(t *testing.T) {
 }
 
 // TestAdmitDecisionContextEndedBeforeLooking: a request whose context had
-// ended is refused before it is classified: the decision is empty.
+// ended is refused before any stage looks at it, but after it is
+// classified (it is counted in its class: see
+// TestContextEndedBeforeLookingIsCounted): the decision names the class and
+// the requests queued in it.
 func TestAdmitDecisionContextEndedBeforeLooking(t *testing.T) {
 	ctrl, err := admission.New()
 	require.NoError(t, err)
@@ -114,7 +117,7 @@ func TestAdmitDecisionContextEndedBeforeLooking(t *testing.T) {
 	p, d, err := ctrl.AdmitDecision(ctx, work("/demo.Jobs/Run"))
 	require.Nil(t, p)
 	require.ErrorIs(t, err, context.Canceled)
-	require.Equal(t, admission.Decision{}, d)
+	require.Equal(t, admission.Decision{Class: admission.DefaultClass}, d)
 }
 
 func TestPermitQueuedAheadNil(t *testing.T) {

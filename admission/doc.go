@@ -76,15 +76,20 @@
 // under its running limit in a full class, which is the class's overload. Waiting
 // requests leave the queue when their context ends: one whose context's
 // deadline passed is refused DEADLINE_EXPIRED (the queue held it too long,
-// an overload refusal like the dequeue stage's); one whose context was
-// canceled (its caller went away) is refused nothing: it counts as a
-// decision of its own, cancelled
+// an overload refusal like the dequeue stage's), as is one whose context
+// was canceled once its own deadline or the request's had passed, or with
+// context.DeadlineExceeded as its cause (a gRPC client's RST_STREAM at its
+// deadline can come before the server's timer for it); one whose context
+// was canceled otherwise (its caller went away) is refused nothing: it
+// counts as a decision of its own, cancelled
 // (tollgate.admission.decisions{decision=cancelled},
 // [ClassStats.Cancelled]), and in no window's decisions, neither an
-// overload refusal nor a healthy one. Each permit ends exactly
-// once, with [Permit.Release] after work that ran or [Permit.Abandon] after
-// work that did not run (a replay, a refusal after admission) or a stream;
-// the first call wins and extra calls do nothing. Each stage but the slot and
+// overload refusal nor a healthy one. A request whose context had ended
+// before Admit looked at it is counted alike, in its class, but in no
+// window (as an arrival after its deadline: the caller's doing). Each
+// permit ends exactly once, with [Permit.Release] after work that ran or
+// [Permit.Abandon] after work that did not run (a replay, a refusal after
+// admission) or a stream; the first call wins and extra calls do nothing. Each stage but the slot and
 // queue bound can be switched off with [WithStages].
 //
 // # Learning and prediction

@@ -156,9 +156,14 @@ func (h *harness) drain() []admission.Event {
 // controller decided (admitted, queued or refused), with the request's id
 // and the decision event.
 func (h *harness) arrive(r admission.Request) (int, admission.Event) {
+	ctx, cancel := context.WithCancel(context.Background())
+	return h.arriveCtx(ctx, cancel, r)
+}
+
+// arriveCtx is arrive on ctx, which cancel ends (h.cancel).
+func (h *harness) arriveCtx(ctx context.Context, cancel context.CancelFunc, r admission.Request) (int, admission.Event) {
 	h.nextID++
 	id := h.nextID
-	ctx, cancel := context.WithCancel(context.Background())
 	h.cancels[id] = cancel
 	h.wg.Add(1)
 	go func() {

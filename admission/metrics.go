@@ -41,7 +41,7 @@ func newInstruments(c *Controller) (*instruments, error) {
 	m := &instruments{tracer: c.cfg.tp.Tracer(scope)}
 	var err error
 	if m.decisions, err = meter.Int64Counter("tollgate.admission.decisions",
-		metric.WithDescription("Admission decisions by decision (admitted; refused, with its reason; cancelled: a waiting request whose caller went away, its context canceled, before it started, with no reason), class and reason."),
+		metric.WithDescription("Admission decisions by decision (admitted; refused, with its reason; cancelled: a request whose caller went away, its context canceled, before it started, while it waited or before admission looked at it, with no reason), class and reason."),
 		metric.WithUnit("{decision}")); err != nil {
 		return nil, err
 	}

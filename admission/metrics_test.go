@@ -2,6 +2,7 @@ package admission_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -196,4 +197,149 @@ func TestCancelledWaiterIsItsOwnDecision(t *testing.T) {
 		}
 	}
 	h.release(p)
+}
+
+// pastDeadlineCtx is a context whose deadline has passed but which reports
+// context.Canceled: one canceled in the instant between its deadline and
+// its timer, or a gRPC server's whose client's RST_STREAM (sent when the
+// client's deadline passed) came before the server's own timer fired.
+type pastDeadlineCtx struct {
+	context.Context
+	deadline time.Time
+}
+
+func (c pastDeadlineCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+// A review found that a waiter whose context ended was told apart as
+// cancelled or DEADLINE_EXPIRED by ctx.Err() alone: a context canceled
+// once its deadline had passed (a gRPC client's RST_STREAM at its deadline
+// often reaches the server before the server's timer for the same
+// deadline fires), one canceled with context.DeadlineExceeded as its cause,
+// or one canceled after the request's own deadline had passed, counted as
+// a client that went away — no refusal, in no window — though the queue
+// held it past its deadline. It pins that each is a DEADLINE_EXPIRED
+// refusal, and that a plain cancel before any deadline stays cancelled.
+func TestWaiterCanceledPastItsDeadlineIsDeadlineExpired(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		ctx     func() (context.Context, context.CancelFunc)
+		req     admission.Request
+		advance time.Duration // the controller's clock, before the cancel
+		want    status.Reason
+	}{
+		{"ctx deadline passed", func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(context.Background())
+			return pastDeadlineCtx{ctx, time.Now().Add(-time.Millisecond)}, cancel
+		}, work(heavyM), 0, status.ReasonDeadlineExpired},
+		{"cause DeadlineExceeded", func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancelCause(context.Background())
+			return ctx, func() { cancel(fmt.Errorf("upstream: %w", context.DeadlineExceeded)) }
+		}, work(heavyM), 0, status.ReasonDeadlineExpired},
+		{"request deadline passed", func() (context.Context, context.CancelFunc) {
+			return context.WithCancel(context.Background())
+		}, admission.Request{Method: heavyM, Size: -1, Deadline: epoch.Add(3 * time.Second)}, 5 * time.Second, status.ReasonDeadlineExpired},
+		{"ctx deadline ahead", func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(context.Background())
+			return pastDeadlineCtx{ctx, time.Now().Add(time.Hour)}, cancel
+		}, work(heavyM), 0, status.ReasonUnspecified},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			reader := sdkmetric.NewManualReader()
+			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+			t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+			// Without the dequeue stage, a waiter past its deadline is
+			// dropped by nothing but its context.
+			h := newHarness(t, admission.WithMeterProvider(mp), admission.WithStages(admission.AllStages&^admission.StageDequeue),
+				admission.WithClasses(admission.Class{Name: "a", Slots: 1, QueueItems: 4, ExpectedServiceTime: time.Second}))
+			p := h.admitted(work(heavyM))
+			ctx, cancel := c.ctx()
+			id, e := h.arriveCtx(ctx, cancel, c.req)
+			require.Equal(t, admission.EventQueued, e.Kind)
+			if c.advance > 0 {
+				h.tick(c.advance)
+			}
+			res := h.cancel(id)
+			require.Equal(t, c.want, status.OutcomeOf(res.err).Reason, "%v", res.err)
+			s, _ := h.ctrl.Stats().Class("a")
+			got := map[string]int64{}
+			for _, dp := range collect(t, reader)["tollgate.admission.decisions"].Data.(metricdata.Sum[int64]).DataPoints {
+				a := attrs(dp.Attributes)
+				got[a["decision"]+":"+a["reason"]] += dp.Value
+			}
+			if c.want == status.ReasonDeadlineExpired {
+				require.Zero(t, s.Cancelled)
+				require.EqualValues(t, map[string]uint64{"DEADLINE_EXPIRED": 1}, s.Refused)
+				require.Equal(t, map[string]int64{"admitted:": 1, "refused:DEADLINE_EXPIRED": 1}, got)
+			} else {
+				require.EqualValues(t, 1, s.Cancelled)
+				require.Empty(t, s.Refused)
+				require.Equal(t, map[string]int64{"admitted:": 1, "cancelled:": 1}, got)
+			}
+			h.release(p)
+		})
+	}
+}
+
+// A review found that a request whose context had already ended when Admit
+// looked at it was refused UNSPECIFIED before it was classified and counted
+// nowhere — not in tollgate.admission.decisions, not in Stats — while the
+// same request a moment later, ended in the queue, counted as cancelled or
+// DEADLINE_EXPIRED: a burst of requests whose clients gave up while the
+// server was busy elsewhere (in the tap, the store, other interceptors)
+// left no trace. It pins that such a request is counted in its class as
+// it would have been had it ended while it waited: canceled, as cancelled;
+// past its deadline, as DEADLINE_EXPIRED, a deadline miss at the admission
+// stage; and, like any arrival after its deadline, in no degradation window.
+func TestContextEndedBeforeLookingIsCounted(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	clk := newClock()
+	ctrl, err := admission.New(admission.WithClock(clk.Now), admission.WithMeterProvider(mp),
+		admission.WithClasses(admission.Class{Name: "a", Slots: 1, QueueItems: 4, ExpectedServiceTime: time.Second}),
+		admission.WithDegradation(admission.Degradation{Window: time.Second, MinDecisions: 1, MaxRefusalRatio: 0.5}))
+	require.NoError(t, err)
+	defer ctrl.Close()
+	p, err := ctrl.Admit(context.Background(), work(heavyM))
+	require.NoError(t, err)
+
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, d, err := ctrl.AdmitDecision(canceled, work(heavyM))
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, status.ReasonUnspecified, status.OutcomeOf(err).Reason)
+	require.Equal(t, admission.Decision{Class: "a"}, d)
+
+	for range 3 {
+		expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+		_, _, err = ctrl.AdmitDecision(expired, work(heavyM))
+		cancel()
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.Equal(t, status.ReasonDeadlineExpired, status.OutcomeOf(err).Reason)
+		require.Equal(t, "a", status.OutcomeOf(err).Detail.GetWorkloadClass())
+	}
+
+	s, _ := ctrl.Stats().Class("a")
+	require.EqualValues(t, 1, s.Cancelled)
+	require.EqualValues(t, map[string]uint64{"DEADLINE_EXPIRED": 3}, s.Refused)
+	ms := collect(t, reader)
+	got := map[string]int64{}
+	for _, dp := range ms["tollgate.admission.decisions"].Data.(metricdata.Sum[int64]).DataPoints {
+		a := attrs(dp.Attributes)
+		got[a["decision"]+":"+a["reason"]] += dp.Value
+	}
+	require.Equal(t, map[string]int64{"admitted:": 1, "cancelled:": 1, "refused:DEADLINE_EXPIRED": 3}, got)
+	misses := map[string]int64{}
+	if m, ok := ms["tollgate.deadline.misses"]; ok {
+		for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+			misses[attrs(dp.Attributes)["stage"]] += dp.Value
+		}
+	}
+	require.Equal(t, map[string]int64{"admission": 3}, misses)
+
+	// 3 refusals of 4 decisions would make the window overloaded, were
+	// they the queue's: they are the callers'.
+	clk.Advance(time.Second)
+	require.Equal(t, admission.ModeNormal, ctrl.Mode())
+	p.Release()
 }

@@ -17,7 +17,8 @@ const (
 	EventQueued
 	// EventStarted: a waiting request got a slot.
 	EventStarted
-	// EventRefused: a request was refused on arrival.
+	// EventRefused: a request was refused on arrival (or its context had
+	// ended before Admit looked at it).
 	EventRefused
 	// EventDropped: a waiting request left the queue without running: its
 	// deadline could no longer be met, its class was shed or frozen, the
@@ -49,7 +50,9 @@ type Event struct {
 	// logs and tests; metrics never carry tenants.
 	Tenant string
 	// Reason is the refusal's reason (EventRefused, EventDropped);
-	// UNSPECIFIED for a waiter that left because its context was canceled.
+	// UNSPECIFIED for a request counted as cancelled: a waiter that left
+	// because its context was canceled (EventDropped), or a request whose
+	// context was canceled before Admit looked at it (EventRefused).
 	Reason status.Reason
 	// Mode is the new mode (EventMode).
 	Mode Mode
@@ -111,10 +114,11 @@ type ClassStats struct {
 	// reason name ("QUEUE_FULL", ...), the tap's included.
 	Admitted uint64
 	Refused  map[string]uint64
-	// Cancelled counts waiting requests whose context was canceled (their
-	// caller went away) before they started: no refusal, and in no
-	// degradation window. A waiter whose context's deadline passed is
-	// refused DEADLINE_EXPIRED instead.
+	// Cancelled counts requests whose context was canceled (their caller
+	// went away) before they started, while they waited or before Admit
+	// looked at them: no refusal, and in no degradation window. One whose
+	// context's deadline, or the request's, had passed is refused
+	// DEADLINE_EXPIRED instead.
 	Cancelled uint64
 	// FalseAccepts counts admitted requests that finished after their
 	// deadline; FalseRejects DEADLINE_UNREACHABLE refusals judged, from the
