@@ -77,6 +77,9 @@ func TestAdmissionEventQueuedAheadCountsTheRequestsActuallyQueued(t *testing.T) 
 		ctx, span := tp.Tracer("test").Start(ctx, info.FullMethod)
 		defer span.End()
 		span.SetAttributes(attribute.String("key", req.(*testingv1.GetRequest).GetKey()))
+		if req.(*testingv1.GetRequest).GetKey() == "late" {
+			ctx = endsPastDeadline{ctx}
+		}
 		return h(ctx, req)
 	})
 	holding, release := make(chan struct{}), make(chan struct{})
@@ -156,7 +159,12 @@ func TestAdmissionEventQueuedAheadCountsTheRequestsActuallyQueued(t *testing.T) 
 // "refused:UNSPECIFIED": nothing refused it, and admission counts it as
 // cancelled (tollgate.admission.decisions{decision=cancelled}). The event
 // must say so too: decision "cancelled", with the class and the requests
-// that were queued ahead of it.
+// that were queued ahead of it. A later review found that the event said
+// "cancelled" of any wait ended by a context.Canceled, while admission
+// counts one canceled once its deadline had passed (a client's RST_STREAM
+// at its deadline can come before the server's own timer) as the
+// DEADLINE_EXPIRED refusal it is: the event must say what admission
+// counted, "refused:DEADLINE_EXPIRED" for such a request ("late").
 func TestAdmissionEventOfACancelledWaiter(t *testing.T) {
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
@@ -183,6 +191,9 @@ func TestAdmissionEventOfACancelledWaiter(t *testing.T) {
 		ctx, span := tp.Tracer("test").Start(ctx, info.FullMethod)
 		defer func() { span.End(); ended <- struct{}{} }()
 		span.SetAttributes(attribute.String("key", req.(*testingv1.GetRequest).GetKey()))
+		if req.(*testingv1.GetRequest).GetKey() == "late" {
+			ctx = endsPastDeadline{ctx}
+		}
 		return h(ctx, req)
 	})
 	holding, release := make(chan struct{}), make(chan struct{})
@@ -206,24 +217,27 @@ func TestAdmissionEventOfACancelledWaiter(t *testing.T) {
 	within(t, holding, "held handler")
 	awaitEvent(admission.EventAdmitted)
 
-	ctx, cancel := context.WithCancel(t.Context())
-	gone := make(chan error, 1)
-	go func() {
-		_, err := client.Get(ctx, &testingv1.GetRequest{Key: "gone"})
-		gone <- err
-	}()
-	awaitEvent(admission.EventQueued)
-	cancel()
-	within(t, gone, "the canceled call's answer")
-	awaitEvent(admission.EventDropped)
-	within(t, ended, "the canceled request's span") // the held request's has not ended
+	for _, key := range []string{"gone", "late"} {
+		ctx, cancel := context.WithCancel(t.Context())
+		gone := make(chan error, 1)
+		go func() {
+			_, err := client.Get(ctx, &testingv1.GetRequest{Key: key})
+			gone <- err
+		}()
+		awaitEvent(admission.EventQueued)
+		cancel()
+		within(t, gone, "the canceled call's answer")
+		awaitEvent(admission.EventDropped)
+		within(t, ended, "the canceled request's span") // the held request's has not ended
+	}
 	close(release)
 	require.NoError(t, within(t, held, "answer"))
 	within(t, ended, "the held request's span")
 
 	var decisions []string
 	for _, s := range spans.Ended() {
-		if key, _ := attr(s.Attributes(), "key"); key.AsString() != "gone" {
+		key, _ := attr(s.Attributes(), "key")
+		if key.AsString() == "hold" {
 			continue
 		}
 		for _, e := range s.Events() {
@@ -231,12 +245,25 @@ func TestAdmissionEventOfACancelledWaiter(t *testing.T) {
 				d, _ := attr(e.Attributes, "decision")
 				c, _ := attr(e.Attributes, "class")
 				q, _ := attr(e.Attributes, "queued_ahead")
-				decisions = append(decisions, d.AsString()+" "+c.AsString()+" "+q.Emit())
+				decisions = append(decisions, key.AsString()+": "+d.AsString()+" "+c.AsString()+" "+q.Emit())
 			}
 		}
 	}
-	require.Equal(t, []string{"cancelled work 0"}, decisions, "the client went away: nothing refused its request")
+	require.Equal(t, []string{"gone: cancelled work 0", "late: refused:DEADLINE_EXPIRED work 0"}, decisions,
+		"the client went away: nothing refused its request; unless its deadline had passed")
 	st, _ := ctrl.Stats().Class("work")
 	require.EqualValues(t, 1, st.Cancelled)
-	require.Empty(t, st.Refused)
+	require.Equal(t, map[string]uint64{"DEADLINE_EXPIRED": 1}, st.Refused)
+}
+
+// endsPastDeadline is a request context that, once canceled, reports a
+// deadline that has passed: one whose client's RST_STREAM, sent at the
+// client's deadline, came before the server's timer for it fired.
+type endsPastDeadline struct{ context.Context }
+
+func (c endsPastDeadline) Deadline() (time.Time, bool) {
+	if c.Err() != nil {
+		return time.Now().Add(-time.Millisecond), true
+	}
+	return c.Context.Deadline()
 }

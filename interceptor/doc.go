@@ -173,7 +173,7 @@
 // before it, in milliseconds) and
 // tollgate.attempt.query (state). The server adds a
 // tollgate.admission event (decision: admitted, refused:<REASON>, or
-// cancelled for a request whose client went away while it waited; class;
+// cancelled for a request whose client went away before it started; class;
 // queued_ahead: the requests of
 // the class queued ahead of this one when the controller decided, from
 // admission.Controller.AdmitDecision) to the request's span when one is

@@ -254,9 +254,10 @@ func (sv *server) admit(ctx context.Context, method string, in *inbound, tenant 
 		decision := "admitted"
 		switch {
 		case err == nil:
-		case errors.Is(err, context.Canceled):
-			// Its client went away while it waited: nothing refused it
-			// (admission counts it as cancelled).
+		case errors.Is(err, context.Canceled) && status.OutcomeOf(err).Reason == status.ReasonUnspecified:
+			// Its client went away before it started: nothing refused it
+			// (admission counts it as cancelled). A context canceled once
+			// its deadline had passed is admission's DEADLINE_EXPIRED.
 			decision = "cancelled"
 		default:
 			decision = "refused:" + status.ReasonName(status.OutcomeOf(err).Reason)
