@@ -36,6 +36,60 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 )
 
+// slotHolder holds a class's only slot for a test: its handlers (get,
+// apply) keep a request whose key is "hold" running, and so its admission
+// permit held, until free is called; any other key is answered at once.
+type slotHolder struct {
+	entered chan struct{} // closed once the holding request's handler runs
+	release chan struct{} // closed by free: the holding handler returns
+	done    chan error    // the holding call's result
+}
+
+func newSlotHolder() *slotHolder {
+	return &slotHolder{entered: make(chan struct{}), release: make(chan struct{}), done: make(chan error, 1)}
+}
+
+func (h *slotHolder) get(_ context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+	if r.GetKey() == "hold" {
+		close(h.entered)
+		<-h.release
+	}
+	return &testingv1.GetResponse{}, nil
+}
+
+func (h *slotHolder) apply(_ context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+	if r.GetKey() == "hold" {
+		close(h.entered)
+		<-h.release
+	}
+	return &testingv1.ApplyResponse{}, nil
+}
+
+// holdGet sends the holding Get through client (with ctx) and returns once
+// its handler runs: the slot is taken.
+func (h *slotHolder) holdGet(ctx context.Context, client testingv1.TestServiceClient) {
+	go func() {
+		_, err := client.Get(ctx, &testingv1.GetRequest{Key: "hold"})
+		h.done <- err
+	}()
+	<-h.entered
+}
+
+// holdApply is holdGet with an Apply.
+func (h *slotHolder) holdApply(ctx context.Context, client testingv1.TestServiceClient) {
+	go func() {
+		_, err := client.Apply(ctx, &testingv1.ApplyRequest{Key: "hold"})
+		h.done <- err
+	}()
+	<-h.entered
+}
+
+// free lets the holding handler return and gives the holding call's result.
+func (h *slotHolder) free() error {
+	close(h.release)
+	return <-h.done
+}
+
 // TestAdmissionRefusalsNameTheTryAndRefundTheGrant: with the only slot held,
 // further calls are refused (by the tap or by the interceptor's admission
 // step) with a typed refusal that names the attempt, call and try sent, so a
@@ -48,24 +102,12 @@ func TestAdmissionRefusalsNameTheTryAndRefundTheGrant(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctrl.Close() })
 
-	hold, release := make(chan struct{}), make(chan struct{})
-	svc := &testsvc.Service{GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-		if r.GetKey() == "hold" {
-			close(hold)
-			<-release
-		}
-		return &testingv1.GetResponse{}, nil
-	}}
+	h := newSlotHolder()
+	svc := &testsvc.Service{GetFunc: h.get}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts(interceptor.WithAdmission(ctrl))...)
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
 		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1}))...))
-
-	done := make(chan error, 1)
-	go func() {
-		_, err := client.Get(t.Context(), &testingv1.GetRequest{Key: "hold"})
-		done <- err
-	}()
-	<-hold
+	h.holdGet(t.Context(), client)
 
 	for range 3 {
 		ctx, err := interceptor.StartAttempt(t.Context(), 5, 5*time.Second)
@@ -85,8 +127,7 @@ func TestAdmissionRefusalsNameTheTryAndRefundTheGrant(t *testing.T) {
 		require.Equal(t, int64(5), snap.Free, "the grant came back: the refusal proves nothing was spent")
 		require.Zero(t, snap.Held)
 	}
-	close(release)
-	require.NoError(t, <-done)
+	require.NoError(t, h.free())
 	_, err = client.Get(t.Context(), &testingv1.GetRequest{})
 	require.NoError(t, err, "admission recovers once the slot is free")
 }
@@ -108,29 +149,16 @@ func TestMalformedHeaderRefusedAtTheTapIsNotCounted(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctrl.Close() })
 
-	entered, release := make(chan struct{}), make(chan struct{})
-	svc := &testsvc.Service{GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-		if r.GetKey() == "hold" {
-			close(entered)
-			<-release
-		}
-		return &testingv1.GetResponse{}, nil
-	}}
+	h := newSlotHolder()
+	svc := &testsvc.Service{GetFunc: h.get}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register,
 		serverOpts(interceptor.WithAdmission(ctrl), interceptor.WithServerMeterProvider(mp))...)
 	client := testingv1.NewTestServiceClient(end.DialT(t)) // a plain client: the header is the test's
-
-	held := make(chan error, 1)
-	go func() {
-		_, err := client.Get(t.Context(), &testingv1.GetRequest{Key: "hold"})
-		held <- err
-	}()
-	<-entered // the one slot is taken
+	h.holdGet(t.Context(), client)                         // the one slot is taken
 
 	ctx := metadata.AppendToOutgoingContext(t.Context(), "tollgate", "a=x y")
 	_, err = client.Get(ctx, &testingv1.GetRequest{})
-	close(release)
-	require.NoError(t, <-held)
+	require.NoError(t, h.free())
 	require.Error(t, err)
 	t.Logf("the trusted peer's malformed request was answered: %v (reason %v)", err, status.OutcomeOf(err).Reason)
 
@@ -312,29 +340,15 @@ func TestTapLetThroughLateTryIsNotCountedAsRefused(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctrl.Close() })
 	store := memoryStore(t)
-	hold, release := make(chan struct{}), make(chan struct{})
-	svc := &testsvc.Service{
-		ApplyFunc: func(ctx context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
-			if r.GetKey() == "hold" {
-				close(hold)
-				<-release
-			}
-			return &testingv1.ApplyResponse{}, nil
-		},
-	}
+	h := newSlotHolder()
+	svc := &testsvc.Service{ApplyFunc: h.apply}
 	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
 		svc.Register(s)
 		tollgatev1.RegisterAttemptServiceServer(s, idempotency.NewAttemptService(store))
 	}, serverOpts(interceptor.WithAttemptStore(store), interceptor.WithAdmission(ctrl))...)
 	client := testingv1.NewTestServiceClient(end.DialT(t))
-
-	held := make(chan error, 1)
-	go func() {
-		_, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "hold"})
-		held <- err
-	}()
-	<-hold
-	defer func() { close(release); require.NoError(t, <-held) }()
+	h.holdApply(t.Context(), client)
+	defer func() { require.NoError(t, h.free()) }()
 
 	actx, err := interceptor.StartAttempt(t.Context(), 0, 5*time.Second)
 	require.NoError(t, err)
@@ -368,27 +382,15 @@ func TestUntrustedTapRefusalLeaksTheGrant(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctrl.Close() })
 
-	hold, release := make(chan struct{}), make(chan struct{})
-	svc := &testsvc.Service{GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-		if r.GetKey() == "hold" {
-			close(hold)
-			<-release
-		}
-		return &testingv1.GetResponse{}, nil
-	}}
+	h := newSlotHolder()
+	svc := &testsvc.Service{GetFunc: h.get}
 	// No WithTrustedPeer: no peer is trusted (the default).
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register,
 		interceptor.ServerOptions(interceptor.WithAdmission(ctrl), interceptor.WithClockSkew(0))...)
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
 		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1}))...))
-
-	done := make(chan error, 1)
-	go func() {
-		_, err := client.Get(t.Context(), &testingv1.GetRequest{Key: "hold"})
-		done <- err
-	}()
-	<-hold
-	defer func() { close(release); require.NoError(t, <-done) }()
+	h.holdGet(t.Context(), client)
+	defer func() { require.NoError(t, h.free()) }()
 
 	ctx, err := interceptor.StartAttempt(t.Context(), 5, 5*time.Second)
 	require.NoError(t, err)
@@ -447,23 +449,14 @@ func TestAdmitRefusalWithRecordingSpanDoesNotPanic(t *testing.T) {
 		defer sp.End()
 		return h(ctx, req)
 	})
-	hold, release := make(chan struct{}), make(chan struct{})
-	svc := &testsvc.Service{GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-		if r.GetKey() == "hold" {
-			close(hold)
-			<-release
-		}
-		return &testingv1.GetResponse{}, nil
-	}}
+	h := newSlotHolder()
+	svc := &testsvc.Service{GetFunc: h.get}
 	opts := append([]grpc.ServerOption{spanInt}, serverOpts(interceptor.WithAdmission(ctrl), interceptor.WithoutAdmissionTap())...)
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, opts...)
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1}))...))
-	done := make(chan error, 1)
-	go func() { _, err := client.Get(t.Context(), &testingv1.GetRequest{Key: "hold"}); done <- err }()
-	<-hold
+	h.holdGet(t.Context(), client)
 	_, err = client.Get(t.Context(), &testingv1.GetRequest{})
-	close(release)
-	<-done
+	_ = h.free()
 	if o := status.OutcomeOf(err); o.Reason != status.ReasonConcurrencyFull {
 		t.Fatalf("want CONCURRENCY_FULL, got %v", err)
 	}
@@ -577,26 +570,15 @@ func queueScene(t *testing.T, tap bool) (client testingv1.TestServiceClient, ctr
 	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 1, ExpectedServiceTime: 100 * time.Millisecond}))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctrl.Close() })
-	hold, rel := make(chan struct{}), make(chan struct{})
-	svc := &testsvc.Service{ApplyFunc: func(ctx context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
-		if r.GetKey() == "hold" {
-			close(hold)
-			<-rel
-		}
-		return &testingv1.ApplyResponse{}, nil
-	}}
+	h := newSlotHolder()
+	svc := &testsvc.Service{ApplyFunc: h.apply}
 	opts := []interceptor.ServerOption{interceptor.WithAdmission(ctrl), interceptor.WithClockSkew(0)}
 	if !tap {
 		opts = append(opts, interceptor.WithoutAdmissionTap())
 	}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, interceptor.ServerOptions(opts...)...)
 	client = testingv1.NewTestServiceClient(end.DialT(t))
-	aDone := make(chan error, 1)
-	go func() {
-		_, err := client.Apply(context.Background(), &testingv1.ApplyRequest{Key: "hold"})
-		aDone <- err
-	}()
-	<-hold
+	h.holdApply(context.Background(), client)
 	bErr = make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(t.Context(), 600*time.Millisecond)
@@ -609,8 +591,7 @@ func queueScene(t *testing.T, tap bool) (client testingv1.TestServiceClient, ctr
 	release = func() {
 		if !once {
 			once = true
-			close(rel)
-			require.NoError(t, <-aDone)
+			require.NoError(t, h.free())
 		}
 	}
 	t.Cleanup(release)
@@ -672,26 +653,18 @@ func TestQueuedTryThatNeverRanIsNotAdmittedAtTollgateClient(t *testing.T) {
 	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 1, ExpectedServiceTime: 100 * time.Millisecond}))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctrl.Close() })
-	hold, rel := make(chan struct{}), make(chan struct{})
+	h := newSlotHolder()
 	var bRuns atomic.Int64
 	svc := &testsvc.Service{ApplyFunc: func(ctx context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
-		if r.GetKey() == "hold" {
-			close(hold)
-			<-rel
-		} else {
+		if r.GetKey() != "hold" {
 			bRuns.Add(1)
 		}
-		return &testingv1.ApplyResponse{}, nil
+		return h.apply(ctx, r)
 	}}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts(interceptor.WithAdmission(ctrl), interceptor.WithoutAdmissionTap())...)
 	raw := testingv1.NewTestServiceClient(end.DialT(t))
-	aDone := make(chan error, 1)
-	go func() {
-		_, err := raw.Apply(context.Background(), &testingv1.ApplyRequest{Key: "hold"})
-		aDone <- err
-	}()
-	<-hold
-	defer func() { close(rel); require.NoError(t, <-aDone) }()
+	h.holdApply(context.Background(), raw)
+	defer func() { require.NoError(t, h.free()) }()
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
 		interceptor.WithAttemptTimeout(2*time.Second), interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1}))...))
 	_, err = client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "b"})
@@ -899,20 +872,12 @@ func TestTapIgnoresClassifier(t *testing.T) {
 	)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctrl.Close() })
-	hold, release := make(chan struct{}), make(chan struct{})
-	svc := &testsvc.Service{GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-		if r.GetKey() == "hold" {
-			close(hold)
-			<-release
-		}
-		return &testingv1.GetResponse{}, nil
-	}}
+	h := newSlotHolder()
+	svc := &testsvc.Service{GetFunc: h.get}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts(interceptor.WithAdmission(ctrl))...)
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1}))...))
-	done := make(chan error, 1)
-	go func() { _, err := client.Get(t.Context(), &testingv1.GetRequest{Key: "hold"}); done <- err }()
-	<-hold
-	defer func() { close(release); <-done }()
+	h.holdGet(t.Context(), client)
+	defer func() { _ = h.free() }()
 	_, err = client.Get(metadata.AppendToOutgoingContext(t.Context(), "crit", "1"), &testingv1.GetRequest{})
 	require.NoError(t, err, "the critical class is idle")
 }
@@ -928,25 +893,17 @@ func TestDequeueDropOfPerTryDeadlineIsNotFinal(t *testing.T) {
 	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 4, ExpectedServiceTime: 100 * time.Millisecond}))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctrl.Close() })
-	hold, rel := make(chan struct{}), make(chan struct{})
+	h := newSlotHolder()
 	var bRuns atomic.Int64
 	svc := &testsvc.Service{ApplyFunc: func(ctx context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
-		if r.GetKey() == "hold" {
-			close(hold)
-			<-rel
-			return &testingv1.ApplyResponse{}, nil
+		if r.GetKey() != "hold" {
+			bRuns.Add(1)
 		}
-		bRuns.Add(1)
-		return &testingv1.ApplyResponse{}, nil
+		return h.apply(ctx, r)
 	}}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts(interceptor.WithAdmission(ctrl))...)
 	raw := testingv1.NewTestServiceClient(end.DialT(t))
-	aDone := make(chan error, 1)
-	go func() {
-		_, err := raw.Apply(context.Background(), &testingv1.ApplyRequest{Key: "hold"})
-		aDone <- err
-	}()
-	<-hold
+	h.holdApply(context.Background(), raw)
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
 		interceptor.WithAttemptTimeout(1500*time.Millisecond), interceptor.WithoutRetryBudget(),
 		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3}))...))
@@ -958,8 +915,7 @@ func TestDequeueDropOfPerTryDeadlineIsNotFinal(t *testing.T) {
 	}()
 	require.Eventually(t, func() bool { s, _ := ctrl.Stats().Class("work"); return s.Queued == 1 }, 5*time.Second, time.Millisecond)
 	time.Sleep(430*time.Millisecond - time.Since(start)) // per-try ≈ 500ms: B can no longer finish its try
-	close(rel)
-	require.NoError(t, <-aDone)
+	require.NoError(t, h.free())
 	err = <-bErr
 	o := status.OutcomeOf(err)
 	t.Logf("B after %v: %v (final=%v)", time.Since(start), err, o.Final())
@@ -973,26 +929,15 @@ func TestDequeueDropOfTheAttemptsDeadlineStaysFinal(t *testing.T) {
 	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 4, ExpectedServiceTime: 100 * time.Millisecond}))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctrl.Close() })
-	hold, rel := make(chan struct{}), make(chan struct{})
-	svc := &testsvc.Service{ApplyFunc: func(ctx context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
-		if r.GetKey() == "hold" {
-			close(hold)
-			<-rel
-		}
-		return &testingv1.ApplyResponse{}, nil
-	}}
+	h := newSlotHolder()
+	svc := &testsvc.Service{ApplyFunc: h.apply}
 	// A skew (the default's order): the attempt's deadline plus the skew is
 	// later than the grpc-timeout the server took for the attempt's deadline.
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register,
 		serverOpts(interceptor.WithAdmission(ctrl), interceptor.WithClockSkew(200*time.Millisecond))...)
 	raw := testingv1.NewTestServiceClient(end.DialT(t))
-	aDone := make(chan error, 1)
-	go func() {
-		_, err := raw.Apply(context.Background(), &testingv1.ApplyRequest{Key: "hold"})
-		aDone <- err
-	}()
-	<-hold
-	defer func() { close(rel); require.NoError(t, <-aDone) }()
+	h.holdApply(context.Background(), raw)
+	defer func() { require.NoError(t, h.free()) }()
 	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 	defer cancel()
 	_, err = raw.Apply(ctx, &testingv1.ApplyRequest{Key: "b"}) // queued; gives up at 400 ms
@@ -1229,23 +1174,12 @@ func TestNotFinalDequeueDropSuggestsADelay(t *testing.T) {
 		ExpectedServiceTime: 100 * time.Millisecond}), admission.WithDefaultClass("work"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctrl.Close() })
-	hold, rel := make(chan struct{}), make(chan struct{})
-	svc := &testsvc.Service{ApplyFunc: func(ctx context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
-		if r.GetKey() == "hold" {
-			close(hold)
-			<-rel
-		}
-		return &testingv1.ApplyResponse{}, nil
-	}}
+	h := newSlotHolder()
+	svc := &testsvc.Service{ApplyFunc: h.apply}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts(interceptor.WithAdmission(ctrl))...)
 	client := testingv1.NewTestServiceClient(end.DialT(t))
-	done := make(chan error, 1)
-	go func() {
-		_, err := client.Apply(context.Background(), &testingv1.ApplyRequest{Key: "hold"})
-		done <- err
-	}()
-	<-hold
-	defer func() { close(rel); <-done }()
+	h.holdApply(context.Background(), client)
+	defer func() { _ = h.free() }()
 
 	id, _ := uuid.NewV7()
 	d := time.Now().Add(3 * time.Second).UnixMilli()
@@ -1345,23 +1279,12 @@ func TestFinalDequeueDropTellsGrpcNotToRetry(t *testing.T) {
 		ExpectedServiceTime: 100 * time.Millisecond}), admission.WithDefaultClass("work"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctrl.Close() })
-	hold, rel := make(chan struct{}), make(chan struct{})
-	svc := &testsvc.Service{ApplyFunc: func(ctx context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
-		if r.GetKey() == "hold" {
-			close(hold)
-			<-rel
-		}
-		return &testingv1.ApplyResponse{}, nil
-	}}
+	h := newSlotHolder()
+	svc := &testsvc.Service{ApplyFunc: h.apply}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts(interceptor.WithAdmission(ctrl))...)
 	client := testingv1.NewTestServiceClient(end.DialT(t))
-	done := make(chan error, 1)
-	go func() {
-		_, err := client.Apply(context.Background(), &testingv1.ApplyRequest{Key: "hold"})
-		done <- err
-	}()
-	<-hold
-	defer func() { close(rel); <-done }()
+	h.holdApply(context.Background(), client)
+	defer func() { _ = h.free() }()
 
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()

@@ -1,7 +1,6 @@
 package interceptor_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -24,20 +23,12 @@ func TestTapRefusalUnderStrictAndLenientAccounting(t *testing.T) {
 	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "only", Slots: 1}), admission.WithDefaultClass("only"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctrl.Close() })
-	hold, release := make(chan struct{}), make(chan struct{})
-	svc := &testsvc.Service{GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-		if r.GetKey() == "hold" {
-			close(hold)
-			<-release
-		}
-		return &testingv1.GetResponse{}, nil
-	}}
+	h := newSlotHolder()
+	svc := &testsvc.Service{GetFunc: h.get}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts(interceptor.WithAdmission(ctrl))...)
 	holder := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions()...))
-	done := make(chan error, 1)
-	go func() { _, err := holder.Get(t.Context(), &testingv1.GetRequest{Key: "hold"}); done <- err }()
-	<-hold
-	defer func() { close(release); require.NoError(t, <-done) }()
+	h.holdGet(t.Context(), holder)
+	defer func() { require.NoError(t, h.free()) }()
 
 	for _, strict := range []bool{false, true} {
 		opts := []interceptor.ClientOption{interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1})}
