@@ -56,40 +56,20 @@ func TestStreamLocalDrop(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			svc := abcChat()
 			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
-			inner := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-				st, err := streamer(ctx, desc, cc, method, opts...)
-				if err != nil {
-					return nil, err
-				}
-				return r8Validating{st}, nil
-			}
-			seen := trailerSeen{ch: make(chan struct{}, 1)}
-			opts := append(interceptor.DialOptions(fastRetry(1)), grpc.WithChainStreamInterceptor(inner), grpc.WithStatsHandler(seen))
+			seen := newTrailerSeen()
+			opts := append(interceptor.DialOptions(fastRetry(1)), grpc.WithChainStreamInterceptor(r8Validate), grpc.WithStatsHandler(seen))
 			conn := end.DialT(t, append(opts, tc.opts...)...)
 			actx, err := interceptor.StartAttempt(t.Context(), 4, time.Minute)
 			require.NoError(t, err)
 			st, err := testingv1.NewTestServiceClient(conn).Chat(actx)
 			require.NoError(t, err)
-			select {
-			case <-seen.ch:
-			case <-time.After(10 * time.Second):
-				t.Fatal("precondition: the server's status never arrived")
-			}
+			seen.arrived(t)
 			serr := st.Send(tc.bad)
 			require.Error(t, serr)
 			if serr != io.EOF {
 				return // the caller is told the stream failed: nothing lost silently
 			}
-			var got []string
-			var rerr error
-			for {
-				m, err := st.Recv()
-				if err != nil {
-					rerr = err
-					break
-				}
-				got = append(got, m.GetValue())
-			}
+			got, rerr := recvToEnd(st)
 			t.Logf("Send: %v; Recv: %v, then %v", serr, got, rerr)
 			if rerr == io.EOF {
 				require.Equal(t, []string{"a", "b", "c"}, got,
@@ -109,7 +89,7 @@ func TestStreamLocalDropUpload(t *testing.T) {
 		return st.SendAndClose(&testingv1.UploadResponse{Count: 7})
 	}}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
-	seen := trailerSeen{ch: make(chan struct{}, 1)}
+	seen := newTrailerSeen()
 	opts := append(interceptor.DialOptions(fastRetry(1)), grpc.WithStatsHandler(seen),
 		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(1024)))
 	conn := end.DialT(t, opts...)
@@ -117,11 +97,7 @@ func TestStreamLocalDropUpload(t *testing.T) {
 	require.NoError(t, err)
 	st, err := testingv1.NewTestServiceClient(conn).Upload(actx)
 	require.NoError(t, err)
-	select {
-	case <-seen.ch:
-	case <-time.After(10 * time.Second):
-		t.Fatal("precondition: the server's status never arrived")
-	}
+	seen.arrived(t)
 	serr := st.Send(&testingv1.UploadRequest{Value: strings.Repeat("x", 4096)})
 	require.Error(t, serr)
 	if serr != io.EOF {
@@ -157,16 +133,9 @@ func TestStreamLocalFailed(t *testing.T) {
 		return grpcstatus.Error(codes.Unavailable, "the store timed out after the write")
 	}}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
-	inner := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		st, err := streamer(ctx, desc, cc, method, opts...)
-		if err != nil {
-			return nil, err
-		}
-		return r8Validating{st}, nil
-	}
-	seen := trailerSeen{ch: make(chan struct{}, 1)}
+	seen := newTrailerSeen()
 	conn := end.DialT(t, append(interceptor.DialOptions(fastRetry(3), interceptor.WithAttemptTimeout(10*time.Second)),
-		grpc.WithChainStreamInterceptor(inner), grpc.WithStatsHandler(seen))...)
+		grpc.WithChainStreamInterceptor(r8Validate), grpc.WithStatsHandler(seen))...)
 	finished := make(chan error, 1)
 	st, err := testingv1.NewTestServiceClient(conn).Chat(t.Context(), grpc.OnFinish(func(err error) { finished <- err }))
 	require.NoError(t, err)
@@ -175,11 +144,7 @@ func TestStreamLocalFailed(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "a", m.GetValue())
 	require.Equal(t, int64(1), applied.Load(), "precondition: the handler applied the first message")
-	select {
-	case <-seen.ch: // the handler's UNAVAILABLE arrived, unread
-	case <-time.After(10 * time.Second):
-		t.Fatal("precondition: the server's status never arrived")
-	}
+	seen.arrived(t) // the handler's UNAVAILABLE arrived, unread
 
 	serr := st.Send(&testingv1.ChatRequest{Value: "bad"})
 	require.Error(t, serr)
@@ -209,6 +174,16 @@ func (v r8Validating) SendMsg(m any) error {
 	return v.ClientStream.SendMsg(m)
 }
 
+// r8Validate is a client stream interceptor that puts r8Validating below
+// tollgate's stream.
+func r8Validate(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	st, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return r8Validating{st}, nil
+}
+
 // A review found the defect this test guards against (fixed since; the
 // text below is the review's account of the code before the fix).
 //
@@ -229,16 +204,9 @@ func TestStreamLocalRefund(t *testing.T) {
 				return grpcstatus.Error(codes.Unavailable, "upstream timed out")
 			}}
 			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
-			inner := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-				st, err := streamer(ctx, desc, cc, method, opts...)
-				if err != nil {
-					return nil, err
-				}
-				return r8Validating{st}, nil
-			}
-			seen := trailerSeen{ch: make(chan struct{}, 1)}
+			seen := newTrailerSeen()
 			conn := end.DialT(t, append(interceptor.DialOptions(fastRetry(1)),
-				grpc.WithChainStreamInterceptor(inner), grpc.WithStatsHandler(seen))...)
+				grpc.WithChainStreamInterceptor(r8Validate), grpc.WithStatsHandler(seen))...)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			actx, err := interceptor.StartAttempt(ctx, 4, time.Minute)
@@ -247,11 +215,7 @@ func TestStreamLocalRefund(t *testing.T) {
 			finished := make(chan error, 2)
 			st, err := testingv1.NewTestServiceClient(conn).Chat(actx, grpc.OnFinish(func(err error) { finished <- err }))
 			require.NoError(t, err)
-			select {
-			case <-seen.ch:
-			case <-time.After(10 * time.Second):
-				t.Fatal("precondition: the server's status never arrived")
-			}
+			seen.arrived(t)
 			if release {
 				cancel()
 				select {
@@ -294,26 +258,15 @@ func TestStreamLocalRefused(t *testing.T) {
 		return shed()
 	}}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
-	inner := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		st, err := streamer(ctx, desc, cc, method, opts...)
-		if err != nil {
-			return nil, err
-		}
-		return r8Validating{st}, nil
-	}
-	seen := trailerSeen{ch: make(chan struct{}, 1)}
+	seen := newTrailerSeen()
 	conn := end.DialT(t, append(interceptor.DialOptions(fastRetry(1)),
-		grpc.WithChainStreamInterceptor(inner), grpc.WithStatsHandler(seen))...)
+		grpc.WithChainStreamInterceptor(r8Validate), grpc.WithStatsHandler(seen))...)
 	actx, err := interceptor.StartAttempt(t.Context(), 4, time.Minute)
 	require.NoError(t, err)
 	ledger, _ := budget.FromContext(actx)
 	st, err := testingv1.NewTestServiceClient(conn).Chat(actx)
 	require.NoError(t, err)
-	select {
-	case <-seen.ch:
-	case <-time.After(10 * time.Second):
-		t.Fatal("precondition: the server's status never arrived")
-	}
+	seen.arrived(t)
 	serr := st.Send(&testingv1.ChatRequest{Value: "bad"})
 	require.Error(t, serr)
 	snap := ledger.Snapshot()
@@ -357,16 +310,7 @@ func bufferedChat(t *testing.T, tollgate bool, dopts []grpc.DialOption,
 	end func(*grpc.ClientConn, grpc.BidiStreamingClient[testingv1.ChatRequest, testingv1.ChatResponse], context.CancelFunc)) {
 	t.Helper()
 	sent := make(chan struct{})
-	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
-		for _, v := range []string{"a", "b", "c"} {
-			if err := st.Send(&testingv1.ChatResponse{Value: v}); err != nil {
-				return err
-			}
-		}
-		close(sent)
-		<-st.Context().Done()
-		return st.Context().Err()
-	}}
+	svc := abcOpenChat(sent)
 	srv := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 	if tollgate {
 		dopts = append(dopts, interceptor.DialOptions(fastRetry(3))...)
@@ -394,16 +338,7 @@ func TestStreamOwnerCallerDeadlineKeepsBuffered(t *testing.T) {
 	for _, tollgate := range []bool{false, true} {
 		t.Run(map[bool]string{false: "grpc-go", true: "tollgate"}[tollgate], func(t *testing.T) {
 			sent := make(chan struct{})
-			svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
-				for _, v := range []string{"a", "b", "c"} {
-					if err := st.Send(&testingv1.ChatResponse{Value: v}); err != nil {
-						return err
-					}
-				}
-				close(sent)
-				<-st.Context().Done()
-				return st.Context().Err()
-			}}
+			svc := abcOpenChat(sent)
 			srv := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 			var dopts []grpc.DialOption
 			if tollgate {
@@ -569,7 +504,7 @@ func TestStreamPendingOverwrite(t *testing.T) {
 		return grpcstatus.Error(codes.NotFound, "no more")
 	}}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
-	seen := trailerSeen{ch: make(chan struct{}, 1)}
+	seen := newTrailerSeen()
 	opts := append(interceptor.DialOptions(), grpc.WithStatsHandler(seen),
 		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(1024)))
 	c := testingv1.NewTestServiceClient(end.DialT(t, opts...))
@@ -577,25 +512,12 @@ func TestStreamPendingOverwrite(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, st.Send(&testingv1.LookupRequest{Key: "a"}))
 	<-ended
-	select {
-	case <-seen.ch:
-	case <-time.After(10 * time.Second):
-		t.Fatal("precondition: the server's status never arrived")
-	}
+	seen.arrived(t)
 	require.Eventually(t, func() bool { return st.Send(&testingv1.LookupRequest{Key: "b"}) == io.EOF },
 		5*time.Second, time.Millisecond, "precondition: SendMsg reports the stream's end (message 1 read ahead)")
 	serr := st.Send(&testingv1.LookupRequest{Key: strings.Repeat("x", 4096)})
 	require.Error(t, serr, "a send over the limit fails")
-	var got []string
-	var rerr error
-	for {
-		m, err := st.Recv()
-		if err != nil {
-			rerr = err
-			break
-		}
-		got = append(got, m.GetValue())
-	}
+	got, rerr := recvToEnd(st)
 	t.Logf("Send: %v; Recv: %v, then %v", serr, got, rerr)
 	require.NotEmpty(t, got)
 	require.Equal(t, "v1:a", got[0], "the message read ahead was overwritten: the caller's first message is not the server's first")
@@ -696,7 +618,7 @@ func TestStreamReleasedGrantHeld(t *testing.T) {
 				return sendWatch(ss, 3)
 			}}
 			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
-			seen := trailerSeen{ch: make(chan struct{}, 1)}
+			seen := newTrailerSeen()
 			conn, err := end.Dial(append(interceptor.DialOptions(fastRetry(3)), grpc.WithStatsHandler(seen))...)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = conn.Close() })
@@ -786,7 +708,7 @@ func unreadWatch(t *testing.T, timeout time.Duration, complete bool) (grpc.Serve
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 	spans := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-	seen := trailerSeen{ch: make(chan struct{}, 1)}
+	seen := newTrailerSeen()
 	conn := end.DialT(t, append(interceptor.DialOptions(fastRetry(3), interceptor.WithAttemptTimeout(timeout),
 		interceptor.WithClientTracerProvider(tp)), grpc.WithStatsHandler(seen))...)
 	ctx, cancel := context.WithCancel(context.Background()) // no deadline of the caller's own
@@ -857,6 +779,32 @@ func TestStreamCompletedUnreadIsReleasedAtAttemptDeadline(t *testing.T) {
 // trailer (the server's status) arrived.
 type trailerSeen struct{ ch chan struct{} }
 
+func newTrailerSeen() trailerSeen { return trailerSeen{ch: make(chan struct{}, 1)} }
+
+// arrived waits until h saw the server's status arrive, failing the test
+// (a precondition) if it does not within 10 s.
+func (h trailerSeen) arrived(t *testing.T) {
+	t.Helper()
+	select {
+	case <-h.ch:
+	case <-time.After(10 * time.Second):
+		t.Fatal("precondition: the server's status never arrived")
+	}
+}
+
+// recvToEnd reads st until Recv fails and returns the values read and
+// that error (io.EOF itself at a clean end, unlike recvAll).
+func recvToEnd[T interface{ GetValue() string }](st interface{ Recv() (T, error) }) ([]string, error) {
+	var got []string
+	for {
+		m, err := st.Recv()
+		if err != nil {
+			return got, err
+		}
+		got = append(got, m.GetValue())
+	}
+}
+
 func (h trailerSeen) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
 func (h trailerSeen) HandleRPC(_ context.Context, s stats.RPCStats) {
 	if _, ok := s.(*stats.InTrailer); ok {
@@ -905,7 +853,7 @@ func completedUnreadWatch(t *testing.T, ctx context.Context, tollgate bool) (*gr
 		return sendWatch(ss, 3)
 	}}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
-	seen := trailerSeen{ch: make(chan struct{}, 1)}
+	seen := newTrailerSeen()
 	dial := []grpc.DialOption{grpc.WithStatsHandler(seen)}
 	if tollgate {
 		dial = append(interceptor.DialOptions(fastRetry(3), interceptor.WithAttemptTimeout(time.Minute)), dial...)
@@ -1485,7 +1433,7 @@ func TestCancelAfterLastMessageHoldsGrant(t *testing.T) {
 				return sendWatch(ss, 3)
 			}}
 			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
-			seen := trailerSeen{ch: make(chan struct{}, 1)}
+			seen := newTrailerSeen()
 			conn := end.DialT(t, append(interceptor.DialOptions(fastRetry(3)), grpc.WithStatsHandler(seen))...)
 			actx, err := interceptor.StartAttempt(context.Background(), 4, time.Minute)
 			require.NoError(t, err)
@@ -1582,7 +1530,7 @@ func TestLocalSendAfterOKEndsUnknown(t *testing.T) {
 		t.Run(map[bool]string{false: "grpc-go", true: "tollgate"}[tollgate], func(t *testing.T) {
 			svc := abcChat()
 			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
-			seen := trailerSeen{ch: make(chan struct{}, 1)}
+			seen := newTrailerSeen()
 			dial := []grpc.DialOption{grpc.WithStatsHandler(seen), grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(1024))}
 			if tollgate {
 				dial = append(interceptor.DialOptions(fastRetry(3)), dial...)
@@ -1595,16 +1543,7 @@ func TestLocalSendAfterOKEndsUnknown(t *testing.T) {
 			statusQueued(seen) // a, b, c and the OK status arrived, unread
 
 			require.Error(t, st.Send(&testingv1.ChatRequest{Value: strings.Repeat("x", 4096)}), "a local error")
-			var got []string
-			var rerr error
-			for {
-				m, err := st.Recv()
-				if err != nil {
-					rerr = err
-					break
-				}
-				got = append(got, m.GetValue())
-			}
+			got, rerr := recvToEnd(st)
 			require.Equal(t, []string{"a", "b", "c"}, got)
 			assert.ErrorIs(t, rerr, io.EOF, "the stream ended with the peer's OK status")
 			if tollgate {
@@ -1634,7 +1573,7 @@ func TestReleasedLocalSendDropsMessages(t *testing.T) {
 		t.Run(map[bool]string{false: "grpc-go", true: "tollgate"}[tollgate], func(t *testing.T) {
 			svc := abcChat()
 			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
-			seen := trailerSeen{ch: make(chan struct{}, 1)}
+			seen := newTrailerSeen()
 			dial := []grpc.DialOption{grpc.WithStatsHandler(seen), grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(1024))}
 			if tollgate {
 				dial = append(interceptor.DialOptions(fastRetry(3), interceptor.WithAttemptTimeout(time.Minute)), dial...)
@@ -1652,16 +1591,7 @@ func TestReleasedLocalSendDropsMessages(t *testing.T) {
 			<-finished // the stream ended (grpc-go) or was released (tollgate)
 
 			require.Error(t, st.Send(&testingv1.ChatRequest{Value: strings.Repeat("x", 4096)}), "a local error")
-			var got []string
-			var rerr error
-			for {
-				m, err := st.Recv()
-				if err != nil {
-					rerr = err
-					break
-				}
-				got = append(got, m.GetValue())
-			}
+			got, rerr := recvToEnd(st)
 			require.Equal(t, []string{"a", "b", "c"}, got, "the messages that arrived are the caller's")
 			require.ErrorIs(t, rerr, io.EOF, "the stream had ended OK before the close")
 		})
@@ -1680,15 +1610,7 @@ func TestReleasedLocalSendDropsMessages(t *testing.T) {
 func TestReleasedAtDeadlineLocalSendDropsMessages(t *testing.T) {
 	for _, tollgate := range []bool{false, true} {
 		t.Run(map[bool]string{false: "grpc-go", true: "tollgate"}[tollgate], func(t *testing.T) {
-			svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
-				for _, v := range []string{"a", "b", "c"} {
-					if err := st.Send(&testingv1.ChatResponse{Value: v}); err != nil {
-						return err
-					}
-				}
-				<-st.Context().Done()
-				return st.Context().Err()
-			}}
+			svc := abcOpenChat(nil)
 			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 			dial := []grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(1024))}
 			ctx, cancel := context.WithCancel(context.Background())
@@ -1735,7 +1657,7 @@ func TestDrainUnderCallerCodec(t *testing.T) {
 			t.Run(how+map[bool]string{false: "/grpc-go", true: "/tollgate"}[tollgate], func(t *testing.T) {
 				svc := abcChat()
 				end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
-				seen := trailerSeen{ch: make(chan struct{}, 1)}
+				seen := newTrailerSeen()
 				dial := []grpc.DialOption{grpc.WithStatsHandler(seen)}
 				if tollgate {
 					dial = append(interceptor.DialOptions(fastRetry(3), interceptor.WithAttemptTimeout(time.Minute)), dial...)
@@ -1945,7 +1867,7 @@ func TestLocalSendAfterOKCapped(t *testing.T) {
 					return nil
 				}}
 				end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
-				seen := trailerSeen{ch: make(chan struct{}, 1)}
+				seen := newTrailerSeen()
 				dial := []grpc.DialOption{grpc.WithStatsHandler(seen), grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(1024)),
 					// the whole response fits the windows, so that its status arrives unread
 					grpc.WithInitialWindowSize(16 << 20), grpc.WithInitialConnWindowSize(16 << 20)}
@@ -2013,6 +1935,23 @@ func abcChat() *testsvc.Service {
 			}
 		}
 		return nil
+	}}
+}
+
+// abcOpenChat is abcChat whose handler, once it sent "a", "b" and "c",
+// closes sent (unless nil) and keeps the stream open until it ends.
+func abcOpenChat(sent chan struct{}) *testsvc.Service {
+	return &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+		for _, v := range []string{"a", "b", "c"} {
+			if err := st.Send(&testingv1.ChatResponse{Value: v}); err != nil {
+				return err
+			}
+		}
+		if sent != nil {
+			close(sent)
+		}
+		<-st.Context().Done()
+		return st.Context().Err()
 	}}
 }
 
