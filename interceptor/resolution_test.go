@@ -1145,7 +1145,7 @@ func TestFenceThroughMaxTryEndsTheCall(t *testing.T) {
 	}}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register)
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+		fastRetry(3),
 		interceptor.WithoutRetryBudget(),
 		interceptor.WithAttemptTimeout(time.Second))...))
 	_, err := client.Get(interceptor.WithCallKey(t.Context(), "reserve"), &testingv1.GetRequest{})
@@ -1196,7 +1196,7 @@ func TestFenceJumpPastMaxTrySpendsNoRetryToken(t *testing.T) {
 	var sent atomic.Int32
 	end := testsvc.StartT(t, testsvc.Bufconn, fencedThroughMaxTry(t, &sent).Register)
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+		fastRetry(3),
 		interceptor.WithRetryBudget(budget.WithMaxRetryTokens(1), budget.WithRetryRatio(0), budget.WithMinRetriesPerSecond(0)),
 		interceptor.WithAttemptTimeout(5*time.Second))...))
 
@@ -1224,7 +1224,7 @@ func TestFenceJumpPastMaxTrySpanTry(t *testing.T) {
 	var sent atomic.Int32
 	end := testsvc.StartT(t, testsvc.Bufconn, fencedThroughMaxTry(t, &sent).Register)
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+		fastRetry(3),
 		interceptor.WithoutRetryBudget(),
 		interceptor.WithClientTracerProvider(tp),
 		interceptor.WithAttemptTimeout(5*time.Second))...))
@@ -1275,7 +1275,7 @@ func TestFenceJumpRefusedSpanTry(t *testing.T) {
 	}}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register)
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+		fastRetry(3),
 		interceptor.WithRetryBudget(budget.WithMaxRetryTokens(1), budget.WithRetryRatio(0), budget.WithMinRetriesPerSecond(0)),
 		interceptor.WithClientTracerProvider(tp),
 		interceptor.WithAttemptTimeout(5*time.Second))...))
@@ -1364,47 +1364,37 @@ func TestUnknownReplayKeepsDetails(t *testing.T) {
 // still inside its grace. The client's clock is moved past the deadline
 // (within the 1 s grace) once the owner queries; the server keeps real time.
 func TestVerifyingTryInTheGrace(t *testing.T) {
-	for _, explicit := range []bool{false, true} {
-		name := "numbered"
-		if explicit {
-			name = "explicit"
-		}
-		t.Run(name, func(t *testing.T) {
-			const timeout = 10 * time.Second
-			var offset atomic.Int64
-			clock := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
-			queried := make(chan struct{})
-			var once sync.Once
-			ledger := newLedger(func(context.Context, *testingv1.ApplyRequest) { <-queried })
-			onFence := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-				if info.FullMethod == "/tollgate.v1.AttemptService/FenceAttempt" {
-					once.Do(func() {
-						offset.Store(int64(timeout + 200*time.Millisecond)) // the client now reads a time in the grace
-						close(queried)
-					})
-				}
-				return handler(ctx, req)
-			}
-			end := recordedServer(t, &ledger.Service, memoryStore(t), grpc.ChainUnaryInterceptor(onFence))
-			client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
-				interceptor.WithClientClock(clock),
-				interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, PerTryTimeout: 50 * time.Millisecond,
-					InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}),
-				interceptor.WithoutRetryBudget())...))
-
-			ctx, err := interceptor.StartAttempt(t.Context(), 0, timeout)
-			require.NoError(t, err)
-			if explicit {
-				ctx = interceptor.WithCallKey(ctx, "pay")
-			}
-			resp, err := client.Apply(ctx, &testingv1.ApplyRequest{Key: "acct", Amount: 7})
-			require.Equal(t, int64(1), ledger.effects.Load(), "the handler ran once")
-			o := status.OutcomeOf(err)
-			require.NoError(t, err, "the record finished SUCCEEDED inside the grace, yet the call ended %v (reason %v)",
-				o.Kind, status.ReasonName(o.Reason))
-			require.Equal(t, int64(7), resp.GetTotal())
+	numberedAndExplicit(t, func(t *testing.T, explicit bool) {
+		const timeout = 10 * time.Second
+		var offset atomic.Int64
+		clock := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+		queried := make(chan struct{})
+		var once sync.Once
+		ledger := newLedger(func(context.Context, *testingv1.ApplyRequest) { <-queried })
+		onFence := beforeFence(func() {
+			once.Do(func() {
+				offset.Store(int64(timeout + 200*time.Millisecond)) // the client now reads a time in the grace
+				close(queried)
+			})
 		})
-	}
+		end := recordedServer(t, &ledger.Service, memoryStore(t), onFence)
+		client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+			interceptor.WithClientClock(clock),
+			shortTryRetry(),
+			interceptor.WithoutRetryBudget())...))
+
+		ctx, err := interceptor.StartAttempt(t.Context(), 0, timeout)
+		require.NoError(t, err)
+		if explicit {
+			ctx = interceptor.WithCallKey(ctx, "pay")
+		}
+		resp, err := client.Apply(ctx, &testingv1.ApplyRequest{Key: "acct", Amount: 7})
+		require.Equal(t, int64(1), ledger.effects.Load(), "the handler ran once")
+		o := status.OutcomeOf(err)
+		require.NoError(t, err, "the record finished SUCCEEDED inside the grace, yet the call ended %v (reason %v)",
+			o.Kind, status.ReasonName(o.Reason))
+		require.Equal(t, int64(7), resp.GetTotal())
+	})
 }
 
 // A review found the defect this test guards against (fixed since; the
@@ -1428,48 +1418,38 @@ func TestVerifyingTryInTheGrace(t *testing.T) {
 // Expected: both calls return the stored response; the handler ran once
 // per call.
 func TestVerifyingTryAfterAllUnitsSpent(t *testing.T) {
-	for _, explicit := range []bool{false, true} {
-		name := "numbered"
-		if explicit {
-			name = "explicit"
-		}
-		t.Run(name, func(t *testing.T) {
-			queried := make(chan struct{})
-			var once sync.Once
-			ledger := newLedger(func(ctx context.Context, _ *testingv1.ApplyRequest) {
-				// The handler's downstream work spends its grant's one unit.
-				a, ok := budget.FromContext(ctx)
-				require.True(t, ok)
-				require.NoError(t, a.Take())
-				// It answers only once the owner, having given up waiting
-				// for this try, is resolving it.
-				<-queried
-			})
-			onFence := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-				if info.FullMethod == "/tollgate.v1.AttemptService/FenceAttempt" {
-					once.Do(func() { close(queried) })
-				}
-				return handler(ctx, req)
-			}
-			end := recordedServer(t, &ledger.Service, memoryStore(t), grpc.ChainUnaryInterceptor(onFence))
-			client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
-				interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, PerTryTimeout: 50 * time.Millisecond,
-					InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}),
-				interceptor.WithoutRetryBudget())...))
-
-			ctx, err := interceptor.StartAttempt(t.Context(), 1, 10*time.Second)
-			require.NoError(t, err)
-			if explicit {
-				ctx = interceptor.WithCallKey(ctx, "pay")
-			}
-			resp, err := client.Apply(ctx, &testingv1.ApplyRequest{Key: "acct", Amount: 7})
-			require.Equal(t, int64(1), ledger.effects.Load(), "the handler ran once")
-			o := status.OutcomeOf(err)
-			require.NoError(t, err, "the record is SUCCEEDED with this request's response, yet the call ended %v (reason %v)",
-				o.Kind, status.ReasonName(o.Reason))
-			require.Equal(t, int64(7), resp.GetTotal())
+	numberedAndExplicit(t, func(t *testing.T, explicit bool) {
+		queried := make(chan struct{})
+		var once sync.Once
+		ledger := newLedger(func(ctx context.Context, _ *testingv1.ApplyRequest) {
+			// The handler's downstream work spends its grant's one unit.
+			a, ok := budget.FromContext(ctx)
+			require.True(t, ok)
+			require.NoError(t, a.Take())
+			// It answers only once the owner, having given up waiting
+			// for this try, is resolving it.
+			<-queried
 		})
-	}
+		onFence := beforeFence(func() {
+			once.Do(func() { close(queried) })
+		})
+		end := recordedServer(t, &ledger.Service, memoryStore(t), onFence)
+		client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+			shortTryRetry(),
+			interceptor.WithoutRetryBudget())...))
+
+		ctx, err := interceptor.StartAttempt(t.Context(), 1, 10*time.Second)
+		require.NoError(t, err)
+		if explicit {
+			ctx = interceptor.WithCallKey(ctx, "pay")
+		}
+		resp, err := client.Apply(ctx, &testingv1.ApplyRequest{Key: "acct", Amount: 7})
+		require.Equal(t, int64(1), ledger.effects.Load(), "the handler ran once")
+		o := status.OutcomeOf(err)
+		require.NoError(t, err, "the record is SUCCEEDED with this request's response, yet the call ended %v (reason %v)",
+			o.Kind, status.ReasonName(o.Reason))
+		require.Equal(t, int64(7), resp.GetTotal())
+	})
 }
 
 // A review found the defect this test guards against (fixed since; the
@@ -1516,22 +1496,18 @@ func TestRefusedRefundsUnwithdrawnToken(t *testing.T) {
 		case <-ctx.Done():
 		}
 	})
-	onFence := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if info.FullMethod == "/tollgate.v1.AttemptService/FenceAttempt" {
-			fences.Add(1)
-			// The client now reads a time past the resolution's grace.
-			offset.Store(int64(timeout + grace + time.Second))
-			fire()
-		}
-		return handler(ctx, req)
-	}
-	end := recordedServer(t, &ledger.Service, memoryStore(t), grpc.ChainUnaryInterceptor(onFence))
+	onFence := beforeFence(func() {
+		fences.Add(1)
+		// The client now reads a time past the resolution's grace.
+		offset.Store(int64(timeout + grace + time.Second))
+		fire()
+	})
+	end := recordedServer(t, &ledger.Service, memoryStore(t), onFence)
 	t.Cleanup(fire) // runs before the server stops: no handler is left waiting
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
 		interceptor.WithClientClock(clock),
 		interceptor.WithResolutionGrace(grace),
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, PerTryTimeout: 50 * time.Millisecond,
-			InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}),
+		shortTryRetry(),
 		interceptor.WithRetryBudget(budget.WithMaxRetryTokens(1), budget.WithRetryRatio(0), budget.WithMinRetriesPerSecond(0)))...))
 
 	call := func() error {
@@ -1573,17 +1549,13 @@ func TestTryHasRetryEvent(t *testing.T) {
 	queried := make(chan struct{})
 	var once sync.Once
 	ledger := newLedger(func(context.Context, *testingv1.ApplyRequest) { <-queried })
-	onFence := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		if info.FullMethod == "/tollgate.v1.AttemptService/FenceAttempt" {
-			once.Do(func() { close(queried) })
-		}
-		return handler(ctx, req)
-	}
-	end := recordedServer(t, &ledger.Service, memoryStore(t), grpc.ChainUnaryInterceptor(onFence))
+	onFence := beforeFence(func() {
+		once.Do(func() { close(queried) })
+	})
+	end := recordedServer(t, &ledger.Service, memoryStore(t), onFence)
 	t.Cleanup(func() { once.Do(func() { close(queried) }) })
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, PerTryTimeout: 50 * time.Millisecond,
-			InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond}),
+		shortTryRetry(),
 		interceptor.WithoutRetryBudget(),
 		interceptor.WithClientTracerProvider(tp))...))
 
@@ -1665,7 +1637,7 @@ func TestRecordlessRepeatThenFenceElsewhereStaysUnknown(t *testing.T) {
 		interceptor.WithClientClock(clock),
 		interceptor.WithoutRetryBudget(),
 		interceptor.WithAttemptTimeout(10*time.Minute),
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+		fastRetry(3),
 	)...)
 	_, err := testingv1.NewTestServiceClient(conn).Put(t.Context(), &testingv1.PutRequest{Key: "k"})
 	require.Equal(t, int64(1), effects.Load(), "try 1 took effect")
@@ -1716,7 +1688,7 @@ func TestRecordlessRepeatThenFinishedRecordKeepsGrantHeld(t *testing.T) {
 	conn := end.DialT(t, interceptor.DialOptions(
 		interceptor.WithClientClock(clock),
 		interceptor.WithoutRetryBudget(),
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+		fastRetry(3),
 	)...)
 	ctx, err := interceptor.StartAttempt(t.Context(), 6, 20*time.Minute)
 	require.NoError(t, err)
@@ -1782,7 +1754,7 @@ func TestTrySentWhileRecordlessThenFenceElsewhereStaysUnknown(t *testing.T) {
 		interceptor.WithClientClock(clock),
 		interceptor.WithoutRetryBudget(),
 		interceptor.WithAttemptTimeout(10*time.Minute),
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+		fastRetry(2),
 	)...)
 	cli := testingv1.NewTestServiceClient(conn)
 	_, err := cli.Put(t.Context(), &testingv1.PutRequest{Key: "warm"})
@@ -1794,6 +1766,37 @@ func TestTrySentWhileRecordlessThenFenceElsewhereStaysUnknown(t *testing.T) {
 	require.Error(t, err)
 	require.NotEqual(t, status.KindNotAdmitted, status.OutcomeOf(err).Kind,
 		"a try sent while the target was known recordless may have run where no record is kept: %v", err)
+}
+
+// numberedAndExplicit runs test as two subtests: "numbered" (explicit
+// false) and "explicit" (the test keys its call with WithCallKey).
+func numberedAndExplicit(t *testing.T, test func(t *testing.T, explicit bool)) {
+	t.Helper()
+	for _, explicit := range []bool{false, true} {
+		name := "numbered"
+		if explicit {
+			name = "explicit"
+		}
+		t.Run(name, func(t *testing.T) { test(t, explicit) })
+	}
+}
+
+// beforeFence is a server interceptor that calls f before each
+// FenceAttempt it lets through: a test's hook on the owner's query.
+func beforeFence(f func()) grpc.ServerOption {
+	return grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if info.FullMethod == "/tollgate.v1.AttemptService/FenceAttempt" {
+			f()
+		}
+		return handler(ctx, req)
+	})
+}
+
+// shortTryRetry is a retry policy of three tries of 50 ms each with short
+// backoffs: the owner soon gives up waiting on a try and resolves it.
+func shortTryRetry() interceptor.ClientOption {
+	return interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, PerTryTimeout: 50 * time.Millisecond,
+		InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
 }
 
 // headerTry is the try a request's tollgate header names, as a server sees
@@ -1842,7 +1845,7 @@ func TestUnvouchedFenceDoesNotRepeatAMethodWithSideEffects(t *testing.T) {
 	end := recordedServer(t, svc, memoryStore(t), outer)
 	conn := end.DialT(t, interceptor.DialOptions(
 		interceptor.WithoutRetryBudget(),
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+		fastRetry(3),
 	)...)
 	cli := testingv1.NewTestServiceClient(conn)
 	_, err := cli.Apply(t.Context(), &testingv1.ApplyRequest{Key: "warm"})
@@ -1899,7 +1902,7 @@ func TestClockStepBackDoesNotHideAMarkDuringTheCall(t *testing.T) {
 		interceptor.WithClientClock(clock),
 		interceptor.WithoutRetryBudget(),
 		interceptor.WithAttemptTimeout(10*time.Minute),
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 4, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+		fastRetry(4),
 	)...)
 	cli = testingv1.NewTestServiceClient(conn)
 	_, err := cli.Put(t.Context(), &testingv1.PutRequest{Key: "k"})
@@ -1951,7 +1954,7 @@ func TestUnvouchedVerifyingTryDoesNotRerunAMethodWithSideEffects(t *testing.T) {
 	end := recordedServer(t, svc, memoryStore(t), outer)
 	conn := end.DialT(t, interceptor.DialOptions(
 		interceptor.WithoutRetryBudget(),
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+		fastRetry(3),
 	)...)
 	cli := testingv1.NewTestServiceClient(conn)
 	_, err := cli.Apply(t.Context(), &testingv1.ApplyRequest{Key: "warm"})
