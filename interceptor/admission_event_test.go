@@ -36,6 +36,71 @@ func within[T any](t *testing.T, ch <-chan T, what string) T {
 	}
 }
 
+// eventScene is the admission event tests' server: class "work" with one
+// slot and three places, the admission tap off (the interceptor's
+// admission step decides), and hold's handler, which keeps the slot for
+// the key "hold". A server span, standing for otelgrpc's, names each
+// request's key and is recorded in spans; a request keyed "late" runs on an
+// endsPastDeadline context.
+type eventScene struct {
+	t      *testing.T
+	spans  *tracetest.SpanRecorder
+	events chan admission.Event // the controller's observer's
+	ctrl   *admission.Controller
+	hold   *slotHolder
+	client testingv1.TestServiceClient // one try per call
+}
+
+// newEventScene starts an eventScene; spanEnded, if not nil, is called
+// after each server span ended.
+func newEventScene(t *testing.T, spanEnded func()) *eventScene {
+	t.Helper()
+	sc := &eventScene{t: t, spans: tracetest.NewSpanRecorder(), events: make(chan admission.Event, 64), hold: newSlotHolder()}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sc.spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+
+	ctrl, err := admission.New(
+		admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 3}),
+		admission.WithDefaultClass("work"),
+		admission.WithObserver(func(e admission.Event) { sc.events <- e }),
+	)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	sc.ctrl = ctrl
+
+	withSpan := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		ctx, span := tp.Tracer("test").Start(ctx, info.FullMethod)
+		defer func() {
+			span.End()
+			if spanEnded != nil {
+				spanEnded()
+			}
+		}()
+		span.SetAttributes(attribute.String("key", req.(*testingv1.GetRequest).GetKey()))
+		if req.(*testingv1.GetRequest).GetKey() == "late" {
+			ctx = endsPastDeadline{ctx}
+		}
+		return h(ctx, req)
+	})
+	svc := &testsvc.Service{GetFunc: sc.hold.get}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register,
+		append([]grpc.ServerOption{withSpan}, serverOpts(interceptor.WithAdmission(ctrl), interceptor.WithoutAdmissionTap())...)...)
+	sc.client = testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1}))...))
+	return sc
+}
+
+// awaitEvent returns the controller's next event of kind, passing over
+// the others.
+func (sc *eventScene) awaitEvent(kind admission.EventKind) admission.Event {
+	sc.t.Helper()
+	for {
+		if e := within(sc.t, sc.events, kind.String()+" event"); e.Kind == kind {
+			return e
+		}
+	}
+}
+
 // TestAdmissionEventQueuedAheadCountsTheRequestsActuallyQueued: one slot,
 // three places. A handler holds the slot on a channel; three requests are
 // sent one at a time, each only once the one before it is in the queue (the
@@ -47,53 +112,12 @@ func within[T any](t *testing.T, ch <-chan T, what string) T {
 // (reported when they start, after the holder is released), 3 for the
 // refusal.
 func TestAdmissionEventQueuedAheadCountsTheRequestsActuallyQueued(t *testing.T) {
-	spans := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-
-	events := make(chan admission.Event, 64)
-	ctrl, err := admission.New(
-		admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 3}),
-		admission.WithDefaultClass("work"),
-		admission.WithObserver(func(e admission.Event) { events <- e }),
-	)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ctrl.Close() })
-	awaitEvent := func(kind admission.EventKind) admission.Event {
-		t.Helper()
-		for {
-			if e := within(t, events, kind.String()+" event"); e.Kind == kind {
-				return e
-			}
-		}
-	}
+	sc := newEventScene(t, nil)
+	ctrl, client, spans, awaitEvent := sc.ctrl, sc.client, sc.spans, sc.awaitEvent
 	queued := func() int {
 		st, _ := ctrl.Stats().Class("work")
 		return st.Queued
 	}
-
-	// The server span stands for otelgrpc's; it names the request's key.
-	withSpan := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		ctx, span := tp.Tracer("test").Start(ctx, info.FullMethod)
-		defer span.End()
-		span.SetAttributes(attribute.String("key", req.(*testingv1.GetRequest).GetKey()))
-		if req.(*testingv1.GetRequest).GetKey() == "late" {
-			ctx = endsPastDeadline{ctx}
-		}
-		return h(ctx, req)
-	})
-	holding, release := make(chan struct{}), make(chan struct{})
-	svc := &testsvc.Service{GetFunc: func(_ context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-		if r.GetKey() == "hold" {
-			close(holding)
-			<-release
-		}
-		return &testingv1.GetResponse{}, nil
-	}}
-	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register,
-		append([]grpc.ServerOption{withSpan}, serverOpts(interceptor.WithAdmission(ctrl), interceptor.WithoutAdmissionTap())...)...)
-	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1}))...))
 
 	done := make(chan error, 4)
 	send := func(key string) {
@@ -103,7 +127,7 @@ func TestAdmissionEventQueuedAheadCountsTheRequestsActuallyQueued(t *testing.T) 
 		}()
 	}
 	send("hold")
-	within(t, holding, "held handler")
+	within(t, sc.hold.entered, "held handler")
 	awaitEvent(admission.EventAdmitted)
 
 	waiters := []string{"q0", "q1", "q2"}
@@ -114,10 +138,10 @@ func TestAdmissionEventQueuedAheadCountsTheRequestsActuallyQueued(t *testing.T) 
 	}
 	require.Equal(t, 3, queued())
 
-	_, err = client.Get(t.Context(), &testingv1.GetRequest{Key: "full"})
+	_, err := client.Get(t.Context(), &testingv1.GetRequest{Key: "full"})
 	require.Equal(t, status.ReasonQueueFull, status.OutcomeOf(err).Reason, "%v", err)
 
-	close(release)
+	close(sc.hold.release)
 	for range 1 + len(waiters) {
 		require.NoError(t, within(t, done, "answer"))
 	}
@@ -166,55 +190,16 @@ func TestAdmissionEventQueuedAheadCountsTheRequestsActuallyQueued(t *testing.T) 
 // DEADLINE_EXPIRED refusal it is: the event must say what admission
 // counted, "refused:DEADLINE_EXPIRED" for such a request ("late").
 func TestAdmissionEventOfACancelledWaiter(t *testing.T) {
-	spans := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-
-	events := make(chan admission.Event, 64)
-	ctrl, err := admission.New(
-		admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 3}),
-		admission.WithDefaultClass("work"),
-		admission.WithObserver(func(e admission.Event) { events <- e }),
-	)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ctrl.Close() })
-	awaitEvent := func(kind admission.EventKind) admission.Event {
-		t.Helper()
-		for {
-			if e := within(t, events, kind.String()+" event"); e.Kind == kind {
-				return e
-			}
-		}
-	}
 	ended := make(chan struct{}, 4)
-	withSpan := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		ctx, span := tp.Tracer("test").Start(ctx, info.FullMethod)
-		defer func() { span.End(); ended <- struct{}{} }()
-		span.SetAttributes(attribute.String("key", req.(*testingv1.GetRequest).GetKey()))
-		if req.(*testingv1.GetRequest).GetKey() == "late" {
-			ctx = endsPastDeadline{ctx}
-		}
-		return h(ctx, req)
-	})
-	holding, release := make(chan struct{}), make(chan struct{})
-	svc := &testsvc.Service{GetFunc: func(_ context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-		if r.GetKey() == "hold" {
-			close(holding)
-			<-release
-		}
-		return &testingv1.GetResponse{}, nil
-	}}
-	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register,
-		append([]grpc.ServerOption{withSpan}, serverOpts(interceptor.WithAdmission(ctrl), interceptor.WithoutAdmissionTap())...)...)
-	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1}))...))
+	sc := newEventScene(t, func() { ended <- struct{}{} })
+	ctrl, client, spans, awaitEvent := sc.ctrl, sc.client, sc.spans, sc.awaitEvent
 
 	held := make(chan error, 1)
 	go func() {
 		_, err := client.Get(t.Context(), &testingv1.GetRequest{Key: "hold"})
 		held <- err
 	}()
-	within(t, holding, "held handler")
+	within(t, sc.hold.entered, "held handler")
 	awaitEvent(admission.EventAdmitted)
 
 	for _, key := range []string{"gone", "late"} {
@@ -230,7 +215,7 @@ func TestAdmissionEventOfACancelledWaiter(t *testing.T) {
 		awaitEvent(admission.EventDropped)
 		within(t, ended, "the canceled request's span") // the held request's has not ended
 	}
-	close(release)
+	close(sc.hold.release)
 	require.NoError(t, within(t, held, "answer"))
 	within(t, ended, "the held request's span")
 
