@@ -35,25 +35,25 @@ func TestOneOldStreamDoesNotStretchEveryUnaryWait(t *testing.T) {
 		require.NoError(t, err)
 		defer p.Abandon()
 	}
-	qctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		_, err := ctrl.AdmitAt(qctx, admission.Request{Method: "/s.S/Get", Size: 1, Deadline: now.Add(time.Second)}, now)
-		done <- err
-	}()
-	if qerr, refused := queuedOrRefused(t, ctrl, done, 1); refused {
+	if qerr, refused := refusedOrQueued(t, ctrl, admission.Request{Method: "/s.S/Get", Size: 1, Deadline: now.Add(time.Second)}, now, 1); refused {
 		ra, _ := status.RetryAfter(qerr)
 		t.Fatalf("a call three 10 ms jobs away from a slot was refused %v (retry-after %v)", status.OutcomeOf(qerr).Reason, ra)
 	}
-	cancel()
-	<-done
 }
 
-// queuedOrRefused waits until the request whose result done carries is
-// refused, or until the class "work" holds queued requests.
-func queuedOrRefused(t *testing.T, ctrl *admission.Controller, done chan error, queued int) (error, bool) {
+// refusedOrQueued asks ctrl to admit r at now and waits until the request
+// is answered (refused, so it says: its error and true), or until the
+// class "work" holds queued requests; then it withdraws r (cancels its wait
+// and waits for it to leave) and returns false.
+func refusedOrQueued(t *testing.T, ctrl *admission.Controller, r admission.Request, now time.Time, queued int) (error, bool) {
 	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := ctrl.AdmitAt(ctx, r, now)
+		done <- err
+	}()
 	for {
 		select {
 		case err := <-done:
@@ -61,6 +61,8 @@ func queuedOrRefused(t *testing.T, ctrl *admission.Controller, done chan error, 
 		default:
 		}
 		if s, _ := ctrl.Stats().Class("work"); s.Queued == queued {
+			cancel()
+			<-done
 			return nil, false
 		}
 		time.Sleep(time.Millisecond)
@@ -94,19 +96,10 @@ func TestTenantWaitWithAStreamAndAUnaryRunning(t *testing.T) {
 		waiting <- err
 	}()
 	require.Eventually(t, func() bool { s, _ := ctrl.Stats().Class("work"); return s.Queued == 1 }, time.Second, time.Millisecond)
-	qctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		_, err := ctrl.AdmitAt(qctx, admission.Request{Method: "/s.S/Get", Tenant: "a", Size: 1, Deadline: now.Add(time.Second)}, now)
-		done <- err
-	}()
 	defer func() { wcancel(); <-waiting }()
-	if qerr, refused := queuedOrRefused(t, ctrl, done, 2); refused {
+	if qerr, refused := refusedOrQueued(t, ctrl, admission.Request{Method: "/s.S/Get", Tenant: "a", Size: 1, Deadline: now.Add(time.Second)}, now, 2); refused {
 		t.Fatalf("a request 20 ms of its tenant's work from a start was refused %v", status.OutcomeOf(qerr).Reason)
 	}
-	cancel()
-	<-done
 }
 
 // TestAStreamEndsByItsDeadline: the class's one slot is held by a stream
@@ -123,20 +116,11 @@ func TestAStreamEndsByItsDeadline(t *testing.T) {
 	stream, err := ctrl.AdmitAt(ctx, admission.Request{Method: "/s.S/Watch", Size: -1, Stream: true, Deadline: now.Add(time.Minute)}, t0)
 	require.NoError(t, err)
 	defer stream.Abandon()
-	qctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		_, err := ctrl.AdmitAt(qctx, admission.Request{Method: "/s.S/Get", Size: 1, Deadline: now.Add(5 * time.Minute)}, now)
-		done <- err
-	}()
-	if qerr, refused := queuedOrRefused(t, ctrl, done, 1); refused {
+	if qerr, refused := refusedOrQueued(t, ctrl, admission.Request{Method: "/s.S/Get", Size: 1, Deadline: now.Add(5 * time.Minute)}, now, 1); refused {
 		ra, _ := status.RetryAfter(qerr)
 		t.Fatalf("a call with 5 min to live, behind a stream that ends within a minute, was refused %v (retry-after %v)",
 			status.OutcomeOf(qerr).Reason, ra)
 	}
-	cancel()
-	<-done
 }
 
 // queueN queues n requests of tenant in the class "work" at now, each
@@ -187,20 +171,11 @@ func TestSaturatedTenantsStreamKeepsItsQueueOutOfOthersWait(t *testing.T) {
 	defer stop()
 
 	// b starts when c's 10 ms call ends: a's waiters are held by a's limit.
-	qctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		_, err := ctrl.AdmitAt(qctx, admission.Request{Method: "/s.S/Get", Tenant: "b", Size: 1, Deadline: now.Add(60 * time.Millisecond)}, now)
-		done <- err
-	}()
-	if qerr, refused := queuedOrRefused(t, ctrl, done, 11); refused {
+	if qerr, refused := refusedOrQueued(t, ctrl, admission.Request{Method: "/s.S/Get", Tenant: "b", Size: 1, Deadline: now.Add(60 * time.Millisecond)}, now, 11); refused {
 		ra, _ := status.RetryAfter(qerr)
 		t.Fatalf("a request 10 ms from a start was refused %v (retry-after %v): tenant a's waiters, held behind its stream, were counted ahead of it",
 			status.OutcomeOf(qerr).Reason, ra)
 	}
-	cancel()
-	<-done
 }
 
 // When streams hold every slot, the first to end frees one slot, and the
@@ -287,20 +262,11 @@ func TestPlayOutLeavesASaturatedTenantsQueueOut(t *testing.T) {
 	s, _ := ctrl.StatsAt(now).Class("work")
 	t.Logf("predicted wait for another tenant: %v", s.PredictedWait)
 
-	qctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		_, err := ctrl.AdmitAt(qctx, admission.Request{Method: "/s.S/Get", Tenant: "b", Size: 1, Deadline: now.Add(60 * time.Millisecond)}, now)
-		done <- err
-	}()
-	if qerr, refused := queuedOrRefused(t, ctrl, done, 11); refused {
+	if qerr, refused := refusedOrQueued(t, ctrl, admission.Request{Method: "/s.S/Get", Tenant: "b", Size: 1, Deadline: now.Add(60 * time.Millisecond)}, now, 11); refused {
 		ra, _ := status.RetryAfter(qerr)
 		t.Fatalf("b, ~10 ms from a start (c's stream's end; a's waiters are held by a's limit), was refused %v (retry-after %v, predicted %v)",
 			status.OutcomeOf(qerr).Reason, ra, s.PredictedWait)
 	}
-	cancel()
-	<-done
 }
 
 // DESIGN.md §3.6: refusals are allocation-light. A refusal in a class whose
