@@ -23,7 +23,6 @@ import (
 	"github.com/tollgate-go/tollgate/internal/testsvc"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 	"github.com/tollgate-go/tollgate/status"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"google.golang.org/grpc"
@@ -142,9 +141,7 @@ func TestAdmissionRefusalsNameTheTryAndRefundTheGrant(t *testing.T) {
 // (and the trusted peer gets a repeatable RESOURCE_EXHAUSTED instead of the
 // final INVALID_ARGUMENT MALFORMED_HEADER).
 func TestMalformedHeaderRefusedAtTheTapIsNotCounted(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	mp, reader := testMeter(t)
 	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1}), admission.WithDefaultClass("work"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctrl.Close() })

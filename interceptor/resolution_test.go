@@ -19,7 +19,6 @@ import (
 	"github.com/tollgate-go/tollgate/internal/testsvc"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 	"github.com/tollgate-go/tollgate/status"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -1218,9 +1217,7 @@ func TestFenceJumpPastMaxTrySpendsNoRetryToken(t *testing.T) {
 // MaxTry returns n-1 = MaxTry from owner.run, so the span reports try 1000
 // for a call that sent one try (the stream owner reports cs.n).
 func TestFenceJumpPastMaxTrySpanTry(t *testing.T) {
-	spans := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tp, spans := testTracer(t)
 	var sent atomic.Int32
 	end := testsvc.StartT(t, testsvc.Bufconn, fencedThroughMaxTry(t, &sent).Register)
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
@@ -1255,9 +1252,7 @@ func TestFenceJumpPastMaxTrySpanTry(t *testing.T) {
 // (doc.go: "try (the last try sent; a repeat refused before it left is not
 // one)"). The stream owner reports cs.n.
 func TestFenceJumpRefusedSpanTry(t *testing.T) {
-	spans := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tp, spans := testTracer(t)
 	var sent atomic.Int32
 	svc := &testsvc.Service{GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
 		md, _ := metadata.FromIncomingContext(ctx)
@@ -1542,9 +1537,7 @@ func TestRefusedRefundsUnwithdrawnToken(t *testing.T) {
 // is never set and prepared records no tollgate.retry event for it (before
 // 1783850 it had one).
 func TestTryHasRetryEvent(t *testing.T) {
-	spans := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tp, spans := testTracer(t)
 
 	queried := make(chan struct{})
 	var once sync.Once

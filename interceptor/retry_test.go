@@ -18,9 +18,7 @@ import (
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
 	"github.com/tollgate-go/tollgate/status"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -97,9 +95,7 @@ func TestZeroAllowanceOriginStillRepeatsALeafCall(t *testing.T) {
 // states that they must add up to the calls it received), and disagree with
 // the span's own tollgate.allowance.spent.
 func TestSpendEventsOfNeverSentTriesAreNotReturned(t *testing.T) {
-	spans := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tp, spans := testTracer(t)
 
 	// The dependency is unreachable.
 	dep := unreachable(t, interceptor.WithClientTracerProvider(tp))
@@ -151,9 +147,7 @@ func TestSpendEventsOfNeverSentTriesAreNotReturned(t *testing.T) {
 // a sent try (outcome not_admitted), indistinguishable from a server's
 // refusal.
 func TestNeverSentTriesCountedAsSentTries(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	mp, reader := testMeter(t)
 	_, err := unreachable(t, interceptor.WithClientMeterProvider(mp)).Get(t.Context(), &testingv1.GetRequest{})
 	require.Equal(t, status.ReasonNotSent, status.OutcomeOf(err).Reason, "precondition: never sent: %v", err)
 	var rm metricdata.ResourceMetrics
@@ -189,9 +183,7 @@ func unreachable(t *testing.T, opts ...interceptor.ClientOption) testingv1.TestS
 // client.wait was given for the backoff — not the number of the try it
 // announces, which the header, the spend event and the span all call 6.
 func TestRetryEventNamesTheTryAboutToBeSent(t *testing.T) {
-	spans := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tp, spans := testTracer(t)
 
 	var calls atomic.Int32
 	// A plain server (no tollgate interceptor) answers the refusal as given.
@@ -692,9 +684,7 @@ const recordlessMinute = time.Minute
 // queued_ahead) and tollgate.retry (try, reason, delay). The other events
 // carry exactly those keys; the retry event carries none of its three.
 func TestRetryEventAttributes(t *testing.T) {
-	spans := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tp, spans := testTracer(t)
 	svc := &testsvc.Service{GetFunc: func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
 		return nil, status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Millisecond))
 	}}
@@ -733,9 +723,7 @@ func TestRetryEventAttributes(t *testing.T) {
 // retry that did not happen, and the call span reports tollgate.try 2 for a
 // call that sent one try.
 func TestRetryEventForATryNeverSent(t *testing.T) {
-	spans := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tp, spans := testTracer(t)
 	fast := interceptor.RetryPolicy{MaxTries: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}
 	once := fast
 	once.MaxTries = 1

@@ -21,7 +21,6 @@ import (
 	"github.com/tollgate-go/tollgate/internal/testsvc"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 	"github.com/tollgate-go/tollgate/status"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -321,9 +320,7 @@ func TestServerCompressor(t *testing.T) {
 // FenceAttempt from an untrusted peer is answered UNKNOWN before its header
 // is looked at, so the same malformed header goes uncounted there.
 func TestServerFenceMalformed(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	mp, reader := testMeter(t)
 	store := memoryStore(t)
 	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
 		tollgatev1.RegisterAttemptServiceServer(s, idempotency.NewAttemptService(store))

@@ -19,7 +19,6 @@ import (
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
 	"github.com/tollgate-go/tollgate/status"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -168,12 +167,8 @@ func TestStreamSpansEndExactlyOnce(t *testing.T) {
 // up to the calls the dependency received, and the origin span's
 // tollgate.allowance.spent says the same.
 func TestSpendAddsUpWithSplitFanOutAndRepeats(t *testing.T) {
-	spans := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	tp, spans := testTracer(t)
+	mp, reader := testMeter(t)
 
 	fast := interceptor.RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}
 	origin, mid := fast, fast
@@ -242,9 +237,7 @@ func TestSpendAddsUpWithSplitFanOutAndRepeats(t *testing.T) {
 // tollgate.client.tries counts tries that may have been sent, and
 // tollgate.allowance.exhausted each local refusal once.
 func TestExhaustedCountedOncePerLocalRefusal(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	mp, reader := testMeter(t)
 	fast := interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}
 	tr := newTiers(t,
 		[]interceptor.ClientOption{interceptor.WithAllowance(1), interceptor.WithRetry(fast)},

@@ -33,17 +33,33 @@ func attr(attrs []attribute.KeyValue, key string) (attribute.Value, bool) {
 	return attribute.Value{}, false
 }
 
+// testTracer is a tracer provider that exports each span, as it ends, to
+// the returned in-memory exporter; it is shut down when the test ends.
+func testTracer(t *testing.T) (*sdktrace.TracerProvider, *tracetest.InMemoryExporter) {
+	t.Helper()
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return tp, spans
+}
+
+// testMeter is a meter provider read by the returned manual reader; it is
+// shut down when the test ends.
+func testMeter(t *testing.T) (*sdkmetric.MeterProvider, *sdkmetric.ManualReader) {
+	t.Helper()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	return mp, reader
+}
+
 // TestTelemetryOneAttemptOnEverySpanAndSpendAddsUp: a three-hop call whose
 // dependency refuses, so both tiers repeat. Every tollgate.call span carries
 // the one attempt ID, and the units of the tollgate.allowance.spend events
 // add up to the calls the dependency received.
 func TestTelemetryOneAttemptOnEverySpanAndSpendAddsUp(t *testing.T) {
-	spans := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	tp, spans := testTracer(t)
+	mp, reader := testMeter(t)
 
 	fast := interceptor.RetryPolicy{InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}
 	origin, mid := fast, fast
@@ -98,12 +114,8 @@ func TestTelemetryOneAttemptOnEverySpanAndSpendAddsUp(t *testing.T) {
 // tollgate.allowance.held counts its units (before the metric, a held grant
 // showed only as units missing from the ledger).
 func TestHeldGrantIsCounted(t *testing.T) {
-	spans := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	tp, spans := testTracer(t)
+	mp, reader := testMeter(t)
 	once := interceptor.RetryPolicy{MaxTries: 1}
 	tr := newTiers(t,
 		[]interceptor.ClientOption{interceptor.WithAllowance(4), interceptor.WithRetry(once)},
@@ -147,9 +159,7 @@ func counter(rm metricdata.ResourceMetrics, name string) int64 {
 }
 
 func TestMalformedHeaderIsCounted(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	mp, reader := testMeter(t)
 	svc := &testsvc.Service{GetFunc: okGet}
 	untrusted := testsvc.StartT(t, testsvc.Bufconn, svc.Register,
 		interceptor.ServerOptions(interceptor.WithServerMeterProvider(mp))...)
@@ -171,9 +181,7 @@ func TestMalformedHeaderIsCounted(t *testing.T) {
 // request's context (as otelgrpc's server handler makes), each admission
 // decision is a tollgate.admission event with its class.
 func TestAdmissionEventOnTheServerSpan(t *testing.T) {
-	spans := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	tp, spans := testTracer(t)
 	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 2, QueueItems: 2}), admission.WithDefaultClass("work"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctrl.Close() })
@@ -211,9 +219,7 @@ func TestAdmissionEventOnTheServerSpan(t *testing.T) {
 // (the decision is in neither the controller's decisions nor its misses).
 // They are now counted in tollgate.deadline.misses{stage=arrival}.
 func TestLateTryIsCountedAsADeadlineMiss(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	mp, reader := testMeter(t)
 	ledger := newLedger(nil)
 	ledger.GetFunc = okGet
 	end := recordedServer(t, &ledger.Service, memoryStore(t), interceptor.ServerOptions(
