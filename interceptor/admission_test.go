@@ -1159,14 +1159,12 @@ func TestDrainingKeepsTheControlPathOpen(t *testing.T) {
 	require.NoError(t, err, "the owner resolved its try from the draining server's record")
 }
 
-// TestNotFinalDequeueDropSuggestsADelay: a trusted try whose own
-// grpc-timeout (300 ms) ends well before its attempt's deadline (3 s) waits
-// behind the only slot and is dropped once it can no longer finish; the
-// interceptor makes that refusal not final (a later try may fit). A review
-// found that it carried no retry-after, inviting the caller to repeat at
-// once into the same full class (DESIGN.md §3.6: refusals carry a
-// retry-after that reflects the queue).
-func TestNotFinalDequeueDropSuggestsADelay(t *testing.T) {
+// heldSlotServer starts a trusting server whose class "work" (the default:
+// one slot, four places, 100 ms expected service) has its only slot held by
+// an Apply until the test ends, and returns a plain client of it: the
+// test's next call waits in the queue.
+func heldSlotServer(t *testing.T) testingv1.TestServiceClient {
+	t.Helper()
 	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 4,
 		ExpectedServiceTime: 100 * time.Millisecond}), admission.WithDefaultClass("work"))
 	require.NoError(t, err)
@@ -1176,14 +1174,26 @@ func TestNotFinalDequeueDropSuggestsADelay(t *testing.T) {
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts(interceptor.WithAdmission(ctrl))...)
 	client := testingv1.NewTestServiceClient(end.DialT(t))
 	h.holdApply(context.Background(), client)
-	defer func() { _ = h.free() }()
+	t.Cleanup(func() { _ = h.free() })
+	return client
+}
+
+// TestNotFinalDequeueDropSuggestsADelay: a trusted try whose own
+// grpc-timeout (300 ms) ends well before its attempt's deadline (3 s) waits
+// behind the only slot and is dropped once it can no longer finish; the
+// interceptor makes that refusal not final (a later try may fit). A review
+// found that it carried no retry-after, inviting the caller to repeat at
+// once into the same full class (DESIGN.md §3.6: refusals carry a
+// retry-after that reflects the queue).
+func TestNotFinalDequeueDropSuggestsADelay(t *testing.T) {
+	client := heldSlotServer(t)
 
 	id, _ := uuid.NewV7()
 	d := time.Now().Add(3 * time.Second).UnixMilli()
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
 	ctx = metadata.AppendToOutgoingContext(ctx, "tollgate", fmt.Sprintf("a=%s;c=0;t=1;d=%d", id, d))
-	_, err = client.Apply(ctx, &testingv1.ApplyRequest{Key: "b"})
+	_, err := client.Apply(ctx, &testingv1.ApplyRequest{Key: "b"})
 	o := status.OutcomeOf(err)
 	ra, ok := status.RetryAfter(err)
 	t.Logf("%v final=%v retry-after %v (%v)", o.Reason, o.Final(), ra, ok)
@@ -1272,21 +1282,12 @@ func TestAStreamHoldingTheSlotCountsByItsAge(t *testing.T) {
 // (TestNotFinalDequeueDropSuggestsADelay) put one on every drop, and the
 // trailer then invited the caller's retry policy to repeat the call.
 func TestFinalDequeueDropTellsGrpcNotToRetry(t *testing.T) {
-	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 4,
-		ExpectedServiceTime: 100 * time.Millisecond}), admission.WithDefaultClass("work"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ctrl.Close() })
-	h := newSlotHolder()
-	svc := &testsvc.Service{ApplyFunc: h.apply}
-	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts(interceptor.WithAdmission(ctrl))...)
-	client := testingv1.NewTestServiceClient(end.DialT(t))
-	h.holdApply(context.Background(), client)
-	defer func() { _ = h.free() }()
+	client := heldSlotServer(t)
 
 	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
 	var tr metadata.MD
-	_, err = client.Apply(ctx, &testingv1.ApplyRequest{Key: "b"}, grpc.Trailer(&tr))
+	_, err := client.Apply(ctx, &testingv1.ApplyRequest{Key: "b"}, grpc.Trailer(&tr))
 	o := status.OutcomeOf(err)
 	t.Logf("%v final=%v pushback %q", o.Reason, o.Final(), tr.Get(status.PushbackKey))
 	require.Equal(t, status.ReasonDeadlineExpired, o.Reason)
