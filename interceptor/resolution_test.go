@@ -1829,6 +1829,24 @@ func TestUnvouchedFenceDoesNotRepeatAMethodWithSideEffects(t *testing.T) {
 		}
 		return handler(ctx, req)
 	})
+	cli := markedRecordless(t, outer, &effects, &queries)
+	_, err := cli.Apply(t.Context(), &testingv1.ApplyRequest{Key: "k"})
+	t.Logf("queries %d, tries %d, err %v", queries.Load(), kTries.Load(), err)
+	require.Equal(t, int64(1), effects.Load(),
+		"a fence the owner knows does not vouch for try 1 must not repeat a method with side effects")
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindUnknown, o.Kind, "%v", err)
+	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
+}
+
+// markedRecordless serves Apply (counting in effects the handler's runs of
+// the key "k") on a recorded server behind outer, the test's stand-in for
+// the store-less backend, which answers the "warm" call UNAVAILABLE and the
+// first query (counted in queries) UNIMPLEMENTED. It returns a client (three
+// quick tries, no retry budget) once its "warm" call ended UNKNOWN and that
+// query marked the target recordless.
+func markedRecordless(t *testing.T, outer grpc.ServerOption, effects, queries *atomic.Int64) testingv1.TestServiceClient {
+	t.Helper()
 	svc := &testsvc.Service{ApplyFunc: func(_ context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
 		if r.GetKey() == "k" {
 			effects.Add(1)
@@ -1844,13 +1862,7 @@ func TestUnvouchedFenceDoesNotRepeatAMethodWithSideEffects(t *testing.T) {
 	_, err := cli.Apply(t.Context(), &testingv1.ApplyRequest{Key: "warm"})
 	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "precondition: %v", err)
 	require.Equal(t, int64(1), queries.Load(), "precondition: the target is marked recordless")
-	_, err = cli.Apply(t.Context(), &testingv1.ApplyRequest{Key: "k"})
-	t.Logf("queries %d, tries %d, err %v", queries.Load(), kTries.Load(), err)
-	require.Equal(t, int64(1), effects.Load(),
-		"a fence the owner knows does not vouch for try 1 must not repeat a method with side effects")
-	o := status.OutcomeOf(err)
-	require.Equal(t, status.KindUnknown, o.Kind, "%v", err)
-	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
+	return cli
 }
 
 // A review found the recordless mark compared with the call's start on the
@@ -1938,22 +1950,8 @@ func TestUnvouchedVerifyingTryDoesNotRerunAMethodWithSideEffects(t *testing.T) {
 		}
 		return handler(ctx, req)
 	})
-	svc := &testsvc.Service{ApplyFunc: func(_ context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
-		if r.GetKey() == "k" {
-			effects.Add(1)
-		}
-		return &testingv1.ApplyResponse{}, nil
-	}}
-	end := recordedServer(t, svc, memoryStore(t), outer)
-	conn := end.DialT(t, interceptor.DialOptions(
-		interceptor.WithoutRetryBudget(),
-		fastRetry(3),
-	)...)
-	cli := testingv1.NewTestServiceClient(conn)
-	_, err := cli.Apply(t.Context(), &testingv1.ApplyRequest{Key: "warm"})
-	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "precondition: %v", err)
-	require.Equal(t, int64(1), queries.Load(), "precondition: the target is marked recordless")
-	_, err = cli.Apply(interceptor.WithCallKey(t.Context(), "pay"), &testingv1.ApplyRequest{Key: "k"})
+	cli := markedRecordless(t, outer, &effects, &queries)
+	_, err := cli.Apply(interceptor.WithCallKey(t.Context(), "pay"), &testingv1.ApplyRequest{Key: "k"})
 	t.Logf("queries %d, tries %d, err %v", queries.Load(), kTries.Load(), err)
 	require.Equal(t, int64(2), queries.Load(), "precondition: try 1 was resolved at the store backend")
 	require.Equal(t, int64(1), effects.Load(),
