@@ -619,9 +619,7 @@ func TestStreamReleasedGrantHeld(t *testing.T) {
 			}}
 			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 			seen := newTrailerSeen()
-			conn, err := end.Dial(append(interceptor.DialOptions(fastRetry(3)), grpc.WithStatsHandler(seen))...)
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = conn.Close() })
+			conn := end.DialT(t, append(interceptor.DialOptions(fastRetry(3)), grpc.WithStatsHandler(seen))...)
 
 			ctx, cancel := context.WithCancel(context.Background()) // no deadline of the caller's own
 			defer cancel()
@@ -633,11 +631,7 @@ func TestStreamReleasedGrantHeld(t *testing.T) {
 			st, err := testingv1.NewTestServiceClient(conn).Watch(actx, &testingv1.WatchRequest{Key: "k"},
 				grpc.OnFinish(func(err error) { finished <- err }))
 			require.NoError(t, err)
-			select {
-			case <-seen.ch: // the whole stream and its OK status arrived
-			case <-time.After(10 * time.Second):
-				t.Fatal("precondition: the server's status never arrived")
-			}
+			seen.arrived(t) // the whole stream and its OK status arrived
 			if readFirst {
 				got, err := recvAll(st)
 				require.NoError(t, err)
@@ -858,18 +852,12 @@ func completedUnreadWatch(t *testing.T, ctx context.Context, tollgate bool) (*gr
 	if tollgate {
 		dial = append(interceptor.DialOptions(fastRetry(3), interceptor.WithAttemptTimeout(time.Minute)), dial...)
 	}
-	conn, err := end.Dial(dial...)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
+	conn := end.DialT(t, dial...)
 	finished := make(chan error, 1)
 	st, err := testingv1.NewTestServiceClient(conn).Watch(ctx, &testingv1.WatchRequest{Key: "k"},
 		grpc.OnFinish(func(err error) { finished <- err }))
 	require.NoError(t, err)
-	select {
-	case <-seen.ch: // the whole stream arrived, unread
-	case <-time.After(10 * time.Second):
-		t.Fatal("precondition: the server's status never arrived")
-	}
+	seen.arrived(t) // the whole stream arrived, unread
 	return conn, st, finished
 }
 
@@ -1578,9 +1566,7 @@ func TestReleasedLocalSendDropsMessages(t *testing.T) {
 			if tollgate {
 				dial = append(interceptor.DialOptions(fastRetry(3), interceptor.WithAttemptTimeout(time.Minute)), dial...)
 			}
-			conn, err := end.Dial(dial...)
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = conn.Close() })
+			conn := end.DialT(t, dial...)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			finished := make(chan error, 2)
@@ -1662,9 +1648,7 @@ func TestDrainUnderCallerCodec(t *testing.T) {
 				if tollgate {
 					dial = append(interceptor.DialOptions(fastRetry(3), interceptor.WithAttemptTimeout(time.Minute)), dial...)
 				}
-				conn, err := end.Dial(dial...)
-				require.NoError(t, err)
-				t.Cleanup(func() { _ = conn.Close() })
+				conn := end.DialT(t, dial...)
 				ctx, cancel := context.WithCancel(context.Background())
 				defer cancel()
 				finished := make(chan error, 2)
