@@ -917,6 +917,7 @@ func TestDequeueDropOfPerTryDeadlineIsNotFinal(t *testing.T) {
 	o := status.OutcomeOf(err)
 	t.Logf("B after %v: %v (final=%v)", time.Since(start), err, o.Final())
 	require.NoError(t, err, "the owner gave up at %v of a 1.5s attempt on a final %v; the slot was free", time.Since(start).Round(time.Millisecond), o.Reason)
+	require.Equal(t, int64(1), bRuns.Load(), "B's handler ran once: the dropped try never ran, its repeat did")
 }
 
 // A waiter dropped for a deadline that is its attempt's own (a plain client
