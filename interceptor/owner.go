@@ -256,8 +256,8 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		o := status.OutcomeOfCall(err, d)
 		err = w.typed(n, err, o)
 		c.record(ctx, o, d)
-		if failedUnsent := w.unsentInDoubt(n, err, o, d); failedUnsent != nil {
-			return n, failedUnsent
+		if failed := w.failedInDoubt(n, err, o, d); failed != nil {
+			return n, failed
 		}
 
 		next, uncounted, result, done := w.decide(ctx, n, err, o, reply)
@@ -343,17 +343,28 @@ func (w *owner) unprepared(n uint32, perr error) error {
 	return w.conclude(n, perr)
 }
 
-// unsentInDoubt returns the result of a call whose try n failed with a
-// definite code before it was sent (o FAILED, d NotSent: the client's own
-// failure) while an earlier try is in doubt: UNKNOWN, since that earlier
-// try may have taken effect and a call's outcome combines all its tries
-// (DESIGN.md §3.5). It returns nil otherwise.
-func (w *owner) unsentInDoubt(n uint32, err error, o status.Outcome, d status.Delivery) error {
-	if !w.doubt || o.Kind != status.KindFailed || d != status.NotSent {
+// failedInDoubt returns the result of a call whose try n failed with a
+// definite code (o FAILED) while an earlier try's outcome is not known:
+// UNKNOWN, since that earlier try may have taken effect and a call's outcome
+// combines all its tries (DESIGN.md §3.5). That is so when try n never left
+// the client (d NotSent: the client's own failure), and when no record
+// speaks for the earlier try (unvouched: it was repeated without the query,
+// at a callee that keeps no records, or may have run at a backend without
+// one), as when an IDEMPOTENT method's repeat finds ALREADY_EXISTS what the
+// lost try made. A method declared NO_SIDE_EFFECTS had no effect to combine.
+// It returns nil otherwise.
+func (w *owner) failedInDoubt(n uint32, err error, o status.Outcome, d status.Delivery) error {
+	if !w.doubt || o.Kind != status.KindFailed {
 		return nil
 	}
-	return status.OutcomeUnknown(err, status.WithAttempt(w.cl.s.ID, w.cl.key, n),
-		status.WithMessage("interceptor: this try failed before it was sent, and an earlier try's outcome is not known"))
+	msg := "interceptor: this try failed before it was sent, and an earlier try's outcome is not known"
+	if d != status.NotSent {
+		if !w.unvouched() || w.cl.info.Level == methodinfo.NoSideEffects {
+			return nil
+		}
+		msg = "interceptor: this try failed, and an earlier try, which no record speaks for, may have taken effect"
+	}
+	return status.OutcomeUnknown(err, status.WithAttempt(w.cl.s.ID, w.cl.key, n), status.WithMessage(msg))
 }
 
 // typed gives an error the client classified from the try's delivery (not

@@ -653,8 +653,8 @@ func (cs *clientStream) afterTryLocked(err error) (next uint32, result error, re
 	w, n := cs.w, cs.n
 	o := cs.finishLocked(err)
 	err = w.typed(n, err, o)
-	if failedUnsent := w.unsentInDoubt(n, err, o, cs.t.delivery.state()); failedUnsent != nil {
-		return n, failedUnsent, false
+	if failed := w.failedInDoubt(n, err, o, cs.t.delivery.state()); failed != nil {
+		return n, failed, false
 	}
 	if !cs.replayable() {
 		return n, cs.committedResult(n, err, o), false

@@ -1,0 +1,117 @@
+package interceptor_test
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/interceptor"
+	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
+	"github.com/tollgate-go/tollgate/internal/testsvc"
+	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+)
+
+// A review found that an IDEMPOTENT call whose try 1 took effect and was
+// lost, at a callee that keeps no records (its query UNIMPLEMENTED), was
+// repeated without the query, as DESIGN.md §3.5 allows, and that the
+// repeat's definite error (ALREADY_EXISTS: try 1 made the thing) was
+// returned FAILED, as if the call had no effect. A call's outcome combines
+// all its tries: try 1's is still unknown, so the call is UNKNOWN (keeping
+// the repeat's code and message).
+func TestUnqueriedRepeatsDefiniteErrorStaysUnknown(t *testing.T) {
+	var effects, tries atomic.Int64
+	svc := &testsvc.Service{PutFunc: func(context.Context, *testingv1.PutRequest) (*testingv1.PutResponse, error) {
+		if tries.Add(1) == 1 {
+			effects.Add(1) // it took effect; the answer is lost
+			return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
+		}
+		return nil, grpcstatus.Error(codes.AlreadyExists, "k exists")
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...) // no store, no AttemptService
+	conn := end.DialT(t, interceptor.DialOptions(
+		interceptor.WithoutRetryBudget(),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+	)...)
+	_, err := testingv1.NewTestServiceClient(conn).Put(t.Context(), &testingv1.PutRequest{Key: "k"})
+	require.Equal(t, int64(2), tries.Load(), "precondition: try 2 was sent without a query")
+	require.Equal(t, int64(1), effects.Load())
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindUnknown, o.Kind, "try 1 may have taken effect: %v", err)
+	require.Equal(t, codes.AlreadyExists, grpcstatus.Code(err), "the repeat's code is kept")
+	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
+}
+
+// A call keyed explicitly whose lost try the store backend recorded
+// SUCCEEDED sends a verifying try, which a backend without a store would
+// run as a new call. The owner declines to send it for a method with side
+// effects once its target is known to keep no records at some backends
+// (TestUnvouchedVerifyingTryDoesNotRerunAMethodWithSideEffects); a review
+// found that it asked only when the query answered, so a mark that came
+// after that answer and before the verifying try was sent (here: another
+// call's query, answered UNIMPLEMENTED by the store-less backend, made
+// when the owner next reads its clock) went unheeded, and the verifying try
+// ran the handler again there. It is asked again when the verifying try is
+// about to be sent.
+func TestMarkBeforeVerifyingTryIsHeeded(t *testing.T) {
+	var effects, queries, kTries atomic.Int64
+	var armed atomic.Bool
+	var cli testingv1.TestServiceClient
+	clock := func() time.Time {
+		if armed.CompareAndSwap(true, false) {
+			// Another call's query marks the target recordless.
+			_, werr := cli.Apply(context.Background(), &testingv1.ApplyRequest{Key: "warm"})
+			require.Equal(t, status.KindUnknown, status.OutcomeOf(werr).Kind, "precondition: %v", werr)
+		}
+		return time.Now()
+	}
+	outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		switch {
+		case strings.HasSuffix(info.FullMethod, "/FenceAttempt"):
+			if queries.Add(1) == 2 {
+				return nil, grpcstatus.Error(codes.Unimplemented, "no records") // the store-less backend
+			}
+			rec, err := handler(ctx, req) // the store backend finds the record SUCCEEDED
+			armed.Store(true)
+			return rec, err
+		case strings.HasSuffix(info.FullMethod, "/Apply"):
+			r := req.(*testingv1.ApplyRequest)
+			if r.GetKey() == "warm" {
+				return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
+			}
+			switch kTries.Add(1) {
+			case 1: // the store backend runs and records it; the answer is lost
+				_, _ = handler(ctx, req)
+				return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
+			default: // the verifying try reaches the store-less backend
+				effects.Add(1)
+				return &testingv1.ApplyResponse{}, nil
+			}
+		}
+		return handler(ctx, req)
+	})
+	svc := &testsvc.Service{ApplyFunc: func(_ context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		effects.Add(1)
+		return &testingv1.ApplyResponse{}, nil
+	}}
+	end := recordedServer(t, svc, memoryStore(t), outer)
+	conn := end.DialT(t, interceptor.DialOptions(
+		interceptor.WithClientClock(clock),
+		interceptor.WithoutRetryBudget(),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+	)...)
+	cli = testingv1.NewTestServiceClient(conn)
+	_, err := cli.Apply(interceptor.WithCallKey(t.Context(), "pay"), &testingv1.ApplyRequest{Key: "k"})
+	t.Logf("queries %d, tries %d, err %v", queries.Load(), kTries.Load(), err)
+	require.Equal(t, int64(2), queries.Load(), "precondition: try 1 was resolved at the store backend, and the warm-up call marked the target")
+	require.Equal(t, int64(1), effects.Load(),
+		"the target was marked recordless before the verifying try was sent: it must not run the handler again")
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindUnknown, o.Kind, "%v", err)
+	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
+}
