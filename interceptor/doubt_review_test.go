@@ -115,3 +115,66 @@ func TestMarkBeforeVerifyingTryIsHeeded(t *testing.T) {
 	require.Equal(t, status.KindUnknown, o.Kind, "%v", err)
 	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
 }
+
+// TestMarkBeforeVerifyingTryIsHeeded for a stream, whose verifying try
+// waits its backoff (proceed) like any repeat: a mark that comes during
+// that wait is heeded before the try is sent.
+func TestMarkBeforeStreamVerifyingTryIsHeeded(t *testing.T) {
+	var effects, queries, tries atomic.Int64
+	var armed atomic.Bool
+	var cli testingv1.TestServiceClient
+	clock := func() time.Time {
+		if armed.CompareAndSwap(true, false) {
+			_, werr := cli.Apply(context.Background(), &testingv1.ApplyRequest{Key: "warm"})
+			require.Equal(t, status.KindUnknown, status.OutcomeOf(werr).Kind, "precondition: %v", werr)
+		}
+		return time.Now()
+	}
+	unary := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		switch {
+		case strings.HasSuffix(info.FullMethod, "/FenceAttempt"):
+			if queries.Add(1) == 2 {
+				return nil, grpcstatus.Error(codes.Unimplemented, "no records") // the store-less backend
+			}
+			rec, err := handler(ctx, req) // the store backend finds the record SUCCEEDED
+			armed.Store(true)
+			return rec, err
+		case strings.HasSuffix(info.FullMethod, "/Apply"):
+			return nil, grpcstatus.Error(codes.Unavailable, "connection reset") // the warm-up call's try
+		}
+		return handler(ctx, req)
+	})
+	stream := grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if tries.Add(1) == 1 { // the store backend runs and records it; the answer is lost
+			_ = h(srv, ss)
+			return grpcstatus.Error(codes.Internal, "proxy: upstream connection reset")
+		}
+		effects.Add(1) // the verifying try reaches the store-less backend
+		return nil
+	})
+	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+		effects.Add(1)
+		for {
+			if _, err := st.Recv(); err != nil {
+				return nil
+			}
+		}
+	}}
+	end := recordedServer(t, svc, memoryStore(t), unary, stream)
+	conn := end.DialT(t, interceptor.DialOptions(
+		interceptor.WithClientClock(clock),
+		interceptor.WithoutRetryBudget(),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+	)...)
+	cli = testingv1.NewTestServiceClient(conn)
+	st, err := cli.Chat(interceptor.WithCallKey(t.Context(), "chat"))
+	require.NoError(t, err)
+	require.NoError(t, st.Send(&testingv1.ChatRequest{}))
+	require.NoError(t, st.CloseSend())
+	_, err = st.Recv()
+	t.Logf("queries %d, tries %d, err %v", queries.Load(), tries.Load(), err)
+	require.Equal(t, int64(2), queries.Load(), "precondition: try 1 was resolved at the store backend, and the warm-up call marked the target")
+	require.Equal(t, int64(1), effects.Load(),
+		"the target was marked recordless before the verifying try was sent: it must not run the handler again")
+	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
+}

@@ -144,6 +144,10 @@ type owner struct {
 	// verifyNext is set when the next try is that first verifying try:
 	// a unary call sends it at once (verifyTry).
 	verifyNext bool
+	// verifies is set when the next try is a verifying try, the first or a
+	// later one: whether it may be sent is asked again just before it is
+	// (unvouchedVerify).
+	verifies bool
 	// verifyUntil is the end of the resolution's grace that found the
 	// record: the verifying try may run until then.
 	verifyUntil time.Time
@@ -223,6 +227,13 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 			now = c.cfg.now()
 		}
 		first = false
+		if result := w.unvouchedVerify(n-1, err); result != nil {
+			if !w.verifyNext && w.tgt.budget != nil {
+				w.tgt.budget.Return() // proceed withdrew a token for a try not sent
+			}
+			w.retrying = false
+			return w.spanTry(n), result
+		}
 		pctx, releaseCtx := ctx, func() {}
 		if w.verifyNext {
 			pctx, releaseCtx = w.verifyContext(ctx)
@@ -394,9 +405,27 @@ func (w *owner) typed(n uint32, err error, o status.Outcome) error {
 func (w *owner) verifying() bool {
 	uncounted := w.verify && !w.verified
 	w.verified = w.verified || w.verify
+	w.verifies = w.verify
 	w.verify = false
 	w.verifyNext = uncounted
 	return uncounted
+}
+
+// unvouchedVerify returns the result of a call whose next try verifies a
+// record found under its explicit key (after try n's failure last) when that
+// try may not be sent: its method has side effects, and its target is now
+// known to keep no records at some backends (unvouched), where the try would
+// run the handler again. resolve asked when the query answered; a mark that
+// came since (another call's query, during a backoff) is heeded here, just
+// before the try is sent. It returns nil otherwise, and clears verifies.
+func (w *owner) unvouchedVerify(n uint32, last error) error {
+	verifies := w.verifies
+	w.verifies = false
+	if !verifies || !w.unvouched() || !w.rerunHarms() {
+		return nil
+	}
+	return status.OutcomeUnknown(last, status.WithAttempt(w.cl.s.ID, w.cl.key, n),
+		status.WithMessage("interceptor: the record under the call's explicit key may be another request's, and its target was found to keep none at some backends before the try that would ask was sent"))
 }
 
 // proceed returns nil when try n+1 may follow try n's failure err, after
