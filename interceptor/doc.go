@@ -124,7 +124,9 @@
 // the target's retry budget (WithRetryBudget), only when its last try is
 // known to have had no effect: NOT_ADMITTED (and not final), which includes
 // a try never sent unless its error has a definite code (then the call ends
-// with that error, FAILED).
+// with that error, FAILED). A refusal that names an attempt other than the
+// call's and came without tollgate-spent is UNKNOWN: a server that does not
+// speak tollgate passed its callee's refusal up, and its own handler ran.
 // Waits are exponential with full jitter, never shorter than the peer's
 // retry-after (itself jittered), and never past the deadline. A try whose
 // outcome is UNKNOWN is first resolved: the owner sends FenceAttempt(n) to
@@ -135,8 +137,9 @@
 // a stream or a response not kept), FAILED its definite error, FENCED lets the
 // call repeat as try n+1; ABANDONED, UNKNOWN, a failed query or a callee
 // without an AttemptService end the call UNKNOWN with its attempt ID.
-// IDEMPOTENT methods repeat without the query at a callee without records;
-// NO_SIDE_EFFECTS methods repeat freely. Once a try was UNKNOWN, or met
+// IDEMPOTENT methods repeat without the query at a callee without records
+// (a definite error such a repeat meets ends the call UNKNOWN: the lost try
+// may have taken effect); NO_SIDE_EFFECTS methods repeat freely. Once a try was UNKNOWN, or met
 // ATTEMPT_IN_PROGRESS or ATTEMPT_FENCED, only a finished record or a FENCED
 // answer can end the call NOT_ADMITTED. Streams are repeated the same way
 // but only before they commit (see StreamReplayLimit). At the origin, a

@@ -178,3 +178,69 @@ func TestMarkBeforeStreamVerifyingTryIsHeeded(t *testing.T) {
 		"the target was marked recordless before the verifying try was sent: it must not run the handler again")
 	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
 }
+
+// A review found that a middle server that does not speak tollgate (plain
+// grpc-go) and passes up its callee's tollgate refusal as it came handed
+// the origin a NOT_ADMITTED, which the origin took as "no effect" and
+// repeated, although the middle's handler ran (and may have taken effect)
+// before it called down. A tollgate server names the attempt of the try it
+// refuses — the caller's, or, for a caller it does not trust, one it
+// minted, and then it reports tollgate-spent 0 — so a refusal naming
+// another attempt without tollgate-spent is now UNKNOWN. (A middle that
+// forwards its incoming tollgate header makes its callee name the origin's
+// own try: that case cannot be told, and the README says so.)
+func TestPlainMiddleRelayingARefusalIsUnknown(t *testing.T) {
+	dep := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		// The callee refuses without effect (as its admission would).
+		return nil, status.WithoutEffect(status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Millisecond)))
+	}}
+	depEnd := testsvc.StartT(t, testsvc.Bufconn, dep.Register, serverOpts()...)
+	down := testingv1.NewTestServiceClient(depEnd.DialT(t)) // plain grpc-go: no tollgate interceptors
+	var midRuns atomic.Int64
+	mid := &testsvc.Service{ApplyFunc: func(ctx context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		midRuns.Add(1) // the middle's own work, done before it calls down
+		return down.Apply(ctx, r)
+	}}
+	midEnd := testsvc.StartT(t, testsvc.Bufconn, mid.Register) // plain grpc-go server
+	conn := midEnd.DialT(t, interceptor.DialOptions(
+		interceptor.WithoutRetryBudget(),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+	)...)
+	ctx, err := interceptor.StartAttempt(t.Context(), 0, 5*time.Second)
+	require.NoError(t, err)
+	a, _ := interceptor.AttemptFromContext(ctx)
+	_, err = testingv1.NewTestServiceClient(conn).Apply(ctx, &testingv1.ApplyRequest{Key: "k"})
+	o := status.OutcomeOf(err)
+	t.Logf("middle runs %d, err %v", midRuns.Load(), err)
+	require.Equal(t, int64(1), midRuns.Load(), "the middle's handler ran, and is not run again")
+	require.Equal(t, status.KindUnknown, o.Kind, "the middle's handler ran before the refusal: %v", err)
+	require.Equal(t, a.ID, o.Detail.GetAttemptId(), "the answer names the origin's attempt")
+	require.NotContains(t, []codes.Code{codes.ResourceExhausted, codes.Unavailable}, grpcstatus.Code(err),
+		"UNKNOWN never carries a code generic policies repeat")
+}
+
+// The legitimate refusal TestPlainMiddleRelayingARefusalIsUnknown must not
+// catch: a tollgate server that does not trust its caller refuses under an
+// attempt it minted, and reports tollgate-spent 0. It stays NOT_ADMITTED.
+func TestUntrustedCalleesRefusalStaysNotAdmitted(t *testing.T) {
+	var runs atomic.Int64
+	svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		runs.Add(1)
+		return nil, status.WithoutEffect(status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Millisecond)))
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, interceptor.ServerOptions(
+		interceptor.WithTrustedPeer(func(context.Context) bool { return false }),
+		interceptor.WithClockSkew(0))...)
+	conn := end.DialT(t, interceptor.DialOptions(
+		interceptor.WithoutRetryBudget(),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+	)...)
+	ctx, err := interceptor.StartAttempt(t.Context(), 0, 5*time.Second)
+	require.NoError(t, err)
+	a, _ := interceptor.AttemptFromContext(ctx)
+	_, err = testingv1.NewTestServiceClient(conn).Apply(ctx, &testingv1.ApplyRequest{Key: "k"})
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
+	require.NotEqual(t, a.ID, o.Detail.GetAttemptId(), "precondition: the callee refused under an attempt it minted")
+	require.Equal(t, int64(2), runs.Load(), "a refusal without effect is repeated")
+}

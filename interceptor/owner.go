@@ -266,6 +266,7 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		}
 		o := status.OutcomeOfCall(err, d)
 		err = w.typed(n, err, o)
+		err, o = w.relayed(n, err, o, t)
 		c.record(ctx, o, d)
 		if failed := w.failedInDoubt(n, err, o, d); failed != nil {
 			return n, failed
@@ -376,6 +377,27 @@ func (w *owner) failedInDoubt(n uint32, err error, o status.Outcome, d status.De
 		msg = "interceptor: this try failed, and an earlier try, which no record speaks for, may have taken effect"
 	}
 	return status.OutcomeUnknown(err, status.WithAttempt(w.cl.s.ID, w.cl.key, n), status.WithMessage(msg))
+}
+
+// relayed returns try n's error err, outcome o, as the call reads them: a
+// tollgate refusal whose detail names an attempt other than the call's, and
+// that came without tollgate-spent, is UNKNOWN. A tollgate server's refusal
+// names the attempt of the try it refuses: the caller's, or, for a caller it
+// does not trust, one it minted, and then it reports tollgate-spent 0 (the
+// admission tap names the caller's). Such a refusal was passed up as it came
+// by a server that does not speak tollgate, whose handler ran, and may have
+// taken effect, before it called down (DESIGN.md §3.6: NOT_ADMITTED means no
+// effect at this tier or below).
+func (w *owner) relayed(n uint32, err error, o status.Outcome, t *try) (error, status.Outcome) {
+	if o.Kind != status.KindNotAdmitted || o.Detail.GetAttemptId() == "" || o.Detail.GetAttemptId() == w.cl.s.ID {
+		return err, o
+	}
+	if _, reported := t.delivery.reported(); reported || t.delivery.reportedBadly() {
+		return err, o
+	}
+	err = status.OutcomeUnknown(err, status.WithAttempt(w.cl.s.ID, w.cl.key, n),
+		status.WithMessage("interceptor: a refusal of another attempt was passed up by a server that does not speak tollgate, whose handler may have taken effect"))
+	return err, status.OutcomeOf(err)
 }
 
 // typed gives an error the client classified from the try's delivery (not
