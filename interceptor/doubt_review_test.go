@@ -8,12 +8,14 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/budget"
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
 	"github.com/tollgate-go/tollgate/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	grpcstatus "google.golang.org/grpc/status"
 )
 
@@ -243,4 +245,75 @@ func TestUntrustedCalleesRefusalStaysNotAdmitted(t *testing.T) {
 	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
 	require.NotEqual(t, a.ID, o.Detail.GetAttemptId(), "precondition: the callee refused under an attempt it minted")
 	require.Equal(t, int64(2), runs.Load(), "a refusal without effect is repeated")
+}
+
+// A review asked whether a verifying try should heed a stop-pushback
+// (grpc-retry-pushback-ms -1) that the lost try's answer carried. It need
+// not: a tollgate server sends -1 only with a final refusal, which ends the
+// call before any query; here a proxy adds it to an answer that lost the
+// try's response. The verifying try runs nothing (the store answers it from
+// the record, as the query did), so it is sent, and the call gets its
+// stored response instead of UNKNOWN; the handler ran once.
+func TestVerifyingTryAfterAStopPushbackIsAnsweredFromTheRecord(t *testing.T) {
+	ledger := newLedger(nil)
+	var tries atomic.Int64
+	lose := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if !strings.HasSuffix(info.FullMethod, "/Apply") || tries.Add(1) != 1 {
+			return handler(ctx, req)
+		}
+		_, _ = handler(ctx, req) // recorded SUCCEEDED; the proxy loses the answer
+		_ = grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", "-1"))
+		return nil, grpcstatus.Error(codes.Internal, "proxy: upstream connection reset")
+	})
+	end := recordedServer(t, &ledger.Service, memoryStore(t), lose)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3), interceptor.WithoutRetryBudget())...))
+	resp, err := client.Apply(interceptor.WithCallKey(t.Context(), "pay"), &testingv1.ApplyRequest{Key: "acct", Amount: 7})
+	require.NoError(t, err)
+	require.Equal(t, int64(7), resp.GetTotal())
+	require.Equal(t, int64(2), tries.Load(), "precondition: the verifying try was sent")
+	require.Equal(t, int64(1), ledger.effects.Load(), "the handler ran once")
+}
+
+// A review asked whether a stream's verifying try, which (unlike a unary
+// call's) goes through the origin's allowance checks as any repeat, may
+// report a wrong outcome once the allowance is spent. It does not: the
+// repeat is refused locally, nothing more runs, and the call ends UNKNOWN,
+// which is honest though less precise than the record (SUCCEEDED: the
+// stream would end COMMITTED). Left so: the unary exemption rests on the
+// verifying try's own context and grace, which a stream, whose context is
+// its caller's, does not have.
+func TestStreamVerifyingTryAfterAllUnitsSpentStaysHonest(t *testing.T) {
+	var runs, tries atomic.Int64
+	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+		runs.Add(1)
+		a, ok := budget.FromContext(st.Context())
+		require.True(t, ok)
+		require.NoError(t, a.Take()) // its downstream work spends the one unit
+		for {
+			if _, err := st.Recv(); err != nil {
+				return nil
+			}
+		}
+	}}
+	lose := grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if tries.Add(1) != 1 {
+			return h(srv, ss)
+		}
+		_ = h(srv, ss) // recorded SUCCEEDED; the proxy loses the answer
+		return grpcstatus.Error(codes.Internal, "proxy: upstream connection reset")
+	})
+	end := recordedServer(t, svc, memoryStore(t), lose)
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3), interceptor.WithoutRetryBudget())...))
+	ctx, err := interceptor.StartAttempt(t.Context(), 1, 5*time.Second)
+	require.NoError(t, err)
+	st, err := client.Chat(interceptor.WithCallKey(ctx, "chat"))
+	require.NoError(t, err)
+	require.NoError(t, st.Send(&testingv1.ChatRequest{}))
+	require.NoError(t, st.CloseSend())
+	_, err = st.Recv()
+	o := status.OutcomeOf(err)
+	t.Logf("tries %d, err %v", tries.Load(), err)
+	require.Equal(t, int64(1), runs.Load(), "the handler ran once")
+	require.Contains(t, []status.Kind{status.KindUnknown, status.KindCommitted}, o.Kind, "%v", err)
+	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
 }
