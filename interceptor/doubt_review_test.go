@@ -317,3 +317,51 @@ func TestStreamVerifyingTryAfterAllUnitsSpentStaysHonest(t *testing.T) {
 	require.Contains(t, []status.Kind{status.KindUnknown, status.KindCommitted}, o.Kind, "%v", err)
 	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
 }
+
+// TestUnqueriedRepeatsDefiniteErrorStaysUnknown when the repeat's definite
+// error comes back from a record: try 1 runs at the store-less backend (its
+// answer lost, its query UNIMPLEMENTED), the repeat runs at the backend with
+// a store and fails ALREADY_EXISTS, its answer lost too, and once the
+// recordless mark lapsed the query finds that FAILED record. The record
+// speaks for the tries its store saw, not for try 1, which took effect: the
+// call is UNKNOWN.
+func TestUnqueriedRepeatsFailedRecordStaysUnknown(t *testing.T) {
+	var effects, queries, offsetNs atomic.Int64
+	clock := func() time.Time { return time.Now().Add(time.Duration(offsetNs.Load())) }
+	outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		switch {
+		case strings.HasSuffix(info.FullMethod, "/FenceAttempt"):
+			if queries.Add(1) == 1 {
+				return nil, grpcstatus.Error(codes.Unimplemented, "no records") // the store-less backend
+			}
+		case strings.HasSuffix(info.FullMethod, "/Put"):
+			switch headerTry(ctx) {
+			case "1": // the store-less backend runs it; the answer is lost
+				effects.Add(1)
+				return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
+			case "2": // the backend with a store records ALREADY_EXISTS; the answer is lost
+				_, _ = handler(ctx, req)
+				offsetNs.Store(int64(2 * time.Minute)) // the recordless mark lapses
+				return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
+			}
+		}
+		return handler(ctx, req)
+	})
+	svc := &testsvc.Service{PutFunc: func(context.Context, *testingv1.PutRequest) (*testingv1.PutResponse, error) {
+		return nil, grpcstatus.Error(codes.AlreadyExists, "k exists")
+	}}
+	end := recordedServer(t, svc, memoryStore(t), outer)
+	conn := end.DialT(t, interceptor.DialOptions(
+		interceptor.WithClientClock(clock),
+		interceptor.WithoutRetryBudget(),
+		interceptor.WithAttemptTimeout(10*time.Minute),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+	)...)
+	_, err := testingv1.NewTestServiceClient(conn).Put(t.Context(), &testingv1.PutRequest{Key: "k"})
+	t.Logf("queries %d, err %v", queries.Load(), err)
+	require.Equal(t, int64(2), queries.Load(), "precondition: the second query found try 2's record")
+	require.Equal(t, int64(1), effects.Load())
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindUnknown, o.Kind, "try 1 may have taken effect: %v", err)
+	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
+}

@@ -133,6 +133,9 @@ type owner struct {
 	// (an IDEMPOTENT call at a callee that keeps no records): a later fence
 	// vouches only for the store that answers it.
 	unqueried bool
+	// unsettled is set once a FENCED answer left the call in doubt
+	// (unvouched): an earlier try may have run where no record is kept.
+	unsettled bool
 	// pushback is the last try's grpc-retry-pushback-ms (see delivery).
 	pushback int64
 	// verify is set when a resolution found a finished record under an
@@ -727,6 +730,14 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 				return n + 1, last, false
 			}
 			if state == tollgatev1.AttemptState_ATTEMPT_STATE_FAILED {
+				if w.unqueried || w.unsettled {
+					// The record speaks for the tries its store saw; an
+					// earlier one, repeated without the query or not
+					// vouched for by a fence, may have taken effect where
+					// no record is kept (see failedInDoubt).
+					return 0, status.OutcomeUnknown(recordError(rec), status.WithAttempt(s.ID, w.cl.key, n),
+						status.WithMessage("interceptor: the try failed, and an earlier try, which no record speaks for, may have taken effect")), true
+				}
 				return 0, recordError(rec), true
 			}
 			if rec.GetResponseRetained() && !w.cl.info.Stream && len(rec.GetResponse()) <= recvLimit {
@@ -753,6 +764,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 			}
 			w.reconcile(rec)
 			w.doubt = unvouched
+			w.unsettled = w.unsettled || unvouched
 			f := min(rec.GetFencedThroughTry(), header.MaxTry)
 			return max(f, n) + 1, status.NotAdmitted(status.ReasonAttemptFenced, status.Fields{
 				AttemptID: s.ID, Call: w.cl.key, Try: n, FencedThroughTry: f,
