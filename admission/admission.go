@@ -50,6 +50,15 @@ type Request struct {
 	// later than its deadline) and the queue to run on the slots as they
 	// free. End its permit with Abandon, which teaches nothing.
 	Stream bool
+	// Control marks control-path work whatever its Method: it is admitted
+	// in the control class, as the control methods are, under its Tenant
+	// (so that the class's tenant limits hold). tollgate's interceptor
+	// sets it for a trusted peer's try that came after its attempt's
+	// deadline, which only reads its call's record, as an AttemptService
+	// query does (DESIGN.md §3.7, §3.12). Without a control class
+	// ([WithoutControlClass]) it is ignored, and the request is classified
+	// like any other.
+	Control bool
 }
 
 // Permit is the right to run one admitted request. End it exactly once, when
@@ -392,7 +401,7 @@ func (c *Controller) Close() error {
 
 // classify returns the class of r.
 func (c *Controller) classify(ctx context.Context, r Request) *classState {
-	if c.control != nil && c.cfg.control && isControl(r.Method) {
+	if c.control != nil && c.cfg.control && (r.Control || isControl(r.Method)) {
 		return c.control
 	}
 	if c.cfg.classifier != nil {

@@ -16,7 +16,10 @@
 // bytes; a request that finds the queue full is refused. The built-in
 // [ControlClass] (2 slots, 8 waiting) serves tollgate's AttemptService,
 // gRPC health and reflection, so that observation and recovery answer while
-// every other class is saturated. tollgate's interceptor gives health and
+// every other class is saturated; tollgate's interceptor also admits there,
+// marked [Request].Control, a trusted peer's try that came after its
+// attempt's deadline, which only reads its call's record as a query does.
+// tollgate's interceptor gives health and
 // reflection (and every control stream) no slot at all, and the tap never
 // refuses them.
 //

@@ -14,9 +14,10 @@ import (
 
 // ControlClass is the name of the built-in class that serves tollgate's
 // AttemptService, gRPC health checks and server reflection (DESIGN.md §3.12).
-// tollgate's server interceptor admits only AttemptService queries through
-// it; health checks and control streams (a health Watch, a reflection
-// session) bypass admission and take no slot.
+// tollgate's server interceptor admits through it AttemptService queries
+// and the late tries that only read their call's record ([Request].Control);
+// health checks and control streams (a health Watch, a reflection session)
+// bypass admission and take no slot.
 // A [Class] of this name passed to [WithClasses] replaces its default limits.
 const ControlClass = "control"
 
@@ -283,7 +284,8 @@ func WithDefaultClass(name string) Option {
 
 // WithClassifier places requests by a function of the request's context and
 // the Request, for example a criticality propagated by trusted callers. It is
-// consulted after the control methods and before the method patterns; an
+// consulted after the control methods (and requests marked [Request].Control)
+// and before the method patterns; an
 // empty or unknown class name falls through to the patterns. f must be safe
 // for concurrent use and cheap: it runs on every Admit (never in the tap).
 func WithClassifier(f func(ctx context.Context, r Request) string) Option {

@@ -82,7 +82,9 @@
 // Calls to tollgate's AttemptService, gRPC health and reflection are the
 // control path: no ledger, no records. AttemptService queries are admitted
 // through the controller's control class, under the caller's tenant and
-// deadline; health checks and control streams (a health Watch, a
+// deadline, and so is a trusted peer's try late by more than the skew of a
+// recorded call, which only reads its record (as a query, under the
+// attempt's tenant; refused like one when the class is full); health checks and control streams (a health Watch, a
 // reflection session) take no slot, so that neither a slow store nor a
 // long-lived stream can make a healthy server look dead.
 //

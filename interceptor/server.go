@@ -230,26 +230,38 @@ func (sv *server) expired(ctx context.Context, s *attemptState) error {
 //
 // in is the data path's request; a control-path call (in nil) is admitted
 // under the tenant control resolved and the deadline of its context, which
-// is the one its handler runs until.
+// is the one its handler runs until. A late try (in.expired) only reads its
+// call's record, as an AttemptService query does: it is admitted as one,
+// in the control class (admission.Request.Control) under the attempt's
+// tenant and its context's deadline, so that a flood of late tries loads
+// the store no more than the control class lets queries (DESIGN.md §3.7,
+// §3.12). Its request's size is not weighed: the lookup's work does not
+// grow with it, and the control class's size bound is for queries.
 func (sv *server) admit(ctx context.Context, method string, in *inbound, tenant string, req any, stream bool) (*admission.Permit, error) {
 	ctrl := sv.cfg.admission
-	if ctrl == nil || (in != nil && in.expired) {
-		return nil, nil // a late try only reads its record: it takes no slot
+	if ctrl == nil {
+		return nil, nil
 	}
 	size := -1
-	if m, ok := req.(proto.Message); ok {
+	if m, ok := req.(proto.Message); ok && (in == nil || !in.expired) {
 		size = proto.Size(m)
 	}
 	deadline, startBy := time.Time{}, time.Time{}
-	if in != nil {
+	control := false
+	switch {
+	case in != nil && in.expired:
+		tenant, control, stream = in.s.Tenant, true, false // a lookup, however long the stream would live
+		deadline, _ = ctx.Deadline()
+	case in != nil:
 		tenant, deadline = in.s.Tenant, sv.runsUntil(in)
 		if in.detached {
 			startBy = in.until // the try waits in the queue on its client's context
 		}
-	} else {
+	default:
 		deadline, _ = ctx.Deadline()
 	}
-	p, d, err := ctrl.AdmitDecision(ctx, admission.Request{Method: method, Tenant: tenant, Size: size, Deadline: deadline, StartBy: startBy, Stream: stream})
+	p, d, err := ctrl.AdmitDecision(ctx, admission.Request{Method: method, Tenant: tenant, Size: size, Deadline: deadline,
+		StartBy: startBy, Stream: stream, Control: control})
 	if span := trace.SpanFromContext(ctx); span.IsRecording() {
 		decision := "admitted"
 		switch {
@@ -490,6 +502,9 @@ func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 			return nil, err
 		}
 		started, resp, err := sv.beginTry(ctx, info.FullMethod, in, fp, false)
+		if in.expired {
+			permit.Release() // the lookup was its work, as a query's is
+		}
 		if !started {
 			sv.setTrailer(ctx, in, 0, err)
 			return resp, err
@@ -723,6 +738,9 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 			return err
 		}
 		started, _, err := sv.beginTry(ctx, info.FullMethod, in, fp, true)
+		if in.expired {
+			permit.Release() // the lookup was its work, as a query's is (admit)
+		}
 		if !started {
 			sv.setStreamTrailer(ss, in, 0, err)
 			return err
@@ -795,8 +813,10 @@ func (s *serverStream) Context() context.Context { return s.ctx }
 // A trusted peer's request whose header says its attempt's deadline has
 // passed is let through to the server's interceptor. With records, it
 // answers a try late by more than the clock skew from its call's record
-// (DESIGN.md §3.7: a finished record answers every later try), taking no
-// slot, or refuses it DEADLINE_EXPIRED; refused here, such a try would read
+// (DESIGN.md §3.7: a finished record answers every later try), admitting
+// the lookup in the controller's control class as a record query (never
+// refused here for its data class), or refuses it DEADLINE_EXPIRED; refused
+// here, such a try would read
 // as a repeatable NOT_ADMITTED, even for a call whose record says it
 // committed. Without a store, it refuses such a try DEADLINE_EXPIRED,
 // final, before admission, with the tollgate-spent a strict caller needs.
@@ -839,10 +859,11 @@ func (sv *server) tapHandle(ctrl *admission.Controller, bound bool) tap.ServerIn
 		// controller counts only the refusals this handle sends: a trusted
 		// peer's malformed header is refused MALFORMED_HEADER, and a
 		// trusted peer's data request past its attempt's deadline is let
-		// through to the interceptor, which answers it from its record or
-		// refuses it DEADLINE_EXPIRED before admission, taking no slot,
-		// with the tollgate-spent a strict caller needs (a tap can send no
-		// trailer).
+		// through to the interceptor, which answers it from its record
+		// (admitted in the control class, as a record query: its data
+		// class's flag is not read) or refuses it DEADLINE_EXPIRED before
+		// admission, with the tollgate-spent a strict caller needs (a tap
+		// can send no trailer).
 		if trusted && perr != nil {
 			return ctx, sv.malformed(ctx, perr, true)
 		}

@@ -1,0 +1,221 @@
+package interceptor_test
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/admission"
+	"github.com/tollgate-go/tollgate/idempotency"
+	"github.com/tollgate-go/tollgate/interceptor"
+	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
+	"github.com/tollgate-go/tollgate/internal/testsvc"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+)
+
+// gatedStore is a memory store that counts the Begin calls of late tries
+// (BeginRequest.Deadline in the past) and holds a Get of the call "hold"
+// until release is closed, after closing held: an AttemptService query
+// that keeps its control slot for as long as the test needs.
+type gatedStore struct {
+	*idempotency.MemoryStore
+	lateBegins    atomic.Int64
+	held, release chan struct{}
+}
+
+func newGatedStore(t *testing.T) *gatedStore {
+	return &gatedStore{MemoryStore: memoryStore(t), held: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (s *gatedStore) Begin(ctx context.Context, req idempotency.BeginRequest) (idempotency.BeginResult, error) {
+	if req.Deadline.Before(time.Now()) {
+		s.lateBegins.Add(1)
+	}
+	return s.MemoryStore.Begin(ctx, req)
+}
+
+func (s *gatedStore) Get(ctx context.Context, key idempotency.Key) (*tollgatev1.AttemptRecord, error) {
+	if key.Call == "hold" {
+		close(s.held)
+		<-s.release
+	}
+	return s.MemoryStore.Get(ctx, key)
+}
+
+// lateTryServer serves a ledger's Apply with records in st and admission
+// by ctrl (its tap included), and the AttemptService; it returns the data
+// and AttemptService clients.
+func lateTryServer(t *testing.T, st idempotency.Store, ctrl *admission.Controller, svc *testsvc.Service) (testingv1.TestServiceClient, tollgatev1.AttemptServiceClient) {
+	t.Helper()
+	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
+		svc.Register(s)
+		tollgatev1.RegisterAttemptServiceServer(s, idempotency.NewAttemptService(st))
+	}, serverOpts(interceptor.WithAttemptStore(st), interceptor.WithAdmission(ctrl))...)
+	conn := end.DialT(t)
+	return testingv1.NewTestServiceClient(conn), tollgatev1.NewAttemptServiceClient(conn)
+}
+
+// tryHeader returns ctx carrying a trusted peer's tollgate header for try of
+// call under attempt id and tenant, with the attempt's deadline d.
+func tryHeader(ctx context.Context, id, tenant, call string, try int, d time.Time) context.Context {
+	v := "a=" + id + ";c=" + call + ";t=" + strconv.Itoa(try) + ";d=" + strconv.FormatInt(d.UnixMilli(), 10)
+	if tenant != "" {
+		v += ";n=" + tenant
+	}
+	return metadata.AppendToOutgoingContext(ctx, "tollgate", v)
+}
+
+// A review found that a trusted peer's try arriving after its attempt's
+// deadline plus the skew, for a recorded method, took no admission slot at
+// all (server.admit returned at once for it): each such try is a store
+// lookup, so a flood of them (a replaying or misbehaving trusted peer)
+// loaded the store unbounded, past every class and tenant limit. It is a
+// record query, control-class work like an AttemptService query, and is now
+// admitted in the control class: with the class's one slot held by a query,
+// a late try is refused CONCURRENCY_FULL (class control) without reaching
+// the store; once the slot is free it is answered from its record, and
+// the control class counts its admission.
+func TestLateTryIsAdmittedInTheControlClass(t *testing.T) {
+	ctrl, err := admission.New(
+		admission.WithClasses(admission.Class{Name: "work", Slots: 4, QueueItems: 4},
+			admission.Class{Name: admission.ControlClass, Slots: 1}),
+		admission.WithDefaultClass("work"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	st := newGatedStore(t)
+	ledger := newLedger(nil)
+	client, attempts := lateTryServer(t, st, ctrl, &ledger.Service)
+
+	actx, err := interceptor.StartAttempt(t.Context(), 0, 5*time.Second)
+	require.NoError(t, err)
+	a, _ := interceptor.AttemptFromContext(actx)
+	req := &testingv1.ApplyRequest{Key: "acct", Amount: 4}
+	first, err := client.Apply(tryHeader(t.Context(), a.ID, "", "late", 1, time.Now().Add(5*time.Second)), req)
+	require.NoError(t, err)
+
+	// An AttemptService query holds the control class's only slot.
+	queried := make(chan error, 1)
+	go func() {
+		_, err := attempts.GetAttempt(t.Context(), &tollgatev1.GetAttemptRequest{
+			AttemptId: a.ID, Call: "hold", Method: testingv1.TestService_Apply_FullMethodName})
+		queried <- err
+	}()
+	<-st.held
+	past := time.Now().Add(-time.Second) // the attempt's deadline has passed (the test server's skew is 0)
+	_, err = client.Apply(tryHeader(t.Context(), a.ID, "", "late", 2, past), req)
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.ReasonConcurrencyFull, o.Reason,
+		"the late try is a record query: with the control class full it is refused as one (%v)", err)
+	require.Equal(t, admission.ControlClass, o.Detail.GetWorkloadClass())
+	require.Equal(t, a.ID, o.Detail.GetAttemptId(), "the refusal names the try it answers")
+	require.Zero(t, st.lateBegins.Load(), "a refused late try does not reach the store")
+
+	close(st.release)
+	require.NoError(t, <-queried)
+	before, _ := ctrl.Stats().Class(admission.ControlClass)
+	again, err := client.Apply(tryHeader(t.Context(), a.ID, "", "late", 2, past), req)
+	require.NoError(t, err, "with the slot free, the late try is answered from its record")
+	require.Equal(t, first.GetTotal(), again.GetTotal())
+	require.Equal(t, int64(1), ledger.effects.Load(), "only the first try ran")
+	require.Equal(t, int64(1), st.lateBegins.Load())
+	after, _ := ctrl.Stats().Class(admission.ControlClass)
+	require.Equal(t, before.Admitted+1, after.Admitted, "the late try took a control slot")
+	require.Zero(t, after.UsedSlots, "and gave it back")
+	work, _ := ctrl.Stats().Class("work")
+	require.Equal(t, uint64(1), work.Admitted, "only the first try took a data slot")
+}
+
+// The control class's tenant limits hold for late tries: they are admitted
+// under the tenant their header names. With tenant a's one running query in
+// a class that lets a tenant run one, tenant a's late try is refused
+// TENANT_LIMIT, while tenant b's is answered from its record (A review
+// found late tries were admitted nowhere, so no tenant limit held them).
+func TestLateTryKeepsTheControlClassTenantLimits(t *testing.T) {
+	ctrl, err := admission.New(
+		admission.WithClasses(admission.Class{Name: "work", Slots: 4},
+			admission.Class{Name: admission.ControlClass, Slots: 4, TenantRunning: 1}),
+		admission.WithDefaultClass("work"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	st := newGatedStore(t)
+	ledger := newLedger(nil)
+	client, attempts := lateTryServer(t, st, ctrl, &ledger.Service)
+
+	actx, err := interceptor.StartAttempt(t.Context(), 0, 5*time.Second)
+	require.NoError(t, err)
+	a, _ := interceptor.AttemptFromContext(actx)
+	req := &testingv1.ApplyRequest{Key: "acct", Amount: 1}
+	later := time.Now().Add(5 * time.Second)
+	for _, tenant := range []string{"a", "b"} {
+		_, err := client.Apply(tryHeader(t.Context(), a.ID, tenant, "late", 1, later), req)
+		require.NoError(t, err)
+	}
+
+	queried := make(chan error, 1)
+	go func() {
+		ctx := metadata.AppendToOutgoingContext(t.Context(), "tollgate", "a="+a.ID+";n=a")
+		_, err := attempts.GetAttempt(ctx, &tollgatev1.GetAttemptRequest{
+			AttemptId: a.ID, Call: "hold", Method: testingv1.TestService_Apply_FullMethodName})
+		queried <- err
+	}()
+	<-st.held
+	defer func() { close(st.release); require.NoError(t, <-queried) }()
+
+	past := time.Now().Add(-time.Second)
+	_, err = client.Apply(tryHeader(t.Context(), a.ID, "a", "late", 2, past), req)
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.ReasonTenantLimit, o.Reason, "tenant a runs its one query: %v", err)
+	require.Equal(t, admission.ControlClass, o.Detail.GetWorkloadClass())
+	_, err = client.Apply(tryHeader(t.Context(), a.ID, "b", "late", 2, past), req)
+	require.NoError(t, err, "tenant b's late try is answered from its record")
+	require.Equal(t, int64(2), ledger.effects.Load(), "each tenant's first try ran, no late one")
+	require.Equal(t, int64(1), st.lateBegins.Load(), "only tenant b's late try reached the store")
+}
+
+// Through the admission tap: a late try is not refused for its data class,
+// whose one slot is held (the tap's flag says full), and is admitted in the
+// control class instead (A review found it was admitted in no class).
+func TestLateTryPastAFullDataClassTakesAControlSlot(t *testing.T) {
+	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1}), admission.WithDefaultClass("work"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	hold, release := make(chan struct{}), make(chan struct{})
+	ledger := newLedger(func(_ context.Context, r *testingv1.ApplyRequest) {
+		if r.GetKey() == "hold" {
+			close(hold)
+			<-release
+		}
+	})
+	client, _ := lateTryServer(t, memoryStore(t), ctrl, &ledger.Service)
+
+	actx, err := interceptor.StartAttempt(t.Context(), 0, 5*time.Second)
+	require.NoError(t, err)
+	a, _ := interceptor.AttemptFromContext(actx)
+	req := &testingv1.ApplyRequest{Key: "acct", Amount: 2}
+	first, err := client.Apply(tryHeader(t.Context(), a.ID, "", "late", 1, time.Now().Add(5*time.Second)), req)
+	require.NoError(t, err)
+
+	held := make(chan error, 1)
+	go func() {
+		_, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "hold"})
+		held <- err
+	}()
+	<-hold
+	defer func() { close(release); require.NoError(t, <-held) }()
+
+	before, _ := ctrl.Stats().Class(admission.ControlClass)
+	again, err := client.Apply(tryHeader(t.Context(), a.ID, "", "late", 2, time.Now().Add(-time.Second)), req)
+	require.NoError(t, err, "the late try is answered from its record past the full data class")
+	require.Equal(t, first.GetTotal(), again.GetTotal())
+	after, _ := ctrl.Stats().Class(admission.ControlClass)
+	require.Equal(t, before.Admitted+1, after.Admitted, "the late try's lookup took a control slot")
+	work, _ := ctrl.Stats().Class("work")
+	require.Zero(t, work.Refused["CONCURRENCY_FULL"], "neither the tap nor admission refused it for its data class")
+}
+
