@@ -15,8 +15,12 @@ import (
 	"github.com/tollgate-go/tollgate/internal/testsvc"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // gatedStore is a memory store that counts the Begin calls of late tries
@@ -219,3 +223,53 @@ func TestLateTryPastAFullDataClassTakesAControlSlot(t *testing.T) {
 	require.Zero(t, work.Refused["CONCURRENCY_FULL"], "neither the tap nor admission refused it for its data class")
 }
 
+// limited returns a client of a server for Apply whose calls an inner
+// interceptor (a client-side limiter) refuses before they are sent, with a
+// RetryInfo suggesting delay.
+func limited(t *testing.T, delay time.Duration) testingv1.TestServiceClient {
+	t.Helper()
+	end := testsvc.StartT(t, testsvc.Bufconn, (&testsvc.Service{}).Register, serverOpts()...)
+	limiter := func(context.Context, string, any, any, *grpc.ClientConn, grpc.UnaryInvoker, ...grpc.CallOption) error {
+		st, err := grpcstatus.New(codes.ResourceExhausted, "limiter: over quota").
+			WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(delay)})
+		require.NoError(t, err)
+		return st.Err()
+	}
+	return testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(fastRetry(1)),
+		grpc.WithChainUnaryInterceptor(limiter))...))
+}
+
+// A review found that a NOT_SENT refusal adopted the delay of the RetryInfo
+// an inner limiter returned as it was: one constant for every caller the
+// limiter refused together (DESIGN.md §3.6: never a constant that
+// synchronises clients), and without bound — a handler's client passes it
+// up as its server's grpc-retry-pushback-ms. The adopted delay is now
+// jittered upwards, uniformly in [d, 1½ d) (never before the limiter's
+// quota returns, when the owner's own repeat would only be refused again),
+// and stays below admission.DefaultMaxRetryAfter.
+func TestNotSentAdoptedDelayIsJitteredAndBounded(t *testing.T) {
+	t.Run("jittered", func(t *testing.T) {
+		client := limited(t, 2*time.Second)
+		seen := map[time.Duration]bool{}
+		for range 20 {
+			_, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "k"})
+			o := status.OutcomeOf(err)
+			require.Equal(t, status.ReasonNotSent, o.Reason, "%v", err)
+			ra, ok := status.RetryAfter(err)
+			require.True(t, ok)
+			require.GreaterOrEqual(t, ra, 2*time.Second, "never before the limiter's quota returns")
+			require.Less(t, ra, 3*time.Second)
+			seen[ra] = true
+		}
+		require.Greater(t, len(seen), 1, "twenty refusals suggested one delay: %v", seen)
+	})
+	t.Run("bounded", func(t *testing.T) {
+		client := limited(t, time.Hour)
+		_, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "k"})
+		require.Equal(t, status.ReasonNotSent, status.OutcomeOf(err).Reason, "%v", err)
+		ra, ok := status.RetryAfter(err)
+		require.True(t, ok)
+		require.Less(t, ra, admission.DefaultMaxRetryAfter, "the limiter's hour is bounded")
+		require.GreaterOrEqual(t, ra, admission.DefaultMaxRetryAfter*2/3)
+	})
+}

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/budget"
 	"github.com/tollgate-go/tollgate/internal/header"
 	"github.com/tollgate-go/tollgate/internal/methodinfo"
@@ -414,15 +416,37 @@ func (w *owner) typed(n uint32, err error, o status.Outcome) error {
 	switch o.Kind {
 	case status.KindNotAdmitted:
 		// What err's status said is kept (an inner limiter's QuotaFailure),
-		// and its suggested delay becomes the refusal's own: the status
-		// carries one RetryInfo, tollgate's.
+		// and its suggested delay, jittered and bounded (adoptedDelay),
+		// becomes the refusal's own: the status carries one RetryInfo,
+		// tollgate's.
 		ra, _ := status.RetryAfter(err)
 		return status.NotAdmitted(o.Reason, status.WithAttempt(w.cl.s.ID, w.cl.key, n), status.WithMessage(err.Error()),
-			status.WithRetryAfter(ra), status.WithDetailsOf(err))
+			status.WithRetryAfter(adoptedDelay(ra)), status.WithDetailsOf(err))
 	case status.KindUnknown:
 		return status.OutcomeUnknown(err, status.WithAttempt(w.cl.s.ID, w.cl.key, n), status.WithReason(o.Reason))
 	}
 	return err
+}
+
+// adoptedDelay is the delay a refusal typed here (NOT_SENT) suggests when
+// the error an inner interceptor returned (a client-side limiter's)
+// suggested ra, 0 for none. Like admission's own suggestions (DESIGN.md
+// §3.6: never a constant that synchronises clients) it is jittered, over a
+// span half as long as ra, so that the callers one limiter refused together
+// do not all return together; but upwards, uniformly in [ra, 1½ ra), not
+// around ra as admission's estimated waits are: a limiter's delay is when
+// its quota returns, and a repeat before it (this owner's own, whose
+// backoff honours the refusal's delay) would only be refused again, at the
+// cost of a try. And it is less than admission.DefaultMaxRetryAfter (a ra
+// over ⅔ of that bound is taken as ⅔ of it), since a handler's client's
+// refusal travels up as its server's grpc-retry-pushback-ms to callers the
+// limiter never saw.
+func adoptedDelay(ra time.Duration) time.Duration {
+	if ra <= 0 {
+		return 0
+	}
+	ra = min(ra, admission.DefaultMaxRetryAfter*2/3)
+	return ra + rand.N(max(ra/2, 1))
 }
 
 // verifying reports whether the next try is the call's first verifying try
