@@ -273,3 +273,44 @@ func TestNotSentAdoptedDelayIsJitteredAndBounded(t *testing.T) {
 		require.GreaterOrEqual(t, ra, admission.DefaultMaxRetryAfter*2/3)
 	})
 }
+
+// Without a control class (admission.WithoutControlClass, which classifies
+// AttemptService queries like other methods) a late try is classified like
+// any request, by its method: here into the class whose one slot is held,
+// where it is refused as a query would be, not let through unadmitted.
+func TestLateTryWithoutAControlClassIsClassifiedByItsMethod(t *testing.T) {
+	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1}),
+		admission.WithDefaultClass("work"), admission.WithoutControlClass())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	hold, release := make(chan struct{}), make(chan struct{})
+	ledger := newLedger(func(_ context.Context, r *testingv1.ApplyRequest) {
+		if r.GetKey() == "hold" {
+			close(hold)
+			<-release
+		}
+	})
+	st := newGatedStore(t)
+	client, _ := lateTryServer(t, st, ctrl, &ledger.Service)
+
+	actx, err := interceptor.StartAttempt(t.Context(), 0, 5*time.Second)
+	require.NoError(t, err)
+	a, _ := interceptor.AttemptFromContext(actx)
+	req := &testingv1.ApplyRequest{Key: "acct", Amount: 2}
+	_, err = client.Apply(tryHeader(t.Context(), a.ID, "", "late", 1, time.Now().Add(5*time.Second)), req)
+	require.NoError(t, err)
+
+	held := make(chan error, 1)
+	go func() {
+		_, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "hold"})
+		held <- err
+	}()
+	<-hold
+	defer func() { close(release); require.NoError(t, <-held) }()
+
+	_, err = client.Apply(tryHeader(t.Context(), a.ID, "", "late", 2, time.Now().Add(-time.Second)), req)
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.ReasonConcurrencyFull, o.Reason, "%v", err)
+	require.Equal(t, "work", o.Detail.GetWorkloadClass())
+	require.Zero(t, st.lateBegins.Load(), "the refused late try did not reach the store")
+}
