@@ -813,13 +813,14 @@ func (s *serverStream) Context() context.Context { return s.ctx }
 // A trusted peer's request whose header says its attempt's deadline has
 // passed is let through to the server's interceptor. With records, it
 // answers a try late by more than the clock skew from its call's record
-// (DESIGN.md §3.7: a finished record answers every later try), admitting
-// the lookup in the controller's control class as a record query (never
-// refused here for its data class), or refuses it DEADLINE_EXPIRED; refused
-// here, such a try would read
-// as a repeatable NOT_ADMITTED, even for a call whose record says it
-// committed. Without a store, it refuses such a try DEADLINE_EXPIRED,
-// final, before admission, with the tollgate-spent a strict caller needs.
+// (DESIGN.md §3.7: a finished record answers every later try), or refuses
+// it DEADLINE_EXPIRED; refused here for its data class, such a try would
+// read as a repeatable NOT_ADMITTED, even for a call whose record says it
+// committed. Its lookup is admitted in the controller's control class, as
+// a record query is, and refused as one is (a full class, a tenant over the
+// class's limits). Without a store, it refuses such a try
+// DEADLINE_EXPIRED, final, before admission, with the tollgate-spent a
+// strict caller needs.
 // These decisions, and a trusted peer's malformed header (counted in
 // tollgate.metadata.malformed and refused MALFORMED_HEADER), come before
 // the controller's, which counts only the refusals the handle sends. An
