@@ -498,17 +498,19 @@ func (c *client) result(s *attemptState, key string, n uint32, err error, o stat
 }
 
 // refusalDelay is the delay a refusal rebuilt from err (outcome o) suggests,
-// carried as its one RetryInfo: when it may be repeated, what err's
-// RetryInfo said (status.RetryAfter), another layer's included; when it is
-// final, only its own detail's, since a RetryInfo another layer added would
-// invite a repeat no repeat can change (and turn grpc-retry-pushback-ms -1
-// into a delay).
+// carried as its one RetryInfo: its own tollgate detail's when that
+// suggests one, or when the refusal is final (a RetryInfo another layer
+// added would invite a repeat no repeat can change, and turn
+// grpc-retry-pushback-ms -1 into a delay); otherwise the delay another
+// layer's RetryInfo suggested, adopted as a NOT_SENT refusal adopts a
+// limiter's (adoptedDelay: bounded and jittered, since this refusal
+// travels on, to callers that layer never saw, as grpc-retry-pushback-ms).
 func refusalDelay(err error, o status.Outcome, final bool) time.Duration {
-	if final {
-		return o.Detail.GetRetryAfter().AsDuration()
+	if own := o.Detail.GetRetryAfter().AsDuration(); own > 0 || final {
+		return max(own, 0)
 	}
 	ra, _ := status.RetryAfter(err)
-	return ra
+	return adoptedDelay(ra)
 }
 
 // refusalMessage is the message a NOT_ADMITTED err with reason r was built

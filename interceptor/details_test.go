@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/budget"
 	"github.com/tollgate-go/tollgate/idempotency"
 	"github.com/tollgate-go/tollgate/interceptor"
@@ -224,7 +225,37 @@ func TestDetailsClientAllowanceKeepsForeign(t *testing.T) {
 	d := requireCarried(t, err)
 	require.Equal(t, status.ReasonAllowanceExhausted, d.GetReason(), "%v", err)
 	require.False(t, d.GetFinal(), "the origin's allowance is not spent")
-	require.Equal(t, 5*time.Second, d.GetRetryAfter().AsDuration(), "a refusal that may be repeated adopts the other layer's delay")
+	ra := d.GetRetryAfter().AsDuration()
+	require.True(t, ra >= 5*time.Second && ra < 7500*time.Millisecond,
+		"a refusal that may be repeated adopts the other layer's delay, jittered upwards: %v", ra)
+}
+
+// A review found that a refusal a server re-addressed adopted another
+// layer's RetryInfo as it was, when its own detail suggested no delay:
+// unbounded (an hour went up as grpc-retry-pushback-ms to callers that
+// layer never saw) and the same for every caller. It is now adopted as a
+// NOT_SENT refusal adopts a limiter's: below admission.DefaultMaxRetryAfter,
+// and jittered.
+func TestDetailsServerRefusalAdoptsABoundedJitteredDelay(t *testing.T) {
+	hour, err := anypb.New(&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Hour)})
+	require.NoError(t, err)
+	svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		p := grpcstatus.Convert(status.NotAdmitted(status.ReasonQueueFull)).Proto()
+		p.Details = append(p.Details, hour)
+		return nil, status.WithoutEffect(grpcstatus.FromProto(p).Err())
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	plain := testingv1.NewTestServiceClient(end.DialT(t))
+	seen := map[time.Duration]bool{}
+	for range 10 {
+		_, err := plain.Apply(t.Context(), &testingv1.ApplyRequest{Key: "k"})
+		ra, ok := status.RetryAfter(err)
+		require.True(t, ok, "%v", err)
+		require.Less(t, ra, admission.DefaultMaxRetryAfter, "bounded")
+		require.GreaterOrEqual(t, ra, admission.DefaultMaxRetryAfter*2/3)
+		seen[ra] = true
+	}
+	require.Greater(t, len(seen), 1, "jittered: %v", seen)
 }
 
 // A callee refuses without effect, with details of its own, and the retry

@@ -114,9 +114,11 @@
 //     reads none, only the grpc-retry-pushback-ms trailer), and on an unknown
 //     or final outcome any RetryInfo would invite a generic client to
 //     repeat. A client or server that rebuilds a refusal that may be
-//     repeated takes the delay [RetryAfter] reads from the other error into
-//     its retry_after (a final one only its own detail's: a delay another
-//     layer suggested would invite a repeat that cannot help);
+//     repeated, and suggests no delay of its own, may take the delay
+//     [RetryAfter] reads from the other error into its retry_after (the
+//     interceptor bounds and jitters it; a final refusal keeps only its own
+//     detail's: a delay another layer suggested would invite a repeat that
+//     cannot help);
 //   - a google.rpc.ErrorInfo is not kept as one: a status carries one
 //     (AIP-193), tollgate's, with domain "tollgate.dev" and the tollgate
 //     reason. Another domain's ErrorInfo has its domain and reason go into
