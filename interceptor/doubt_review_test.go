@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/budget"
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
@@ -364,4 +365,120 @@ func TestUnqueriedRepeatsFailedRecordStaysUnknown(t *testing.T) {
 	o := status.OutcomeOf(err)
 	require.Equal(t, status.KindUnknown, o.Kind, "try 1 may have taken effect: %v", err)
 	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
+}
+
+// relayedApply dials end with a tollgate client allowed two tries and
+// makes one Apply call under a new attempt, returning the call's error and
+// the attempt's ID.
+func relayedApply(t *testing.T, end *testsvc.Endpoint) (error, string) {
+	t.Helper()
+	conn := end.DialT(t, interceptor.DialOptions(
+		interceptor.WithoutRetryBudget(),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+	)...)
+	ctx, err := interceptor.StartAttempt(t.Context(), 0, 5*time.Second)
+	require.NoError(t, err)
+	a, _ := interceptor.AttemptFromContext(ctx)
+	_, err = testingv1.NewTestServiceClient(conn).Apply(ctx, &testingv1.ApplyRequest{Key: "k"})
+	return err, a.ID
+}
+
+// A review of the rule that reads a refusal naming another attempt without
+// tollgate-spent as UNKNOWN (TestPlainMiddleRelayingARefusalIsUnknown)
+// found a tollgate server that names an attempt it minted and sent no
+// tollgate-spent: one that does not trust its caller and ignored its header
+// as malformed (here a proxy in between repeats it). Its refusal was read as
+// UNKNOWN, although the server answered for itself and ran nothing that
+// could have taken effect. Such a server now reports tollgate-spent 0 (the
+// caller's grant is not used here, as for an untrusted well-formed header),
+// and the refusal stays NOT_ADMITTED.
+func TestUntrustedCalleeIgnoringAMalformedHeaderRefusalStaysNotAdmitted(t *testing.T) {
+	var runs atomic.Int64
+	svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		runs.Add(1)
+		return nil, status.WithoutEffect(status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Millisecond)))
+	}}
+	repeatHeader := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		if vs := md.Get("tollgate"); len(vs) == 1 {
+			md.Append("tollgate", vs[0]) // a repeated header is malformed (DESIGN.md §2.1)
+		}
+		return handler(metadata.NewIncomingContext(ctx, md), req)
+	})
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, append([]grpc.ServerOption{repeatHeader}, interceptor.ServerOptions(
+		interceptor.WithTrustedPeer(func(context.Context) bool { return false }),
+		interceptor.WithClockSkew(0))...)...)
+	err, id := relayedApply(t, end)
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
+	require.NotEqual(t, id, o.Detail.GetAttemptId(), "precondition: the callee refused under an attempt it minted")
+	require.Equal(t, int64(2), runs.Load(), "a refusal without effect is repeated")
+}
+
+// The paths by which a tollgate server refuses a caller it does not trust
+// before any handler runs, each checked to stay NOT_ADMITTED under the rule
+// of TestPlainMiddleRelayingARefusalIsUnknown: admission's refusal (a
+// closed controller: DRAINING) at the tap the interceptor installs, and at
+// AdmissionTap on a server without the interceptor. Both name the caller's
+// own try.
+func TestUntrustedCalleesAdmissionRefusalStaysNotAdmitted(t *testing.T) {
+	untrusted := interceptor.WithTrustedPeer(func(context.Context) bool { return false })
+	closed := func(t *testing.T) *admission.Controller {
+		ctrl, err := admission.New()
+		require.NoError(t, err)
+		require.NoError(t, ctrl.Close())
+		return ctrl
+	}
+	var runs atomic.Int64
+	svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		runs.Add(1)
+		return &testingv1.ApplyResponse{}, nil
+	}}
+	for name, opts := range map[string]func(t *testing.T) []grpc.ServerOption{
+		"interceptor": func(t *testing.T) []grpc.ServerOption {
+			return interceptor.ServerOptions(untrusted, interceptor.WithClockSkew(0), interceptor.WithAdmission(closed(t)))
+		},
+		"tap only": func(t *testing.T) []grpc.ServerOption {
+			return []grpc.ServerOption{grpc.InTapHandle(interceptor.AdmissionTap(closed(t), untrusted))}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, opts(t)...)
+			err, _ := relayedApply(t, end)
+			o := status.OutcomeOf(err)
+			require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
+			require.Equal(t, status.ReasonDraining, o.Reason, "%v", err)
+		})
+	}
+	require.Zero(t, runs.Load())
+}
+
+// The stream form of TestUntrustedCalleesRefusalStaysNotAdmitted: a
+// server-streaming handler at a tollgate server that does not trust its
+// caller refuses without effect before sending anything, under the attempt
+// the server minted; the refusal stays NOT_ADMITTED and is repeated.
+func TestUntrustedCalleesStreamRefusalStaysNotAdmitted(t *testing.T) {
+	var runs atomic.Int64
+	svc := &testsvc.Service{WatchFunc: func(*testingv1.WatchRequest, grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
+		runs.Add(1)
+		return status.WithoutEffect(status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Millisecond)))
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, interceptor.ServerOptions(
+		interceptor.WithTrustedPeer(func(context.Context) bool { return false }),
+		interceptor.WithClockSkew(0))...)
+	conn := end.DialT(t, interceptor.DialOptions(
+		interceptor.WithoutRetryBudget(),
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
+	)...)
+	ctx, err := interceptor.StartAttempt(t.Context(), 0, 5*time.Second)
+	require.NoError(t, err)
+	a, _ := interceptor.AttemptFromContext(ctx)
+	st, err := testingv1.NewTestServiceClient(conn).Watch(ctx, &testingv1.WatchRequest{})
+	if err == nil {
+		_, err = st.Recv()
+	}
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
+	require.NotEqual(t, a.ID, o.Detail.GetAttemptId(), "precondition: the callee refused under an attempt it minted")
+	require.Equal(t, int64(2), runs.Load(), "a refusal without effect is repeated")
 }

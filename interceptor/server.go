@@ -53,8 +53,12 @@ type inbound struct {
 	strict bool      // the caller asked for strict accounting (r=1)
 	until  time.Time // the handler's deadline
 	info   methodinfo.Info
-	// unhonored is set when an untrusted caller sent a well-formed header:
-	// its grant is not used here, and the answer reports tollgate-spent 0.
+	// unhonored is set when a caller sent a header this server does not
+	// honour (untrusted, or malformed and ignored): its grant is not used
+	// here, and the answer reports tollgate-spent 0, so that a tollgate
+	// caller reads a refusal under the attempt minted here as this
+	// server's own, not as one a server that does not speak tollgate
+	// passed up (owner.relayed).
 	unhonored bool
 	// foreign is set when the request carried a header this server does
 	// not honour (untrusted, or malformed and ignored): the handler's
@@ -108,6 +112,7 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 		in.foreign = !trusted || err != nil
 		switch {
 		case err != nil: // counted and ignored
+			in.unhonored = true
 		case trusted:
 			h, honored = parsed, true
 		default:
