@@ -2,6 +2,7 @@ package interceptor_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -230,7 +231,7 @@ func TestAdmissionEventOfACancelledWaiter(t *testing.T) {
 				d, _ := attr(e.Attributes, "decision")
 				c, _ := attr(e.Attributes, "class")
 				q, _ := attr(e.Attributes, "queued_ahead")
-				decisions = append(decisions, key.AsString()+": "+d.AsString()+" "+c.AsString()+" "+q.Emit())
+				decisions = append(decisions, key.AsString()+": "+d.AsString()+" "+c.AsString()+" "+strconv.FormatInt(q.AsInt64(), 10))
 			}
 		}
 	}

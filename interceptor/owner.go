@@ -271,7 +271,7 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		}
 		o := status.OutcomeOfCall(err, d)
 		err = w.typed(n, err, o)
-		err, o = w.relayed(n, err, o, t)
+		o, err = w.relayed(n, o, err, t)
 		c.record(ctx, o, d)
 		if failed := w.failedInDoubt(n, err, o, d); failed != nil {
 			return n, failed
@@ -384,7 +384,7 @@ func (w *owner) failedInDoubt(n uint32, err error, o status.Outcome, d status.De
 	return status.OutcomeUnknown(err, status.WithAttempt(w.cl.s.ID, w.cl.key, n), status.WithMessage(msg))
 }
 
-// relayed returns try n's error err, outcome o, as the call reads them: a
+// relayed returns try n's outcome o and error err as the call reads them: a
 // tollgate refusal whose detail names an attempt other than the call's, and
 // that came without tollgate-spent, is UNKNOWN. A tollgate server's refusal
 // names the attempt of the try it refuses: the caller's, or, for a caller it
@@ -393,16 +393,16 @@ func (w *owner) failedInDoubt(n uint32, err error, o status.Outcome, d status.De
 // by a server that does not speak tollgate, whose handler ran, and may have
 // taken effect, before it called down (DESIGN.md §3.6: NOT_ADMITTED means no
 // effect at this tier or below).
-func (w *owner) relayed(n uint32, err error, o status.Outcome, t *try) (error, status.Outcome) {
+func (w *owner) relayed(n uint32, o status.Outcome, err error, t *try) (status.Outcome, error) {
 	if o.Kind != status.KindNotAdmitted || o.Detail.GetAttemptId() == "" || o.Detail.GetAttemptId() == w.cl.s.ID {
-		return err, o
+		return o, err
 	}
 	if _, reported := t.delivery.reported(); reported || t.delivery.reportedBadly() {
-		return err, o
+		return o, err
 	}
 	err = status.OutcomeUnknown(err, status.WithAttempt(w.cl.s.ID, w.cl.key, n),
 		status.WithMessage("interceptor: a refusal of another attempt was passed up by a server that does not speak tollgate, whose handler may have taken effect"))
-	return err, status.OutcomeOf(err)
+	return status.OutcomeOf(err), err
 }
 
 // typed gives an error the client classified from the try's delivery (not
