@@ -37,11 +37,7 @@ func TestUnqueriedRepeatsDefiniteErrorStaysUnknown(t *testing.T) {
 		return nil, grpcstatus.Error(codes.AlreadyExists, "k exists")
 	}}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...) // no store, no AttemptService
-	conn := end.DialT(t, interceptor.DialOptions(
-		interceptor.WithoutRetryBudget(),
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
-	)...)
-	_, err := testingv1.NewTestServiceClient(conn).Put(t.Context(), &testingv1.PutRequest{Key: "k"})
+	_, err := fastClient(t, end, 3).Put(t.Context(), &testingv1.PutRequest{Key: "k"})
 	require.Equal(t, int64(2), tries.Load(), "precondition: try 2 was sent without a query")
 	require.Equal(t, int64(1), effects.Load())
 	o := status.OutcomeOf(err)
@@ -62,39 +58,18 @@ func TestUnqueriedRepeatsDefiniteErrorStaysUnknown(t *testing.T) {
 // ran the handler again there. It is asked again when the verifying try is
 // about to be sent.
 func TestMarkBeforeVerifyingTryIsHeeded(t *testing.T) {
-	var effects, queries, kTries atomic.Int64
-	var armed atomic.Bool
-	var cli testingv1.TestServiceClient
-	clock := func() time.Time {
-		if armed.CompareAndSwap(true, false) {
-			// Another call's query marks the target recordless.
-			_, werr := cli.Apply(context.Background(), &testingv1.ApplyRequest{Key: "warm"})
-			require.Equal(t, status.KindUnknown, status.OutcomeOf(werr).Kind, "precondition: %v", werr)
-		}
-		return time.Now()
-	}
+	var effects, kTries atomic.Int64
+	m := &lateMark{}
 	outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		switch {
 		case strings.HasSuffix(info.FullMethod, "/FenceAttempt"):
-			if queries.Add(1) == 2 {
-				return nil, grpcstatus.Error(codes.Unimplemented, "no records") // the store-less backend
-			}
-			rec, err := handler(ctx, req) // the store backend finds the record SUCCEEDED
-			armed.Store(true)
-			return rec, err
+			return m.fence(ctx, req, handler)
 		case strings.HasSuffix(info.FullMethod, "/Apply"):
 			r := req.(*testingv1.ApplyRequest)
 			if r.GetKey() == "warm" {
 				return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
 			}
-			switch kTries.Add(1) {
-			case 1: // the store backend runs and records it; the answer is lost
-				_, _ = handler(ctx, req)
-				return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
-			default: // the verifying try reaches the store-less backend
-				effects.Add(1)
-				return &testingv1.ApplyResponse{}, nil
-			}
+			return verifyAtStoreless(ctx, req, handler, &kTries, &effects)
 		}
 		return handler(ctx, req)
 	})
@@ -102,16 +77,10 @@ func TestMarkBeforeVerifyingTryIsHeeded(t *testing.T) {
 		effects.Add(1)
 		return &testingv1.ApplyResponse{}, nil
 	}}
-	end := recordedServer(t, svc, memoryStore(t), outer)
-	conn := end.DialT(t, interceptor.DialOptions(
-		interceptor.WithClientClock(clock),
-		interceptor.WithoutRetryBudget(),
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
-	)...)
-	cli = testingv1.NewTestServiceClient(conn)
+	cli := m.dial(t, recordedServer(t, svc, memoryStore(t), outer))
 	_, err := cli.Apply(interceptor.WithCallKey(t.Context(), "pay"), &testingv1.ApplyRequest{Key: "k"})
-	t.Logf("queries %d, tries %d, err %v", queries.Load(), kTries.Load(), err)
-	require.Equal(t, int64(2), queries.Load(), "precondition: try 1 was resolved at the store backend, and the warm-up call marked the target")
+	t.Logf("queries %d, tries %d, err %v", m.queries.Load(), kTries.Load(), err)
+	require.Equal(t, int64(2), m.queries.Load(), "precondition: try 1 was resolved at the store backend, and the warm-up call marked the target")
 	require.Equal(t, int64(1), effects.Load(),
 		"the target was marked recordless before the verifying try was sent: it must not run the handler again")
 	o := status.OutcomeOf(err)
@@ -123,25 +92,12 @@ func TestMarkBeforeVerifyingTryIsHeeded(t *testing.T) {
 // waits its backoff (proceed) like any repeat: a mark that comes during
 // that wait is heeded before the try is sent.
 func TestMarkBeforeStreamVerifyingTryIsHeeded(t *testing.T) {
-	var effects, queries, tries atomic.Int64
-	var armed atomic.Bool
-	var cli testingv1.TestServiceClient
-	clock := func() time.Time {
-		if armed.CompareAndSwap(true, false) {
-			_, werr := cli.Apply(context.Background(), &testingv1.ApplyRequest{Key: "warm"})
-			require.Equal(t, status.KindUnknown, status.OutcomeOf(werr).Kind, "precondition: %v", werr)
-		}
-		return time.Now()
-	}
+	var effects, tries atomic.Int64
+	m := &lateMark{}
 	unary := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		switch {
 		case strings.HasSuffix(info.FullMethod, "/FenceAttempt"):
-			if queries.Add(1) == 2 {
-				return nil, grpcstatus.Error(codes.Unimplemented, "no records") // the store-less backend
-			}
-			rec, err := handler(ctx, req) // the store backend finds the record SUCCEEDED
-			armed.Store(true)
-			return rec, err
+			return m.fence(ctx, req, handler)
 		case strings.HasSuffix(info.FullMethod, "/Apply"):
 			return nil, grpcstatus.Error(codes.Unavailable, "connection reset") // the warm-up call's try
 		}
@@ -157,26 +113,12 @@ func TestMarkBeforeStreamVerifyingTryIsHeeded(t *testing.T) {
 	})
 	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
 		effects.Add(1)
-		for {
-			if _, err := st.Recv(); err != nil {
-				return nil
-			}
-		}
+		return drainChat(st)
 	}}
-	end := recordedServer(t, svc, memoryStore(t), unary, stream)
-	conn := end.DialT(t, interceptor.DialOptions(
-		interceptor.WithClientClock(clock),
-		interceptor.WithoutRetryBudget(),
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
-	)...)
-	cli = testingv1.NewTestServiceClient(conn)
-	st, err := cli.Chat(interceptor.WithCallKey(t.Context(), "chat"))
-	require.NoError(t, err)
-	require.NoError(t, st.Send(&testingv1.ChatRequest{}))
-	require.NoError(t, st.CloseSend())
-	_, err = st.Recv()
-	t.Logf("queries %d, tries %d, err %v", queries.Load(), tries.Load(), err)
-	require.Equal(t, int64(2), queries.Load(), "precondition: try 1 was resolved at the store backend, and the warm-up call marked the target")
+	cli := m.dial(t, recordedServer(t, svc, memoryStore(t), unary, stream))
+	err := chatOnce(t, interceptor.WithCallKey(t.Context(), "chat"), cli)
+	t.Logf("queries %d, tries %d, err %v", m.queries.Load(), tries.Load(), err)
+	require.Equal(t, int64(2), m.queries.Load(), "precondition: try 1 was resolved at the store backend, and the warm-up call marked the target")
 	require.Equal(t, int64(1), effects.Load(),
 		"the target was marked recordless before the verifying try was sent: it must not run the handler again")
 	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
@@ -195,7 +137,7 @@ func TestMarkBeforeStreamVerifyingTryIsHeeded(t *testing.T) {
 func TestPlainMiddleRelayingARefusalIsUnknown(t *testing.T) {
 	dep := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
 		// The callee refuses without effect (as its admission would).
-		return nil, status.WithoutEffect(status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Millisecond)))
+		return nil, queueFull()
 	}}
 	depEnd := testsvc.StartT(t, testsvc.Bufconn, dep.Register, serverOpts()...)
 	down := testingv1.NewTestServiceClient(depEnd.DialT(t)) // plain grpc-go: no tollgate interceptors
@@ -205,19 +147,12 @@ func TestPlainMiddleRelayingARefusalIsUnknown(t *testing.T) {
 		return down.Apply(ctx, r)
 	}}
 	midEnd := testsvc.StartT(t, testsvc.Bufconn, mid.Register) // plain grpc-go server
-	conn := midEnd.DialT(t, interceptor.DialOptions(
-		interceptor.WithoutRetryBudget(),
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
-	)...)
-	ctx, err := interceptor.StartAttempt(t.Context(), 0, 5*time.Second)
-	require.NoError(t, err)
-	a, _ := interceptor.AttemptFromContext(ctx)
-	_, err = testingv1.NewTestServiceClient(conn).Apply(ctx, &testingv1.ApplyRequest{Key: "k"})
+	err, id := relayedApply(t, midEnd)
 	o := status.OutcomeOf(err)
 	t.Logf("middle runs %d, err %v", midRuns.Load(), err)
 	require.Equal(t, int64(1), midRuns.Load(), "the middle's handler ran, and is not run again")
 	require.Equal(t, status.KindUnknown, o.Kind, "the middle's handler ran before the refusal: %v", err)
-	require.Equal(t, a.ID, o.Detail.GetAttemptId(), "the answer names the origin's attempt")
+	require.Equal(t, id, o.Detail.GetAttemptId(), "the answer names the origin's attempt")
 	require.NotContains(t, []codes.Code{codes.ResourceExhausted, codes.Unavailable}, grpcstatus.Code(err),
 		"UNKNOWN never carries a code generic policies repeat")
 }
@@ -229,22 +164,13 @@ func TestUntrustedCalleesRefusalStaysNotAdmitted(t *testing.T) {
 	var runs atomic.Int64
 	svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
 		runs.Add(1)
-		return nil, status.WithoutEffect(status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Millisecond)))
+		return nil, queueFull()
 	}}
-	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, interceptor.ServerOptions(
-		interceptor.WithTrustedPeer(func(context.Context) bool { return false }),
-		interceptor.WithClockSkew(0))...)
-	conn := end.DialT(t, interceptor.DialOptions(
-		interceptor.WithoutRetryBudget(),
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
-	)...)
-	ctx, err := interceptor.StartAttempt(t.Context(), 0, 5*time.Second)
-	require.NoError(t, err)
-	a, _ := interceptor.AttemptFromContext(ctx)
-	_, err = testingv1.NewTestServiceClient(conn).Apply(ctx, &testingv1.ApplyRequest{Key: "k"})
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, untrustingServerOpts()...)
+	err, id := relayedApply(t, end)
 	o := status.OutcomeOf(err)
 	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
-	require.NotEqual(t, a.ID, o.Detail.GetAttemptId(), "precondition: the callee refused under an attempt it minted")
+	require.NotEqual(t, id, o.Detail.GetAttemptId(), "precondition: the callee refused under an attempt it minted")
 	require.Equal(t, int64(2), runs.Load(), "a refusal without effect is repeated")
 }
 
@@ -266,8 +192,7 @@ func TestVerifyingTryAfterAStopPushbackIsAnsweredFromTheRecord(t *testing.T) {
 		_ = grpc.SetTrailer(ctx, metadata.Pairs("grpc-retry-pushback-ms", "-1"))
 		return nil, grpcstatus.Error(codes.Internal, "proxy: upstream connection reset")
 	})
-	end := recordedServer(t, &ledger.Service, memoryStore(t), lose)
-	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3), interceptor.WithoutRetryBudget())...))
+	client := fastClient(t, recordedServer(t, &ledger.Service, memoryStore(t), lose), 3)
 	resp, err := client.Apply(interceptor.WithCallKey(t.Context(), "pay"), &testingv1.ApplyRequest{Key: "acct", Amount: 7})
 	require.NoError(t, err)
 	require.Equal(t, int64(7), resp.GetTotal())
@@ -290,11 +215,7 @@ func TestStreamVerifyingTryAfterAllUnitsSpentStaysHonest(t *testing.T) {
 		a, ok := budget.FromContext(st.Context())
 		require.True(t, ok)
 		require.NoError(t, a.Take()) // its downstream work spends the one unit
-		for {
-			if _, err := st.Recv(); err != nil {
-				return nil
-			}
-		}
+		return drainChat(st)
 	}}
 	lose := grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 		if tries.Add(1) != 1 {
@@ -303,15 +224,10 @@ func TestStreamVerifyingTryAfterAllUnitsSpentStaysHonest(t *testing.T) {
 		_ = h(srv, ss) // recorded SUCCEEDED; the proxy loses the answer
 		return grpcstatus.Error(codes.Internal, "proxy: upstream connection reset")
 	})
-	end := recordedServer(t, svc, memoryStore(t), lose)
-	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3), interceptor.WithoutRetryBudget())...))
+	client := fastClient(t, recordedServer(t, svc, memoryStore(t), lose), 3)
 	ctx, err := interceptor.StartAttempt(t.Context(), 1, 5*time.Second)
 	require.NoError(t, err)
-	st, err := client.Chat(interceptor.WithCallKey(ctx, "chat"))
-	require.NoError(t, err)
-	require.NoError(t, st.Send(&testingv1.ChatRequest{}))
-	require.NoError(t, st.CloseSend())
-	_, err = st.Recv()
+	err = chatOnce(t, interceptor.WithCallKey(ctx, "chat"), client)
 	o := status.OutcomeOf(err)
 	t.Logf("tries %d, err %v", tries.Load(), err)
 	require.Equal(t, int64(1), runs.Load(), "the handler ran once")
@@ -351,14 +267,9 @@ func TestUnqueriedRepeatsFailedRecordStaysUnknown(t *testing.T) {
 	svc := &testsvc.Service{PutFunc: func(context.Context, *testingv1.PutRequest) (*testingv1.PutResponse, error) {
 		return nil, grpcstatus.Error(codes.AlreadyExists, "k exists")
 	}}
-	end := recordedServer(t, svc, memoryStore(t), outer)
-	conn := end.DialT(t, interceptor.DialOptions(
-		interceptor.WithClientClock(clock),
-		interceptor.WithoutRetryBudget(),
-		interceptor.WithAttemptTimeout(10*time.Minute),
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
-	)...)
-	_, err := testingv1.NewTestServiceClient(conn).Put(t.Context(), &testingv1.PutRequest{Key: "k"})
+	client := fastClient(t, recordedServer(t, svc, memoryStore(t), outer), 3,
+		interceptor.WithClientClock(clock), interceptor.WithAttemptTimeout(10*time.Minute))
+	_, err := client.Put(t.Context(), &testingv1.PutRequest{Key: "k"})
 	t.Logf("queries %d, err %v", queries.Load(), err)
 	require.Equal(t, int64(2), queries.Load(), "precondition: the second query found try 2's record")
 	require.Equal(t, int64(1), effects.Load())
@@ -367,20 +278,25 @@ func TestUnqueriedRepeatsFailedRecordStaysUnknown(t *testing.T) {
 	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
 }
 
-// relayedApply dials end with a tollgate client allowed two tries and
-// makes one Apply call under a new attempt, returning the call's error and
-// the attempt's ID.
-func relayedApply(t *testing.T, end *testsvc.Endpoint) (error, string) {
+// relayedClient dials end with a tollgate client allowed two tries and
+// starts a new attempt, returning the client, the attempt's context and its
+// ID.
+func relayedClient(t *testing.T, end *testsvc.Endpoint) (testingv1.TestServiceClient, context.Context, string) {
 	t.Helper()
-	conn := end.DialT(t, interceptor.DialOptions(
-		interceptor.WithoutRetryBudget(),
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
-	)...)
+	client := fastClient(t, end, 2)
 	ctx, err := interceptor.StartAttempt(t.Context(), 0, 5*time.Second)
 	require.NoError(t, err)
 	a, _ := interceptor.AttemptFromContext(ctx)
-	_, err = testingv1.NewTestServiceClient(conn).Apply(ctx, &testingv1.ApplyRequest{Key: "k"})
-	return err, a.ID
+	return client, ctx, a.ID
+}
+
+// relayedApply makes one Apply call through relayedClient, returning the
+// call's error and the attempt's ID.
+func relayedApply(t *testing.T, end *testsvc.Endpoint) (error, string) {
+	t.Helper()
+	client, ctx, id := relayedClient(t, end)
+	_, err := client.Apply(ctx, &testingv1.ApplyRequest{Key: "k"})
+	return err, id
 }
 
 // A review of the rule that reads a refusal naming another attempt without
@@ -396,7 +312,7 @@ func TestUntrustedCalleeIgnoringAMalformedHeaderRefusalStaysNotAdmitted(t *testi
 	var runs atomic.Int64
 	svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
 		runs.Add(1)
-		return nil, status.WithoutEffect(status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Millisecond)))
+		return nil, queueFull()
 	}}
 	repeatHeader := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		md, _ := metadata.FromIncomingContext(ctx)
@@ -405,9 +321,7 @@ func TestUntrustedCalleeIgnoringAMalformedHeaderRefusalStaysNotAdmitted(t *testi
 		}
 		return handler(metadata.NewIncomingContext(ctx, md), req)
 	})
-	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, append([]grpc.ServerOption{repeatHeader}, interceptor.ServerOptions(
-		interceptor.WithTrustedPeer(func(context.Context) bool { return false }),
-		interceptor.WithClockSkew(0))...)...)
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, append([]grpc.ServerOption{repeatHeader}, untrustingServerOpts()...)...)
 	err, id := relayedApply(t, end)
 	o := status.OutcomeOf(err)
 	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
@@ -461,24 +375,111 @@ func TestUntrustedCalleesStreamRefusalStaysNotAdmitted(t *testing.T) {
 	var runs atomic.Int64
 	svc := &testsvc.Service{WatchFunc: func(*testingv1.WatchRequest, grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
 		runs.Add(1)
-		return status.WithoutEffect(status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Millisecond)))
+		return queueFull()
 	}}
-	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, interceptor.ServerOptions(
-		interceptor.WithTrustedPeer(func(context.Context) bool { return false }),
-		interceptor.WithClockSkew(0))...)
-	conn := end.DialT(t, interceptor.DialOptions(
-		interceptor.WithoutRetryBudget(),
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 2, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}),
-	)...)
-	ctx, err := interceptor.StartAttempt(t.Context(), 0, 5*time.Second)
-	require.NoError(t, err)
-	a, _ := interceptor.AttemptFromContext(ctx)
-	st, err := testingv1.NewTestServiceClient(conn).Watch(ctx, &testingv1.WatchRequest{})
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, untrustingServerOpts()...)
+	client, ctx, id := relayedClient(t, end)
+	st, err := client.Watch(ctx, &testingv1.WatchRequest{})
 	if err == nil {
 		_, err = st.Recv()
 	}
 	o := status.OutcomeOf(err)
 	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
-	require.NotEqual(t, a.ID, o.Detail.GetAttemptId(), "precondition: the callee refused under an attempt it minted")
+	require.NotEqual(t, id, o.Detail.GetAttemptId(), "precondition: the callee refused under an attempt it minted")
 	require.Equal(t, int64(2), runs.Load(), "a refusal without effect is repeated")
+}
+
+// fastClient dials end with a tollgate client allowed tries tries with 1 ms
+// backoffs and no retry budget, and any further options.
+func fastClient(t *testing.T, end *testsvc.Endpoint, tries int, opts ...interceptor.ClientOption) testingv1.TestServiceClient {
+	t.Helper()
+	opts = append(opts, interceptor.WithoutRetryBudget(), fastRetry(tries))
+	return testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(opts...)...))
+}
+
+// untrustingServerOpts are the tollgate server options of a server that
+// trusts no caller, with no clock skew.
+func untrustingServerOpts() []grpc.ServerOption {
+	return interceptor.ServerOptions(
+		interceptor.WithTrustedPeer(func(context.Context) bool { return false }),
+		interceptor.WithClockSkew(0))
+}
+
+// queueFull is a refusal without effect, as a callee's admission returns it.
+func queueFull() error {
+	return status.WithoutEffect(status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Millisecond)))
+}
+
+// drainChat reads st until its client closes it, and ends the stream OK.
+func drainChat(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+	for {
+		if _, err := st.Recv(); err != nil {
+			return nil
+		}
+	}
+}
+
+// chatOnce opens a Chat under ctx, sends one message, closes its side and
+// returns the error of the first Recv.
+func chatOnce(t *testing.T, ctx context.Context, client testingv1.TestServiceClient) error {
+	t.Helper()
+	st, err := client.Chat(ctx)
+	require.NoError(t, err)
+	require.NoError(t, st.Send(&testingv1.ChatRequest{}))
+	require.NoError(t, st.CloseSend())
+	_, err = st.Recv()
+	return err
+}
+
+// verifyAtStoreless is the Apply handling of a verifying-try test: try 1
+// reaches the store backend, which runs and records it, and its answer is
+// lost; every later try (the verifying try) reaches the store-less backend,
+// which runs it (counted in effects) and answers OK.
+func verifyAtStoreless(ctx context.Context, req any, handler grpc.UnaryHandler, tries, effects *atomic.Int64) (any, error) {
+	switch tries.Add(1) {
+	case 1: // the store backend runs and records it; the answer is lost
+		_, _ = handler(ctx, req)
+		return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
+	default: // the verifying try reaches the store-less backend
+		effects.Add(1)
+		return &testingv1.ApplyResponse{}, nil
+	}
+}
+
+// lateMark is the mark of the TestMarkBefore*VerifyingTryIsHeeded tests,
+// which comes after the store backend's query answered and before the
+// verifying try is sent: query 1 (fence) reaches the store backend and arms
+// the client clock (dial); the clock's next read makes a warm-up Apply
+// ("warm") whose query, query 2, the store-less backend answers
+// UNIMPLEMENTED, marking the target recordless.
+type lateMark struct {
+	queries atomic.Int64
+	armed   atomic.Bool
+	cli     testingv1.TestServiceClient
+}
+
+// fence answers a FenceAttempt as the backend it reaches.
+func (m *lateMark) fence(ctx context.Context, req any, handler grpc.UnaryHandler) (any, error) {
+	if m.queries.Add(1) == 2 {
+		return nil, grpcstatus.Error(codes.Unimplemented, "no records") // the store-less backend
+	}
+	rec, err := handler(ctx, req) // the store backend finds the record SUCCEEDED
+	m.armed.Store(true)
+	return rec, err
+}
+
+// dial dials end with a client allowed three tries whose clock, once
+// armed, makes the warm-up call, and returns that client.
+func (m *lateMark) dial(t *testing.T, end *testsvc.Endpoint) testingv1.TestServiceClient {
+	t.Helper()
+	clock := func() time.Time {
+		if m.armed.CompareAndSwap(true, false) {
+			// Another call's query marks the target recordless.
+			_, werr := m.cli.Apply(context.Background(), &testingv1.ApplyRequest{Key: "warm"})
+			require.Equal(t, status.KindUnknown, status.OutcomeOf(werr).Kind, "precondition: %v", werr)
+		}
+		return time.Now()
+	}
+	m.cli = fastClient(t, end, 3, interceptor.WithClientClock(clock))
+	return m.cli
 }

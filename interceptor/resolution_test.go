@@ -1938,14 +1938,7 @@ func TestUnvouchedVerifyingTryDoesNotRerunAMethodWithSideEffects(t *testing.T) {
 				return nil, grpcstatus.Error(codes.Unavailable, "connection reset") // its query marks the target recordless
 			}
 			if r.GetKey() == "k" {
-				switch kTries.Add(1) {
-				case 1: // the store backend runs and records it; the answer is lost
-					_, _ = handler(ctx, req)
-					return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
-				default: // the verifying try reaches the store-less backend
-					effects.Add(1)
-					return &testingv1.ApplyResponse{}, nil
-				}
+				return verifyAtStoreless(ctx, req, handler, &kTries, &effects)
 			}
 		}
 		return handler(ctx, req)
