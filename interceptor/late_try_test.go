@@ -52,6 +52,24 @@ func (s *gatedStore) Get(ctx context.Context, key idempotency.Key) (*tollgatev1.
 	return s.MemoryStore.Get(ctx, key)
 }
 
+// holdQuery sends, with ctx, an AttemptService query of attempt id's call
+// "hold" through attempts and returns once the store holds it (its
+// admission slot taken); free lets it finish and gives its error.
+func (s *gatedStore) holdQuery(t *testing.T, ctx context.Context, attempts tollgatev1.AttemptServiceClient, id string) (free func() error) {
+	t.Helper()
+	queried := make(chan error, 1)
+	go func() {
+		_, err := attempts.GetAttempt(ctx, &tollgatev1.GetAttemptRequest{
+			AttemptId: id, Call: "hold", Method: testingv1.TestService_Apply_FullMethodName})
+		queried <- err
+	}()
+	<-s.held
+	return func() error {
+		close(s.release)
+		return <-queried
+	}
+}
+
 // lateTryServer serves a ledger's Apply with records in st and admission
 // by ctrl (its tap included), and the AttemptService; it returns the data
 // and AttemptService clients.
@@ -75,6 +93,37 @@ func tryHeader(ctx context.Context, id, tenant, call string, try int, d time.Tim
 	return metadata.AppendToOutgoingContext(ctx, "tollgate", v)
 }
 
+// lateTryController is an admission controller with opts, closed when the
+// test ends.
+func lateTryController(t *testing.T, opts ...admission.Option) *admission.Controller {
+	t.Helper()
+	ctrl, err := admission.New(opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	return ctrl
+}
+
+// lateTryCall starts an attempt and sends try 1 of its call "late" (req)
+// through client, before the attempt's deadline, under each of tenants in
+// turn (none named: once, under no tenant). It returns the attempt's ID and
+// the last try 1's response.
+func lateTryCall(t *testing.T, client testingv1.TestServiceClient, req *testingv1.ApplyRequest, tenants ...string) (string, *testingv1.ApplyResponse) {
+	t.Helper()
+	actx, err := interceptor.StartAttempt(t.Context(), 0, 5*time.Second)
+	require.NoError(t, err)
+	a, _ := interceptor.AttemptFromContext(actx)
+	if len(tenants) == 0 {
+		tenants = []string{""}
+	}
+	later := time.Now().Add(5 * time.Second)
+	var resp *testingv1.ApplyResponse
+	for _, tenant := range tenants {
+		resp, err = client.Apply(tryHeader(t.Context(), a.ID, tenant, "late", 1, later), req)
+		require.NoError(t, err)
+	}
+	return a.ID, resp
+}
+
 // A review found that a trusted peer's try arriving after its attempt's
 // deadline plus the skew, for a recorded method, took no admission slot at
 // all (server.admit returned at once for it): each such try is a store
@@ -86,44 +135,31 @@ func tryHeader(ctx context.Context, id, tenant, call string, try int, d time.Tim
 // the store; once the slot is free it is answered from its record, and
 // the control class counts its admission.
 func TestLateTryIsAdmittedInTheControlClass(t *testing.T) {
-	ctrl, err := admission.New(
+	ctrl := lateTryController(t,
 		admission.WithClasses(admission.Class{Name: "work", Slots: 4, QueueItems: 4},
 			admission.Class{Name: admission.ControlClass, Slots: 1}),
 		admission.WithDefaultClass("work"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ctrl.Close() })
 	st := newGatedStore(t)
 	ledger := newLedger(nil)
 	client, attempts := lateTryServer(t, st, ctrl, &ledger.Service)
 
-	actx, err := interceptor.StartAttempt(t.Context(), 0, 5*time.Second)
-	require.NoError(t, err)
-	a, _ := interceptor.AttemptFromContext(actx)
 	req := &testingv1.ApplyRequest{Key: "acct", Amount: 4}
-	first, err := client.Apply(tryHeader(t.Context(), a.ID, "", "late", 1, time.Now().Add(5*time.Second)), req)
-	require.NoError(t, err)
+	id, first := lateTryCall(t, client, req)
 
 	// An AttemptService query holds the control class's only slot.
-	queried := make(chan error, 1)
-	go func() {
-		_, err := attempts.GetAttempt(t.Context(), &tollgatev1.GetAttemptRequest{
-			AttemptId: a.ID, Call: "hold", Method: testingv1.TestService_Apply_FullMethodName})
-		queried <- err
-	}()
-	<-st.held
+	free := st.holdQuery(t, t.Context(), attempts, id)
 	past := time.Now().Add(-time.Second) // the attempt's deadline has passed (the test server's skew is 0)
-	_, err = client.Apply(tryHeader(t.Context(), a.ID, "", "late", 2, past), req)
+	_, err := client.Apply(tryHeader(t.Context(), id, "", "late", 2, past), req)
 	o := status.OutcomeOf(err)
 	require.Equal(t, status.ReasonConcurrencyFull, o.Reason,
 		"the late try is a record query: with the control class full it is refused as one (%v)", err)
 	require.Equal(t, admission.ControlClass, o.Detail.GetWorkloadClass())
-	require.Equal(t, a.ID, o.Detail.GetAttemptId(), "the refusal names the try it answers")
+	require.Equal(t, id, o.Detail.GetAttemptId(), "the refusal names the try it answers")
 	require.Zero(t, st.lateBegins.Load(), "a refused late try does not reach the store")
 
-	close(st.release)
-	require.NoError(t, <-queried)
+	require.NoError(t, free())
 	before, _ := ctrl.Stats().Class(admission.ControlClass)
-	again, err := client.Apply(tryHeader(t.Context(), a.ID, "", "late", 2, past), req)
+	again, err := client.Apply(tryHeader(t.Context(), id, "", "late", 2, past), req)
 	require.NoError(t, err, "with the slot free, the late try is answered from its record")
 	require.Equal(t, first.GetTotal(), again.GetTotal())
 	require.Equal(t, int64(1), ledger.effects.Load(), "only the first try ran")
@@ -141,42 +177,26 @@ func TestLateTryIsAdmittedInTheControlClass(t *testing.T) {
 // TENANT_LIMIT, while tenant b's is answered from its record (A review
 // found late tries were admitted nowhere, so no tenant limit held them).
 func TestLateTryKeepsTheControlClassTenantLimits(t *testing.T) {
-	ctrl, err := admission.New(
+	ctrl := lateTryController(t,
 		admission.WithClasses(admission.Class{Name: "work", Slots: 4},
 			admission.Class{Name: admission.ControlClass, Slots: 4, TenantRunning: 1}),
 		admission.WithDefaultClass("work"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ctrl.Close() })
 	st := newGatedStore(t)
 	ledger := newLedger(nil)
 	client, attempts := lateTryServer(t, st, ctrl, &ledger.Service)
 
-	actx, err := interceptor.StartAttempt(t.Context(), 0, 5*time.Second)
-	require.NoError(t, err)
-	a, _ := interceptor.AttemptFromContext(actx)
 	req := &testingv1.ApplyRequest{Key: "acct", Amount: 1}
-	later := time.Now().Add(5 * time.Second)
-	for _, tenant := range []string{"a", "b"} {
-		_, err := client.Apply(tryHeader(t.Context(), a.ID, tenant, "late", 1, later), req)
-		require.NoError(t, err)
-	}
+	id, _ := lateTryCall(t, client, req, "a", "b")
 
-	queried := make(chan error, 1)
-	go func() {
-		ctx := metadata.AppendToOutgoingContext(t.Context(), "tollgate", "a="+a.ID+";n=a")
-		_, err := attempts.GetAttempt(ctx, &tollgatev1.GetAttemptRequest{
-			AttemptId: a.ID, Call: "hold", Method: testingv1.TestService_Apply_FullMethodName})
-		queried <- err
-	}()
-	<-st.held
-	defer func() { close(st.release); require.NoError(t, <-queried) }()
+	free := st.holdQuery(t, metadata.AppendToOutgoingContext(t.Context(), "tollgate", "a="+id+";n=a"), attempts, id)
+	defer func() { require.NoError(t, free()) }()
 
 	past := time.Now().Add(-time.Second)
-	_, err = client.Apply(tryHeader(t.Context(), a.ID, "a", "late", 2, past), req)
+	_, err := client.Apply(tryHeader(t.Context(), id, "a", "late", 2, past), req)
 	o := status.OutcomeOf(err)
 	require.Equal(t, status.ReasonTenantLimit, o.Reason, "tenant a runs its one query: %v", err)
 	require.Equal(t, admission.ControlClass, o.Detail.GetWorkloadClass())
-	_, err = client.Apply(tryHeader(t.Context(), a.ID, "b", "late", 2, past), req)
+	_, err = client.Apply(tryHeader(t.Context(), id, "b", "late", 2, past), req)
 	require.NoError(t, err, "tenant b's late try is answered from its record")
 	require.Equal(t, int64(2), ledger.effects.Load(), "each tenant's first try ran, no late one")
 	require.Equal(t, int64(1), st.lateBegins.Load(), "only tenant b's late try reached the store")
@@ -186,35 +206,19 @@ func TestLateTryKeepsTheControlClassTenantLimits(t *testing.T) {
 // whose one slot is held (the tap's flag says full), and is admitted in the
 // control class instead (A review found it was admitted in no class).
 func TestLateTryPastAFullDataClassTakesAControlSlot(t *testing.T) {
-	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1}), admission.WithDefaultClass("work"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ctrl.Close() })
-	hold, release := make(chan struct{}), make(chan struct{})
-	ledger := newLedger(func(_ context.Context, r *testingv1.ApplyRequest) {
-		if r.GetKey() == "hold" {
-			close(hold)
-			<-release
-		}
-	})
+	ctrl := lateTryController(t, admission.WithClasses(admission.Class{Name: "work", Slots: 1}), admission.WithDefaultClass("work"))
+	h := newSlotHolder()
+	ledger := newLedger(func(ctx context.Context, r *testingv1.ApplyRequest) { _, _ = h.apply(ctx, r) })
 	client, _ := lateTryServer(t, memoryStore(t), ctrl, &ledger.Service)
 
-	actx, err := interceptor.StartAttempt(t.Context(), 0, 5*time.Second)
-	require.NoError(t, err)
-	a, _ := interceptor.AttemptFromContext(actx)
 	req := &testingv1.ApplyRequest{Key: "acct", Amount: 2}
-	first, err := client.Apply(tryHeader(t.Context(), a.ID, "", "late", 1, time.Now().Add(5*time.Second)), req)
-	require.NoError(t, err)
+	id, first := lateTryCall(t, client, req)
 
-	held := make(chan error, 1)
-	go func() {
-		_, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "hold"})
-		held <- err
-	}()
-	<-hold
-	defer func() { close(release); require.NoError(t, <-held) }()
+	h.holdApply(t.Context(), client)
+	defer func() { require.NoError(t, h.free()) }()
 
 	before, _ := ctrl.Stats().Class(admission.ControlClass)
-	again, err := client.Apply(tryHeader(t.Context(), a.ID, "", "late", 2, time.Now().Add(-time.Second)), req)
+	again, err := client.Apply(tryHeader(t.Context(), id, "", "late", 2, time.Now().Add(-time.Second)), req)
 	require.NoError(t, err, "the late try is answered from its record past the full data class")
 	require.Equal(t, first.GetTotal(), again.GetTotal())
 	after, _ := ctrl.Stats().Class(admission.ControlClass)
@@ -279,36 +283,20 @@ func TestNotSentAdoptedDelayIsJitteredAndBounded(t *testing.T) {
 // any request, by its method: here into the class whose one slot is held,
 // where it is refused as a query would be, not let through unadmitted.
 func TestLateTryWithoutAControlClassIsClassifiedByItsMethod(t *testing.T) {
-	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1}),
+	ctrl := lateTryController(t, admission.WithClasses(admission.Class{Name: "work", Slots: 1}),
 		admission.WithDefaultClass("work"), admission.WithoutControlClass())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ctrl.Close() })
-	hold, release := make(chan struct{}), make(chan struct{})
-	ledger := newLedger(func(_ context.Context, r *testingv1.ApplyRequest) {
-		if r.GetKey() == "hold" {
-			close(hold)
-			<-release
-		}
-	})
+	h := newSlotHolder()
+	ledger := newLedger(func(ctx context.Context, r *testingv1.ApplyRequest) { _, _ = h.apply(ctx, r) })
 	st := newGatedStore(t)
 	client, _ := lateTryServer(t, st, ctrl, &ledger.Service)
 
-	actx, err := interceptor.StartAttempt(t.Context(), 0, 5*time.Second)
-	require.NoError(t, err)
-	a, _ := interceptor.AttemptFromContext(actx)
 	req := &testingv1.ApplyRequest{Key: "acct", Amount: 2}
-	_, err = client.Apply(tryHeader(t.Context(), a.ID, "", "late", 1, time.Now().Add(5*time.Second)), req)
-	require.NoError(t, err)
+	id, _ := lateTryCall(t, client, req)
 
-	held := make(chan error, 1)
-	go func() {
-		_, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "hold"})
-		held <- err
-	}()
-	<-hold
-	defer func() { close(release); require.NoError(t, <-held) }()
+	h.holdApply(t.Context(), client)
+	defer func() { require.NoError(t, h.free()) }()
 
-	_, err = client.Apply(tryHeader(t.Context(), a.ID, "", "late", 2, time.Now().Add(-time.Second)), req)
+	_, err := client.Apply(tryHeader(t.Context(), id, "", "late", 2, time.Now().Add(-time.Second)), req)
 	o := status.OutcomeOf(err)
 	require.Equal(t, status.ReasonConcurrencyFull, o.Reason, "%v", err)
 	require.Equal(t, "work", o.Detail.GetWorkloadClass())
