@@ -147,7 +147,7 @@ func TestPlainMiddleRelayingARefusalIsUnknown(t *testing.T) {
 		return down.Apply(ctx, r)
 	}}
 	midEnd := testsvc.StartT(t, testsvc.Bufconn, mid.Register) // plain grpc-go server
-	err, id := relayedApply(t, midEnd)
+	id, err := relayedApply(t, midEnd)
 	o := status.OutcomeOf(err)
 	t.Logf("middle runs %d, err %v", midRuns.Load(), err)
 	require.Equal(t, int64(1), midRuns.Load(), "the middle's handler ran, and is not run again")
@@ -167,7 +167,7 @@ func TestUntrustedCalleesRefusalStaysNotAdmitted(t *testing.T) {
 		return nil, queueFull()
 	}}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, untrustingServerOpts()...)
-	err, id := relayedApply(t, end)
+	id, err := relayedApply(t, end)
 	o := status.OutcomeOf(err)
 	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
 	require.NotEqual(t, id, o.Detail.GetAttemptId(), "precondition: the callee refused under an attempt it minted")
@@ -291,12 +291,12 @@ func relayedClient(t *testing.T, end *testsvc.Endpoint) (testingv1.TestServiceCl
 }
 
 // relayedApply makes one Apply call through relayedClient, returning the
-// call's error and the attempt's ID.
-func relayedApply(t *testing.T, end *testsvc.Endpoint) (error, string) {
+// attempt's ID and the call's error.
+func relayedApply(t *testing.T, end *testsvc.Endpoint) (string, error) {
 	t.Helper()
 	client, ctx, id := relayedClient(t, end)
 	_, err := client.Apply(ctx, &testingv1.ApplyRequest{Key: "k"})
-	return err, id
+	return id, err
 }
 
 // A review of the rule that reads a refusal naming another attempt without
@@ -322,7 +322,7 @@ func TestUntrustedCalleeIgnoringAMalformedHeaderRefusalStaysNotAdmitted(t *testi
 		return handler(metadata.NewIncomingContext(ctx, md), req)
 	})
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, append([]grpc.ServerOption{repeatHeader}, untrustingServerOpts()...)...)
-	err, id := relayedApply(t, end)
+	id, err := relayedApply(t, end)
 	o := status.OutcomeOf(err)
 	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
 	require.NotEqual(t, id, o.Detail.GetAttemptId(), "precondition: the callee refused under an attempt it minted")
@@ -358,7 +358,7 @@ func TestUntrustedCalleesAdmissionRefusalStaysNotAdmitted(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, opts(t)...)
-			err, _ := relayedApply(t, end)
+			_, err := relayedApply(t, end)
 			o := status.OutcomeOf(err)
 			require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
 			require.Equal(t, status.ReasonDraining, o.Reason, "%v", err)
