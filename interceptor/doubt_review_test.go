@@ -124,6 +124,85 @@ func TestMarkBeforeStreamVerifyingTryIsHeeded(t *testing.T) {
 	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
 }
 
+// A review found that the repeat after a FENCED answer had the same window
+// as the verifying try (TestMarkBeforeVerifyingTryIsHeeded): resolve
+// declines to repeat a method with side effects whose target is known to
+// keep no records at some backends, since the fence vouches only for its
+// own store, but it asked only when the query answered. Here try 1 runs at
+// the store-less backend (its answer lost), the query fences it at the
+// store backend, and another call's query marks the target recordless
+// before the repeat is sent: the repeat ran the handler a second time. It
+// is asked again when the repeat is about to be sent, and the call ends
+// UNKNOWN with the handler run once.
+func TestMarkBeforeRepeatAfterFenceIsHeeded(t *testing.T) {
+	var effects, kTries atomic.Int64
+	m := &lateMark{}
+	outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		switch {
+		case strings.HasSuffix(info.FullMethod, "/FenceAttempt"):
+			return m.fence(ctx, req, handler) // query 1: the store backend fences try 1
+		case strings.HasSuffix(info.FullMethod, "/Apply"):
+			r := req.(*testingv1.ApplyRequest)
+			if r.GetKey() == "warm" || kTries.Add(1) == 1 {
+				// The store-less backend: the warm-up call's try, and try 1,
+				// which runs there; both answers are lost.
+				if r.GetKey() != "warm" {
+					effects.Add(1)
+				}
+				return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
+			}
+		}
+		return handler(ctx, req)
+	})
+	svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		effects.Add(1)
+		return &testingv1.ApplyResponse{}, nil
+	}}
+	cli := m.dial(t, recordedServer(t, svc, memoryStore(t), outer))
+	_, err := cli.Apply(t.Context(), &testingv1.ApplyRequest{Key: "k"})
+	t.Logf("queries %d, tries %d, err %v", m.queries.Load(), kTries.Load(), err)
+	require.Equal(t, int64(2), m.queries.Load(), "precondition: try 1 was fenced at the store backend, and the warm-up call marked the target")
+	require.Equal(t, int64(1), effects.Load(),
+		"the target was marked recordless before the repeat was sent: try 1 may have run there, and the handler must not run again")
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindUnknown, o.Kind, "%v", err)
+	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
+}
+
+// TestMarkBeforeRepeatAfterFenceIsHeeded for a stream: a mark that comes
+// during the repeat's backoff is heeded before the repeat is sent.
+func TestMarkBeforeStreamRepeatAfterFenceIsHeeded(t *testing.T) {
+	var effects, tries atomic.Int64
+	m := &lateMark{}
+	unary := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		switch {
+		case strings.HasSuffix(info.FullMethod, "/FenceAttempt"):
+			return m.fence(ctx, req, handler) // query 1: the store backend fences try 1
+		case strings.HasSuffix(info.FullMethod, "/Apply"):
+			return nil, grpcstatus.Error(codes.Unavailable, "connection reset") // the warm-up call's try
+		}
+		return handler(ctx, req)
+	})
+	stream := grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if tries.Add(1) == 1 { // the store-less backend runs it; the answer is lost
+			effects.Add(1)
+			return grpcstatus.Error(codes.Internal, "proxy: upstream connection reset")
+		}
+		return h(srv, ss) // the repeat reaches the store backend, past the fence
+	})
+	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+		effects.Add(1)
+		return drainChat(st)
+	}}
+	cli := m.dial(t, recordedServer(t, svc, memoryStore(t), unary, stream))
+	err := chatOnce(t, t.Context(), cli)
+	t.Logf("queries %d, tries %d, err %v", m.queries.Load(), tries.Load(), err)
+	require.Equal(t, int64(2), m.queries.Load(), "precondition: try 1 was fenced at the store backend, and the warm-up call marked the target")
+	require.Equal(t, int64(1), effects.Load(),
+		"the target was marked recordless before the repeat was sent: try 1 may have run there, and the handler must not run again")
+	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
+}
+
 // A review found that a middle server that does not speak tollgate (plain
 // grpc-go) and passes up its callee's tollgate refusal as it came handed
 // the origin a NOT_ADMITTED, which the origin took as "no effect" and
@@ -450,9 +529,9 @@ func verifyAtStoreless(ctx context.Context, req any, handler grpc.UnaryHandler, 
 	}
 }
 
-// lateMark is the mark of the TestMarkBefore*VerifyingTryIsHeeded tests,
-// which comes after the store backend's query answered and before the
-// verifying try is sent: query 1 (fence) reaches the store backend and arms
+// lateMark is the mark of the TestMarkBefore*IsHeeded tests, which comes
+// after the store backend's query answered and before the verifying try, or
+// the repeat after a fence, is sent: query 1 (fence) reaches the store backend and arms
 // the client clock (dial); the clock's next read makes a warm-up Apply
 // ("warm") whose query, query 2, the store-less backend answers
 // UNIMPLEMENTED, marking the target recordless.
@@ -467,7 +546,7 @@ func (m *lateMark) fence(ctx context.Context, req any, handler grpc.UnaryHandler
 	if m.queries.Add(1) == 2 {
 		return nil, grpcstatus.Error(codes.Unimplemented, "no records") // the store-less backend
 	}
-	rec, err := handler(ctx, req) // the store backend finds the record SUCCEEDED
+	rec, err := handler(ctx, req) // the store backend finds the record SUCCEEDED, or fences the try
 	m.armed.Store(true)
 	return rec, err
 }

@@ -150,9 +150,10 @@ type owner struct {
 	// a unary call sends it at once (verifyTry).
 	verifyNext bool
 	// verifies is set when the next try is a verifying try, the first or a
-	// later one: whether it may be sent is asked again just before it is
-	// (unvouchedVerify).
-	verifies bool
+	// later one, and fenced when it repeats a try a resolution found
+	// fenced: whether it may be sent is asked again just before it is
+	// (unvouchedRepeat).
+	verifies, fenced bool
 	// verifyUntil is the end of the resolution's grace that found the
 	// record: the verifying try may run until then.
 	verifyUntil time.Time
@@ -232,7 +233,7 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 			now = c.cfg.now()
 		}
 		first = false
-		if result := w.unvouchedVerify(n-1, err); result != nil {
+		if result := w.unvouchedRepeat(n-1, err); result != nil {
 			if !w.verifyNext && w.tgt.budget != nil {
 				w.tgt.budget.Return() // proceed withdrew a token for a try not sent
 			}
@@ -460,21 +461,27 @@ func (w *owner) verifying() bool {
 	return uncounted
 }
 
-// unvouchedVerify returns the result of a call whose next try verifies a
-// record found under its explicit key (after try n's failure last) when that
-// try may not be sent: its method has side effects, and its target is now
-// known to keep no records at some backends (unvouched), where the try would
-// run the handler again. resolve asked when the query answered; a mark that
-// came since (another call's query, during a backoff) is heeded here, just
-// before the try is sent. It returns nil otherwise, and clears verifies.
-func (w *owner) unvouchedVerify(n uint32, last error) error {
-	verifies := w.verifies
-	w.verifies = false
-	if !verifies || !w.unvouched() || !w.rerunHarms() {
+// unvouchedRepeat returns the result of a call whose next try (after try
+// n's failure last) verifies a record found under its explicit key, or
+// repeats a try a resolution found fenced, when that try may not be sent:
+// its method has side effects, and its target is now known to keep no
+// records at some backends (unvouched), where a verifying try would run the
+// handler again, and where the fenced try may have run already (the fence
+// vouches only for its own store). resolve asked when the query answered; a
+// mark that came since (another call's query, during a backoff) is heeded
+// here, just before the try is sent. It returns nil otherwise, and clears
+// verifies and fenced.
+func (w *owner) unvouchedRepeat(n uint32, last error) error {
+	verifies, fenced := w.verifies, w.fenced
+	w.verifies, w.fenced = false, false
+	if !verifies && !fenced || !w.unvouched() || !w.rerunHarms() {
 		return nil
 	}
-	return status.OutcomeUnknown(last, status.WithAttempt(w.cl.s.ID, w.cl.key, n),
-		status.WithMessage("interceptor: the record under the call's explicit key may be another request's, and its target was found to keep none at some backends before the try that would ask was sent"))
+	why := "interceptor: the record under the call's explicit key may be another request's, and its target was found to keep none at some backends before the try that would ask was sent"
+	if !verifies {
+		why = "interceptor: the try was fenced where records are kept, but its target was found to keep none at some backends before the repeat was sent"
+	}
+	return status.OutcomeUnknown(last, status.WithAttempt(w.cl.s.ID, w.cl.key, n), status.WithMessage(why))
 }
 
 // proceed returns nil when try n+1 may follow try n's failure err, after
@@ -789,6 +796,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 			w.reconcile(rec)
 			w.doubt = unvouched
 			w.unsettled = w.unsettled || unvouched
+			w.fenced = true // a mark that comes before the repeat is sent is heeded then (unvouchedRepeat)
 			f := min(rec.GetFencedThroughTry(), header.MaxTry)
 			return max(f, n) + 1, status.NotAdmitted(status.ReasonAttemptFenced, status.Fields{
 				AttemptID: s.ID, Call: w.cl.key, Try: n, FencedThroughTry: f,

@@ -674,7 +674,7 @@ func (cs *clientStream) afterTryLocked(err error) (next uint32, result error, re
 	if result := w.proceed(cs.ctx, n, cs.counted, err); result != nil {
 		return n, result, false
 	}
-	if result := w.unvouchedVerify(n, err); result != nil {
+	if result := w.unvouchedRepeat(n, err); result != nil {
 		if w.tgt.budget != nil {
 			w.tgt.budget.Return() // proceed withdrew a token for a try not sent
 		}
