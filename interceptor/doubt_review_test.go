@@ -169,6 +169,52 @@ func TestMarkBeforeRepeatAfterFenceIsHeeded(t *testing.T) {
 	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
 }
 
+// TestMarkBeforeRepeatAfterFenceIsHeeded when the mark comes later still:
+// the repeat after the fence, try 2, is refused without effect, and the
+// target is marked recordless before try 3. The fence still vouches only
+// for its own store, and try 1 may have run where none is kept: try 3 is
+// not sent either.
+func TestMarkBeforeLaterRepeatAfterFenceIsHeeded(t *testing.T) {
+	var effects, kTries atomic.Int64
+	m := &lateMark{}
+	outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		switch {
+		case strings.HasSuffix(info.FullMethod, "/FenceAttempt"):
+			if m.queries.Add(1) == 2 {
+				return nil, grpcstatus.Error(codes.Unimplemented, "no records") // the store-less backend
+			}
+			return handler(ctx, req) // query 1: the store backend fences try 1
+		case strings.HasSuffix(info.FullMethod, "/Apply"):
+			if req.(*testingv1.ApplyRequest).GetKey() == "warm" {
+				return nil, grpcstatus.Error(codes.Unavailable, "connection reset") // the warm-up call's try
+			}
+			switch kTries.Add(1) {
+			case 1: // the store-less backend runs it; the answer is lost
+				effects.Add(1)
+				return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
+			case 2: // refused without effect; the mark comes before try 3
+				m.armed.Store(true)
+				return nil, queueFull()
+			}
+		}
+		return handler(ctx, req)
+	})
+	svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		effects.Add(1)
+		return &testingv1.ApplyResponse{}, nil
+	}}
+	cli := m.dial(t, recordedServer(t, svc, memoryStore(t), outer))
+	_, err := cli.Apply(t.Context(), &testingv1.ApplyRequest{Key: "k"})
+	t.Logf("queries %d, tries %d, err %v", m.queries.Load(), kTries.Load(), err)
+	require.Equal(t, int64(2), m.queries.Load(), "precondition: try 1 was fenced at the store backend, and the warm-up call marked the target")
+	require.Equal(t, int64(1), effects.Load(),
+		"the target was marked recordless before try 3 was sent: try 1 may have run there, and the handler must not run again")
+	require.Equal(t, int64(2), kTries.Load(), "try 3 is not sent")
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindUnknown, o.Kind, "%v", err)
+	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
+}
+
 // TestMarkBeforeRepeatAfterFenceIsHeeded for a stream: a mark that comes
 // during the repeat's backoff is heeded before the repeat is sent.
 func TestMarkBeforeStreamRepeatAfterFenceIsHeeded(t *testing.T) {

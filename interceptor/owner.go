@@ -150,9 +150,10 @@ type owner struct {
 	// a unary call sends it at once (verifyTry).
 	verifyNext bool
 	// verifies is set when the next try is a verifying try, the first or a
-	// later one, and fenced when it repeats a try a resolution found
-	// fenced: whether it may be sent is asked again just before it is
-	// (unvouchedRepeat).
+	// later one: whether it may be sent is asked again just before it is
+	// (unvouchedRepeat). fenced is set once a resolution found a try
+	// fenced: from then on every repeat is asked so, since the fence
+	// vouches for the try in doubt only where records are kept.
 	verifies, fenced bool
 	// verifyUntil is the end of the resolution's grace that found the
 	// record: the verifying try may run until then.
@@ -463,23 +464,23 @@ func (w *owner) verifying() bool {
 
 // unvouchedRepeat returns the result of a call whose next try (after try
 // n's failure last) verifies a record found under its explicit key, or
-// repeats a try a resolution found fenced, when that try may not be sent:
+// repeats a call a resolution found fenced, when that try may not be sent:
 // its method has side effects, and its target is now known to keep no
 // records at some backends (unvouched), where a verifying try would run the
 // handler again, and where the fenced try may have run already (the fence
 // vouches only for its own store). resolve asked when the query answered; a
 // mark that came since (another call's query, during a backoff) is heeded
 // here, just before the try is sent. It returns nil otherwise, and clears
-// verifies and fenced.
+// verifies (fenced stays: a later repeat is asked too).
 func (w *owner) unvouchedRepeat(n uint32, last error) error {
-	verifies, fenced := w.verifies, w.fenced
-	w.verifies, w.fenced = false, false
-	if !verifies && !fenced || !w.unvouched() || !w.rerunHarms() {
+	verifies := w.verifies
+	w.verifies = false
+	if !verifies && !w.fenced || !w.unvouched() || !w.rerunHarms() {
 		return nil
 	}
 	why := "interceptor: the record under the call's explicit key may be another request's, and its target was found to keep none at some backends before the try that would ask was sent"
 	if !verifies {
-		why = "interceptor: the try was fenced where records are kept, but its target was found to keep none at some backends before the repeat was sent"
+		why = "interceptor: a try in doubt was fenced where records are kept, but its target was found to keep none at some backends before the repeat was sent"
 	}
 	return status.OutcomeUnknown(last, status.WithAttempt(w.cl.s.ID, w.cl.key, n), status.WithMessage(why))
 }
