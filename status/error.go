@@ -219,8 +219,69 @@ func build(e *Error, opts []Option, fixedCode, fixedReason bool) *Error {
 	if e.f.Message != "" {
 		e.msg += ": " + e.f.Message
 	}
-	e.msg = validUTF8(e.msg)
+	e.msg = boundMessage(validUTF8(e.msg))
 	return e
+}
+
+// maxMessageBytes bounds the message of an outcome this package builds, as
+// grpc-message sends it (see the package doc, # Messages): tollgate puts
+// another error's message in its own (an unknown outcome's cause, a
+// re-addressed refusal's text, the last try of a spent retry budget), and
+// the message goes on the wire twice, as grpc-message, percent-encoded, and
+// inside grpc-status-details-bin, base64-encoded. With it, the message costs
+// at most about 2.4 KiB of trailer, and with the bounds of carried details
+// (maxCarriedBytes) a caller whose header list limit is 8 KiB gets the
+// answer rather than an INTERNAL error.
+const maxMessageBytes = 1 << 10
+
+// cutMark stands where boundMessage cut a message.
+const cutMark = "…"
+
+// wireSize is the size of s as grpc-message sends it: grpc-go, like the
+// gRPC spec, percent-encodes every byte outside printable ASCII, and '%'.
+func wireSize(s string) int {
+	n := len(s)
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < ' ' || c > '~' || c == '%' {
+			n += 2
+		}
+	}
+	return n
+}
+
+// boundMessage returns s (valid UTF-8) when its wireSize is at most
+// maxMessageBytes, and otherwise its start and its end, whole runes, joined
+// by cutMark within that size: the start says what tollgate concluded and the
+// end what it added last, so both survive the cut of a long cause's text
+// between them.
+func boundMessage(s string) string {
+	if len(s) <= maxMessageBytes/3 || wireSize(s) <= maxMessageBytes {
+		return s
+	}
+	keep := maxMessageBytes - wireSize(cutMark)
+	room := keep / 2
+	head := 0
+	for head < len(s) {
+		_, n := utf8.DecodeRuneInString(s[head:])
+		w := wireSize(s[head : head+n])
+		if w > room {
+			break
+		}
+		room -= w
+		head += n
+	}
+	room += keep - keep/2 // what the start left, and the end's half
+	tail := len(s)
+	for tail > head {
+		_, n := utf8.DecodeLastRuneInString(s[:tail])
+		w := wireSize(s[tail-n : tail])
+		if w > room {
+			break
+		}
+		room -= w
+		tail -= n
+	}
+	return s[:head] + cutMark + s[tail:]
 }
 
 // validUTF8 repairs s: grpc-go drops every status detail when the message

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
@@ -311,4 +312,62 @@ func TestOutcomeUnknownOfAnUnknownOutcomeSaysItOnce(t *testing.T) {
 	third := status.OutcomeUnknown(wire)
 	require.Equal(t, "tollgate: outcome unknown: interceptor: handler panic: boom", grpcstatus.Convert(third).Message())
 	require.Equal(t, 1, strings.Count(third.Error(), "outcome unknown"), third.Error())
+}
+
+// grpcMessageSize is the size of msg as grpc-message carries it: every byte
+// outside printable ASCII, and '%', percent-encoded.
+func grpcMessageSize(msg string) int {
+	n := 0
+	for i := 0; i < len(msg); i++ {
+		if c := msg[i]; c < ' ' || c > '~' || c == '%' {
+			n += 3
+		} else {
+			n++
+		}
+	}
+	return n
+}
+
+// A review found that the message of an outcome grew without bound: every
+// constructor put another error's message (a cause, a re-addressed refusal's
+// text, a spent budget's last try) into its own, and the message goes on the
+// wire twice (grpc-message and grpc-status-details-bin), so that a long one
+// cost a caller with an 8 KiB header list limit the whole answer (see
+// TestMessageChainKeepsAnswerOfLargeMessage in interceptor). The message
+// is now at most 1 KiB as grpc-message sends it, cut in the middle, on rune
+// boundaries, with a "…"; a short one is unchanged.
+func TestMessageIsBounded(t *testing.T) {
+	short := status.NotAdmitted(status.ReasonShed, status.WithMessage("backend: 50% busy, é"))
+	require.Equal(t, "tollgate: not admitted: shed: backend: 50% busy, é", short.Error())
+
+	for _, filler := range []string{"x", "%", "é", "€", "😀", "\n"} {
+		long := strings.Repeat(filler, 5<<10)
+		for name, err := range map[string]error{
+			"cause":   status.OutcomeUnknown(errors.New(long), status.WithMessage("interceptor: the end")),
+			"message": status.NotAdmitted(status.ReasonQueueFull, status.WithMessage(long+" the end")),
+			"with":    status.With(status.Committed(), status.WithMessage(long+" the end")),
+		} {
+			msg := grpcstatus.Convert(err).Message()
+			require.Equal(t, err.Error(), msg)
+			require.LessOrEqual(t, grpcMessageSize(msg), 1<<10, "%s of %q", name, filler)
+			require.Greater(t, grpcMessageSize(msg), 1<<10-12, "%s of %q: no more is cut than needed", name, filler)
+			require.True(t, utf8.ValidString(msg), "%s of %q: cut on rune boundaries", name, filler)
+			require.True(t, strings.HasPrefix(msg, "tollgate: "), "%s of %q: %q", name, filler, msg)
+			require.True(t, strings.HasSuffix(msg, " the end"), "%s of %q: the end survives", name, filler)
+			require.Equal(t, 1, strings.Count(msg, "…"), "%s of %q", name, filler)
+		}
+	}
+
+	// Rebuilt hop after hop, each time embedding the last message (as a spent
+	// retry budget names its last try), it stays bounded.
+	err := status.OutcomeUnknown(errors.New(strings.Repeat("x", 900)))
+	for range 10 {
+		err = status.NotAdmitted(status.ReasonRetryBudgetExhausted, status.WithMessage("retry budget exhausted; last try: "+err.Error()))
+		err = grpcstatus.Convert(err).Err() // across the wire
+		require.LessOrEqual(t, grpcMessageSize(grpcstatus.Convert(err).Message()), 1<<10)
+	}
+	// An unknown outcome of an unknown outcome still says it once.
+	again := status.OutcomeUnknown(grpcstatus.Convert(status.OutcomeUnknown(errors.New(strings.Repeat("y", 4<<10)))).Err())
+	require.Equal(t, 1, strings.Count(again.Error(), "outcome unknown"), again.Error())
+	require.LessOrEqual(t, grpcMessageSize(again.Error()), 1<<10)
 }
