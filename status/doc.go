@@ -140,6 +140,24 @@
 //     first, then the metadata entries in the order of their keys, each kept
 //     while it fits, so that every hop keeps the same ones.
 //
+// # Messages
+//
+// The message of an outcome built here is at most 1 KiB as grpc-message
+// sends it (gRPC percent-encodes each byte outside printable ASCII, and '%',
+// as three). tollgate puts another error's message in its own (an unknown
+// outcome's "tollgate: outcome unknown: " and its cause's text, a refusal a
+// server re-addresses, a spent retry budget's last try), and the message
+// goes on the wire twice, as grpc-message and inside
+// grpc-status-details-bin: without a bound, a long message from a handler
+// or a peer, or one that grows at every hop, would push the answer past a
+// caller's header list limit (8 KiB by default in grpc-java and gRPC C++),
+// which loses it as an INTERNAL error (the bound of carried details above
+// guards against the same for details). A longer message keeps its start and its end, whole runes,
+// joined by "…": the start says what tollgate concluded, the end what was
+// added last. A message within the bound is unchanged. Errors a handler
+// returns that tollgate does not rebuild (a definite error passed as it is)
+// keep their message.
+//
 // # Compatibility
 //
 // Errors built here satisfy GRPCStatus, so grpc-go sends them as they are, and

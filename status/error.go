@@ -62,7 +62,8 @@ type Fields struct {
 	Final bool
 	// FencedThroughTry is, with ATTEMPT_FENCED, the highest try that can never run.
 	FencedThroughTry uint32
-	// Message is appended to the status message after ": ".
+	// Message is appended to the status message after ": ". A message
+	// longer than the bound in the package doc (# Messages) is cut.
 	Message string
 }
 
@@ -147,7 +148,9 @@ func Final() Option { return finalOption{} }
 // never run.
 func WithFencedThroughTry(n uint32) Option { return Fields{FencedThroughTry: n} }
 
-// WithMessage appends ": " and msg to the status message.
+// WithMessage appends ": " and msg to the status message. The whole message
+// is bounded (1 KiB as grpc-message sends it; see the package doc,
+// # Messages): a longer one loses its middle.
 func WithMessage(msg string) Option { return Fields{Message: msg} }
 
 // WithCode overrides the gRPC code the constructor chose, to keep a more
@@ -329,7 +332,8 @@ func NotAdmitted(reason Reason, opts ...Option) error {
 // a gRPC status error, "rpc error: code = … desc = …"), unless the cause's
 // status message already begins "tollgate: outcome unknown" (an unknown
 // outcome from below, re-addressed here), which is then used instead;
-// WithMessage appends to either.
+// WithMessage appends to either. The message is bounded as the package doc
+// says (# Messages): a long cause's text loses its middle.
 // cause may be nil (the code is then UNKNOWN); it is returned by Unwrap. The
 // reason is UNSPECIFIED unless [WithReason] sets one. Its status carries,
 // after tollgate's own details, the cause's status details as
