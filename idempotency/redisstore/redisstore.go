@@ -240,10 +240,11 @@ type Store struct {
 // expiry, the record is still there for every call that ran within the keep
 // of its reading, which is judged by the expiry it holds.
 //
-// The Begin and Fence scripts, which may write on an absence they vouch
-// for, check Redis's clock (TIME) first: one that runs more than DefaultKeep
-// plus the skew after its call's reading (the pool was busy, go-redis resent
-// it, Redis stalled) writes nothing and answers so. A Begin, Get or Fence
+// The Begin, Fence and Get scripts, which vouch for absences (and the
+// first two write on them), check Redis's clock (TIME) first: one that runs
+// more than DefaultKeep plus the skew after its call's reading (the pool was
+// busy, go-redis resent it, Redis stalled, or the server's clock was stepped
+// back after New) writes nothing and answers so. A Begin, Get or Fence
 // whose reply comes more than the keep after the reading fails too, instead
 // of acting on its judgement (a try such a Begin started is finished
 // UNKNOWN: no handler runs it), and so does one whose script found itself
@@ -289,7 +290,7 @@ func (s *Store) checkClock(ctx context.Context) error {
 // is the same, in milliseconds.
 const clockMargin = time.Second
 
-// stale is the error of a Begin or Fence whose script found, by Redis's
+// stale is the error of a Begin, Fence or Get whose script found, by Redis's
 // clock, that it ran too long after its call read the clock, and wrote
 // nothing (see DefaultKeep).
 func (s *Store) stale() error {
@@ -838,9 +839,12 @@ func (s *Store) Get(ctx context.Context, key idempotency.Key) (*tollgatev1.Attem
 	}
 	p := s.policy
 	now, read := s.clock()
-	v, _, err := s.run(ctx, false, getScript, s.keys(key), now, s.ms(p.Skew), s.ms(p.TTL), attemptMillis(key.AttemptID))
+	v, _, err := s.run(ctx, false, getScript, s.keys(key), now, s.ms(p.Skew), s.ms(p.TTL), attemptMillis(key.AttemptID), s.ms(s.keep))
 	if err == nil {
 		err = s.late(read)
+	}
+	if err == nil && len(v) == 1 && num(v[0]) == kindStale {
+		err = s.stale()
 	}
 	if err != nil {
 		return nil, err

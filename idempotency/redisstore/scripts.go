@@ -305,9 +305,14 @@ track(KEYS[3], KEYS[2], now, exp + tonumber(ARGV[19]), tonumber(ARGV[18]))
 return {12}
 `
 
-// get: KEYS horizon, record, index (unused). ARGV now, skew, ttl, ts.
+// get: KEYS horizon, record, index (unused). ARGV now, skew, ttl, ts, keep.
+// It vouches for absences as begin and fence do, so it refuses a stale
+// reading as they do ({14}, writing nothing): a server clock stepped back
+// after New, further than the keep, would judge a record that Redis removed
+// a keep after its expiry as one that cannot have expired yet.
 var getScript = redis.NewScript(prelude + `
-local now, skew, ttl, ts = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local now, skew, ttl, ts, keep = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+if stale(now, keep, skew) then return {14} end
 local hz = horizon(KEYS[1], now, skew)
 if not inside(ts, hz, now, skew) then return {11} end
 local v = load(KEYS[2], now)
