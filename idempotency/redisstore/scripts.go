@@ -105,14 +105,15 @@ end
 local STORED = {[2] = true, [3] = true, [4] = true, [5] = true, [7] = true}
 
 -- load returns record rk's fields, or nil when it is absent or past its
--- expiry (Redis's TTL removes it at the same instant). It writes nothing: a
+-- expiry (Redis's TTL removes it at the same instant). floor is ts - skew +
+-- ttl for the record's attempt, created at ts. It writes nothing: a
 -- script's first write is the one Redis refuses when it is out of memory,
 -- and that must be the record's own. A hash at rk that is not a record this
 -- store wrote (a field missing, a number not written as n() writes it —
 -- Lua's tonumber also reads "inf", "0x10" and "1e3", Go's reader none of
 -- them —, a state no record holds) is an error: it must never read as an absent record or as
 -- a refusal.
-local function load(rk, now)
+local function load(rk, now, floor)
   local v = redis.call('HMGET', rk, unpack(FIELDS))
   if not v[1] then
     if redis.call('EXISTS', rk) == 1 then
@@ -132,11 +133,13 @@ local function load(rk, now)
   if not STORED[st] then
     error('tollgate: the hash at ' .. rk .. ' is not a record: state ' .. v[1])
   end
-  -- Every write sets exp at least ttl past its own time (sa or fa): an
-  -- exp at or before them would read the record as expired, that is as
-  -- absent, and no script writes one. Nor a tombstone without a ballot, nor
-  -- a running try without a start and a lease.
-  if tonumber(v[15]) <= math.max(tonumber(v[11]), tonumber(v[12])) then
+  -- Every write sets exp at least ttl past its own time (sa or fa), and
+  -- writes only when ts <= that time + skew, so exp >= ts - skew + ttl
+  -- (floor): an exp at or before sa or fa, or before floor, would read the
+  -- record as expired, that is as absent, while its absence is still
+  -- evidence (until floor), and no script writes one. Nor a tombstone
+  -- without a ballot, nor a running try without a start and a lease.
+  if tonumber(v[15]) <= math.max(tonumber(v[11]), tonumber(v[12])) or tonumber(v[15]) < floor then
     error('tollgate: the hash at ' .. rk .. ' is not a record: field exp')
   end
   if st == FENCED and tonumber(v[4]) < 1 then
@@ -216,7 +219,7 @@ if not inside(ts, hz, now, skew, minted) then
   if ts >= 0 and ts <= now + skew then return {7, hz + skew} end
   return {7}
 end
-local v = load(KEYS[2], now)
+local v = load(KEYS[2], now, ts - skew + ttl)
 local units, fen = '0', '0'
 if v then
   if v[2] ~= '' and v[2] ~= fp then return reply(5, v, now) end
@@ -282,7 +285,7 @@ local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARG
 local ts, try, fp, st = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
 local hz = horizon(KEYS[1], now, skew, FULL)
 if not hz or not inside(ts, hz, now, skew, ARGV[17] == '1') then return {8} end
-local v = load(KEYS[2], now)
+local v = load(KEYS[2], now, ts - skew + ttl)
 if not v then return {8} end
 if v[17] == ARGV[15] and tonumber(v[3]) == try and v[2] == fp then
   redis.pcall('HSET', KEYS[2], 'ftok', ARGV[15]) -- a resend: a write for WAIT, as in begin
@@ -315,7 +318,7 @@ local now, skew, ttl, ts, keep = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(
 if stale(now, keep, skew) then return {14} end
 local hz = horizon(KEYS[1], now, skew)
 if not inside(ts, hz, now, skew) then return {11} end
-local v = load(KEYS[2], now)
+local v = load(KEYS[2], now, ts - skew + ttl)
 if v then return reply(9, v, now) end
 if now < ts - skew + ttl then return {10} end
 return {11}
@@ -330,7 +333,7 @@ local ts, through, cap, keep = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(AR
 if stale(now, keep, skew) then return {14} end
 local hz = horizon(KEYS[1], now, skew)
 if not inside(ts, hz, now, skew) then return {11} end
-local v = load(KEYS[2], now)
+local v = load(KEYS[2], now, ts - skew + ttl)
 if v then
   if view(v, now) ~= FENCED then return reply(9, v, now) end
   if through <= tonumber(v[4]) then
@@ -353,5 +356,5 @@ else
   expire(KEYS[2], now, exp, keep)
   track(KEYS[3], KEYS[2], now, exp + keep, cap)
 end
-return reply(9, load(KEYS[2], now), now)
+return reply(9, load(KEYS[2], now, ts - skew + ttl), now)
 `)
