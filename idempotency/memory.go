@@ -483,9 +483,15 @@ func (s *MemoryStore) vouch(key Key, now, latest int64) (r *memRecord, ok bool) 
 }
 
 // written sets r's expiry after a write at now: TTL from now, and never
-// before the try's d + skew + grace.
+// before the try's d + skew + grace, nor before its attempt's ts - skew +
+// TTL, until which its absence would be evidence (a Finish judged by a
+// clock stepped back, within the skew and the grace, from the Begin's, when
+// the attempt was created a skew ahead of it).
 func (s *MemoryStore) written(r *memRecord, now int64) {
 	exp := now + s.policy.TTL.Milliseconds()
+	if ts, ok := attemptMillis(r.key.AttemptID); ok {
+		exp = max(exp, ts-s.policy.Skew.Milliseconds()+s.policy.TTL.Milliseconds())
+	}
 	if r.deadline != 0 {
 		exp = max(exp, r.deadline+s.policy.Skew.Milliseconds()+s.policy.Grace.Milliseconds())
 	}

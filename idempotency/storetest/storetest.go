@@ -103,6 +103,7 @@ func Run(t *testing.T, newStore func(t *testing.T, clock *Clock, policy idempote
 		{"CallsOfOneAttemptAreApart", testCallsApart},
 		{"MalformedInput", testMalformed},
 		{"CanceledContext", testCanceled},
+		{"SteppedBackFinishOutlivesEvidence", testSteppedBackFinish},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(setup(t)) })
