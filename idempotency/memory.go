@@ -130,6 +130,7 @@ type MemoryStore struct {
 	mu      sync.Mutex
 	last    int64 // the latest clock reading, Unix ms (nowLocked)
 	horizon int64 // Unix ms
+	swept   int64 // the newest attempt time (Unix ms) of a swept record (sweep)
 	records map[Key]*memRecord
 	tenants map[string]tenantUse // with a per-tenant bound
 	expiry  expiryHeap
@@ -291,10 +292,12 @@ func (s *MemoryStore) add(r *memRecord) {
 // than a call's that swept a record would vouch for the absence of a record
 // that expired after it; a reading further ahead is taken for a clock that
 // stepped forward and was corrected, and is forgotten, so that it does not
-// keep the store from vouching until real time catches up with it. The
-// store assumes its clock goes forward, give or take the skew plus the
-// grace: a record swept by a reading stepped further ahead may be vouched
-// absent once the clock is corrected.
+// keep the store from vouching until real time catches up with it. A
+// record swept by a reading stepped further ahead would then read absent
+// while its absence is evidence again: the store never vouches for an
+// attempt created no later than the newest attempt whose record it swept
+// (see sweep), which, with the clock going forward, it could not vouch for
+// anyway.
 func (s *MemoryStore) nowLocked() (now, latest int64) {
 	now = s.now().UnixMilli()
 	if s.last-now > (s.policy.Skew + s.policy.Grace).Milliseconds() {
@@ -349,7 +352,7 @@ func (s *MemoryStore) Begin(ctx context.Context, req BeginRequest) (BeginResult,
 		return BeginResult{Refusal: RefusedDeadlineExpired}, nil
 	}
 	if r == nil {
-		if latest >= ts-skew+s.policy.TTL.Milliseconds() {
+		if !s.absenceVouched(ts, latest) {
 			return BeginResult{Refusal: RefusedUnverifiable, Record: unknownRecord(req.Key)}, nil
 		}
 		size := recordOverhead + keySize(req.Key)
@@ -479,7 +482,17 @@ func (s *MemoryStore) vouch(key Key, now, latest int64) (r *memRecord, ok bool) 
 	if r = s.records[key]; r != nil {
 		return r, true
 	}
-	return nil, latest < ts-s.policy.Skew.Milliseconds()+s.policy.TTL.Milliseconds()
+	return nil, s.absenceVouched(ts, latest)
+}
+
+// absenceVouched reports whether the absence of a record of an attempt
+// created at ts, inside the horizon, is evidence at the reading latest (see
+// nowLocked): no record written for it can have expired (each lives until
+// ts - skew + TTL at least), and none was swept by a reading that a
+// stepped-back clock has since forgotten (ts is later than every swept
+// record's attempt).
+func (s *MemoryStore) absenceVouched(ts, latest int64) bool {
+	return latest < ts-s.policy.Skew.Milliseconds()+s.policy.TTL.Milliseconds() && ts > s.swept
 }
 
 // written sets r's expiry after a write at now: TTL from now, and never
@@ -503,10 +516,18 @@ func (s *MemoryStore) written(r *memRecord, now int64) {
 	}
 }
 
-// sweep removes the records whose expiry has come.
+// sweep removes the records whose expiry has come, and notes the newest
+// attempt time among them (swept). A record lives until its attempt's
+// ts - skew + TTL at least (written), so, as long as the clock goes
+// forward, every attempt created no later than a swept one is past the time
+// its absence was evidence; after a reading stepped far ahead is forgotten
+// (nowLocked) it is not, and swept keeps it from being vouched for.
 func (s *MemoryStore) sweep(now int64) {
 	for len(s.expiry) > 0 && s.expiry[0].expire <= now {
 		r := heap.Pop(&s.expiry).(*memRecord)
+		if ts, ok := attemptMillis(r.key.AttemptID); ok {
+			s.swept = max(s.swept, ts)
+		}
 		delete(s.records, r.key)
 		s.grow(r.key.Tenant, -1, -r.size)
 	}

@@ -1,0 +1,72 @@
+package idempotency_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/idempotency"
+	"github.com/tollgate-go/tollgate/idempotency/storetest"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+)
+
+// A review found that the memory store swept, by a reading from a clock
+// stepped forward further than the TTL, the record of a call that had just
+// SUCCEEDED; once the clock was corrected (nowLocked forgets a reading that
+// far ahead, so that it does not keep the store from vouching until real
+// time catches up), the record's absence was evidence again: Get answered
+// UNSEEN, a fence laid a tombstone, and try 2 of the call began — the
+// handler ran twice for one record key (DESIGN §3.7, §3.8). nowLocked's doc
+// said so ("a record swept by a reading stepped further ahead may be vouched
+// absent once the clock is corrected"). The store now never vouches for an
+// attempt created no later than the newest attempt whose record it swept.
+func TestMemoryClockStepForwardSweepsRecordVouchedAbsentAfterCorrection(t *testing.T) {
+	for _, op := range []string{"get", "fence", "begin"} {
+		t.Run(op, func(t *testing.T) {
+			clock := storetest.NewClock(time.Now())
+			p := storetest.Policy()
+			s := newMemory(t, clock, p)
+			ctx := context.Background()
+			clock.Advance(p.Skew)
+			k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now()), Call: "0", Method: "/x.Y/Z"}
+			res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(5 * time.Second)})
+			require.NoError(t, err)
+			require.True(t, res.Started)
+			require.NoError(t, s.Finish(ctx, idempotency.FinishRequest{Key: k, Try: 1,
+				State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("charged")}))
+
+			// The wall clock steps forward past the record's expiry; one
+			// call reads it (and sweeps); NTP steps it back a second later.
+			step := p.TTL + 5*time.Second
+			clock.Advance(step)
+			_, err = s.Get(ctx, idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now()), Call: "probe", Method: "/x.Y/Z"})
+			require.NoError(t, err)
+			clock.Advance(-step + time.Second)
+
+			switch op {
+			case "get":
+				rec, err := s.Get(ctx, k)
+				require.NoError(t, err)
+				require.NotEqual(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN, rec.GetState(),
+					"a call that SUCCEEDED reads UNSEEN after the clock was corrected")
+			case "fence":
+				rec, err := s.Fence(ctx, k, 1)
+				require.NoError(t, err)
+				require.NotEqual(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState(),
+					"a fence laid a tombstone over a call that SUCCEEDED")
+			case "begin":
+				res, err = s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: clock.Now().Add(5 * time.Second)})
+				require.NoError(t, err)
+				require.False(t, res.Started, "try 2 of a call whose try 1 SUCCEEDED started")
+			}
+
+			// Attempts created after the swept one are vouched for as before.
+			clock.Advance(time.Millisecond)
+			n := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now()), Call: "0", Method: "/x.Y/Z"}
+			res, err = s.Begin(ctx, idempotency.BeginRequest{Key: n, Try: 1, Deadline: clock.Now().Add(5 * time.Second)})
+			require.NoError(t, err)
+			require.True(t, res.Started, "a new attempt after the correction was refused %v", res.Refusal)
+		})
+	}
+}
