@@ -10,6 +10,7 @@ import (
 	"github.com/tollgate-go/tollgate/idempotency"
 	"github.com/tollgate-go/tollgate/idempotency/internal/hooks"
 	"github.com/tollgate-go/tollgate/idempotency/redisstore"
+	"github.com/tollgate-go/tollgate/idempotency/storetest"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 )
 
@@ -60,4 +61,52 @@ func TestRedisGetAfterBackwardClockJumpVouchesForRemovedRecord(t *testing.T) {
 	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
 	_, err = b.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: bClock.now().Add(time.Second)})
 	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
+}
+
+// A review found that Redis kept a record for its writer's TTL plus the
+// keep, counted from the write in real time, while readers vouch for its
+// absence until the attempt's ts - skew + TTL by their own clocks: server B,
+// whose clock was stepped forward after New further than the keep, began
+// and finished a call of an attempt created by that clock (B minted it, or
+// a client stepped alike did); Redis removed the record while, by a right
+// clock, the attempt was young, and server A then answered UNSEEN and began
+// try 2 of the call that SUCCEEDED (DESIGN §3.7, §3.8). Redis now keeps a
+// record until ts - skew + TTL by its own clock, plus the keep, whatever the
+// writer's clock read. Real Redis, real clocks; the keep is short and B's
+// clock stepped 5 s forward.
+func TestRedisRecordOfClockSteppedForwardOutlivesEvidence(t *testing.T) {
+	plain, prefix := newClient(t)
+	p := latePolicy
+	short := hooks.RedisKeep(300 * time.Millisecond).(redisstore.Option)
+	a := newStore(t, plain, prefix, redisstore.WithPolicy(p), short)
+	var bClock jumpClock
+	b := newStore(t, plain, prefix, redisstore.WithPolicy(p), short, hooks.RedisClock(bClock.now).(redisstore.Option))
+	ctx := context.Background()
+
+	// The tenant's horizon starts by a right clock.
+	_, err := a.Get(ctx, idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "h", Method: "/x.Y/Z"})
+	require.NoError(t, err)
+	afterHorizon()
+
+	step := 5 * time.Second
+	bClock.to(time.Now().Add(step))
+	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(bClock.now()), Call: "0", Method: "/x.Y/Z"}
+	ts, _ := idempotency.AttemptTime(k.AttemptID)
+	res, err := b.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: bClock.now().Add(time.Second), Minted: true})
+	require.NoError(t, err)
+	require.True(t, res.Started, "refused %v", res.Refusal)
+	require.NoError(t, b.Finish(ctx, idempotency.FinishRequest{Key: k, Try: 1, Minted: true,
+		State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("charged")}))
+
+	// By a right clock, the attempt lies inside the horizon from ts - skew,
+	// and its absence is evidence until ts - skew + TTL.
+	time.Sleep(time.Until(ts.Add(-p.Skew + 50*time.Millisecond)))
+	require.Less(t, time.Now(), ts.Add(-p.Skew+p.TTL-time.Second), "the test ran too slowly to say anything")
+	rec, err := a.Get(ctx, k)
+	require.NoError(t, err)
+	require.NotEqual(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN, rec.GetState(),
+		"a call that SUCCEEDED reads UNSEEN: Redis removed its record by its writer's stepped clock")
+	res, err = a.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: time.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.False(t, res.Started, "try 2 of a call whose try 1 SUCCEEDED started")
 }

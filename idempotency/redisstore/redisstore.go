@@ -4,7 +4,9 @@
 // Each state change (begin, finish, fence) and each lookup is one Lua script:
 // one atomic step and one round trip. Records are Redis hashes with Redis
 // TTLs, counted from their last write and never ending before the try's
-// deadline + skew + grace. All keys live under a configurable prefix and
+// deadline + skew + grace, nor, by Redis's own clock, before the attempt's
+// time - skew + TTL (until which a reader vouches for a record's absence,
+// whatever the writer's clock read). All keys live under a configurable prefix and
 // carry the tenant as a hash tag ("{t:tenant}"), so a record and its
 // tenant's horizon key always share a Redis Cluster slot.
 //

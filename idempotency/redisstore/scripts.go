@@ -173,9 +173,19 @@ local function stale(now, keep, skew)
 end
 
 -- expire has Redis remove record rk keep ms after its expiry exp (see
--- DefaultKeep): load judges it by exp.
-local function expire(rk, now, exp, keep)
-  redis.call('PEXPIRE', rk, n(exp - now + keep))
+-- DefaultKeep): load judges it by exp. exp is counted in the writer's clock
+-- (now), while readers vouch for the record's absence until floor (ts -
+-- skew + ttl) by theirs: Redis also keeps the record until floor by its own
+-- clock, plus keep, so that a writer whose clock was stepped forward after
+-- New (and wrote the record of an attempt created by such a clock) cannot
+-- have it removed while a right clock still vouches for its absence. It
+-- returns when, in the writer's clock, Redis removes the record.
+local function expire(rk, now, exp, keep, floor)
+  local t = redis.call('TIME')
+  local rnow = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local life = math.max(exp - now, floor - rnow) + keep
+  redis.call('PEXPIRE', rk, n(life))
+  return now + life
 end
 
 -- room reports whether the tenant may hold one more record: with a bound
@@ -188,7 +198,7 @@ local function room(ik, now, cap)
 end
 
 -- track notes in the tenant's index ik, with a bound, that Redis removes
--- record rk at gone (its expiry plus the keep), rids the index of records
+-- record rk at gone (its expiry plus the keep, or later: expire), rids the index of records
 -- Redis removed, and keeps it at least as long as its longest-lived record.
 -- It runs after the record's write.
 local function track(ik, rk, now, gone, cap)
@@ -250,8 +260,7 @@ local exp = math.max(now + ttl, dl + skew + grace)
 redis.call('HSET', KEYS[2], 'st', IN_PROGRESS, 'fp', fp, 'try', n(try), 'fen', fen, 'code', '0', 'msg', '',
   'det', '', 'resp', '', 'ret', '0', 'units', units, 'sa', n(now), 'fa', '0', 'lease', n(dl + skew),
   'dl', n(dl), 'exp', n(exp), 'tok', tok, 'ftok', '')
-expire(KEYS[2], now, exp, keep)
-track(KEYS[3], KEYS[2], now, exp + keep, cap)
+track(KEYS[3], KEYS[2], now, expire(KEYS[2], now, exp, keep, ts - skew + ttl), cap)
 return {0}
 `)
 
@@ -303,8 +312,7 @@ local units = tonumber(v[10]) + tonumber(ARGV[14])
 local exp = math.max(now + ttl, tonumber(v[14]) + skew + grace)
 redis.call('HSET', KEYS[2], 'st', n(st), 'fen', n(fen), 'code', ARGV[9], 'msg', ARGV[10], 'det', ARGV[11],
   'resp', ARGV[12], 'ret', ARGV[13], 'units', n(units), 'fa', n(now), 'exp', n(exp), 'ftok', ARGV[15])
-expire(KEYS[2], now, exp, tonumber(ARGV[19]))
-track(KEYS[3], KEYS[2], now, exp + tonumber(ARGV[19]), tonumber(ARGV[18]))
+track(KEYS[3], KEYS[2], now, expire(KEYS[2], now, exp, tonumber(ARGV[19]), ts - skew + ttl), tonumber(ARGV[18]))
 return {12}
 `
 
@@ -344,8 +352,7 @@ if v then
   end
   local exp = math.max(now + ttl, tonumber(v[14]) + skew + grace)
   redis.call('HSET', KEYS[2], 'fen', n(through), 'fa', n(now), 'exp', n(exp))
-  expire(KEYS[2], now, exp, keep)
-  track(KEYS[3], KEYS[2], now, exp + keep, cap)
+  track(KEYS[3], KEYS[2], now, expire(KEYS[2], now, exp, keep, ts - skew + ttl), cap)
 else
   if now >= ts - skew + ttl then return {11} end
   if not room(KEYS[3], now, cap) then return {13} end
@@ -353,8 +360,7 @@ else
   redis.call('HSET', KEYS[2], 'st', FENCED, 'fp', '', 'try', '0', 'fen', n(through), 'code', '0', 'msg', '',
     'det', '', 'resp', '', 'ret', '0', 'units', '0', 'sa', '0', 'fa', n(now), 'lease', '0', 'dl', '0', 'exp', n(exp),
     'tok', '', 'ftok', '')
-  expire(KEYS[2], now, exp, keep)
-  track(KEYS[3], KEYS[2], now, exp + keep, cap)
+  track(KEYS[3], KEYS[2], now, expire(KEYS[2], now, exp, keep, ts - skew + ttl), cap)
 end
 return reply(9, load(KEYS[2], now, ts - skew + ttl), now)
 `)
