@@ -140,7 +140,10 @@ func WithPrefix(prefix string) Option { return optionFunc(func(s *Store) { s.pre
 // idempotency.DefaultPolicy(). Every replica of a server must use the same:
 // a record's expiry is written by one replica's policy and judged by
 // another's, and a replica whose TTL or skew is longer reads a record that
-// another let expire as never seen, and begins its tries again. A policy is
+// another let expire as never seen, and begins its tries again (a replica
+// whose TTL is longer fails, ErrStoreUnavailable, on a record whose expiry
+// lies before its attempt's time - skew + TTL by its own policy, while
+// Redis still holds it: no store with its policy writes one). A policy is
 // therefore not changed replica by replica: stop every replica, and before
 // starting them with a longer TTL or skew, delete every horizon key
 // (<prefix>{t:*}:h), so that the attempts created before read UNKNOWN.
