@@ -815,6 +815,15 @@ func (c *Controller) ctxEnded(ctx context.Context, w *waiter, timed bool) (*Perm
 	now := c.last
 	if !c.virtual {
 		now = maxTime(c.cfg.now(), c.last)
+		// Close the windows that ended while w waited first, as the give-up
+		// timer does: each sees w still waiting (oldestWait), and its wait
+		// counts in the window it leaves in, not clamped to the end of the
+		// oldest one still open. Time-driven state may start w.
+		c.advance(now)
+		if w.decided {
+			c.unlock()
+			return c.woken(ctx, w)
+		}
 	}
 	c.noteLeftWaitLocked(w, now)
 	reason := status.ReasonUnspecified
