@@ -460,7 +460,10 @@ func (c *Controller) classifyMethod(m string) *classState {
 // context.DeadlineExceeded holds): DEADLINE_EXPIRED when a deadline passed
 // (ctx's, or the request's, or ctx's cause is context.DeadlineExceeded),
 // UNSPECIFIED otherwise (a request whose context was canceled is counted as
-// cancelled, not as a refusal).
+// cancelled, not as a refusal). Such a DEADLINE_EXPIRED is final, with no
+// retry-after, when the request's own Deadline has passed, as the deadline
+// stages' refusals are; otherwise (ctx ended by an earlier deadline of its
+// own) it is not final and carries a retry-after.
 func (c *Controller) Admit(ctx context.Context, r Request) (*Permit, error) {
 	p, _, err := c.admit(ctx, r, c.cfg.now(), true)
 	return p, err
@@ -505,9 +508,11 @@ func (c *Controller) admit(ctx context.Context, r Request, now time.Time, timed 
 		c.advance(now)
 		d.QueuedAhead = cs.queue.n
 		reason := status.ReasonUnspecified
+		final, ra := false, time.Duration(0)
 		if deadlineEnded(ctx, r.Deadline, now) {
 			reason = status.ReasonDeadlineExpired
 			cs.refused[reason]++ // stats only, as an arrival after the deadline
+			final, ra = c.expiredRefusalLocked(cs, r.Deadline, now)
 		} else {
 			cs.cancelled++
 		}
@@ -519,7 +524,7 @@ func (c *Controller) admit(ctx context.Context, r Request, now time.Time, timed 
 		} else {
 			c.m.cancelled(ctx, cs)
 		}
-		return nil, d, waitEnded(reason, cs, err)
+		return nil, d, waitEnded(reason, cs, err, ra, final)
 	}
 	if c.cfg.stages&StageSize != 0 && cs.cfg.MaxRequestBytes > 0 && r.Size > cs.cfg.MaxRequestBytes {
 		// The cheapest stage needs no state; the lock only counts it.
@@ -827,6 +832,7 @@ func (c *Controller) ctxEnded(ctx context.Context, w *waiter, timed bool) (*Perm
 	}
 	c.noteLeftWaitLocked(w, now)
 	reason := status.ReasonUnspecified
+	final, ra := false, time.Duration(0)
 	if deadlineEnded(ctx, w.deadline, now) {
 		// Its caller's deadline passed while it waited: the queue held it
 		// too long, a refusal like the dequeue stage's.
@@ -839,6 +845,9 @@ func (c *Controller) ctxEnded(ctx context.Context, w *waiter, timed bool) (*Perm
 		w.cs.cancelled++
 	}
 	c.removeWaiter(w)
+	if reason == status.ReasonDeadlineExpired {
+		final, ra = c.expiredRefusalLocked(w.cs, w.deadline, now) // the queue it leaves
+	}
 	c.emitLocked(Event{Kind: EventDropped, Class: w.cs.cfg.Name, Tenant: w.tenant, Reason: reason, At: w.enq})
 	// Leaving the queue may free a lender's idle slot for another class's
 	// waiter: start what can start, on the real clock. A virtual clock's
@@ -854,7 +863,22 @@ func (c *Controller) ctxEnded(ctx context.Context, w *waiter, timed bool) (*Perm
 	} else {
 		c.m.cancelled(ctx, w.cs)
 	}
-	return nil, waitEnded(reason, w.cs, ctx.Err())
+	return nil, waitEnded(reason, w.cs, ctx.Err(), ra, final)
+}
+
+// expiredRefusalLocked returns whether the DEADLINE_EXPIRED refusal of a
+// request of cs with deadline, whose context ended by a deadline at now,
+// is final, and the delay it suggests. It is final, suggesting none, when
+// the request's own deadline has expired (expiredAt), as the arrival and
+// dequeue stages' refusals are: no repeat within the attempt can meet a
+// deadline that has passed. A context that ended by a deadline of its own
+// before the request's (a per-try timeout) leaves the request's deadline to
+// a repeat: not final, with a delay that reflects the queue.
+func (c *Controller) expiredRefusalLocked(cs *classState, deadline, now time.Time) (final bool, ra time.Duration) {
+	if !deadline.IsZero() && expiredAt(cs, deadline, now) {
+		return true, 0
+	}
+	return false, c.retryAfterLocked(cs, status.ReasonDeadlineExpired, now)
 }
 
 // deadlineEnded reports whether ctx, which has ended, ended because a
@@ -1647,8 +1671,8 @@ type waitEndedError struct {
 	cause   error
 }
 
-func waitEnded(reason status.Reason, cs *classState, cause error) error {
-	return &waitEndedError{refusal: refusal(cs, reason, 0, false), cause: cause}
+func waitEnded(reason status.Reason, cs *classState, cause error, ra time.Duration, final bool) error {
+	return &waitEndedError{refusal: refusal(cs, reason, ra, final), cause: cause}
 }
 
 func (e *waitEndedError) Error() string   { return e.refusal.Error() + ": " + e.cause.Error() }

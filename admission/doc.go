@@ -82,7 +82,11 @@
 // an overload refusal like the dequeue stage's), as is one whose context
 // was canceled once its own deadline or the request's had passed, or with
 // context.DeadlineExceeded as its cause (a gRPC client's RST_STREAM at its
-// deadline can come before the server's timer for it); one whose context
+// deadline can come before the server's timer for it) — final, with no
+// delay, once the request's own deadline has passed (no repeat can meet
+// it, as at arrival and dequeue), else repeatable with a delay that
+// reflects the queue (its context ended by an earlier deadline of its own,
+// a per-try timeout); one whose context
 // was canceled otherwise (its caller went away) is refused nothing: it
 // counts as a decision of its own, cancelled
 // (tollgate.admission.decisions{decision=cancelled},
