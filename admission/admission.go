@@ -399,6 +399,21 @@ func (c *Controller) Close() error {
 	return c.m.close()
 }
 
+// Capacity returns how many requests the controller can hold at once:
+// every class's configured Slots plus QueueItems, the control class's
+// included. Each is a stream on its server's transport, admitted or
+// waiting, so a server's per-connection stream limit must exceed it for a
+// connection whose classes are full to keep a stream for the control path
+// (tollgate's interceptor.ServerOptions sees to it). It reads only the
+// configuration: no lock, no allocation.
+func (c *Controller) Capacity() int {
+	n := 0
+	for _, cs := range c.classes {
+		n += cs.cfg.Slots + cs.cfg.QueueItems
+	}
+	return n
+}
+
 // classify returns the class of r.
 func (c *Controller) classify(ctx context.Context, r Request) *classState {
 	if c.control != nil && c.cfg.control && (r.Control || isControl(r.Method)) {

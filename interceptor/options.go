@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"reflect"
 	"strings"
 	"time"
@@ -287,6 +288,7 @@ type serverConfig struct {
 	recoverPanics      bool
 	maxRecvMsgSize     int
 	maxStreams         uint32
+	maxStreamsSet      bool // by WithMaxConcurrentStreams; else the default, raised to leave room (validate)
 	tracer             trace.TracerProvider
 	meter              metric.MeterProvider
 	now                func() time.Time
@@ -328,6 +330,15 @@ func (c *serverConfig) validate() error {
 		return invalid("maximum receive message size %d is not positive", c.maxRecvMsgSize)
 	case c.maxStreams == 0:
 		return invalid("maximum concurrent streams is 0")
+	case c.admission != nil && uint64(c.admission.Capacity()) >= uint64(c.maxStreams) && c.maxStreamsSet:
+		// Admission holds that many streams of one connection, admitted
+		// or waiting: a connection full of data calls would have no
+		// stream left for a control call (DESIGN.md §3.12), which waits
+		// for one on the client.
+		return invalid("maximum concurrent streams %d does not exceed the %d requests the admission controller holds at once (its classes' slots and queue items): a full connection would leave no stream for the control path",
+			c.maxStreams, c.admission.Capacity())
+	case c.admission != nil && uint64(c.admission.Capacity()) >= uint64(c.maxStreams):
+		c.maxStreams = uint32(min(uint64(c.admission.Capacity())+1, math.MaxUint32))
 	case c.tracer == nil || c.meter == nil:
 		return invalid("nil tracer or meter provider")
 	case c.store != nil && typedNil(c.store):
@@ -510,9 +521,16 @@ func WithMaxRecvMsgSize(n int) ServerOption {
 }
 
 // WithMaxConcurrentStreams sets grpc.MaxConcurrentStreams per connection.
-// Default DefaultMaxStreams (1024).
+// Default DefaultMaxStreams (1024), or one more than the requests the
+// admission controller holds at once (admission.Controller.Capacity: its
+// classes' slots and queue items) when that is larger. With WithAdmission,
+// n must exceed that capacity: each request admitted or waiting holds a
+// stream of its connection, and a connection that every class fills must
+// keep one for the control path (AttemptService queries, which a tollgate
+// client sends on the connection of the call they resolve, and health
+// checks: DESIGN.md §3.12); a smaller n is an error.
 func WithMaxConcurrentStreams(n uint32) ServerOption {
-	return serverOptionFunc(func(c *serverConfig) { c.maxStreams = n })
+	return serverOptionFunc(func(c *serverConfig) { c.maxStreams, c.maxStreamsSet = n, true })
 }
 
 // WithServerTracerProvider sets a tracer provider the server does not use:

@@ -940,7 +940,9 @@ func minTime(a, b time.Time) time.Time {
 // controller's tap handle (WithAdmission, unless WithoutAdmissionTap),
 // grpc.MaxRecvMsgSize and grpc.MaxConcurrentStreams (which make admission's
 // byte bounds real: generated handlers decode requests before interceptors
-// run). The returned options are built once and safe for concurrent use. An
+// run; with admission, the stream bound exceeds what the controller holds
+// at once, so that a full connection keeps a stream for the control path:
+// see WithMaxConcurrentStreams). The returned options are built once and safe for concurrent use. An
 // invalid option is an error wrapping ErrInvalidOption.
 func NewServerOptions(opts ...ServerOption) ([]grpc.ServerOption, error) {
 	sv, err := newServer(opts)

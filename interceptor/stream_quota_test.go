@@ -1,0 +1,37 @@
+package interceptor_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/admission"
+	"github.com/tollgate-go/tollgate/interceptor"
+)
+
+// A review found that grpc.MaxConcurrentStreams, which ServerOptions sets
+// per connection, could be at or below the streams admission holds at once
+// (every class's slots and queue items): a connection whose data path
+// filled them then had no stream left, and a control call on it — an
+// AttemptService query, which a tollgate client sends on the very
+// connection of the call it resolves, or a health check — waited on the
+// client for a stream (TestMaxConcurrentStreamsBoundsAConnection) while
+// the control class sat idle (DESIGN.md §3.12: the control path stays
+// open). An explicit bound that leaves no room is refused; the default
+// grows to leave room.
+func TestMaxConcurrentStreamsLeavesRoomForTheControlPath(t *testing.T) {
+	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 2, QueueItems: 2}))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	require.Equal(t, 2+2+2+8, ctrl.Capacity(), "work's 2+2 and the built-in control class's 2+8")
+
+	_, err = interceptor.NewServerOptions(interceptor.WithAdmission(ctrl), interceptor.WithMaxConcurrentStreams(14))
+	require.ErrorIs(t, err, interceptor.ErrInvalidOption, "admission holds 14 streams: none left on a full connection")
+	_, err = interceptor.NewServerOptions(interceptor.WithAdmission(ctrl), interceptor.WithMaxConcurrentStreams(15))
+	require.NoError(t, err)
+
+	big, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 600, QueueItems: 600}))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = big.Close() })
+	_, err = interceptor.NewServerOptions(interceptor.WithAdmission(big)) // the default follows admission
+	require.NoError(t, err)
+}
