@@ -1462,6 +1462,11 @@ func (p *Permit) remaining(mean, nowOff float64) float64 {
 // limit, so each of its requests takes that share of its queued work out.
 func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Duration {
 	slots := max(c.slots(cs), 1)
+	// lowered: an override or Recovering's step holds the class below its
+	// slots, and it starts nothing while as many of its requests run,
+	// wherever they run (acquire): a stream of its on a borrowed slot holds
+	// one of its lowered slots as one on its own does.
+	lowered := slots < cs.cfg.Slots
 	mean := cs.est.mean
 	nowOff := float64(now.Sub(c.epoch))
 	limit := cs.cfg.TenantRunning
@@ -1477,10 +1482,11 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 			// A stream holds its slot for its lifetime: the slot is out of
 			// the count while another is free, rather than its long
 			// remainder spread over every slot. One on a borrowed slot
-			// holds none of this class's. A saturated tenant's queue waits
+			// holds none of this class's, unless the class is lowered
+			// (then it holds one of its lowered slots). A saturated tenant's queue waits
 			// for its stream as for its other requests: it is out of other
 			// tenants' wait too.
-			if p.owner == cs {
+			if p.owner == cs || lowered {
 				streams++
 			}
 			if tenants && p.tenant != "" {
@@ -1522,7 +1528,7 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 	queued := float64(cs.queuedWork)
 	if streams >= slots {
 		// Streams hold every slot: slots free only as they end.
-		return c.playOutLocked(cs, slots, nowOff)
+		return c.playOutLocked(cs, slots, lowered, nowOff)
 	}
 	slots -= streams
 	if (held > 0 || heldQueued > 0) && held < slots && own == cs.running && own == cs.used {
@@ -1541,7 +1547,8 @@ func (cs *classState) saturated(tenant string) (tenantCount, bool) {
 
 // playOutLocked is the wait of a request of cs when streams hold all its
 // slots (slots of them, fewer than the requests running on them when an
-// override or Recovering lowered them): the requests on its slots end one
+// override or Recovering lowered them): the requests on its slots (lowered,
+// its own on borrowed slots too) end one
 // by one (Permit.remaining), each freeing a slot once no more run than
 // slots; the queued requests, each the queue's mean work, start in turn on
 // the first slot free; the request starts on the first free after them.
@@ -1549,14 +1556,17 @@ func (cs *classState) saturated(tenant string) (tenantCount, bool) {
 // waiting (saturated) keeps its slots and its waiters to itself, unless
 // such tenants hold every slot. It allocates nothing for up to 16 running
 // requests, and costs a pass over them and a search over the slots.
-func (c *Controller) playOutLocked(cs *classState, slots int, nowOff float64) time.Duration {
+func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowOff float64) time.Duration {
 	limit := cs.cfg.TenantRunning
 	var buf, heldBuf [16]float64
 	rem, held := buf[:0], heldBuf[:0]
 	var heldWork float64
 	for _, b := range c.classes {
 		for p := b.runHead; p != nil; p = p.next {
-			if p.owner != cs {
+			if p.owner != cs && (!lowered || b != cs) {
+				// The requests on its slots, whoever runs them; lowered,
+				// also its own on borrowed slots, which gate its starts
+				// as much.
 				continue
 			}
 			r := p.remaining(b.est.mean, nowOff)
