@@ -87,12 +87,16 @@ func (c *Controller) SetOverrideAt(ctx context.Context, o Override, now time.Tim
 }
 
 // ClearOverride ends the override with the given ID before its expiry and
-// reports whether it was in force.
+// reports whether it was in force. It acts now: on the wall clock, or,
+// while the controller is driven on a virtual clock (its last admission an
+// AdmitAt), at the latest time the caller gave.
 func (c *Controller) ClearOverride(ctx context.Context, id uint64) bool {
 	c.mu.Lock()
-	now := c.cfg.now()
-	if now.Before(c.last) {
-		now = c.last
+	now := c.last
+	if !c.virtual {
+		// On a virtual clock (the last admission an AdmitAt) the time is
+		// the caller's: the latest it gave, not the wall clock's.
+		now = maxTime(c.cfg.now(), c.last)
 	}
 	c.advance(now)
 	found := false
