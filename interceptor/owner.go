@@ -510,6 +510,11 @@ func (w *owner) proceed(ctx context.Context, n uint32, counted int, err error) e
 	}
 	w.retry, w.retrying = retryNote{delay: d, reason: status.OutcomeOf(err).Reason}, true
 	if !sleep(ctx, d) {
+		// The caller cancelled during the wait: the repeat is never sent,
+		// and its token goes back (the budget bounds repeats sent).
+		if w.tgt.budget != nil {
+			w.tgt.budget.Return()
+		}
 		w.retrying = false // the repeat was never about to be sent
 		return w.conclude(n, err)
 	}
