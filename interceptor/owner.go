@@ -152,8 +152,9 @@ type owner struct {
 	// verifies is set when the next try is a verifying try, the first or a
 	// later one: whether it may be sent is asked again just before it is
 	// (unvouchedRepeat). fenced is set once a resolution found a try
-	// fenced: from then on every repeat is asked so, since the fence
-	// vouches for the try in doubt only where records are kept.
+	// fenced, or a try was refused by a fence that covers it
+	// (ATTEMPT_FENCED): from then on every repeat is asked so, since the
+	// fence vouches for the tries it covers only where records are kept.
 	verifies, fenced bool
 	// verifyUntil is the end of the resolution's grace that found the
 	// record: the verifying try may run until then.
@@ -464,7 +465,8 @@ func (w *owner) verifying() bool {
 
 // unvouchedRepeat returns the result of a call whose next try (after try
 // n's failure last) verifies a record found under its explicit key, or
-// repeats a call a resolution found fenced, when that try may not be sent:
+// repeats a call a resolution found fenced (or a fence refused), when that
+// try may not be sent:
 // its method has side effects, and its target is now known to keep no
 // records at some backends (unvouched), where a verifying try would run the
 // handler again, and where the fenced try may have run already (the fence
@@ -608,6 +610,15 @@ func (w *owner) decide(ctx context.Context, n uint32, err error, o status.Outcom
 			// refusal without effect.
 			if f := o.Detail.GetFencedThroughTry(); f >= n {
 				w.doubt = true
+				// The fence vouches for the tries it covers only where
+				// records are kept, as one this owner's resolution found
+				// (resolve): a jump past it is asked so now, and again
+				// just before it is sent (unvouchedRepeat).
+				w.fenced = true
+				if w.unvouched() && w.rerunHarms() {
+					return 0, false, status.OutcomeUnknown(err, status.WithAttempt(s.ID, key, n),
+						status.WithMessage("interceptor: the try was refused by a fence where records are kept, but its target keeps none at some backends, where a fenced try may have run")), true
+				}
 				next = min(f, header.MaxTry) + 1 // past MaxTry: the call ends (run)
 				uncounted = w.explicit           // a ballot jump does not count against the tries
 			}

@@ -2,6 +2,7 @@ package interceptor_test
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,8 +12,12 @@ import (
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 	"github.com/tollgate-go/tollgate/status"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	grpcstatus "google.golang.org/grpc/status"
 )
 
 // cancellingClock is a client clock that cancels a context the first time
@@ -92,4 +97,87 @@ func TestRetryTokenOfARepeatCancelledInItsBackoffGoesBack(t *testing.T) {
 			require.EqualValues(t, 2, bRuns.Load())
 		})
 	}
+}
+
+// mixedApply is a target of two backends behind one name, as in a rolling
+// deploy that adds a record store: Apply with key "warm" and the first try
+// of every other key reach the store-less backend, which runs the handler
+// (counted in effects) and whose answer is lost; later tries reach the
+// store backend. A query for a call whose Apply was warm reaches the
+// store-less backend (UNIMPLEMENTED: it marks the target recordless); the
+// others reach the store backend.
+func mixedApply(t *testing.T, effects *atomic.Int64) testingv1.TestServiceClient {
+	t.Helper()
+	var (
+		tries       atomic.Int64
+		warmAttempt atomic.Value // the attempt ID of the warm-up call
+	)
+	outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		switch r := req.(type) {
+		case *tollgatev1.FenceAttemptRequest:
+			if warmAttempt.Load() == r.GetAttemptId() {
+				return nil, grpcstatus.Error(codes.Unimplemented, "no records")
+			}
+		case *testingv1.ApplyRequest:
+			if r.GetKey() == "warm" {
+				if hdr := metadata.ValueFromIncomingContext(ctx, "tollgate"); len(hdr) == 1 {
+					warmAttempt.Store(fieldOf(hdr[0], "a"))
+				}
+				return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
+			}
+			if tries.Add(1) == 1 {
+				effects.Add(1)
+				return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
+			}
+		}
+		return handler(ctx, req)
+	})
+	svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		effects.Add(1)
+		return &testingv1.ApplyResponse{}, nil
+	}}
+	return fastClient(t, recordedServer(t, svc, memoryStore(t), outer), 3)
+}
+
+func fieldOf(hdr, key string) string {
+	for f := range strings.SplitSeq(hdr, ";") {
+		if v, ok := strings.CutPrefix(f, key+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// A review found that an owner refused ATTEMPT_FENCED by a fence another
+// run of its handler made (an explicit key is a ballot across runs) jumped
+// past the fence and repeated a method with side effects although its
+// target was known to keep no records at some backends: the fence vouches
+// only for its own store, and the earlier run's try may have run at a
+// backend without one. An owner that fenced the try itself declines that
+// repeat (resolve, unvouchedRepeat); a fence it is told of must be no
+// stronger.
+//
+// The target is marked recordless (a warm-up call). Run 1 of the handler
+// (call "pay") reaches the store-less backend, runs, and is lost; its
+// query fences it at the store backend and it ends UNKNOWN. Run 2's try 1
+// is refused ATTEMPT_FENCED there: it must not run the handler again.
+func TestToldFenceAtAMixedTargetIsNotJumped(t *testing.T) {
+	var effects atomic.Int64
+	cli := mixedApply(t, &effects)
+	_, err := cli.Apply(t.Context(), &testingv1.ApplyRequest{Key: "warm"})
+	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "precondition: %v", err)
+
+	actx, err := interceptor.StartAttempt(t.Context(), 0, time.Minute)
+	require.NoError(t, err)
+	actx = interceptor.WithCallKey(actx, "pay")
+	_, err = cli.Apply(actx, &testingv1.ApplyRequest{Key: "k"})
+	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "precondition: run 1 ends in doubt: %v", err)
+	require.Equal(t, int64(1), effects.Load())
+
+	_, err = cli.Apply(actx, &testingv1.ApplyRequest{Key: "k"})
+	require.Equal(t, int64(1), effects.Load(), "run 2 jumped the fence and ran the handler again: %v", err)
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindUnknown, o.Kind, "%v", err)
+	require.NotContains(t, []codes.Code{codes.Unavailable, codes.ResourceExhausted}, grpcstatus.Code(err), "an UNKNOWN a generic policy would repeat")
+	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
 }
