@@ -62,7 +62,7 @@
 //
 // A [RetryBudget] bounds the repeats a client makes towards one target, across
 // all attempts: each retry, and each resolution of an unknown outcome, costs a
-// token; each first try earns a fraction of one (by default retries stay
+// token (a retry never sent gives it back, [RetryBudget.Return]); each first try earns a fraction of one (by default retries stay
 // within 10% of requests), and a small floor accrues over time (by default one
 // token per second, up to a cap), so that a storm of failures cannot multiply
 // load while an idle client can still repeat now and then.

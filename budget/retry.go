@@ -138,8 +138,9 @@ func (b *RetryBudget) WithdrawAt(now time.Time) bool {
 }
 
 // Return gives back the token [RetryBudget.Withdraw] took for a retry that
-// was never sent (the caller found, after its backoff, that it could not
-// send it): the budget bounds retries sent, not retries meant.
+// was never sent (the caller found, during or after its backoff, that it
+// could not send it, or the retry never left the client): the budget bounds
+// retries sent, not retries meant.
 func (b *RetryBudget) Return() {
 	b.mu.Lock()
 	defer b.mu.Unlock()

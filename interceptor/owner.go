@@ -266,6 +266,9 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		}
 		err = w.invoke(tctx, t, req, reply, opts)
 		d := c.finish(s, key, t, err, false)
+		if !verifyTry {
+			w.unsent(n, d)
+		}
 		releaseCtx()
 		c.spent(ctx, trace.SpanFromContext(ctx), s, t)
 		w.pushback = t.delivery.pushback.Load()
@@ -352,6 +355,15 @@ func (w *owner) verifyContext(ctx context.Context) (context.Context, func()) {
 
 // errPanicBelow is the outcome of a try whose invoker panicked.
 var errPanicBelow = status.OutcomeUnknown(errors.New("interceptor: a panic below the interceptor"))
+
+// unsent gives back the retry-budget token proceed withdrew for repeat n
+// (n > 1: every repeat but a first verifying try, which has none) when it
+// never left the client (d NotSent): the budget bounds repeats sent.
+func (w *owner) unsent(n uint32, d status.Delivery) {
+	if n > 1 && d == status.NotSent && w.tgt.budget != nil {
+		w.tgt.budget.Return()
+	}
+}
 
 // unprepared is the result of a call whose try n prepare refused (perr):
 // nothing was sent, so a repeat gives back the retry-budget token proceed

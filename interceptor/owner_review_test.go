@@ -2,6 +2,8 @@ package interceptor_test
 
 import (
 	"context"
+	"errors"
+	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,6 +18,7 @@ import (
 	"github.com/tollgate-go/tollgate/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	grpcstatus "google.golang.org/grpc/status"
 )
@@ -180,4 +183,30 @@ func TestToldFenceAtAMixedTargetIsNotJumped(t *testing.T) {
 	require.Equal(t, status.KindUnknown, o.Kind, "%v", err)
 	require.NotContains(t, []codes.Code{codes.Unavailable, codes.ResourceExhausted}, grpcstatus.Code(err), "an UNKNOWN a generic policy would repeat")
 	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
+}
+
+// A review found that a repeat grpc-go failed before its request left the
+// client (no OutHeader: NOT_SENT) kept the retry-budget token proceed
+// withdrew for it, although the budget bounds repeats sent
+// (budget.RetryBudget.Return): a target that no connection reaches drained
+// the budget of every call to it, and a call's later repeats were refused
+// RETRY_BUDGET_EXHAUSTED for tries none of which was ever sent. With one
+// token, a call to an unreachable target makes its three tries, each never
+// sent, and ends NOT_SENT.
+func TestRetryTokenOfARepeatNeverSentGoesBack(t *testing.T) {
+	conn, err := grpc.NewClient("passthrough:///unreachable", append([]grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return nil, errors.New("unreachable") }),
+	}, interceptor.DialOptions(fastRetry(3),
+		interceptor.WithRetryBudget(budget.WithRetryRatio(0), budget.WithMinRetriesPerSecond(0), budget.WithMaxRetryTokens(1)))...)...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	cli := testingv1.NewTestServiceClient(conn)
+	for range 2 {
+		_, err := cli.Get(t.Context(), &testingv1.GetRequest{})
+		o := status.OutcomeOf(err)
+		require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
+		require.Equal(t, status.ReasonNotSent, o.Reason, "a repeat never sent spent the budget's token: %v", err)
+		require.EqualValues(t, 3, o.Detail.GetTry(), "the call made its three tries: %v", err)
+	}
 }

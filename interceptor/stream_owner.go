@@ -712,6 +712,7 @@ func (cs *clientStream) finishTryLocked(err error, local bool) status.Outcome {
 	}
 	cs.settled = true
 	d := c.finish(w.cl.s, w.cl.key, cs.t, err, local)
+	w.unsent(cs.n, d) // every repeat of a stream waited in proceed
 	c.spent(cs.ctx, cs.span, w.cl.s, cs.t)
 	w.pushback = cs.t.delivery.pushback.Load()
 	if cs.t.loan != nil {
