@@ -32,3 +32,13 @@ func QueueDelay(ctrl *admission.Controller, class string) time.Duration {
 	}
 	return sv.queueDelay(class)
 }
+
+// MaxStreams is the grpc.MaxConcurrentStreams bound NewServerOptions(opts...)
+// sets: an option grpc-go keeps opaque.
+func MaxStreams(opts ...ServerOption) uint32 {
+	sv, err := newServer(opts)
+	if err != nil {
+		panic(err)
+	}
+	return sv.cfg.maxStreams
+}

@@ -337,12 +337,15 @@ func (c *serverConfig) validate() error {
 		// for one on the client.
 		return invalid("maximum concurrent streams %d does not exceed the %d requests the admission controller holds at once (its classes' slots and queue items): a full connection would leave no stream for the control path",
 			c.maxStreams, c.admission.Capacity())
-	case c.admission != nil && uint64(c.admission.Capacity()) >= uint64(c.maxStreams):
-		c.maxStreams = uint32(min(uint64(c.admission.Capacity())+1, math.MaxUint32))
 	case c.tracer == nil || c.meter == nil:
 		return invalid("nil tracer or meter provider")
 	case c.store != nil && typedNil(c.store):
 		return invalid("nil attempt store (a nil %T); pass no WithAttemptStore for none", c.store)
+	}
+	if c.admission != nil && uint64(c.admission.Capacity()) >= uint64(c.maxStreams) {
+		// The default, raised past what admission holds (an explicit
+		// bound that low was refused above).
+		c.maxStreams = uint32(min(uint64(c.admission.Capacity())+1, math.MaxUint32))
 	}
 	if p, ok := c.store.(interface{ Policy() idempotency.Policy }); ok {
 		switch pol := p.Policy(); {

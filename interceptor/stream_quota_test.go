@@ -5,6 +5,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/admission"
+	"github.com/tollgate-go/tollgate/idempotency"
 	"github.com/tollgate-go/tollgate/interceptor"
 )
 
@@ -34,4 +35,21 @@ func TestMaxConcurrentStreamsLeavesRoomForTheControlPath(t *testing.T) {
 	t.Cleanup(func() { _ = big.Close() })
 	_, err = interceptor.NewServerOptions(interceptor.WithAdmission(big)) // the default follows admission
 	require.NoError(t, err)
+	require.Equal(t, uint32(600+600+2+8+1), interceptor.MaxStreams(interceptor.WithAdmission(big)), "one stream beyond what admission holds")
+	require.Equal(t, uint32(interceptor.DefaultMaxStreams), interceptor.MaxStreams(interceptor.WithAdmission(ctrl)), "a default already above admission's 14 stays")
+}
+
+// The review of that change found the default's growth inside validate's
+// switch: the case that raised it matched and ended the switch, so a server
+// whose admission held more than 1024 streams skipped the checks after it
+// and started with a typed-nil store or a nil provider, to panic later.
+func TestRaisedStreamDefaultStillValidatesTheRest(t *testing.T) {
+	big, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 600, QueueItems: 600}))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = big.Close() })
+	_, err = interceptor.NewServerOptions(interceptor.WithAdmission(big),
+		interceptor.WithAttemptStore((*idempotency.MemoryStore)(nil)))
+	require.ErrorIs(t, err, interceptor.ErrInvalidOption, "a typed-nil store is refused whatever the stream bound")
+	_, err = interceptor.NewServerOptions(interceptor.WithAdmission(big), interceptor.WithServerTracerProvider(nil))
+	require.ErrorIs(t, err, interceptor.ErrInvalidOption, "a nil tracer provider is refused whatever the stream bound")
 }
