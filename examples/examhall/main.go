@@ -196,7 +196,7 @@ type scenario struct {
 // servers counted.
 func Run(cfg Config) (*Report, error) {
 	if cfg.Timeout <= 0 {
-		cfg.Timeout = 30 * time.Second
+		return nil, fmt.Errorf("-timeout %v: must be positive", cfg.Timeout)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
 	defer cancel()

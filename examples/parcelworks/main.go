@@ -341,7 +341,7 @@ func Run(cfg Config) (*Report, error) {
 		return nil, errors.New("slots must be positive and counts not negative")
 	}
 	if cfg.Timeout <= 0 {
-		cfg.Timeout = 30 * time.Second
+		return nil, fmt.Errorf("-timeout %v: must be positive", cfg.Timeout)
 	}
 	begin := time.Now()
 	s := newServer()
