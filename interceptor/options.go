@@ -385,7 +385,8 @@ func validFullMethod(m string) bool {
 }
 
 // WithAdmission makes the server ask ctrl before running each request
-// (unary calls and streams; a stream holds its permit for its lifetime).
+// (unary calls and streams; a stream holds its permit while its handler
+// runs, and gives it back before its record is finished, as a unary call does).
 // A nil ctrl means no admission control, the default.
 // ServerOptions also installs ctrl's tap handle unless WithoutAdmissionTap is
 // given.

@@ -449,12 +449,15 @@ func (sv *server) run(f func() error) (err error) {
 // transport for a unary call), so that a strict caller, or one whose grant
 // was used, learns what was spent; and a recorded call's record is
 // finished UNKNOWN (DESIGN.md §3.7), rather than read IN_PROGRESS until its
-// lease ends, which would keep the owner polling. A failure or panic of
-// the store here is dropped: the handler's panic is the one that goes on.
-func (sv *server) passPanic(ran *bool, ctx context.Context, ss grpc.ServerStream, method string, in *inbound, fp idempotency.Digest, recorded bool) {
+// lease ends, which would keep the owner polling. The handler's admission
+// permit is given back first, as after any handler's end. A failure or
+// panic of the store here is dropped: the handler's panic is the one that
+// goes on.
+func (sv *server) passPanic(ran *bool, ctx context.Context, ss grpc.ServerStream, method string, in *inbound, fp idempotency.Digest, recorded bool, permit *admission.Permit) {
 	if *ran {
 		return
 	}
+	permit.Abandon() // the handler ended: its slot is not held while the record is finished
 	spent := in.s.ledger.Seal()
 	answer := status.OutcomeUnknown(errors.New("interceptor: the handler panicked"), status.WithCode(codes.Internal))
 	if ss != nil {
@@ -520,7 +523,7 @@ func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 	}
 	var resp any
 	ran := false
-	defer sv.passPanic(&ran, ctx, nil, info.FullMethod, in, fp, recorded)
+	defer sv.passPanic(&ran, ctx, nil, info.FullMethod, in, fp, recorded, permit)
 	herr := sv.run(func() (err error) {
 		resp, err = handler(hctx, req)
 		return err
@@ -648,7 +651,8 @@ func (sv *server) runControl(ctx context.Context, f func(context.Context) (any, 
 const streamFinishTimeout = 5 * time.Second
 
 // stream is the stream server interceptor. A stream holds its admission
-// permit for its lifetime; its ledger is sealed and tollgate-spent set when
+// permit for its handler's lifetime (given back before its record is
+// finished, as a unary call's is); its ledger is sealed and tollgate-spent set when
 // the handler returns. With a store, a stream keeps a record like a unary
 // call, and a finished record answers a later try with COMMITTED or its
 // error; its handler keeps the client's cancellation. Its try is begun
@@ -756,9 +760,14 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	// hold its slot until the deadline. Its record is finished on a context
 	// of its own, so it resolves all the same.
 	ran := false
-	defer sv.passPanic(&ran, ctx, ss, info.FullMethod, in, fp, recorded)
+	defer sv.passPanic(&ran, ctx, ss, info.FullMethod, in, fp, recorded, permit)
 	herr := sv.run(func() error { return handler(srv, hss) })
 	ran = true
+	// The slot was the handler's: it is given back before the record is
+	// finished, as a unary call's is, so that a store slow to finish
+	// records does not keep the class full of streams whose handlers have
+	// ended.
+	permit.Abandon()
 	spent := in.s.ledger.Seal()
 	answer := sv.answer(in, herr)
 	if recorded {
