@@ -164,7 +164,11 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 		in.until = ctxDeadline
 	}
 	if !now.Before(st.Deadline.Add(sv.cfg.skew)) {
-		if !sv.recorded(in) {
+		if !sv.recorded(in) || st.Origin {
+			// No record can answer it: the call keeps none, or its attempt
+			// was minted here, now (its request's own deadline passed
+			// before it got here), and no try of it ran anywhere. Looking
+			// one up would only load the store and the control class.
 			in.s = st
 			return in, sv.expired(ctx, st) // in: the answer still carries tollgate-spent for r=1
 		}
@@ -716,9 +720,9 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 		pre, req = m, m
 		if !in.expired && !sv.cfg.now().Before(in.s.Deadline.Add(sv.cfg.skew)) {
 			// The request came after the attempt's deadline: as for any
-			// late try (begin), a recorded one is answered by its record
-			// alone, and another is refused.
-			if !recorded {
+			// late try (begin), a recorded one of a caller's attempt is
+			// answered by its record alone, and another is refused.
+			if !recorded || in.s.Origin {
 				err := sv.expired(ctx, in.s)
 				sv.setStreamTrailer(ss, in, 0, err)
 				return err

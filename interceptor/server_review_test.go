@@ -4,12 +4,17 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/idempotency"
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
+	"github.com/tollgate-go/tollgate/internal/testsvc"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/grpc"
 )
 
 // finishGate is a memory store whose first Finish waits, after closing
@@ -64,4 +69,57 @@ func TestStreamSlotFreeWhileItsRecordIsFinished(t *testing.T) {
 	release()
 	require.NoError(t, <-done)
 	require.Zero(t, running())
+}
+
+// An attempt this server mints (the caller sent no tollgate header, or is
+// not trusted) whose deadline — the request's own — has passed when
+// tollgate's interceptor sees it can have no record: its ID was made here,
+// now. It is refused DEADLINE_EXPIRED, final, at once, as a try that keeps
+// no record is. A review found it was taken for a caller's late try and
+// looked up as one: admitted in the control class and sent to the store, so
+// that any caller, untrusted ones included, could fill the class
+// AttemptService queries answer in (DESIGN.md §3.12), and load the store,
+// with requests timed to expire on arrival.
+func TestMintedAttemptPastItsDeadlineIsNoRecordLookup(t *testing.T) {
+	for _, withAdmission := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no admission", true: "admission"}[withAdmission], func(t *testing.T) {
+			ctrl := lateTryController(t,
+				admission.WithClasses(admission.Class{Name: "work", Slots: 4},
+					admission.Class{Name: admission.ControlClass, Slots: 1}),
+				admission.WithDefaultClass("work"))
+			st := newGatedStore(t)
+			ledger := newLedger(nil)
+			// Outside tollgate's interceptor, a per-method timeout that
+			// leaves the request no time (as a request whose grpc-timeout
+			// ran out on its way).
+			expire := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+				if info.FullMethod != testingv1.TestService_Apply_FullMethodName {
+					return handler(ctx, req)
+				}
+				ctx, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Millisecond))
+				defer cancel()
+				return handler(ctx, req)
+			})
+			opts := []interceptor.ServerOption{interceptor.WithAttemptStore(st)}
+			if withAdmission {
+				opts = append(opts, interceptor.WithAdmission(ctrl))
+			}
+			end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
+				ledger.Register(s)
+				tollgatev1.RegisterAttemptServiceServer(s, idempotency.NewAttemptService(st))
+			}, append([]grpc.ServerOption{expire}, serverOpts(opts...)...)...)
+			client := testingv1.NewTestServiceClient(end.DialT(t)) // no tollgate header: the server mints the attempt
+
+			_, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "acct", Amount: 1})
+			o := status.OutcomeOf(err)
+			require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
+			require.Equal(t, status.ReasonDeadlineExpired, o.Reason, "%v", err)
+			require.True(t, o.Final(), "%v", err)
+			require.Empty(t, o.Detail.GetWorkloadClass(), "no class refused it: %v", err)
+			require.Zero(t, st.lateBegins.Load(), "an attempt minted here has no record to look up")
+			control, _ := ctrl.Stats().Class(admission.ControlClass)
+			require.Zero(t, control.Admitted+uint64(len(control.Refused)), "nor is it admitted or refused in the control class")
+			require.Zero(t, ledger.effects.Load())
+		})
+	}
 }
