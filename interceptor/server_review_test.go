@@ -123,3 +123,39 @@ func TestMintedAttemptPastItsDeadlineIsNoRecordLookup(t *testing.T) {
 		})
 	}
 }
+
+// expiredStream is a server stream whose context's deadline has passed.
+type expiredStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s expiredStream) Context() context.Context { return s.ctx }
+
+// The same holds for a stream: a recorded server-streaming call of an
+// attempt minted here, past its deadline on arrival, is refused
+// DEADLINE_EXPIRED, final, and its store is not asked (it was asked on an
+// expired context, and the call refused STORE_UNAVAILABLE).
+func TestMintedStreamPastItsDeadlineIsNoRecordLookup(t *testing.T) {
+	st := newGatedStore(t)
+	c := newConsumer()
+	expire := grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		ctx, cancel := context.WithDeadline(ss.Context(), time.Now().Add(-time.Millisecond))
+		defer cancel()
+		return handler(srv, expiredStream{ServerStream: ss, ctx: ctx})
+	})
+	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
+		testingv1.RegisterTestServiceServer(s, c)
+		tollgatev1.RegisterAttemptServiceServer(s, idempotency.NewAttemptService(st))
+	}, append([]grpc.ServerOption{expire}, serverOpts(interceptor.WithAttemptStore(st))...)...) // expire outside tollgate's
+	client := testingv1.NewTestServiceClient(end.DialT(t))
+	s, err := client.Consume(t.Context(), &testingv1.ConsumeRequest{Key: "k", Count: 1})
+	require.NoError(t, err)
+	_, err = recvConsumed(s)
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
+	require.Equal(t, status.ReasonDeadlineExpired, o.Reason, "%v", err)
+	require.True(t, o.Final(), "%v", err)
+	require.Zero(t, st.lateBegins.Load(), "an attempt minted here has no record to look up")
+	require.Zero(t, c.runs.Load())
+}
