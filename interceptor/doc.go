@@ -77,7 +77,8 @@
 // status.WithoutEffect; any other tollgate outcome from below, and any error
 // without a definite code, becomes UNKNOWN; definite errors pass unchanged.
 // A handler panic is not recovered unless WithRecovery is given, and is then
-// UNKNOWN (INTERNAL).
+// UNKNOWN (INTERNAL); WithRecovery also answers a panic of the attempt
+// store's Begin or Finish as the store's failure.
 //
 // Calls to tollgate's AttemptService, gRPC health and reflection are the
 // control path: no ledger, no records. AttemptService queries are admitted

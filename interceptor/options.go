@@ -511,7 +511,10 @@ func WithClockSkew(d time.Duration) ServerOption {
 
 // WithRecovery makes the server recover a handler's panic and answer it as
 // an UNKNOWN outcome (INTERNAL), on the data path and on the control path
-// (AttemptService, whose Store may panic, health, reflection). Without it,
+// (AttemptService, whose Store may panic, health, reflection). It covers
+// the data path's own calls of the attempt store too: a Store whose Begin
+// or Finish panics is answered as a store that failed (NOT_ADMITTED
+// STORE_UNAVAILABLE before the handler ran, UNKNOWN after it). Without it,
 // a panic is not recovered.
 func WithRecovery() ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.recoverPanics = true })

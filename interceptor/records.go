@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"sync"
@@ -76,7 +77,11 @@ func (in *inbound) fingerprint(method string, req any) (idempotency.Digest, erro
 // within the skew after its horizon.
 func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp idempotency.Digest, stream bool) (started bool, replay any, err error) {
 	s := in.s
-	res, err := sv.cfg.store.Begin(ctx, idempotency.BeginRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp, Deadline: s.Deadline, Minted: s.Origin})
+	var res idempotency.BeginResult
+	err = sv.storeCall(func() (err error) {
+		res, err = sv.cfg.store.Begin(ctx, idempotency.BeginRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp, Deadline: s.Deadline, Minted: s.Origin})
+		return err
+	})
 	if err != nil {
 		if errors.Is(err, idempotency.ErrMalformedKey) {
 			// The header's fields are validated with the key's own rules,
@@ -104,8 +109,10 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 		if in.expired {
 			// The store started a try the server knows is late (clocks
 			// disagree by more than the skew): end it as a tombstone, unrun.
-			_ = sv.cfg.store.Finish(ctx, idempotency.FinishRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp,
-				State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, Minted: s.Origin})
+			_ = sv.storeCall(func() error {
+				return sv.cfg.store.Finish(ctx, idempotency.FinishRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp,
+					State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, Minted: s.Origin})
+			})
 			return false, nil, sv.expired(ctx, s)
 		}
 		return true, nil, nil
@@ -270,11 +277,30 @@ func (sv *server) finishTry(ctx context.Context, method string, in *inbound, fp 
 	// ctx is the handler's detached context: the client may be long gone
 	// and the record must still be finished, but not after the try's lease
 	// (d + skew) ran out, when the store could no longer accept it anyway.
-	if err := sv.cfg.store.Finish(ctx, req); err != nil {
+	if err := sv.storeCall(func() error { return sv.cfg.store.Finish(ctx, req) }); err != nil {
 		return status.OutcomeUnknown(answer, status.WithAttempt(s.ID, s.Call, s.Try),
 			status.WithMessage("interceptor: the try's record could not be finished: "+err.Error()))
 	}
 	return answer
+}
+
+// storeCall runs f, a call of the attempt store on the data path. On a
+// server that opted into recovery (WithRecovery) a panic in it is recovered
+// into an error wrapping idempotency.ErrStoreUnavailable, as the control
+// path recovers the AttemptService's, whose handler calls the same Store: a
+// Begin that panicked is refused NOT_ADMITTED STORE_UNAVAILABLE (the
+// handler did not run), a Finish that panicked answers UNKNOWN (beginTry,
+// finishTry), each naming the try, with tollgate-spent. Without recovery
+// the panic goes on.
+func (sv *server) storeCall(f func() error) (err error) {
+	if sv.cfg.recoverPanics {
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("%w: interceptor: the attempt store panicked: %v", idempotency.ErrStoreUnavailable, r)
+			}
+		}()
+	}
+	return f()
 }
 
 // detach returns the context a recorded try's handler runs on: detached from

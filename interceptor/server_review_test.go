@@ -3,6 +3,7 @@ package interceptor_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +16,9 @@ import (
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 	"github.com/tollgate-go/tollgate/status"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	grpcstatus "google.golang.org/grpc/status"
 )
 
 // finishGate is a memory store whose first Finish waits, after closing
@@ -158,4 +162,73 @@ func TestMintedStreamPastItsDeadlineIsNoRecordLookup(t *testing.T) {
 	require.True(t, o.Final(), "%v", err)
 	require.Zero(t, st.lateBegins.Load(), "an attempt minted here has no record to look up")
 	require.Zero(t, c.runs.Load())
+}
+
+// panickyStore is a memory store whose Begin panics for the call key
+// "begin-bug" and whose Finish panics for "finish-bug" (a bug in a
+// third-party store, say).
+type panickyStore struct{ *idempotency.MemoryStore }
+
+func (s panickyStore) Begin(ctx context.Context, req idempotency.BeginRequest) (idempotency.BeginResult, error) {
+	if req.Key.Call == "begin-bug" {
+		panic("store bug in Begin")
+	}
+	return s.MemoryStore.Begin(ctx, req)
+}
+
+func (s panickyStore) Finish(ctx context.Context, req idempotency.FinishRequest) error {
+	if req.Key.Call == "finish-bug" {
+		panic("store bug in Finish")
+	}
+	return s.MemoryStore.Finish(ctx, req)
+}
+
+// WithRecovery covers the data path's store calls as it covers the
+// AttemptService's (whose handler calls the same Store): a Store that
+// panics in Begin or Finish, on a server that opted into recovery, is
+// answered as a store failure — NOT_ADMITTED STORE_UNAVAILABLE before the
+// handler ran, UNKNOWN after it — naming the try, with tollgate-spent for a
+// strict caller. A review found the panic escaped tollgate's interceptor
+// (the process dies without a recovery of the user's own outside it, and
+// with one the answer carried no detail and no tollgate-spent).
+func TestRecoveryCoversTheDataPathStore(t *testing.T) {
+	store := panickyStore{memoryStore(t)}
+	var escaped atomic.Int64
+	outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
+		defer func() {
+			if r := recover(); r != nil { // stands in for the process dying
+				escaped.Add(1)
+				err = grpcstatus.Error(codes.Internal, "panic escaped tollgate")
+			}
+		}()
+		return h(ctx, req)
+	})
+	ledger := newLedger(nil)
+	end := testsvc.StartT(t, testsvc.Bufconn, ledger.Register,
+		append([]grpc.ServerOption{outer}, serverOpts(interceptor.WithAttemptStore(store), interceptor.WithRecovery())...)...)
+	client := testingv1.NewTestServiceClient(end.DialT(t))
+	actx, err := interceptor.StartAttempt(t.Context(), 0, 5*time.Second)
+	require.NoError(t, err)
+	a, _ := interceptor.AttemptFromContext(actx)
+	d := strconvFormat(time.Now().Add(5 * time.Second).UnixMilli())
+
+	for _, tc := range []struct {
+		call string
+		kind status.Kind
+		runs int64
+	}{
+		{"begin-bug", status.KindNotAdmitted, 0},
+		{"finish-bug", status.KindUnknown, 1},
+	} {
+		var tr metadata.MD
+		ctx := metadata.AppendToOutgoingContext(t.Context(), "tollgate", "a="+a.ID+";c="+tc.call+";t=1;d="+d+";r=1")
+		_, err := client.Apply(ctx, &testingv1.ApplyRequest{Key: "acct", Amount: 1}, grpc.Trailer(&tr))
+		o := status.OutcomeOf(err)
+		require.Equal(t, tc.kind, o.Kind, "%s: %v", tc.call, err)
+		require.Equal(t, a.ID, o.Detail.GetAttemptId(), "%s: the answer names the try: %v", tc.call, err)
+		require.Equal(t, tc.call, o.Detail.GetCall())
+		require.Equal(t, []string{"0"}, tr.Get("tollgate-spent"), "%s: a strict caller learns what was spent", tc.call)
+		require.Equal(t, tc.runs, ledger.effects.Load(), tc.call)
+	}
+	require.Zero(t, escaped.Load(), "with WithRecovery a store's panic escaped tollgate's interceptor")
 }
