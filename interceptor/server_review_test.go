@@ -232,3 +232,45 @@ func TestRecoveryCoversTheDataPathStore(t *testing.T) {
 	}
 	require.Zero(t, escaped.Load(), "with WithRecovery a store's panic escaped tollgate's interceptor")
 }
+
+// So too when the stream's handler panics and the panic goes on up (no
+// WithRecovery; a recovery of the user's own outside tollgate's answers
+// it): the slot is given back before tollgate finishes the record UNKNOWN.
+func TestPanickedStreamSlotFreeWhileItsRecordIsFinished(t *testing.T) {
+	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1}), admission.WithDefaultClass("work"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	running := func() int { cs, _ := ctrl.Stats().Class("work"); return cs.Running }
+	store := newFinishGate(t)
+	c := newConsumer()
+	c.consume = func(*testingv1.ConsumeRequest, grpc.ServerStreamingServer[testingv1.ConsumeResponse]) error {
+		panic("handler bug")
+	}
+	outer := grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = grpcstatus.Error(codes.Internal, "recovered")
+			}
+		}()
+		return h(srv, ss)
+	})
+	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) { testingv1.RegisterTestServiceServer(s, c) },
+		append([]grpc.ServerOption{outer}, serverOpts(interceptor.WithAttemptStore(store), interceptor.WithAdmission(ctrl))...)...)
+	client := testingv1.NewTestServiceClient(end.DialT(t))
+	release := sync.OnceFunc(func() { close(store.release) })
+	t.Cleanup(release)
+
+	done := make(chan error, 1)
+	go func() {
+		st, err := client.Consume(t.Context(), &testingv1.ConsumeRequest{Key: "k", Count: 1})
+		if err == nil {
+			_, err = recvConsumed(st)
+		}
+		done <- err
+	}()
+	<-store.entered // the handler panicked; tollgate finishes its record
+	require.Zero(t, running(), "the stream's handler ended: its slot is free while the store finishes its record")
+	release()
+	require.Equal(t, codes.Internal, grpcstatus.Code(<-done))
+	require.Zero(t, running())
+}
