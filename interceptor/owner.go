@@ -264,7 +264,7 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		if n == 1 && w.tgt.budget != nil {
 			w.tgt.budget.Deposit()
 		}
-		err = w.invoke(tctx, t, req, reply, opts)
+		err = w.invoke(tctx, t, verifyTry, req, reply, opts)
 		d := c.finish(s, key, t, err, false)
 		if !verifyTry {
 			w.unsent(n, d)
@@ -317,17 +317,22 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 	}
 }
 
-// invoke sends try t. A panic below the interceptor goes on up, but the
-// try is settled first, as one whose outcome is unknown: its per-try
-// context ends, and the grant it lent is refunded if the try was never
-// sent, held otherwise — never left reserved in a ledger a caller that
-// recovers the panic goes on using — and recorded as any try is (its spend
-// event, tollgate.client.tries).
-func (w *owner) invoke(tctx context.Context, t *try, req, reply any, opts []grpc.CallOption) error {
+// invoke sends try t (verifyTry: the call's first verifying try, which
+// withdrew no retry-budget token). A panic below the interceptor goes on
+// up, but the try is settled first, as one whose outcome is unknown: its
+// per-try context ends, and the grant it lent is refunded if the try was
+// never sent, held otherwise — never left reserved in a ledger a caller
+// that recovers the panic goes on using —, a repeat never sent gives its
+// retry-budget token back (unsent), as a stream's does, and it is recorded
+// as any try is (its spend event, tollgate.client.tries).
+func (w *owner) invoke(tctx context.Context, t *try, verifyTry bool, req, reply any, opts []grpc.CallOption) error {
 	settled := false
 	defer func() {
 		if !settled {
 			d := w.c.finish(w.cl.s, w.cl.key, t, errPanicBelow, false)
+			if !verifyTry {
+				w.unsent(t.n, d)
+			}
 			w.c.spent(tctx, trace.SpanFromContext(tctx), w.cl.s, t)
 			w.c.record(tctx, status.OutcomeOfCall(errPanicBelow, d), d)
 		}
