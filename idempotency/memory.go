@@ -297,7 +297,11 @@ func (s *MemoryStore) add(r *memRecord) {
 // while its absence is evidence again: the store never vouches for an
 // attempt created no later than the newest attempt whose record it swept
 // (see sweep), which, with the clock going forward, it could not vouch for
-// anyway.
+// anyway. When the clock stayed stepped longer than the TTL, the swept
+// records may be of attempts created at the stepped time (ones the server
+// minted), and every attempt created before it is refused until real time
+// passes it: Begin says from when a new attempt passes
+// (BeginResult.VerifiableFrom).
 func (s *MemoryStore) nowLocked() (now, latest int64) {
 	now = s.now().UnixMilli()
 	if s.last-now > (s.policy.Skew + s.policy.Grace).Milliseconds() {
@@ -352,8 +356,8 @@ func (s *MemoryStore) Begin(ctx context.Context, req BeginRequest) (BeginResult,
 		return BeginResult{Refusal: RefusedDeadlineExpired}, nil
 	}
 	if r == nil {
-		if !s.absenceVouched(ts, latest) {
-			return BeginResult{Refusal: RefusedUnverifiable, Record: unknownRecord(req.Key)}, nil
+		if !s.absenceVouched(ts, latest, req.Minted) {
+			return BeginResult{Refusal: RefusedUnverifiable, Record: unknownRecord(req.Key), VerifiableFrom: s.sweptFrom(ts)}, nil
 		}
 		size := recordOverhead + keySize(req.Key)
 		if err := s.room(req.Key, size); err != nil {
@@ -482,7 +486,7 @@ func (s *MemoryStore) vouch(key Key, now, latest int64) (r *memRecord, ok bool) 
 	if r = s.records[key]; r != nil {
 		return r, true
 	}
-	return nil, s.absenceVouched(ts, latest)
+	return nil, s.absenceVouched(ts, latest, false)
 }
 
 // absenceVouched reports whether the absence of a record of an attempt
@@ -490,9 +494,24 @@ func (s *MemoryStore) vouch(key Key, now, latest int64) (r *memRecord, ok bool) 
 // nowLocked): no record written for it can have expired (each lives until
 // ts - skew + TTL at least), and none was swept by a reading that a
 // stepped-back clock has since forgotten (ts is later than every swept
-// record's attempt).
-func (s *MemoryStore) absenceVouched(ts, latest int64) bool {
-	return latest < ts-s.policy.Skew.Milliseconds()+s.policy.TTL.Milliseconds() && ts > s.swept
+// record's attempt, or the attempt is one the server just minted for the
+// request, which no try can have reached before: no record of it was
+// swept, as none was lost before the horizon).
+func (s *MemoryStore) absenceVouched(ts, latest int64, minted bool) bool {
+	return latest < ts-s.policy.Skew.Milliseconds()+s.policy.TTL.Milliseconds() && (minted || ts > s.swept)
+}
+
+// sweptFrom returns, for an attempt created at ts that is refused, the
+// creation time from which a new attempt is not refused for a swept record
+// (see sweep), when ts is no later than swept: after a clock stepped forward
+// longer than the TTL and corrected, attempts the server minted at the
+// stepped time may have been swept, and every attempt created before then
+// is refused until real time passes it. The zero time otherwise.
+func (s *MemoryStore) sweptFrom(ts int64) time.Time {
+	if ts > s.swept {
+		return time.Time{}
+	}
+	return time.UnixMilli(s.swept + 1)
 }
 
 // written sets r's expiry after a write at now: TTL from now, and never

@@ -65,8 +65,9 @@ type BeginRequest struct {
 	// anywhere before this one, so the absence of its record is evidence
 	// whatever the store's horizon. The store then skips the one
 	// condition ts − Skew ≥ horizon (DESIGN.md §3.8), which would refuse
-	// every request for the first Skew after the store began retaining;
-	// every other check stays (ts ≤ now + Skew, no record can have
+	// every request for the first Skew after the store began retaining
+	// (and the memory store its like for records a clock stepped forward
+	// swept: see [MemoryStore]); every other check stays (ts ≤ now + Skew, no record can have
 	// expired, the deadline plus Skew, fingerprints, capacity). Never set
 	// it for an attempt that came from a caller: after a restart or
 	// failover, a repeat of such an attempt would run again.
@@ -128,7 +129,11 @@ type BeginResult struct {
 	// horizon: a restart, a failover, a flush, or on Redis the tenant's
 	// first request) less than Skew before the attempt was created, or
 	// after it: it is horizon + Skew, the creation time from which a new
-	// attempt would be inside the horizon. Zero otherwise.
+	// attempt would be inside the horizon. It is set too when the memory
+	// store swept the record of an attempt created no earlier than this
+	// one, by a clock stepped forward and since corrected (see
+	// [MemoryStore]): the creation time after the newest such attempt.
+	// Zero otherwise.
 	VerifiableFrom time.Time
 }
 
