@@ -1357,18 +1357,21 @@ func TestUnknownReplayKeepsDetails(t *testing.T) {
 // attempt's deadline no try fits, and the call ends UNKNOWN although the
 // record holds this request's response and the query that found it was
 // still inside its grace. The client's clock is moved past the deadline
-// (within the 1 s grace) once the owner queries; the server keeps real time.
+// (200 ms into the 1 s grace) once the owner queries; the server keeps real
+// time.
 func TestVerifyingTryInTheGrace(t *testing.T) {
 	numberedAndExplicit(t, func(t *testing.T, explicit bool) {
 		const timeout = 10 * time.Second
-		var offset atomic.Int64
+		var offset, deadline atomic.Int64
 		clock := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
 		queried := make(chan struct{})
 		var once sync.Once
 		ledger := newLedger(func(context.Context, *testingv1.ApplyRequest) { <-queried })
 		onFence := beforeFence(func() {
 			once.Do(func() {
-				offset.Store(int64(timeout + 200*time.Millisecond)) // the client now reads a time in the grace
+				// The client now reads a time in the grace, however long
+				// the try before the query took.
+				offset.Store(int64(time.Until(time.Unix(0, deadline.Load())) + 200*time.Millisecond))
 				close(queried)
 			})
 		})
@@ -1380,6 +1383,8 @@ func TestVerifyingTryInTheGrace(t *testing.T) {
 
 		ctx, err := interceptor.StartAttempt(t.Context(), 0, timeout)
 		require.NoError(t, err)
+		a, _ := interceptor.AttemptFromContext(ctx)
+		deadline.Store(a.Deadline.UnixNano())
 		if explicit {
 			ctx = interceptor.WithCallKey(ctx, "pay")
 		}
@@ -1785,10 +1790,15 @@ func beforeFence(f func()) grpc.ServerOption {
 	})
 }
 
-// shortTryRetry is a retry policy of three tries of 50 ms each with short
-// backoffs: the owner soon gives up waiting on a try and resolves it.
+// shortTryRetry is a retry policy of three tries of a second each with
+// short backoffs: the owner gives up waiting on a try whose handler blocks,
+// and resolves it, well before the attempt's deadline. A second, not less:
+// the per-try timeout must not cut a try short before its handler has
+// started (the fence would then find the try unrun), nor cut short the
+// verifying try that follows a resolution, and a loaded machine takes more
+// than 50 ms for either.
 func shortTryRetry() interceptor.ClientOption {
-	return interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, PerTryTimeout: 50 * time.Millisecond,
+	return interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, PerTryTimeout: time.Second,
 		InitialBackoff: time.Millisecond, MaxBackoff: 2 * time.Millisecond})
 }
 
