@@ -293,8 +293,13 @@ func TestSkewedServersWriteNoCorruptRecord(t *testing.T) {
 					first := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(base), Call: "0", Method: "/x.Y/Z"}
 					_, err := b.Get(ctx, first) // the horizon starts
 					require.NoError(t, err)
-					k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(base.Add(p.Skew + 40*time.Millisecond)), Call: "0", Method: "/x.Y/Z"}
 					adv := func(d time.Duration) { ca.Advance(d); cb.Advance(d) }
+					// The horizon is the later of b's reading and Redis's
+					// clock, which a loaded machine reads well after base:
+					// both clocks move on to now, which is no earlier, so
+					// that k lies after the horizon however long that took.
+					adv(time.Since(base))
+					k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(cb.Now().Add(p.Skew + 40*time.Millisecond)), Call: "0", Method: "/x.Y/Z"}
 					adv(40 * time.Millisecond)
 					if off < 0 {
 						adv(-off)
