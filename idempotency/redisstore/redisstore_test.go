@@ -364,10 +364,12 @@ func TestRedisOutOfMemoryIsStoreFull(t *testing.T) {
 }
 
 // A context's deadline bounds a store call even while Redis does not answer.
-// CLIENT PAUSE holds every client of the shared Redis for 200 ms.
+// CLIENT PAUSE holds every client of a Redis for 200 ms: of a private one,
+// since on the shared one it would hold up every other test using it (go
+// test runs packages in parallel), and a short deadline there would fail.
 func TestRedisHonoursDeadline(t *testing.T) {
-	c, prefix := newClient(t)
-	s := newStore(t, c, prefix)
+	c := privateRedis(t)
+	s := newStore(t, c, "deadline:")
 	ctx := context.Background()
 	require.NoError(t, c.Do(ctx, "CLIENT", "PAUSE", 200, "ALL").Err())
 	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
