@@ -131,6 +131,7 @@ func admissionStress(t *testing.T, outerRecovery bool) {
 	var modes []admission.Mode
 	var modeAt []time.Time
 	var modeMu sync.Mutex
+	var startedLate atomic.Int64 // requests the controller admitted or started past their deadline
 	ctrl, err := admission.New(
 		admission.WithClasses(
 			admission.Class{Name: "unary", Slots: 3, QueueItems: 4, TenantRunning: 2, TenantQueued: 2, ExpectedServiceTime: 5 * time.Millisecond},
@@ -143,6 +144,12 @@ func admissionStress(t *testing.T, outerRecovery bool) {
 		admission.WithMethods("batch", "/tollgate.testing.v1.TestService/Get"),
 		admission.WithDegradation(admission.Degradation{Window: 50 * time.Millisecond, MinDecisions: 5, ExitAfter: 3}),
 		admission.WithObserver(func(e admission.Event) {
+			// The controller's own clock, with no margin: expired work
+			// never starts (DESIGN.md §3.9).
+			if (e.Kind == admission.EventAdmitted || e.Kind == admission.EventStarted) &&
+				!e.Deadline.IsZero() && e.At.After(e.Deadline) {
+				startedLate.Add(1)
+			}
 			if e.Kind == admission.EventMode {
 				modeMu.Lock()
 				modes = append(modes, e.Mode)
@@ -162,9 +169,11 @@ func admissionStress(t *testing.T, outerRecovery bool) {
 		if !ok || a.Tenant != want {
 			mon.note("handler of %s runs for tenant %q, want %q", class, a.Tenant, want)
 		}
-		// A margin for the scheduler between the start and this line on a
-		// loaded machine: a handler started late by more is a defect.
-		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < -50*time.Millisecond {
+		// The controller's events judge its starts with no margin (above);
+		// this line judges the interceptor's path from the start to the
+		// handler, with a margin for a loaded machine's scheduler (50 ms
+		// failed once in some eight full runs with -cpu 1 under load).
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < -500*time.Millisecond {
 			mon.expired.Add(1)
 		}
 		done := mon.enter(class, a.Tenant)
@@ -597,6 +606,7 @@ func admissionStress(t *testing.T, outerRecovery bool) {
 	}
 	require.Empty(t, viol)
 	require.Zero(t, controlFails.Load(), "control calls failed under load: %v", controlErr.Load())
+	require.Zero(t, startedLate.Load(), "the controller admitted or started requests past their deadline")
 	require.Zero(t, mon.expired.Load(), "handlers started past their deadline")
 	retryMu.Lock()
 	for reason, set := range retryAfter {
