@@ -64,6 +64,13 @@ type inbound struct {
 	// not honour (untrusted, or malformed and ignored): the handler's
 	// context goes without it (withoutHeader).
 	foreign bool
+	// capped is set when the attempt's deadline (s.Deadline) is the
+	// server's maximum from this request's arrival (WithMaxAttemptTime),
+	// earlier than the caller's own, which own then holds (zero: the caller
+	// set none). A repeat arrives under a later cap, so losing this one is
+	// the try's loss, not the attempt's (tryDeadlineOnly).
+	capped bool
+	own    time.Time
 	// expired is set for a recorded call whose try came after the attempt's
 	// deadline plus skew: only its record may answer it.
 	expired bool
@@ -138,6 +145,11 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 		}
 		if ok && d.Before(latest) {
 			st.Deadline = d
+		} else {
+			in.capped = true
+			if ok {
+				in.own = d
+			}
 		}
 		st.Tenant = h.Tenant
 		if st.Tenant == "" {
@@ -154,6 +166,11 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 		st.Deadline = latest
 		if hasDeadline && ctxDeadline.Before(latest) {
 			st.Deadline = ctxDeadline
+		} else {
+			in.capped = true
+			if hasDeadline {
+				in.own = ctxDeadline
+			}
 		}
 		st.Tenant = sv.tenantOf(ctx)
 		st.ledgerStore.Init(sv.cfg.defaultAllowance, budget.AtOrigin())
@@ -303,11 +320,20 @@ func (sv *server) admit(ctx context.Context, method string, in *inbound, tenant 
 // call whose handler keeps the client's cancellation the try's own, its
 // grpc-timeout, which a client's per-try timeout may set well before the
 // attempt's; while the attempt's deadline (with the skew) has not passed, a
-// later try may fit.
+// later try may fit. An attempt's deadline capped by the server's maximum
+// from this request's arrival (inbound.capped) is the try's own too: a
+// repeat arrives under a later cap, so the caller's own deadline (none, or
+// inbound.own) decides.
 func (sv *server) tryDeadlineOnly(err error, in *inbound, deadline time.Time) error {
 	o := status.OutcomeOf(err)
-	if o.Reason != status.ReasonDeadlineExpired || !o.Final() || !deadline.Before(in.s.Deadline) ||
-		!sv.cfg.now().Before(in.s.Deadline.Add(sv.cfg.skew)) {
+	if o.Reason != status.ReasonDeadlineExpired || !o.Final() {
+		return err
+	}
+	attempt := in.s.Deadline
+	if in.capped {
+		attempt = in.own
+	}
+	if !attempt.IsZero() && (!deadline.Before(attempt) || !sv.cfg.now().Before(attempt.Add(sv.cfg.skew))) {
 		return err // not final only when the try's own deadline, before the attempt's, was lost
 	}
 	// Admission's final refusal suggests no delay (its request's deadline

@@ -1,0 +1,76 @@
+package interceptor_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/admission"
+	"github.com/tollgate-go/tollgate/idempotency"
+	"github.com/tollgate-go/tollgate/interceptor"
+	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
+	"github.com/tollgate-go/tollgate/internal/testsvc"
+	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/grpc/metadata"
+)
+
+// A review found that a try whose attempt's deadline lies beyond the
+// server's WithMaxAttemptTime, and so was capped to it on arrival, and that
+// admission dropped from its queue because it could no longer finish by
+// that cap, was refused DEADLINE_EXPIRED final: tryDeadlineOnly compared
+// the deadline admission judged by with the capped one, found them equal,
+// and kept admission's "no repeat can help". But the cap is counted from
+// each request's arrival (WithMaxAttemptTime), so a repeat gets a fresh one,
+// and the caller's own attempt deadline (here 10 s away) has not passed: a
+// final refusal for a call that a repeat could still complete (DESIGN.md §1
+// "final"). The refusal is repeatable, with a delay that reflects the queue,
+// whether the call keeps a record (its handler would run detached until the
+// capped deadline) or not, and whether the admission tap, which bounds the
+// stream's context by the cap as it read it a moment earlier, is installed.
+func TestCappedAttemptDeadlineDropIsNotFinal(t *testing.T) {
+	for _, c := range []struct{ recorded, tap bool }{{false, true}, {false, false}, {true, true}, {true, false}} {
+		recorded := c.recorded
+		t.Run(fmt.Sprintf("recorded=%v,tap=%v", c.recorded, c.tap), func(t *testing.T) {
+			ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 4,
+				ExpectedServiceTime: 100 * time.Millisecond}), admission.WithDefaultClass("work"))
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = ctrl.Close() })
+			opts := []interceptor.ServerOption{interceptor.WithAdmission(ctrl), interceptor.WithMaxAttemptTime(500 * time.Millisecond)}
+			if !c.tap {
+				// The tap bounds the stream's context by the cap as read a
+				// moment earlier, which by luck hides the fault.
+				opts = append(opts, interceptor.WithoutAdmissionTap())
+			}
+			if recorded {
+				pol := idempotency.DefaultPolicy()
+				pol.Skew = 0
+				store, err := idempotency.NewMemoryStore(idempotency.SingleReplica, idempotency.WithPolicy(pol))
+				require.NoError(t, err)
+				opts = append(opts, interceptor.WithAttemptStore(store))
+			}
+			h := newSlotHolder()
+			svc := &testsvc.Service{ApplyFunc: h.apply}
+			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts(opts...)...)
+			client := testingv1.NewTestServiceClient(end.DialT(t))
+			h.holdApply(context.Background(), client)
+			t.Cleanup(func() { _ = h.free() })
+
+			id, _ := uuid.NewV7()
+			d := time.Now().Add(10 * time.Second).UnixMilli() // the caller's attempt: far beyond the server's cap
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			defer cancel()
+			ctx = metadata.AppendToOutgoingContext(ctx, "tollgate", fmt.Sprintf("a=%s;c=0;t=1;d=%d", id, d))
+			_, err = client.Apply(ctx, &testingv1.ApplyRequest{Key: "b"})
+			o := status.OutcomeOf(err)
+			ra, ok := status.RetryAfter(err)
+			t.Logf("%v final=%v retry-after %v: %v", o.Reason, o.Final(), ra, err)
+			require.Equal(t, status.KindNotAdmitted, o.Kind)
+			require.Equal(t, status.ReasonDeadlineExpired, o.Reason)
+			require.False(t, o.Final(), "the server's cap, not the caller's deadline, was lost: a repeat gets a fresh cap")
+			require.True(t, ok && ra > 0, "a repeatable refusal suggests a delay")
+		})
+	}
+}
