@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -404,12 +405,17 @@ func (c *Controller) Close() error {
 // included. Each is a stream on its server's transport, admitted or
 // waiting, so a server's per-connection stream limit must exceed it for a
 // connection whose classes are full to keep a stream for the control path
-// (tollgate's interceptor.ServerOptions sees to it). It reads only the
-// configuration: no lock, no allocation.
+// (tollgate's interceptor.ServerOptions sees to it). The sum saturates at
+// math.MaxInt. It reads only the configuration: no lock, no allocation.
 func (c *Controller) Capacity() int {
 	n := 0
 	for _, cs := range c.classes {
-		n += cs.cfg.Slots + cs.cfg.QueueItems
+		for _, k := range [2]int{cs.cfg.Slots, cs.cfg.QueueItems} {
+			if k > math.MaxInt-n {
+				return math.MaxInt
+			}
+			n += k
+		}
 	}
 	return n
 }
