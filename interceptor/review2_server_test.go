@@ -3,6 +3,7 @@ package interceptor_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,7 +14,9 @@ import (
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 )
 
@@ -73,4 +76,49 @@ func TestCappedAttemptDeadlineDropIsNotFinal(t *testing.T) {
 			require.True(t, ok && ra > 0, "a repeatable refusal suggests a delay")
 		})
 	}
+}
+
+// The same, end to end, for a recorded call: a tollgate client whose attempt has 10 s meets a
+// server that caps attempts at 500 ms from arrival, and whose only slot is
+// held for a while. The first try is dropped when it can no longer finish
+// by its cap; told that no repeat could help, the call ended there. A
+// repeat, under a fresh cap, starts once the slot frees, and succeeds.
+func TestCappedAttemptDeadlineDropIsRepeated(t *testing.T) {
+	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 4,
+		ExpectedServiceTime: 100 * time.Millisecond}), admission.WithDefaultClass("work"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	h := newSlotHolder()
+	var tries atomic.Int32
+	svc := &testsvc.Service{ApplyFunc: func(ctx context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		if r.GetKey() != "hold" {
+			tries.Add(1)
+		}
+		return h.apply(ctx, r)
+	}}
+	pol := idempotency.DefaultPolicy()
+	pol.Skew = 0
+	store, err := idempotency.NewMemoryStore(idempotency.SingleReplica, idempotency.WithPolicy(pol))
+	require.NoError(t, err)
+	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
+		svc.Register(s)
+		tollgatev1.RegisterAttemptServiceServer(s, idempotency.NewAttemptService(store))
+	}, serverOpts(interceptor.WithAdmission(ctrl), interceptor.WithAttemptStore(store),
+		interceptor.WithMaxAttemptTime(500*time.Millisecond))...)
+	h.holdApply(context.Background(), testingv1.NewTestServiceClient(end.DialT(t)))
+	freed := make(chan error, 1)
+	timer := time.AfterFunc(900*time.Millisecond, func() { freed <- h.free() })
+	defer func() {
+		if timer.Stop() {
+			freed <- h.free()
+		}
+		<-freed
+	}()
+
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithAttemptTimeout(10*time.Second), interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 5}))...))
+	_, err = client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "b"})
+	t.Logf("%v", err)
+	require.NoError(t, err, "a repeat under a fresh cap could run: %v", status.OutcomeOf(err))
+	require.EqualValues(t, 1, tries.Load())
 }
