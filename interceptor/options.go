@@ -498,6 +498,10 @@ func WithMaxAllowance(units int64) ServerOption {
 // policy MaxAttemptDeadline when that is shorter; at most 24 h, and with a
 // store that has a policy (idempotency's stores), at most its
 // MaxAttemptDeadline: its records must outlive every attempt it accepts.
+// The cap counts from each request's arrival, so a repeat gets a later one:
+// a try that admission drops because it can no longer finish by the cap
+// alone is refused DEADLINE_EXPIRED not final while the caller's own
+// deadline has not passed.
 func WithMaxAttemptTime(d time.Duration) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.maxAttemptTime, c.maxAttemptTimeSet = d, true })
 }
