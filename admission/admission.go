@@ -405,7 +405,7 @@ func (c *Controller) Close() error {
 // included. Each is a stream on its server's transport, admitted or
 // waiting, so a server's per-connection stream limit must exceed it for a
 // connection whose classes are full to keep a stream for the control path
-// (tollgate's interceptor.ServerOptions sees to it). The sum saturates at
+// (tollgate's interceptor.ServerOptions raises its default past it). The sum saturates at
 // math.MaxInt. It reads only the configuration: no lock, no allocation.
 func (c *Controller) Capacity() int {
 	n := 0

@@ -288,7 +288,7 @@ type serverConfig struct {
 	recoverPanics      bool
 	maxRecvMsgSize     int
 	maxStreams         uint32
-	maxStreamsSet      bool // by WithMaxConcurrentStreams; else the default, raised to leave room (validate)
+	maxStreamsSet      bool // by WithMaxConcurrentStreams, kept as given; else the default, raised past admission's capacity (validate)
 	tracer             trace.TracerProvider
 	meter              metric.MeterProvider
 	now                func() time.Time
@@ -330,21 +330,14 @@ func (c *serverConfig) validate() error {
 		return invalid("maximum receive message size %d is not positive", c.maxRecvMsgSize)
 	case c.maxStreams == 0:
 		return invalid("maximum concurrent streams is 0")
-	case c.admission != nil && uint64(c.admission.Capacity()) >= uint64(c.maxStreams) && c.maxStreamsSet:
-		// Admission holds that many streams of one connection, admitted
-		// or waiting: a connection full of data calls would have no
-		// stream left for a control call (DESIGN.md §3.12), which waits
-		// for one on the client.
-		return invalid("maximum concurrent streams %d does not exceed the %d requests the admission controller holds at once (its classes' slots and queue items): a full connection would leave no stream for the control path",
-			c.maxStreams, c.admission.Capacity())
 	case c.tracer == nil || c.meter == nil:
 		return invalid("nil tracer or meter provider")
 	case c.store != nil && typedNil(c.store):
 		return invalid("nil attempt store (a nil %T); pass no WithAttemptStore for none", c.store)
 	}
-	if c.admission != nil && uint64(c.admission.Capacity()) >= uint64(c.maxStreams) {
-		// The default, raised past what admission holds (an explicit
-		// bound that low was refused above).
+	if c.admission != nil && !c.maxStreamsSet && uint64(c.admission.Capacity()) >= uint64(c.maxStreams) {
+		// The default, raised past what admission holds; an explicit
+		// bound is the operator's (WithMaxConcurrentStreams).
 		c.maxStreams = uint32(min(uint64(c.admission.Capacity())+1, math.MaxUint32))
 	}
 	if p, ok := c.store.(interface{ Policy() idempotency.Policy }); ok {
@@ -532,14 +525,21 @@ func WithMaxRecvMsgSize(n int) ServerOption {
 }
 
 // WithMaxConcurrentStreams sets grpc.MaxConcurrentStreams per connection.
-// Default DefaultMaxStreams (1024), or one more than the requests the
-// admission controller holds at once (admission.Controller.Capacity: its
-// classes' slots and queue items) when that is larger. With WithAdmission,
-// n must exceed that capacity: each request admitted or waiting holds a
-// stream of its connection, and a connection that every class fills must
-// keep one for the control path (AttemptService queries, which a tollgate
-// client sends on the connection of the call they resolve, and health
-// checks: DESIGN.md §3.12); a smaller n is an error.
+// Default DefaultMaxStreams (1024), or, with WithAdmission, one more than
+// the requests the admission controller holds at once
+// (admission.Controller.Capacity: its classes' slots and queue items) when
+// that is larger: each request admitted or waiting holds a stream of its
+// connection, and a connection that the classes fill should keep one for
+// the control path (AttemptService queries, which a tollgate client sends
+// on the connection of the call they resolve, and health checks: DESIGN.md
+// §3.12). An explicit n is used as given, even at or below that capacity
+// (a per-connection bound behind a proxy that spreads calls over many
+// connections is legitimate); then one connection whose calls fill it
+// makes its control calls wait on the client for a stream. Even above it
+// the room is not guaranteed: a request whose handler has ended gives its
+// slot back before its record is finished, and keeps its stream until
+// then, so a store slow to finish records can fill a connection's streams
+// with no class full.
 func WithMaxConcurrentStreams(n uint32) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.maxStreams, c.maxStreamsSet = n, true })
 }

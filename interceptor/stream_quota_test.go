@@ -17,18 +17,20 @@ import (
 // connection of the call it resolves, or a health check — waited on the
 // client for a stream (TestMaxConcurrentStreamsBoundsAConnection) while
 // the control class sat idle (DESIGN.md §3.12: the control path stays
-// open). An explicit bound that leaves no room is refused; the default
-// grows to leave room.
+// open). The default grows to leave room.
 func TestMaxConcurrentStreamsLeavesRoomForTheControlPath(t *testing.T) {
 	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 2, QueueItems: 2}))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctrl.Close() })
 	require.Equal(t, 2+2+2+8, ctrl.Capacity(), "work's 2+2 and the built-in control class's 2+8")
 
+	// An explicit bound is the operator's, even one that leaves no room
+	// (a review of the first version, which refused it, found servers
+	// behind proxies legitimately below capacity failing to start).
 	_, err = interceptor.NewServerOptions(interceptor.WithAdmission(ctrl), interceptor.WithMaxConcurrentStreams(14))
-	require.ErrorIs(t, err, interceptor.ErrInvalidOption, "admission holds 14 streams: none left on a full connection")
-	_, err = interceptor.NewServerOptions(interceptor.WithAdmission(ctrl), interceptor.WithMaxConcurrentStreams(15))
 	require.NoError(t, err)
+	require.Equal(t, uint32(14), interceptor.MaxStreams(interceptor.WithAdmission(ctrl), interceptor.WithMaxConcurrentStreams(14)))
+	require.Equal(t, uint32(3), interceptor.MaxStreams(interceptor.WithAdmission(ctrl), interceptor.WithMaxConcurrentStreams(3)))
 
 	big, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 600, QueueItems: 600}))
 	require.NoError(t, err)
