@@ -216,6 +216,9 @@ func init() {
 	hooks.RedisKeep = func(keep time.Duration) any {
 		return optionFunc(func(s *Store) { s.keep = keep })
 	}
+	hooks.RedisFailedBeginFenceTimeout = func(d time.Duration) any {
+		return optionFunc(func(s *Store) { s.failedFenceTimeout = d })
+	}
 }
 
 // Store is an idempotency.Store kept in Redis; see the package documentation.
@@ -232,6 +235,9 @@ type Store struct {
 	perTenant   int           // WithMaxRecordsPerTenant's bound; 0: none
 	now         func() time.Time
 	keep        time.Duration // DefaultKeep, or a test's (hooks.RedisKeep)
+	// failedFenceTimeout bounds the fence a failed Begin sends:
+	// failedBeginFenceTimeout, or a test's (hooks.RedisFailedBeginFenceTimeout).
+	failedFenceTimeout time.Duration
 }
 
 // DefaultKeep, plus twice the policy's skew and a second (the keep), is how long Redis
@@ -354,7 +360,8 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 	if err := honoursDeadlines(client); err != nil {
 		return nil, err
 	}
-	s := &Store{client: client, prefix: "tollgate:attempt:", policy: idempotency.DefaultPolicy(), now: time.Now, keep: DefaultKeep}
+	s := &Store{client: client, prefix: "tollgate:attempt:", policy: idempotency.DefaultPolicy(), now: time.Now, keep: DefaultKeep,
+		failedFenceTimeout: failedBeginFenceTimeout}
 	for _, o := range opts {
 		o.apply(s)
 	}
@@ -682,7 +689,7 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 			if len(v) == 1 && (num(v[0]) == kindStarted || num(v[0]) == kindStale) {
 				// kindStale: this run wrote nothing, but go-redis may have
 				// sent the script before, and that run may have begun it.
-				s.endBegun(ctx, req, tok, true, failedBeginFenceTimeout)
+				s.endBegun(ctx, req, tok, true, s.failedFenceTimeout)
 			}
 			return idempotency.BeginResult{}, lerr
 		}
@@ -694,7 +701,7 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 			// run it, so end it, or it would read IN_PROGRESS, and refuse
 			// every later try of its call, until its lease ends at the
 			// attempt's deadline.
-			s.endBegun(ctx, req, tok, s.late(read) != nil, failedBeginFenceTimeout)
+			s.endBegun(ctx, req, tok, s.late(read) != nil, s.failedFenceTimeout)
 		}
 		return idempotency.BeginResult{}, err
 	}

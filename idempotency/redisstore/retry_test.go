@@ -27,6 +27,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/idempotency"
+	"github.com/tollgate-go/tollgate/idempotency/internal/hooks"
 	"github.com/tollgate-go/tollgate/idempotency/redisstore"
 	"github.com/tollgate-go/tollgate/idempotency/storetest"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
@@ -152,12 +153,38 @@ func newLossyStore(t *testing.T, c redis.UniversalClient, d *lossyDialer, prefix
 	t.Helper()
 	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
 	p := storetest.Policy()
-	s := newStore(t, c, prefix, append([]redisstore.Option{redisstore.WithPolicy(p), clockOption(clock)}, opts...)...)
-	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
-	_, err := s.Get(context.Background(), k) // the horizon starts
-	require.NoError(t, err)
-	clock.Advance(p.Skew)
+	s := newStore(t, c, prefix, append([]redisstore.Option{redisstore.WithPolicy(p), clockOption(clock),
+		hooks.RedisFailedBeginFenceTimeout(lossyFenceTimeout).(redisstore.Option)}, opts...)...)
+	k := idempotency.Key{Tenant: "acme", AttemptID: startHorizon(t, s, clock, "acme"), Call: "0", Method: "/x.Y/Z"}
 	return lossyStore{s: s, d: d, clock: clock, key: k}
+}
+
+// lossyFenceTimeout bounds, in lossy stores, the fence a failed Begin sends
+// (100 ms in production): the tests check that it ends the try, and on a
+// loaded machine its dial and script may take longer than 100 ms.
+const lossyFenceTimeout = 5 * time.Second
+
+// startHorizon starts tenant's horizon on s, whose clock is clock, and
+// returns an attempt ID created a skew after the horizon, the clock moved
+// there: inside the horizon. A script starts a horizon at the later of its
+// call's reading and Redis's TIME (a millisecond past it); the clock was
+// made storetest.ClockLead ahead of real time, but a loaded machine may
+// have spent the lead before the horizon starts (New's round trips, the
+// race detector), and the horizon then lies past the clock. Redis runs on
+// this machine's clock, so once the Get returned its TIME lies before real
+// time: the clock is moved to ClockLead past real time if it is behind
+// that, and so at or past the horizon.
+func startHorizon(t testing.TB, s *redisstore.Store, clock *storetest.Clock, tenant string) string {
+	t.Helper()
+	p := s.Policy()
+	_, err := s.Get(context.Background(), idempotency.Key{Tenant: tenant, AttemptID: storetest.AttemptIDAt(clock.Now()), Call: "h", Method: "/x.Y/Z"})
+	require.NoError(t, err)
+	if behind := time.Now().Truncate(time.Millisecond).Add(storetest.ClockLead).Sub(clock.Now()); behind > 0 {
+		clock.Advance(behind)
+	}
+	id := storetest.AttemptIDAt(clock.Now().Add(p.Skew))
+	clock.Advance(p.Skew)
+	return id
 }
 
 var lossyFingerprint = idempotency.Fingerprint("/x.Y/Z", []byte("charge card"))

@@ -16,3 +16,10 @@ var RedisClock func(now func() time.Time) any
 // past their expiry (redisstore.DefaultKeep). Set by package redisstore's
 // init.
 var RedisKeep func(keep time.Duration) any
+
+// RedisFailedBeginFenceTimeout returns a redisstore.Option that sets how
+// long the fence a failed Begin sends may take (100 ms in production): a
+// test that checks the fence ends the try gives it the time a loaded
+// machine needs to dial and run one script. Set by package redisstore's
+// init.
+var RedisFailedBeginFenceTimeout func(d time.Duration) any
