@@ -46,10 +46,7 @@ func atRecordKey(t *testing.T) (*redis.Client, *redisstore.Store, *storetest.Clo
 	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
 	p := storetest.Policy()
 	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
-	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
-	_, err := s.Get(context.Background(), k) // the horizon starts
-	require.NoError(t, err)
-	clock.Advance(p.Skew)
+	k := idempotency.Key{Tenant: "acme", AttemptID: startHorizon(t, s, clock, "acme"), Call: "0", Method: "/x.Y/Z"}
 	return c, s, clock, k, prefix + "{t:acme}:r|" + k.AttemptID + "|0|/x.Y/Z"
 }
 
@@ -153,12 +150,9 @@ func TestFarDeadlineRecordStaysReadable(t *testing.T) {
 	p := storetest.Policy()
 	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
 	ctx := context.Background()
-	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
-	_, err := s.Get(ctx, k) // the tenant's horizon
-	require.NoError(t, err)
-	clock.Advance(p.Skew)
+	k := idempotency.Key{Tenant: "acme", AttemptID: startHorizon(t, s, clock, "acme"), Call: "0", Method: "/x.Y/Z"}
 	far := time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
-	_, err = s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: far})
+	_, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: far})
 	require.ErrorIs(t, err, idempotency.ErrMalformedKey, "a deadline no record can carry is refused")
 	rec, err := s.Get(ctx, k)
 	require.NoError(t, err, "nothing unreadable was written")

@@ -59,10 +59,7 @@ func TestFullRedisStillFinishesRunningTry(t *testing.T) {
 	p := storetest.Policy()
 	s := newStore(t, c, "r63:", redisstore.WithPolicy(p), clockOption(clock))
 	ctx := context.Background()
-	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
-	_, err := s.Get(ctx, k)
-	require.NoError(t, err)
-	clock.Advance(p.Skew)
+	k := idempotency.Key{Tenant: "acme", AttemptID: startHorizon(t, s, clock, "acme"), Call: "0", Method: "/x.Y/Z"}
 	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
 	require.NoError(t, err)
 	require.True(t, res.Started)
@@ -95,9 +92,7 @@ func TestFullRedisRefusesNewTriesWithPerTenantBound(t *testing.T) {
 	key := func(call string) idempotency.Key {
 		return idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: call, Method: "/x.Y/Z"}
 	}
-	_, err := s.Get(ctx, key("0")) // the tenant's horizon
-	require.NoError(t, err)
-	clock.Advance(p.Skew)
+	startHorizon(t, s, clock, "acme")
 	k0 := key("0")
 	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k0, Try: 1, Deadline: clock.Now().Add(time.Second)})
 	require.NoError(t, err)
@@ -128,10 +123,7 @@ func TestFullRedisRefusesNewTriesWithoutBound(t *testing.T) {
 	p := storetest.Policy()
 	s := newStore(t, c, "r71oom0:", redisstore.WithPolicy(p), clockOption(clock))
 	ctx := context.Background()
-	k0 := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
-	_, err := s.Get(ctx, k0)
-	require.NoError(t, err)
-	clock.Advance(p.Skew)
+	k0 := idempotency.Key{Tenant: "acme", AttemptID: startHorizon(t, s, clock, "acme"), Call: "0", Method: "/x.Y/Z"}
 	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "1").Err())
 	_, beginErr := s.Begin(ctx, idempotency.BeginRequest{Key: k0, Try: 1, Deadline: clock.Now().Add(time.Second)})
 	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "0").Err())
@@ -234,10 +226,7 @@ func TestFullRedisStillAnswersACoveredFence(t *testing.T) {
 	p := storetest.Policy()
 	s := newStore(t, c, "rv5:", redisstore.WithPolicy(p), clockOption(clock))
 	ctx := context.Background()
-	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
-	_, err := s.Get(ctx, k) // the tenant's horizon
-	require.NoError(t, err)
-	clock.Advance(p.Skew)
+	k := idempotency.Key{Tenant: "acme", AttemptID: startHorizon(t, s, clock, "acme"), Call: "0", Method: "/x.Y/Z"}
 	rec, err := s.Fence(ctx, k, 2)
 	require.NoError(t, err)
 	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState())

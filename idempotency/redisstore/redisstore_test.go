@@ -172,10 +172,7 @@ func TestRedisIdentityChangeMovesHorizon(t *testing.T) {
 	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
 	ctx := context.Background()
 	tenant := "acme"
-	k := idempotency.Key{Tenant: tenant, AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
-	_, err := s.Get(ctx, k) // the horizon starts
-	require.NoError(t, err)
-	clock.Advance(p.Skew)
+	k := idempotency.Key{Tenant: tenant, AttemptID: startHorizon(t, s, clock, tenant), Call: "0", Method: "/x.Y/Z"}
 	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
 	require.NoError(t, err)
 	require.True(t, res.Started)
@@ -293,10 +290,7 @@ func TestRedisEvictionAfterNewMovesHorizon(t *testing.T) {
 	const prefix = "evict:"
 	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
 	ctx := context.Background()
-	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
-	_, err := s.Get(ctx, k) // the horizon starts
-	require.NoError(t, err)
-	clock.Advance(p.Skew)
+	k := idempotency.Key{Tenant: "acme", AttemptID: startHorizon(t, s, clock, "acme"), Call: "0", Method: "/x.Y/Z"}
 	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
 	require.NoError(t, err)
 	require.True(t, res.Started)
@@ -346,10 +340,7 @@ func TestRedisOutOfMemoryIsStoreFull(t *testing.T) {
 	p := storetest.Policy()
 	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
 	ctx := context.Background()
-	k := idempotency.Key{AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
-	_, err := s.Get(ctx, k)
-	require.NoError(t, err)
-	clock.Advance(p.Skew)
+	k := idempotency.Key{AttemptID: startHorizon(t, s, clock, ""), Call: "0", Method: "/x.Y/Z"}
 	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "1").Err())
 	_, beginErr := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
 	_, fenceErr := s.Fence(ctx, k, 1)
@@ -390,11 +381,8 @@ func TestRedisWaitForReplicas(t *testing.T) {
 	waiting := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithReplicas(1, 10*time.Millisecond))
 	plain := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
 	ctx := context.Background()
-	k := idempotency.Key{AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
-	_, err := plain.Get(ctx, k)
-	require.NoError(t, err)
-	clock.Advance(p.Skew)
-	_, err = waiting.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
+	k := idempotency.Key{AttemptID: startHorizon(t, plain, clock, ""), Call: "0", Method: "/x.Y/Z"}
+	_, err := waiting.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
 	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
 	require.ErrorContains(t, err, "0 of 1 replicas")
 	rec, err := plain.Get(ctx, k)

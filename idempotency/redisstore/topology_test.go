@@ -443,10 +443,7 @@ func TestRedisReplicatedWaitForReplicas(t *testing.T) {
 	p := storetest.Policy()
 	s := newStore(t, primary, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithReplicas(1, 2*time.Second))
 	ctx := context.Background()
-	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
-	_, err := s.Get(ctx, k) // the horizon starts
-	require.NoError(t, err)
-	clock.Advance(p.Skew)
+	k := idempotency.Key{Tenant: "acme", AttemptID: startHorizon(t, s, clock, "acme"), Call: "0", Method: "/x.Y/Z"}
 	state := func(key, field string) string {
 		v, err := replica.HGet(ctx, key, field).Result()
 		require.NoError(t, err, "the replica holds %s", key)
@@ -534,12 +531,9 @@ func TestRedisFailoverMovesHorizon(t *testing.T) {
 func finishedAndFenced(t *testing.T, s *redisstore.Store, clock *storetest.Clock, p idempotency.Policy, tenant string) (done, fenced idempotency.Key) {
 	t.Helper()
 	ctx := context.Background()
-	done = idempotency.Key{Tenant: tenant, AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
+	done = idempotency.Key{Tenant: tenant, AttemptID: startHorizon(t, s, clock, tenant), Call: "0", Method: "/x.Y/Z"}
 	fenced = done
 	fenced.Call = "1"
-	_, err := s.Get(ctx, done) // the horizon starts
-	require.NoError(t, err)
-	clock.Advance(p.Skew)
 	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: done, Try: 1, Deadline: clock.Now().Add(time.Second)})
 	require.NoError(t, err)
 	require.True(t, res.Started)

@@ -39,10 +39,7 @@ func waitingStores(t *testing.T, c *redis.Client, prefix string, timeout time.Du
 	p := storetest.Policy()
 	waiting = newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithReplicas(1, timeout))
 	plain = newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
-	k = idempotency.Key{AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
-	_, err := plain.Get(context.Background(), k)
-	require.NoError(t, err)
-	clock.Advance(p.Skew)
+	k = idempotency.Key{AttemptID: startHorizon(t, plain, clock, ""), Call: "0", Method: "/x.Y/Z"}
 	return waiting, plain, clock, k
 }
 
