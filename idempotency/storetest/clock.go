@@ -54,5 +54,16 @@ func AttemptIDAt(t time.Time) string {
 // call's reading and Redis's own time (TIME), so that a call whose reading
 // is old cannot set it before records Redis lost; a test clock that starts
 // at the real time falls behind Redis's as soon as real time passes, and
-// the horizon would then follow Redis's time instead of the test's.
+// the horizon would then follow Redis's time instead of the test's. A
+// loaded machine may spend the lead before a horizon starts (building the
+// store takes round trips): the suites move their clocks ClockLead ahead of
+// real time again just before they start horizons, and check afterwards that
+// real time, and so Redis's, is still behind the clock.
 const ClockLead = time.Second
+
+// lead moves c to ClockLead ahead of real time, when it is behind that.
+func lead(c *Clock) {
+	if behind := time.Now().Truncate(time.Millisecond).Add(ClockLead).Sub(c.Now()); behind > 0 {
+		c.Advance(behind)
+	}
+}

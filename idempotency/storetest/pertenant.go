@@ -33,15 +33,21 @@ func RunPerTenantBoundKept(t *testing.T, kept time.Duration, newStore func(t *te
 	p := Policy()
 	s := newStore(t, clock, p)
 	ctx := context.Background()
-	id := AttemptIDAt(clock.Now())
 	key := func(tenant, attempt string, i int) idempotency.Key {
 		return idempotency.Key{Tenant: tenant, AttemptID: attempt, Call: fmt.Sprint(i), Method: method}
 	}
-	// A store may start a tenant's horizon at its first use.
+	// A store may start a tenant's horizon at its first use, Redis at the
+	// later of the call's reading and its own clock: the clock is moved
+	// ClockLead ahead of real time first, and after the horizons started
+	// at least past real time (Redis's clock, on this machine, is behind
+	// it), so that attempts created skew after it lie inside them.
+	lead(clock)
+	id := AttemptIDAt(clock.Now())
 	for _, tenant := range []string{"a", "b", ""} {
 		_, err := s.Get(ctx, key(tenant, id, 0))
 		require.NoError(t, err)
 	}
+	lead(clock)
 	clock.Advance(p.Skew)
 	id = AttemptIDAt(clock.Now())
 	d := clock.Now().Add(time.Second)
