@@ -219,6 +219,10 @@ type Controller struct {
 	virtual bool
 	closed  bool
 	queued  int
+	// leaving is a waiter whose context has ended while ctxEnded brings
+	// the state up to date: still in its queue (the windows it waited
+	// through see it wait), but never started, since its client is gone.
+	leaving *waiter
 	deg     degradeState
 	ovr     overrideState
 	pending []Event // observer events to emit after unlocking
@@ -236,6 +240,8 @@ type Controller struct {
 	// when it is armed for (Unix nanoseconds; 0: not armed).
 	wake   *time.Timer
 	wakeAt int64
+	// observerPanics counts the observer's recovered panics (observe).
+	observerPanics atomic.Uint64
 }
 
 type prefixClass struct {
@@ -844,8 +850,12 @@ func (c *Controller) ctxEnded(ctx context.Context, w *waiter, timed bool) (*Perm
 		// Close the windows that ended while w waited first, as the give-up
 		// timer does: each sees w still waiting (oldestWait), and its wait
 		// counts in the window it leaves in, not clamped to the end of the
-		// oldest one still open. Time-driven state may start w.
+		// oldest one still open. Time-driven state may refuse w (shed,
+		// expired, trimmed), but never start it: its client is gone, and
+		// the slot is the next waiter's (pumpPass skips it).
+		c.leaving = w
 		c.advance(now)
+		c.leaving = nil
 		if w.decided {
 			c.unlock()
 			return c.woken(ctx, w)
@@ -1188,7 +1198,9 @@ func (c *Controller) pumpPass(now time.Time) (lenderEmptied bool) {
 				w = next
 				continue
 			}
-			if c.tenantHeld(cs, w) {
+			if w == c.leaving || c.tenantHeld(cs, w) {
+				// Leaving (its context ended: ctxEnded), or held by its
+				// tenant's running limit: those behind it may start.
 				soonest = sooner(soonest, w.deadline)
 				w = next
 				continue
@@ -1762,11 +1774,25 @@ func (c *Controller) unlock() {
 	c.traces = nil
 	c.mu.Unlock()
 	for _, e := range evs {
-		c.cfg.observer(e)
+		c.observe(e)
 	}
 	for _, t := range trs {
 		c.m.trace(t)
 	}
+}
+
+// observe gives e to the observer, recovering and counting a panic of its:
+// the observer runs after the lock is released, on the path that returns a
+// permit (Admit) or on the controller's own timer (awake), where a panic
+// would lose a permit's slot for good or end the process. The event is
+// lost; the controller stays sound.
+func (c *Controller) observe(e Event) {
+	defer func() {
+		if recover() != nil {
+			c.observerPanics.Add(1)
+		}
+	}()
+	c.cfg.observer(e)
 }
 
 // refreshFlag sets the class's atomic tap flag: SHED while frozen or shed,

@@ -362,6 +362,9 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 // a window ended: the controller's timer's), after the controller's lock is
 // released. f must
 // be safe for concurrent use and must not block; nil removes the observer.
+// A panic of f is recovered and counted (Stats.ObserverPanics), and the
+// event it was given is lost: the controller and its caller go on as if f
+// had returned (a permit is still the caller's, a slot still comes back).
 // It is meant for logs, tests and simulations; metrics need no observer.
 func WithObserver(f func(Event)) Option {
 	return optionFunc(func(c *config) { c.observer = f })

@@ -74,6 +74,9 @@ type Stats struct {
 	Mode Mode
 	// Transitions counts the state machine's mode changes so far.
 	Transitions int
+	// ObserverPanics counts the panics of the observer (WithObserver)
+	// that the controller recovered; each lost the event it was given.
+	ObserverPanics uint64
 	// Classes holds one entry per class, the control class first.
 	Classes []ClassStats
 }
@@ -145,7 +148,7 @@ func (c *Controller) Stats() Stats { return c.StatsAt(c.cfg.now()) }
 func (c *Controller) StatsAt(now time.Time) Stats {
 	c.mu.Lock()
 	c.advance(now)
-	s := Stats{Mode: c.mode(), Transitions: c.deg.transitions}
+	s := Stats{Mode: c.mode(), Transitions: c.deg.transitions, ObserverPanics: c.observerPanics.Load()}
 	for _, cs := range c.classes {
 		st := ClassStats{
 			Name:            cs.cfg.Name,

@@ -1,0 +1,101 @@
+package admission_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/admission"
+	"github.com/tollgate-go/tollgate/status"
+)
+
+// A review found that a waiter whose context ended brings the controller's
+// time-driven state up to date before it leaves (so that the windows it
+// waited through see it waiting), and that this could start the very
+// waiter that was leaving: an override that lowered its class's slots had
+// expired since anything last looked, and the pump that follows the expiry
+// handed the ended waiter a permit. Its client is gone: a detached unary
+// handler would run for nobody, on a slot others wait for. The ended waiter
+// leaves as a cancelled one; the slot goes to the next waiter.
+func TestEndedWaiterIsNotStartedByTheStateItBringsUpToDate(t *testing.T) {
+	h := newHarness(t, admission.WithClasses(admission.Class{Name: "main", Slots: 2, QueueItems: 4, ExpectedServiceTime: 100 * time.Millisecond}))
+	_, err := h.ctrl.SetOverride(context.Background(), admission.Override{Actor: "test", Reason: "one slot", Class: "main", Slots: 1, TTL: time.Second})
+	require.NoError(t, err)
+	h.drain()
+	p := h.admitted(work(mainM))
+	gone := h.queued(work(mainM))
+	next := h.queued(work(mainM))
+
+	h.clk.Advance(2 * time.Second) // the override has expired; nothing has looked since
+	h.cancels[gone]()
+	var r result
+	for r.id != gone {
+		select {
+		case r = <-h.results:
+			if r.id != gone {
+				h.done[r.id] = r
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the ended waiter got no answer")
+		}
+	}
+	if r.permit != nil {
+		r.permit.Abandon() // keep the harness's invariant check clean either way
+	}
+	require.Nil(t, r.permit, "an ended waiter was handed a permit")
+	require.True(t, errors.Is(r.err, context.Canceled), "%v", r.err)
+	require.Equal(t, status.ReasonUnspecified, status.OutcomeOf(r.err).Reason, "%v", r.err)
+
+	// The slot the expiry freed went to the waiter behind it.
+	for {
+		if res, ok := h.done[next]; ok {
+			require.NoError(t, res.err)
+			res.permit.Release()
+			break
+		}
+		select {
+		case res := <-h.results:
+			h.done[res.id] = res
+		case <-time.After(10 * time.Second):
+			t.Fatal("the next waiter did not start")
+		}
+	}
+	p.Release()
+	st, _ := h.ctrl.Stats().Class("main")
+	require.Equal(t, 0, st.Running)
+	require.Equal(t, uint64(1), st.Cancelled)
+}
+
+// A review found that an observer (WithObserver) that panics did so in the
+// controller's unlock, after the lock was released: Admit lost the permit
+// it had just created, whose slot then never came back (invariant 9), and a
+// panic on the controller's own timer (an override's expiry starting a
+// waiter) would end the process. The controller recovers an observer's
+// panic, counts it (Stats.ObserverPanics) and goes on: the caller gets its
+// permit, and the event is lost.
+func TestPanickingObserverLeaksNoSlot(t *testing.T) {
+	ctrl, err := admission.New(
+		admission.WithClasses(admission.Class{Name: "main", Slots: 1, QueueItems: 1}),
+		admission.WithObserver(func(e admission.Event) {
+			if e.Kind == admission.EventAdmitted || e.Kind == admission.EventReleased {
+				panic("observer bug")
+			}
+		}))
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, ctrl.Close()) })
+
+	for range 3 {
+		var p *admission.Permit
+		require.NotPanics(t, func() { p, err = ctrl.Admit(context.Background(), work(mainM)) })
+		require.NoError(t, err)
+		require.NotNil(t, p)
+		require.NotPanics(t, p.Release)
+	}
+	s := ctrl.Stats()
+	st, _ := s.Class("main")
+	require.Equal(t, 0, st.Running, "every permit came back")
+	require.Equal(t, uint64(3), st.Admitted)
+	require.Equal(t, uint64(6), s.ObserverPanics)
+}
