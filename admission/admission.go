@@ -1569,15 +1569,21 @@ func (cs *classState) saturated(tenant string) (tenantCount, bool) {
 // its own on borrowed slots too) end one
 // by one (Permit.remaining), each freeing a slot once no more run than
 // slots; the queued requests, each the queue's mean work, start in turn on
-// the first slot free; the request starts on the first free after them.
+// the first slot free; the request starts on the first free after them. A
+// lowered class that both lends and borrows has two gates (playOutGates):
+// its own requests' ends, and slots freed on its own or borrowed slots.
 // As in predictedWaitLocked, a tenant at its running limit with requests
 // waiting (saturated) keeps its slots and its waiters to itself, unless
 // such tenants hold every slot. It allocates nothing for up to 16 running
 // requests, and costs a pass over them and a search over the slots.
 func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowOff float64) time.Duration {
 	limit := cs.cfg.TenantRunning
-	var buf, heldBuf [16]float64
+	var buf, heldBuf, runBuf, gateBuf [16]float64
 	rem, held := buf[:0], heldBuf[:0]
+	// run: lowered, the remainders of its own requests (not held), which
+	// gate its starts by themselves; borrowed: how many of them run on
+	// other classes' slots.
+	run, borrowed := runBuf[:0], 0
 	var heldWork float64
 	for _, b := range c.classes {
 		for p := b.runHead; p != nil; p = p.next {
@@ -1596,6 +1602,12 @@ func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowO
 				}
 			}
 			rem = append(rem, r)
+			if lowered && b == cs {
+				run = append(run, r)
+				if p.owner != cs {
+					borrowed++
+				}
+			}
 		}
 	}
 	n, work := cs.queue.n, float64(cs.queuedWork)
@@ -1605,9 +1617,22 @@ func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowO
 		n, work = n-cs.heldWaiters, work-heldWork
 	} else {
 		rem = append(rem, held...)
+		if lowered {
+			run = append(run, held...)
+		}
 	}
 	slices.Sort(rem)
 	free := rem[max(len(rem)-slots, 0):] // a slot frees with the (len-slots+1)-th end
+	if borrowed > 0 && len(run) < len(rem) {
+		// Lowered, it borrows and lends at once: its k-th start needs
+		// both k of its own requests ended (fewer run than its slots) and
+		// k slots free — its own, whoever holds them, or one it borrowed,
+		// which its request's end gives back to be borrowed again. One
+		// play-out of both would wait for the end of the lender's
+		// borrower too. Each start is the later of the two gates.
+		slices.Sort(run)
+		free = playOutGates(run, rem, slots, borrowed, gateBuf[:0])
+	}
 	if len(free) == 0 {
 		return 0
 	}
@@ -1615,6 +1640,30 @@ func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowO
 		return time.Duration(free[0])
 	}
 	return time.Duration(nextStart(free, n, work/float64(n)))
+}
+
+// playOutGates returns, for a lowered class that both borrows (borrowed of
+// its requests run on other classes' slots) and lends, when each of its
+// slots' worth of starts can happen, earliest first: the k-th when the
+// k-th of its own requests (run, sorted; slots of them may run) has ended
+// and the k-th slot (rem, sorted: everything on its slots and on those it
+// borrowed; slots+borrowed of them) has freed, a slot counted free now
+// while fewer than its number are held. It reuses dst's storage, which
+// must not share run's.
+func playOutGates(run, rem []float64, slots, borrowed int, dst []float64) []float64 {
+	at := func(list []float64, n, k int) float64 {
+		// The k-th (0-based) of n slot ends, the first n-len(list) now.
+		if i := k - (n - len(list)); i >= 0 {
+			return list[i]
+		}
+		return 0
+	}
+	run = run[max(len(run)-slots, 0):]
+	all := rem[max(len(rem)-(slots+borrowed), 0):]
+	for k := range slots {
+		dst = append(dst, max(at(run, slots, k), at(all, slots+borrowed, k)))
+	}
+	return dst
 }
 
 // tenantNextLocked is how long until a tenant over its limits in cs is

@@ -99,3 +99,59 @@ func TestPanickingObserverLeaksNoSlot(t *testing.T) {
 	require.Equal(t, uint64(3), st.Admitted)
 	require.Equal(t, uint64(6), s.ObserverPanics)
 }
+
+// A review found that a class whose slots are lowered (an override) and
+// that both lends a slot and borrows one predicted its wait from one
+// play-out of both kinds of request: those on its own slots, whoever runs
+// them, and its own on borrowed slots, all gating the start of its next
+// request together. It starts one as soon as fewer of its own run than its
+// lowered slots and a slot is free — its own, or the one it had borrowed,
+// which its request's end gives back to be borrowed again. Here its own
+// stream on a borrowed slot ends in about 100ms while another class's
+// stream, long-lived, holds the slot it lent: the request would start in
+// ~100ms, but was refused DEADLINE_UNREACHABLE for the long stream.
+func TestLoweredClassThatLendsAndBorrowsPredictsItsOwnEnd(t *testing.T) {
+	const bM, lenderM = "/demo.B/Do", "/demo.Lender/Do"
+	h := newHarness(t,
+		admission.WithClasses(
+			admission.Class{Name: "opt", Slots: 2, QueueItems: 4, LendIdle: true, ExpectedServiceTime: 100 * time.Millisecond},
+			admission.Class{Name: "b", Slots: 1, ExpectedServiceTime: 100 * time.Millisecond},
+			admission.Class{Name: "lender", Slots: 1, LendIdle: true, ExpectedServiceTime: 100 * time.Millisecond}),
+		admission.WithMethods("b", "/demo.B/"),
+		admission.WithMethods("lender", "/demo.Lender/"))
+	stream := func(m string) admission.Request { return admission.Request{Method: m, Size: -1, Stream: true} }
+	b1 := h.admitted(stream(bM))   // on b's own slot
+	long := h.admitted(stream(bM)) // borrows one of opt's idle slots
+	b1.Abandon()
+	h.drain()
+	h.clk.Advance(10 * time.Second) // the borrowing stream has lived 10s: expected to live as long again
+
+	own := h.admitted(stream(mainM)) // on opt's other slot
+	r := stream(mainM)
+	r.Deadline = h.clk.Now().Add(time.Second) // its handler's context ends in 1s
+	short := h.admitted(r)                    // opt is full: borrows the lender's idle slot
+	own.Abandon()
+	h.drain()
+	_, err := h.ctrl.SetOverride(context.Background(), admission.Override{Actor: "test", Reason: "one slot", Class: "opt", Slots: 1, TTL: time.Hour})
+	require.NoError(t, err)
+	h.drain()
+	st, _ := h.ctrl.Stats().Class("opt")
+	require.Equal(t, 1, st.Running, "its stream on the lender's slot")
+	require.Equal(t, 1, st.UsedSlots, "b's stream on its slot")
+
+	// Deadline in 2s: a wait of ~100ms and 100ms of work fit; 10s do not.
+	req := work(mainM)
+	req.Deadline = h.clk.Now().Add(2 * time.Second)
+	id, e := h.arrive(req)
+	require.Equal(t, admission.EventQueued, e.Kind, "reason %v", e.Reason)
+
+	// And it does start once its class's stream ends, long before b's.
+	h.clk.Advance(100 * time.Millisecond)
+	short.Release()
+	h.drain()
+	res := h.take(id)
+	require.NoError(t, res.err)
+	res.permit.Release()
+	long.Abandon()
+	h.drain()
+}
