@@ -139,12 +139,23 @@ func (c *Controller) ModeAt(now time.Time) Mode {
 }
 
 // advance brings time-driven state up to now: overrides expire, windows close.
+// The windows that ended before an override's expiry are closed first,
+// with it in force (a forced mode, a lowered class): over a long gap (a
+// virtual clock; a timer that ran late) they are judged as they would have
+// been had the controller looked in time. What the expiry lets happen (a
+// waiter starts, a shed one is dropped) happens at now.
 func (c *Controller) advance(now time.Time) {
 	if now.After(c.last) {
 		c.last = now
 	}
-	if len(c.ovr.list) > 0 && !now.Before(c.ovr.nextExpiry) {
-		c.expireOverrides(now)
+	for len(c.ovr.list) > 0 && !now.Before(c.ovr.nextExpiry) {
+		e := c.ovr.nextExpiry
+		if c.cfg.stages&StageDegradation != 0 && c.deg.winEnd.Before(e) {
+			// Nothing it would do differs from rollWindows': shedding and
+			// starting follow in applyOverrides, at now.
+			c.closeWindows(e.Add(-1))
+		}
+		c.expireOverrides(e, now)
 	}
 	if c.cfg.stages&StageDegradation != 0 && !now.Before(c.deg.winEnd) {
 		c.rollWindows(now)
@@ -199,8 +210,9 @@ func (c *Controller) closeWindows(now time.Time) {
 // waiters, drop shed ones and close windows at the collection's time, not
 // at the next call's). The windows are closed on the live state and the
 // state is then put back; overrides that expire by now end their forced
-// mode, but their other limits are judged as in force, a peek's only
-// approximation.
+// mode at their expiry (the windows that end before it are judged under it,
+// as advance judges them), but their other limits are judged as in force,
+// a peek's only approximation.
 func (c *Controller) peekMode(now time.Time) Mode {
 	forced := c.ovr.forced
 	if len(c.ovr.list) > 0 && !now.Before(c.ovr.nextExpiry) {
@@ -230,6 +242,35 @@ func (c *Controller) peekMode(now time.Time) Mode {
 		saved[i] = classSaved{cs.wasStepped, cs.unsteppedAt, cs.tapFolded, cs.tapSteppedFolded}
 	}
 	deg, ovrForced, pending, traces := c.deg, c.ovr.forced, len(c.pending), len(c.traces)
+	// The forced modes in force before each expiry by now, in turn.
+	for last := (time.Time{}); ; {
+		e, ok := time.Time{}, false
+		for _, a := range c.ovr.list {
+			if a.Expires.After(last) && !now.Before(a.Expires) && (!ok || a.Expires.Before(e)) {
+				e, ok = a.Expires, true
+			}
+		}
+		if !ok {
+			break
+		}
+		c.ovr.forced = 0
+		for _, a := range c.ovr.list {
+			if !a.Expires.Before(e) && a.Mode != 0 {
+				c.ovr.forced = a.Mode // the latest wins, as in applyOverrides
+			}
+		}
+		if c.deg.winEnd.Before(e) {
+			c.closeWindows(e.Add(-1))
+		}
+		c.ovr.forced = 0
+		for _, a := range c.ovr.list {
+			if a.Expires.After(e) && a.Mode != 0 {
+				c.ovr.forced = a.Mode
+			}
+		}
+		c.noteSteps(e) // as expireOverrides does
+		last = e
+	}
 	c.ovr.forced = 0
 	c.closeWindows(now)
 	m := c.deg.mode

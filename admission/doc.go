@@ -173,7 +173,10 @@
 // drive it on a virtual clock with [Controller.AdmitAt], [Permit.ReleaseAt],
 // [Permit.AbandonAt], [Controller.ModeAt], [Controller.StatsAt] and
 // [Controller.OverridesAt]; windows and overrides are evaluated lazily from
-// the times given. On the real clock, while requests wait and time alone
+// the times given, in time order: the windows that ended before an
+// override expired are judged with it in force, however late the next
+// call comes (what the expiry lets happen — a waiter starts — happens at
+// that call's time). On the real clock, while requests wait and time alone
 // will change the state (an override expires, or a window ends while the
 // controller is not Normal or the tap refuses a class), the controller arms
 // one timer (time.AfterFunc) that brings the state up to date, so that the

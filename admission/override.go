@@ -80,7 +80,7 @@ func (c *Controller) SetOverrideAt(ctx context.Context, o Override, now time.Tim
 	c.ovr.nextID++
 	a := ActiveOverride{Override: o, ID: c.ovr.nextID, Set: now, Expires: now.Add(o.TTL)}
 	c.ovr.list = append(c.ovr.list, a)
-	c.applyOverrides(now)
+	c.applyOverrides(now, now)
 	c.traceLocked(traceEvent{name: "tollgate.admission.override", action: "set", ovr: a, at: now, ctx: ctx})
 	c.unlock()
 	return a.ID, nil
@@ -109,7 +109,7 @@ func (c *Controller) ClearOverride(ctx context.Context, id uint64) bool {
 		}
 	}
 	if found {
-		c.applyOverrides(now)
+		c.applyOverrides(now, now)
 	}
 	c.unlock()
 	return found
@@ -160,24 +160,26 @@ func (c *Controller) validateOverride(o Override) error {
 	return nil
 }
 
-// expireOverrides drops the overrides that ended by now.
-func (c *Controller) expireOverrides(now time.Time) {
+// expireOverrides drops the overrides that ended by at, as of at (the
+// classes Recovering's step no longer holds count their waits from at), and
+// acts on the new limits at now, not before at.
+func (c *Controller) expireOverrides(at, now time.Time) {
 	kept := c.ovr.list[:0]
 	for _, a := range c.ovr.list {
-		if now.Before(a.Expires) {
+		if at.Before(a.Expires) {
 			kept = append(kept, a)
 			continue
 		}
 		c.traceLocked(traceEvent{name: "tollgate.admission.override", action: "expire", ovr: a, at: a.Expires})
 	}
 	c.ovr.list = kept
-	c.applyOverrides(now)
+	c.applyOverrides(at, now)
 }
 
 // applyOverrides recomputes the effective limits from the overrides in
-// force, drops the waiters of frozen or newly shed classes and starts
-// waiters that the new limits allow.
-func (c *Controller) applyOverrides(now time.Time) {
+// force as of at (noteSteps), and at now drops the waiters of frozen or
+// newly shed classes and starts waiters that the new limits allow.
+func (c *Controller) applyOverrides(at, now time.Time) {
 	for _, cs := range c.classes {
 		cs.slotsCap, cs.queueCap, cs.frozen = cs.cfg.Slots, cs.cfg.QueueItems, false
 	}
@@ -202,7 +204,7 @@ func (c *Controller) applyOverrides(now time.Time) {
 			cs.queueCap = min(cs.queueCap, a.QueueItems)
 		}
 	}
-	c.noteSteps(now)
+	c.noteSteps(at)
 	c.shedQueued(now)
 	c.pump(now)
 	c.trimQueues(now)

@@ -9,6 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/status"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
 // A review found that a waiter whose context ended brings the controller's
@@ -153,5 +155,69 @@ func TestLoweredClassThatLendsAndBorrowsPredictsItsOwnEnd(t *testing.T) {
 	require.NoError(t, res.err)
 	res.permit.Release()
 	long.Abandon()
+	h.drain()
+}
+
+// A review found that bringing the state up to date over a long gap (a
+// virtual clock; a real one whose timer ran late) expired the overrides
+// first, at the gap's end, and closed the windows of the gap after: the
+// windows that ended while an override was in force were judged without
+// it, and a class the expiry released from Recovering's step (forced by
+// the override) counted its waits only from the gap's end. Here an
+// optional request waits from the override's expiry (2s) on, unstepped,
+// for far longer than MaxQueueAge: the windows after the expiry are
+// overloaded, and the controller degrades, shedding it. Before, every
+// window was judged healthy and the request waited on.
+func TestWindowsBeforeAnOverridesExpiryAreJudgedWithIt(t *testing.T) {
+	t.Run("looked in time", func(t *testing.T) { windowsAcrossAnExpiry(t, true) })
+	t.Run("after a gap", func(t *testing.T) { windowsAcrossAnExpiry(t, false) })
+}
+
+// windowsAcrossAnExpiry is the scenario above; ticked: something looks
+// every 100ms, as the real clock's timer would at the override's expiry.
+func windowsAcrossAnExpiry(t *testing.T, ticked bool) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+	h := newHarness(t, admission.WithMeterProvider(mp),
+		admission.WithClasses(
+			admission.Class{Name: "main", Slots: 1},
+			admission.Class{Name: "opt", Slots: 3, QueueItems: 4, Optional: true},
+		),
+		admission.WithMethods("opt", optM),
+		admission.WithDegradation(admission.Degradation{
+			Window: time.Second, EnterAfter: 1, ExitAfter: 100, MinDecisions: 1000, MaxQueueAge: 2 * time.Second,
+		}))
+	var running []*admission.Permit
+	for range 3 {
+		running = append(running, h.admitted(work(optM)))
+	}
+	_, err := h.ctrl.SetOverride(context.Background(), admission.Override{Actor: "test", Reason: "step", Mode: admission.ModeRecovering, TTL: 2 * time.Second})
+	require.NoError(t, err)
+	h.drain()
+	w := h.queued(work(optM)) // stepped to one slot; three run
+
+	if ticked {
+		for range 99 {
+			h.tick(100 * time.Millisecond)
+		}
+		h.clk.Advance(100 * time.Millisecond)
+	} else {
+		h.clk.Advance(10 * time.Second) // nothing looks until now
+	}
+	// The metrics' peek (which changes nothing) sees what Mode will.
+	gauge := collect(t, reader)["tollgate.admission.mode"].Data.(metricdata.Gauge[int64])
+	require.Len(t, gauge.DataPoints, 1)
+	peeked := admission.Mode(gauge.DataPoints[0].Value)
+	mode := h.ctrl.Mode()
+	require.NotEqual(t, admission.ModeNormal, mode,
+		"from 2s on the request waited unstepped, past MaxQueueAge by 4s")
+	require.Equal(t, mode, peeked)
+	h.drain()
+	res := h.take(w)
+	require.Equal(t, status.ReasonShed, status.OutcomeOf(res.err).Reason, "%v", res.err)
+	for _, p := range running {
+		p.Release()
+	}
 	h.drain()
 }
