@@ -78,7 +78,13 @@
 // without a definite code, becomes UNKNOWN; definite errors pass unchanged.
 // A handler panic is not recovered unless WithRecovery is given, and is then
 // UNKNOWN (INTERNAL); WithRecovery also answers a panic of the attempt
-// store's Begin or Finish as the store's failure.
+// store's Begin or Finish as the store's failure. A recorded try whose
+// context ended before the store could begin it (a timeout interceptor
+// chained outside tollgate's cut it, or its client's deadline passed while
+// its request was decoded) is not the store's failure: it is refused
+// DEADLINE_EXPIRED, final only once the attempt's deadline plus the skew
+// has passed, or, canceled before any deadline, NOT_ADMITTED with no
+// reason, as admission refuses such a waiter.
 //
 // Calls to tollgate's AttemptService, gRPC health and reflection are the
 // control path: no ledger, no records. AttemptService queries are admitted

@@ -91,6 +91,13 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 				AttemptID: s.ID, Call: s.Call, Try: s.Try, Final: true,
 				Message: "interceptor: the server cannot key this call's record: " + err.Error()})
 		}
+		if ctx.Err() != nil {
+			// The try's context ended before the store could begin it (a
+			// timeout interceptor chained outside this one cut it, or its
+			// client's deadline passed while its request was decoded):
+			// the store did not fail, and nothing ran.
+			return false, nil, sv.contextEnded(ctx, in)
+		}
 		if errors.Is(err, idempotency.ErrTooLittleTime) {
 			// The store sent nothing: the try's time left cannot fit the
 			// store's work (a wait for replicas), as admission refuses a
@@ -164,6 +171,34 @@ const msgUnverifiable = "interceptor: the record store cannot vouch for this att
 	"the attempt was created longer ago than the store keeps records (its TTL, less the clock skew), " +
 	"so records of earlier tries may have expired, or its ID's time lies ahead of this server's clock by more than the skew; " +
 	"an attempt's recorded calls must be made within the store's TTL, less the clock skew, of its start"
+
+// contextEnded is the refusal of a try whose context ended before its
+// record was begun: nothing ran. When a deadline ended it (its error or
+// cause is context.DeadlineExceeded, or it was canceled once its deadline
+// had passed, as a client's RST_STREAM at its deadline can come before the
+// server's timer, or the attempt's deadline plus the skew has passed) it is
+// DEADLINE_EXPIRED, final only when the attempt's deadline has (see
+// tryDeadlineOnly), as admission's refusal of a waiter whose context ended
+// is; otherwise (its caller, or an interceptor, canceled it) a NOT_ADMITTED
+// that names no reason and is not final, as admission's refusal of a
+// cancelled waiter. Neither is STORE_UNAVAILABLE: the store did not fail.
+func (sv *server) contextEnded(ctx context.Context, in *inbound) error {
+	s := in.s
+	now := sv.cfg.now()
+	dl, hasDeadline := ctx.Deadline()
+	id := status.WithAttempt(s.ID, s.Call, s.Try)
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(context.Cause(ctx), context.DeadlineExceeded) ||
+		(hasDeadline && !time.Now().Before(dl)) || !now.Before(s.Deadline.Add(sv.cfg.skew)) {
+		if !hasDeadline {
+			dl = now // a deadline ended it, the try's: none is known later
+		}
+		err := status.NotAdmitted(status.ReasonDeadlineExpired, status.Fields{Final: true,
+			Message: "interceptor: the try's context ended, by its deadline, before its record was begun"})
+		return status.With(sv.tryDeadlineOnly(err, in, dl), id)
+	}
+	return status.NotAdmitted(status.ReasonUnspecified, status.Fields{AttemptID: s.ID, Call: s.Call, Try: s.Try,
+		Message: "interceptor: the try's context was canceled before its record was begun"})
+}
 
 // beforeHorizon is the refusal of a try of a caller's attempt created before
 // verifiableFrom, its store's horizon plus the clock skew: the store began

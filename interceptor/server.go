@@ -71,6 +71,12 @@ type inbound struct {
 	// the try's loss, not the attempt's (tryDeadlineOnly).
 	capped bool
 	own    time.Time
+	// peerDeadline is set when the attempt's deadline (or own) is the one
+	// the caller's header gave (d), set on the caller's clock, which may
+	// differ from this server's by up to the skew; not when it is the
+	// request's own deadline, read on this server's clock as the try's is
+	// (tryDeadlineOnly).
+	peerDeadline bool
 	// expired is set for a recorded call whose try came after the attempt's
 	// deadline plus skew: only its record may answer it.
 	expired bool
@@ -137,6 +143,7 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 		st.ID, st.Call, st.Try = h.Attempt, h.Call, h.Try
 		st.Deadline = latest
 		d, ok := h.DeadlineTime()
+		in.peerDeadline = ok
 		if !ok && hasDeadline {
 			// A header without d (it is optional on the wire): the
 			// request's own deadline bounds the attempt, as for one minted
@@ -324,6 +331,19 @@ func (sv *server) admit(ctx context.Context, method string, in *inbound, tenant 
 // from this request's arrival (inbound.capped) is the try's own too: a
 // repeat arrives under a later cap, so the caller's own deadline (none, or
 // inbound.own) decides.
+//
+// When the attempt's deadline is the caller's header's d (peerDeadline),
+// the try's deadline is told from it by d plus the skew, not d alone: d is
+// set on the caller's clock, which may differ from this server's by up to
+// the skew, so a try's deadline that reads here between d and d + skew may
+// be a per-try timeout set before d. (An attempt's deadline taken from the
+// request's own deadline, minted here or under a header without d, is read
+// on this server's clock, as the try's is: they are compared as they are.) Of the two mistakes the clocks
+// allow, the one made is the harmless one: a caller's last try may be
+// refused not final, and its repeat is refused at once (or never sent, its
+// own deadline having passed), where a final refusal of a per-try timeout
+// would stop a call a repeat could still finish. It is final when the
+// try's deadline is at or past d + skew, or once d + skew has passed.
 func (sv *server) tryDeadlineOnly(err error, in *inbound, deadline time.Time) error {
 	o := status.OutcomeOf(err)
 	if o.Reason != status.ReasonDeadlineExpired || !o.Final() {
@@ -333,7 +353,11 @@ func (sv *server) tryDeadlineOnly(err error, in *inbound, deadline time.Time) er
 	if in.capped {
 		attempt = in.own
 	}
-	if !attempt.IsZero() && (!deadline.Before(attempt) || !sv.cfg.now().Before(attempt.Add(sv.cfg.skew))) {
+	margin := time.Duration(0) // the try's deadline and the attempt's are read on one clock
+	if in.peerDeadline {
+		margin = sv.cfg.skew
+	}
+	if !attempt.IsZero() && (!deadline.Before(attempt.Add(margin)) || !sv.cfg.now().Before(attempt.Add(sv.cfg.skew))) {
 		return err // not final only when the try's own deadline, before the attempt's, was lost
 	}
 	// Admission's final refusal suggests no delay (its request's deadline
@@ -353,8 +377,12 @@ func (sv *server) tryDeadlineOnly(err error, in *inbound, deadline time.Time) er
 // queueDelay suggests a delay before a repeat into class, as admission's
 // own refusals do (admission.Controller.RetryAfter): the class's predicted
 // wait, or its learned service time when nothing waits, jittered and below
-// admission's bound (admission.WithMaxRetryAfter).
+// admission's bound (admission.WithMaxRetryAfter). Without admission there
+// is no queue to reflect: none (the caller's backoff decides).
 func (sv *server) queueDelay(class string) time.Duration {
+	if sv.cfg.admission == nil {
+		return 0
+	}
 	return sv.cfg.admission.RetryAfter(class)
 }
 
