@@ -42,6 +42,13 @@ func WithTenant(tenant func(ctx context.Context) string) ServiceOption {
 // STORE_UNAVAILABLE, and a request whose deadline leaves the store too
 // little time ([ErrTooLittleTime]) DEADLINE_EXCEEDED. It is safe for concurrent use. Build one with
 // [NewAttemptService]; the zero value is not usable.
+//
+// Calls of a method declared NO_SIDE_EFFECTS keep no records
+// ([BypassesRecords]): for one of them the service answers only what the
+// store holds — GetAttempt UNSEEN although its tries may have run, and
+// FenceAttempt FENCED (with a tombstone no try is checked against). That is
+// harmless, since such tries have no effect, and tollgate's owner repeats
+// them without asking (DESIGN.md §3.5), but it does not say what ran.
 type AttemptService struct {
 	tollgatev1.UnimplementedAttemptServiceServer
 	store  Store
