@@ -179,3 +179,92 @@ func TestTryDeadlineWithinSkewOfAttemptIsNotFinal(t *testing.T) {
 	require.Equal(t, status.ReasonDeadlineExpired, o.Reason)
 	require.False(t, o.Final(), "the try's deadline is within the skew of the attempt's: it may be a per-try timeout")
 }
+
+// A review asked whether any early exit of the server interceptor answers
+// a tollgate caller with a refusal that its owner reads as one passed up by
+// a server that does not speak tollgate (owner.relayed: a refusal naming
+// another attempt, without tollgate-spent), turning this server's own
+// NOT_ADMITTED into UNKNOWN. Each early exit — admission's refusal in the
+// interceptor and in the tap, and the refusal of a try whose context ended
+// before its record was begun — is checked for a trusted caller (the
+// refusal names its attempt) and an untrusted one (it names an attempt
+// minted here, with tollgate-spent 0; or, from the tap, the caller's), on a
+// unary call and the three kinds of stream: the tollgate client reads each
+// as NOT_ADMITTED.
+func TestEarlyExitRefusalsAreNotReadAsRelayed(t *testing.T) {
+	for _, trusted := range []bool{true, false} {
+		for _, exit := range []string{"admission", "tap", "ended"} {
+			for _, kind := range []string{"unary", "client-stream", "server-stream", "bidi"} {
+				t.Run(fmt.Sprintf("trusted=%v,%s,%s", trusted, exit, kind), func(t *testing.T) {
+					ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1}),
+						admission.WithDefaultClass("work"))
+					require.NoError(t, err)
+					t.Cleanup(func() { _ = ctrl.Close() })
+					h := newSlotHolder()
+					svc := &testsvc.Service{
+						ApplyFunc: h.apply,
+						UploadFunc: func(s grpc.ClientStreamingServer[testingv1.UploadRequest, testingv1.UploadResponse]) error {
+							return s.SendAndClose(&testingv1.UploadResponse{})
+						},
+					}
+					opts := []interceptor.ServerOption{interceptor.WithAttemptStore(round3Store(t)),
+						interceptor.WithTrustedPeer(func(context.Context) bool { return trusted })}
+					var outer []grpc.ServerOption
+					switch exit {
+					case "admission":
+						opts = append(opts, interceptor.WithAdmission(ctrl), interceptor.WithoutAdmissionTap())
+					case "tap":
+						opts = append(opts, interceptor.WithAdmission(ctrl))
+					case "ended":
+						outer = []grpc.ServerOption{
+							grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+								ctx, cancel := endedCtx(ctx, "deadline")
+								defer cancel()
+								return h(ctx, req)
+							}),
+							grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+								ctx, cancel := endedCtx(ss.Context(), "deadline")
+								defer cancel()
+								return h(srv, &endedStream{ServerStream: ss, ctx: ctx})
+							}),
+						}
+					}
+					end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, append(outer, serverOpts(opts...)...)...)
+					if exit != "ended" {
+						raw := testingv1.NewTestServiceClient(end.DialT(t))
+						h.holdApply(context.Background(), raw)
+						t.Cleanup(func() { _ = h.free() })
+					}
+					client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+						interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1}),
+						interceptor.WithAttemptTimeout(5*time.Second))...))
+					ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+					defer cancel()
+					switch kind {
+					case "unary":
+						_, err = client.Apply(ctx, &testingv1.ApplyRequest{Key: "k"})
+					case "client-stream":
+						var s grpc.ClientStreamingClient[testingv1.UploadRequest, testingv1.UploadResponse]
+						if s, err = client.Upload(ctx); err == nil {
+							_, err = s.CloseAndRecv()
+						}
+					case "server-stream":
+						var s grpc.ServerStreamingClient[testingv1.ConsumeResponse]
+						if s, err = client.Consume(ctx, &testingv1.ConsumeRequest{}); err == nil {
+							_, err = s.Recv()
+						}
+					case "bidi":
+						var s grpc.BidiStreamingClient[testingv1.ChatRequest, testingv1.ChatResponse]
+						if s, err = client.Chat(ctx); err == nil {
+							_, err = s.Recv()
+						}
+					}
+					o := status.OutcomeOf(err)
+					t.Logf("%v %v final=%v: %v", o.Kind, status.ReasonName(o.Reason), o.Final(), err)
+					require.Error(t, err)
+					require.Equal(t, status.KindNotAdmitted, o.Kind, "this server's own refusal, read as relayed: %v", err)
+				})
+			}
+		}
+	}
+}
