@@ -82,9 +82,11 @@
 // context ended before the store could begin it (a timeout interceptor
 // chained outside tollgate's cut it, or its client's deadline passed while
 // its request was decoded) is not the store's failure: it is refused
-// DEADLINE_EXPIRED, final only once the attempt's deadline plus the skew
-// has passed, or, canceled before any deadline, NOT_ADMITTED with no
-// reason, as admission refuses such a waiter.
+// DEADLINE_EXPIRED — final when the attempt's deadline is what passed (a
+// caller's d only once d plus the skew has, since it was set on the
+// caller's clock), not final when only an earlier deadline of the try's own
+// did — or, canceled before any deadline, NOT_ADMITTED with no reason, as
+// admission refuses such a waiter.
 //
 // Calls to tollgate's AttemptService, gRPC health and reflection are the
 // control path: no ledger, no records. AttemptService queries are admitted
