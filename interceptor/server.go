@@ -320,7 +320,8 @@ func (sv *server) admit(ctx context.Context, method string, in *inbound, tenant 
 	return p, nil
 }
 
-// tryDeadlineOnly returns admission's refusal err, made not final when it
+// tryDeadlineOnly returns admission's refusal err (or contextEnded's,
+// whose deadline is the ended context's), made not final when it
 // is a final DEADLINE_EXPIRED (a waiter dropped because it can no longer
 // finish by its deadline) that only the try's own deadline explains:
 // admission is given the deadline the handler runs until (deadline), for a
