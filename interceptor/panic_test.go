@@ -387,15 +387,18 @@ func TestStreamOwnerProbePanicEndsStream(t *testing.T) {
 		return st.Send(&testingv1.LookupResponse{Value: "v"})
 	}}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
-	client := testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(fastRetry(3)),
-		grpc.WithDefaultCallOptions(grpc.ForceCodec(panicDecodeCodec{})))...))
+	seen := newTrailerSeen()
+	conn := end.DialT(t, append(interceptor.DialOptions(fastRetry(3)),
+		grpc.WithDefaultCallOptions(grpc.ForceCodec(panicDecodeCodec{})), grpc.WithStatsHandler(seen))...)
+	client := testingv1.NewTestServiceClient(conn)
 	ctx, err := interceptor.StartAttempt(t.Context(), 4, 10*time.Second)
 	require.NoError(t, err)
 	finished := make(chan error, 1)
 	st, err := client.Lookup(ctx, grpc.OnFinish(func(err error) { finished <- err }))
 	require.NoError(t, err)
 	<-ended
-	time.Sleep(100 * time.Millisecond) // the response and status arrive
+	seen.arrived(t)            // the response and status arrived
+	transportCaughtUp(t, conn) // and grpc-go closed the try's stream: its SendMsg sees io.EOF
 	var sendErr error
 	func() {
 		defer func() { require.NotNil(t, recover(), "precondition: the codec's panic reaches SendMsg's caller") }()
