@@ -1528,7 +1528,7 @@ func TestLocalSendAfterOKEndsUnknown(t *testing.T) {
 			require.NoError(t, err)
 			st, err := testingv1.NewTestServiceClient(conn).Chat(ctx)
 			require.NoError(t, err)
-			statusQueued(seen) // a, b, c and the OK status arrived, unread
+			statusQueued(t, seen, conn) // a, b, c and the OK status arrived, unread
 
 			require.Error(t, st.Send(&testingv1.ChatRequest{Value: strings.Repeat("x", 4096)}), "a local error")
 			got, rerr := recvToEnd(st)
@@ -1572,7 +1572,7 @@ func TestReleasedLocalSendDropsMessages(t *testing.T) {
 			finished := make(chan error, 2)
 			st, err := testingv1.NewTestServiceClient(conn).Chat(ctx, grpc.OnFinish(func(err error) { finished <- err }))
 			require.NoError(t, err)
-			statusQueued(seen) // the three responses and the OK status arrived, unread
+			statusQueued(t, seen, conn) // the three responses and the OK status arrived, unread
 			require.NoError(t, conn.Close())
 			<-finished // the stream ended (grpc-go) or was released (tollgate)
 
@@ -1655,7 +1655,7 @@ func TestDrainUnderCallerCodec(t *testing.T) {
 				st, err := conn.NewStream(ctx, &testingv1.TestService_ServiceDesc.Streams[2], "/tollgate.testing.v1.TestService/Chat",
 					grpc.ForceCodec(rawCodec{}), grpc.OnFinish(func(err error) { finished <- err }))
 				require.NoError(t, err)
-				statusQueued(seen) // a, b, c and the OK status arrived, unread
+				statusQueued(t, seen, conn) // a, b, c and the OK status arrived, unread
 				if how == "conn closed" {
 					require.NoError(t, conn.Close())
 				} else {
@@ -1863,7 +1863,7 @@ func TestLocalSendAfterOKCapped(t *testing.T) {
 				require.NoError(t, err)
 				st, err := testingv1.NewTestServiceClient(conn).Chat(ctx, tc.opts...)
 				require.NoError(t, err)
-				statusQueued(seen) // the four responses and the OK status arrived, unread
+				statusQueued(t, seen, conn) // the four responses and the OK status arrived, unread
 
 				serr := st.Send(&testingv1.ChatRequest{Value: strings.Repeat("x", 4096)})
 				require.Error(t, serr, "a local error")
@@ -1939,11 +1939,13 @@ func abcOpenChat(sent chan struct{}) *testsvc.Service {
 	}}
 }
 
-// statusQueued waits until seen saw the stream's status arrive, then for
-// the moment grpc-go takes to queue it for the stream's reader after
-// raising InTrailer: a local send error in between ends even a plain
-// grpc-go stream with that error instead of its status.
-func statusQueued(seen trailerSeen) {
-	<-seen.ch
-	time.Sleep(100 * time.Millisecond)
+// statusQueued waits until seen saw the stream's status arrive on conn,
+// then until grpc-go, which raises InTrailer before it queues the status
+// for the stream's reader, has queued it (transportCaughtUp): a local send
+// error in between ends even a plain grpc-go stream with that error
+// instead of its status.
+func statusQueued(t *testing.T, seen trailerSeen, conn *grpc.ClientConn) {
+	t.Helper()
+	seen.arrived(t)
+	transportCaughtUp(t, conn)
 }
