@@ -295,19 +295,20 @@ func TestStreamOwnerCancelDropsBuffered(t *testing.T) {
 }
 
 func reviewCancelDrops(t *testing.T, tollgate bool) {
-	bufferedChat(t, tollgate, nil, func(_ *grpc.ClientConn, _ grpc.BidiStreamingClient[testingv1.ChatRequest, testingv1.ChatResponse], cancel context.CancelFunc) {
+	bufferedChat(t, tollgate, nil, func(_ *grpc.ClientConn, _ grpc.BidiStreamingClient[testingv1.ChatRequest, testingv1.ChatResponse], cancel context.CancelFunc, finished <-chan error) {
 		cancel()
-		time.Sleep(100 * time.Millisecond) // the stream's end is seen
+		ended(t, finished) // the stream's end is seen
 	})
 }
 
 // bufferedChat opens a Chat, through tollgate when tollgate is set (with
 // dopts), whose handler sends "a", "b" and "c" and waits; once they reached
-// the client unread, end ends the stream (it is given the conn, the stream
-// and the cancel of the stream's context), and the test requires that the
-// caller's reads still get the three messages, as grpc-go delivers them.
+// the client unread, end ends the stream (it is given the conn, the stream,
+// the cancel of the stream's context and the stream's OnFinish reports),
+// and the test requires that the caller's reads still get the three
+// messages, as grpc-go delivers them.
 func bufferedChat(t *testing.T, tollgate bool, dopts []grpc.DialOption,
-	end func(*grpc.ClientConn, grpc.BidiStreamingClient[testingv1.ChatRequest, testingv1.ChatResponse], context.CancelFunc)) {
+	end func(*grpc.ClientConn, grpc.BidiStreamingClient[testingv1.ChatRequest, testingv1.ChatResponse], context.CancelFunc, <-chan error)) {
 	t.Helper()
 	sent := make(chan struct{})
 	svc := abcOpenChat(sent)
@@ -320,11 +321,12 @@ func bufferedChat(t *testing.T, tollgate bool, dopts []grpc.DialOption,
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(actx)
 	defer cancel()
-	st, err := testingv1.NewTestServiceClient(conn).Chat(ctx)
+	finished := make(chan error, 1)
+	st, err := testingv1.NewTestServiceClient(conn).Chat(ctx, grpc.OnFinish(func(err error) { finished <- err }))
 	require.NoError(t, err)
 	<-sent
-	time.Sleep(100 * time.Millisecond) // the three responses reach the client's buffer
-	end(conn, st, cancel)
+	transportCaughtUp(t, conn) // the three responses reached the client's buffer
+	end(conn, st, cancel, finished)
 	got, _ := recvAll(st)
 	require.Equal(t, []string{"a", "b", "c"}, got, "the messages that arrived before the stream's end are the caller's")
 }
@@ -387,9 +389,9 @@ func TestStreamOwnerConnCloseDropsBuffered(t *testing.T) {
 }
 
 func reviewConnCloseDrops(t *testing.T, tollgate bool) {
-	bufferedChat(t, tollgate, nil, func(conn *grpc.ClientConn, _ grpc.BidiStreamingClient[testingv1.ChatRequest, testingv1.ChatResponse], _ context.CancelFunc) {
+	bufferedChat(t, tollgate, nil, func(conn *grpc.ClientConn, _ grpc.BidiStreamingClient[testingv1.ChatRequest, testingv1.ChatResponse], _ context.CancelFunc, finished <-chan error) {
 		require.NoError(t, conn.Close())
-		time.Sleep(100 * time.Millisecond) // the stream's end is seen
+		ended(t, finished) // the stream's end is seen
 	})
 }
 
@@ -412,7 +414,7 @@ func TestStreamOwnerLocalSendDropsBuffered(t *testing.T) {
 
 func reviewLocalSendDrops(t *testing.T, tollgate bool) {
 	dopts := []grpc.DialOption{grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(1024))}
-	bufferedChat(t, tollgate, dopts, func(_ *grpc.ClientConn, st grpc.BidiStreamingClient[testingv1.ChatRequest, testingv1.ChatResponse], _ context.CancelFunc) {
+	bufferedChat(t, tollgate, dopts, func(_ *grpc.ClientConn, st grpc.BidiStreamingClient[testingv1.ChatRequest, testingv1.ChatResponse], _ context.CancelFunc, _ <-chan error) {
 		require.Error(t, st.Send(&testingv1.ChatRequest{Value: strings.Repeat("x", 4096)}), "a local error")
 	})
 }

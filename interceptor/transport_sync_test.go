@@ -2,6 +2,7 @@ package interceptor_test
 
 import (
 	"testing"
+	"time"
 
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"google.golang.org/grpc"
@@ -24,5 +25,17 @@ func transportCaughtUp(t *testing.T, conn *grpc.ClientConn) {
 	err := conn.Invoke(t.Context(), "/tollgate.testing.v1.TestService/CaughtUp", &testingv1.GetRequest{}, &testingv1.GetResponse{})
 	if c := grpcstatus.Code(err); c != codes.Unimplemented {
 		t.Fatalf("precondition: the server answers the barrier call UNIMPLEMENTED, got %v", err)
+	}
+}
+
+// ended waits for a stream's OnFinish report on finished: the stream has
+// ended (grpc-go's, or tollgate's released or ended it), failing the test
+// (a precondition) if it does not within 10 s.
+func ended(t *testing.T, finished <-chan error) {
+	t.Helper()
+	select {
+	case <-finished:
+	case <-time.After(10 * time.Second):
+		t.Fatal("precondition: the stream never ended (OnFinish never ran)")
 	}
 }
