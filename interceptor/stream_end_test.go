@@ -532,15 +532,16 @@ func TestStreamPendingOverwrite(t *testing.T) {
 // the same).
 type slowRecv struct {
 	grpc.ClientStream
-	ctx   context.Context
-	first atomic.Bool
+	ctx      context.Context
+	finished chan struct{} // closed by an OnFinish grpc-go runs after the try's others
+	first    atomic.Bool
 }
 
 func (s *slowRecv) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
 	if err == nil && s.first.CompareAndSwap(false, true) {
 		<-s.ctx.Done()
-		time.Sleep(50 * time.Millisecond) // grpc-go has run the try's OnFinish
+		<-s.finished // grpc-go has run the try's OnFinish
 	}
 	return err
 }
@@ -569,11 +570,13 @@ func TestStreamRecvAtDeadline(t *testing.T) {
 	}}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 	inner := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		finished := make(chan struct{})
+		opts = append(opts[:len(opts):len(opts)], grpc.OnFinish(func(error) { close(finished) }))
 		st, err := streamer(ctx, desc, cc, method, opts...)
 		if err != nil {
 			return nil, err
 		}
-		return &slowRecv{ClientStream: st, ctx: ctx}, nil
+		return &slowRecv{ClientStream: st, ctx: ctx, finished: finished}, nil
 	}
 	conn := end.DialT(t, append(interceptor.DialOptions(fastRetry(3), interceptor.WithAttemptTimeout(300*time.Millisecond)),
 		grpc.WithChainStreamInterceptor(inner))...)
