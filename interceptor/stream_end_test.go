@@ -350,11 +350,12 @@ func TestStreamOwnerCallerDeadlineKeepsBuffered(t *testing.T) {
 			conn := srv.DialT(t, dopts...)
 			ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 			defer cancel()
-			st, err := testingv1.NewTestServiceClient(conn).Chat(ctx)
+			finished := make(chan error, 1)
+			st, err := testingv1.NewTestServiceClient(conn).Chat(ctx, grpc.OnFinish(func(err error) { finished <- err }))
 			require.NoError(t, err)
 			<-sent
 			<-ctx.Done()
-			time.Sleep(100 * time.Millisecond) // the stream's end is seen
+			ended(t, finished) // the stream's end is seen
 			var got []string
 			for {
 				m, err := st.Recv()
