@@ -863,7 +863,8 @@ func completedUnreadWatch(t *testing.T, ctx context.Context, tollgate bool) (*gr
 	st, err := testingv1.NewTestServiceClient(conn).Watch(ctx, &testingv1.WatchRequest{Key: "k"},
 		grpc.OnFinish(func(err error) { finished <- err }))
 	require.NoError(t, err)
-	seen.arrived(t) // the whole stream arrived, unread
+	seen.arrived(t)            // the whole stream arrived, unread
+	transportCaughtUp(t, conn) // and grpc-go closed it with its status
 	return conn, st, finished
 }
 
