@@ -143,19 +143,29 @@ func (c *Controller) ModeAt(now time.Time) Mode {
 // with it in force (a forced mode, a lowered class): over a long gap (a
 // virtual clock; a timer that ran late) they are judged as they would have
 // been had the controller looked in time. What the expiry lets happen (a
-// waiter starts, a shed one is dropped) happens at now.
+// waiter starts, a shed one is dropped) happens at now, after the windows
+// that end by now are closed, as rollWindows does for Recovering's steps:
+// nobody started the waiter before, so those windows see it waiting, and
+// its wait counts in the window it starts in.
 func (c *Controller) advance(now time.Time) {
 	if now.After(c.last) {
 		c.last = now
 	}
+	expired := false
 	for len(c.ovr.list) > 0 && !now.Before(c.ovr.nextExpiry) {
 		e := c.ovr.nextExpiry
 		if c.cfg.stages&StageDegradation != 0 && c.deg.winEnd.Before(e) {
-			// Nothing it would do differs from rollWindows': shedding and
-			// starting follow in applyOverrides, at now.
 			c.closeWindows(e.Add(-1))
 		}
-		c.expireOverrides(e, now)
+		c.expireOverrides(e)
+		expired = true
+	}
+	if expired {
+		if c.cfg.stages&StageDegradation != 0 && !now.Before(c.deg.winEnd) {
+			c.closeWindows(now)
+		}
+		c.actOnLimits(now) // sheds what a Degraded mode sheds, too
+		return
 	}
 	if c.cfg.stages&StageDegradation != 0 && !now.Before(c.deg.winEnd) {
 		c.rollWindows(now)

@@ -176,7 +176,8 @@
 // the times given, in time order: the windows that ended before an
 // override expired are judged with it in force, however late the next
 // call comes (what the expiry lets happen — a waiter starts — happens at
-// that call's time). On the real clock, while requests wait and time alone
+// that call's time, after the windows that ended by then, which see it
+// waiting). On the real clock, while requests wait and time alone
 // will change the state (an override expires, or a window ends while the
 // controller is not Normal or the tap refuses a class), the controller arms
 // one timer (time.AfterFunc) that brings the state up to date, so that the

@@ -80,7 +80,7 @@ func (c *Controller) SetOverrideAt(ctx context.Context, o Override, now time.Tim
 	c.ovr.nextID++
 	a := ActiveOverride{Override: o, ID: c.ovr.nextID, Set: now, Expires: now.Add(o.TTL)}
 	c.ovr.list = append(c.ovr.list, a)
-	c.applyOverrides(now, now)
+	c.applyOverrides(now)
 	c.traceLocked(traceEvent{name: "tollgate.admission.override", action: "set", ovr: a, at: now, ctx: ctx})
 	c.unlock()
 	return a.ID, nil
@@ -109,7 +109,7 @@ func (c *Controller) ClearOverride(ctx context.Context, id uint64) bool {
 		}
 	}
 	if found {
-		c.applyOverrides(now, now)
+		c.applyOverrides(now)
 	}
 	c.unlock()
 	return found
@@ -160,10 +160,11 @@ func (c *Controller) validateOverride(o Override) error {
 	return nil
 }
 
-// expireOverrides drops the overrides that ended by at, as of at (the
-// classes Recovering's step no longer holds count their waits from at), and
-// acts on the new limits at now, not before at.
-func (c *Controller) expireOverrides(at, now time.Time) {
+// expireOverrides drops the overrides that ended by at and recomputes the
+// limits as of at (the classes Recovering's step no longer holds count
+// their waits from at). Acting on them (actOnLimits) is the caller's, at
+// its time: advance's, once the windows of its gap are closed.
+func (c *Controller) expireOverrides(at time.Time) {
 	kept := c.ovr.list[:0]
 	for _, a := range c.ovr.list {
 		if at.Before(a.Expires) {
@@ -173,13 +174,19 @@ func (c *Controller) expireOverrides(at, now time.Time) {
 		c.traceLocked(traceEvent{name: "tollgate.admission.override", action: "expire", ovr: a, at: a.Expires})
 	}
 	c.ovr.list = kept
-	c.applyOverrides(at, now)
+	c.setLimits(at)
 }
 
 // applyOverrides recomputes the effective limits from the overrides in
-// force as of at (noteSteps), and at now drops the waiters of frozen or
-// newly shed classes and starts waiters that the new limits allow.
-func (c *Controller) applyOverrides(at, now time.Time) {
+// force and acts on them at now (actOnLimits).
+func (c *Controller) applyOverrides(now time.Time) {
+	c.setLimits(now)
+	c.actOnLimits(now)
+}
+
+// setLimits recomputes the effective limits from the overrides in force,
+// as of at (noteSteps).
+func (c *Controller) setLimits(at time.Time) {
 	for _, cs := range c.classes {
 		cs.slotsCap, cs.queueCap, cs.frozen = cs.cfg.Slots, cs.cfg.QueueItems, false
 	}
@@ -205,6 +212,12 @@ func (c *Controller) applyOverrides(at, now time.Time) {
 		}
 	}
 	c.noteSteps(at)
+}
+
+// actOnLimits drops, at now, the waiters of frozen or shed classes, starts
+// the waiters that the limits in force allow and trims queues over their
+// bounds.
+func (c *Controller) actOnLimits(now time.Time) {
 	c.shedQueued(now)
 	c.pump(now)
 	c.trimQueues(now)
