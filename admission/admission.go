@@ -1581,9 +1581,11 @@ func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowO
 	var buf, heldBuf, runBuf, gateBuf [16]float64
 	rem, held := buf[:0], heldBuf[:0]
 	// run: lowered, the remainders of its own requests (not held), which
-	// gate its starts by themselves; borrowed: how many of them run on
-	// other classes' slots.
-	run, borrowed := runBuf[:0], 0
+	// gate its starts by themselves; onBorrowed: how many of them run on
+	// other classes' slots; borrowed: how many of those slots it may
+	// borrow again when they end (their lender has no waiters, which the
+	// slot would go to, and is within its slots).
+	run, onBorrowed, borrowed := runBuf[:0], 0, 0
 	var heldWork float64
 	for _, b := range c.classes {
 		for p := b.runHead; p != nil; p = p.next {
@@ -1601,13 +1603,17 @@ func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowO
 					continue
 				}
 			}
-			rem = append(rem, r)
 			if lowered && b == cs {
 				run = append(run, r)
 				if p.owner != cs {
+					onBorrowed++
+					if p.owner.queue.n > 0 || p.owner.used > c.slots(p.owner) {
+						continue // its end frees no slot of cs's
+					}
 					borrowed++
 				}
 			}
+			rem = append(rem, r)
 		}
 	}
 	n, work := cs.queue.n, float64(cs.queuedWork)
@@ -1623,13 +1629,14 @@ func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowO
 	}
 	slices.Sort(rem)
 	free := rem[max(len(rem)-slots, 0):] // a slot frees with the (len-slots+1)-th end
-	if borrowed > 0 && len(run) < len(rem) {
+	if onBorrowed > 0 && (len(run) < len(rem) || borrowed < onBorrowed) {
 		// Lowered, it borrows and lends at once: its k-th start needs
 		// both k of its own requests ended (fewer run than its slots) and
 		// k slots free — its own, whoever holds them, or one it borrowed,
-		// which its request's end gives back to be borrowed again. One
-		// play-out of both would wait for the end of the lender's
-		// borrower too. Each start is the later of the two gates.
+		// which its request's end gives back to be borrowed again unless
+		// the lender has waiters of its own. One play-out of both would
+		// wait for the end of the lender's borrower too. Each start is the
+		// later of the two gates.
 		slices.Sort(run)
 		free = playOutGates(run, rem, slots, borrowed, gateBuf[:0])
 	}
@@ -1643,11 +1650,13 @@ func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowO
 }
 
 // playOutGates returns, for a lowered class that both borrows (borrowed of
-// its requests run on other classes' slots) and lends, when each of its
+// its requests run on other classes' slots whose lenders will lend them
+// again) and lends, when each of its
 // slots' worth of starts can happen, earliest first: the k-th when the
 // k-th of its own requests (run, sorted; slots of them may run) has ended
 // and the k-th slot (rem, sorted: everything on its slots and on those it
-// borrowed; slots+borrowed of them) has freed, a slot counted free now
+// borrowed and may borrow again; slots+borrowed of them) has freed, a slot
+// counted free now
 // while fewer than its number are held. It reuses dst's storage, which
 // must not share run's.
 func playOutGates(run, rem []float64, slots, borrowed int, dst []float64) []float64 {

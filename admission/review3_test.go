@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/admission"
+	"github.com/tollgate-go/tollgate/status"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
@@ -48,5 +49,65 @@ func TestExpiryStartsItsWaitersAfterTheGapsWindows(t *testing.T) {
 	require.NoError(t, res.err)
 	res.permit.Release()
 	p.Release()
+	h.drain()
+}
+
+// A review found that a lowered class that lends and borrows counted the
+// slot its request borrowed as one it gets back when that request ends,
+// even while the lender had requests of its own waiting: the slot goes to
+// them then (a lender with waiters lends nothing), and the class's next
+// request waits for its own slot, held by another class's long stream.
+// Predicted to start in ~100ms, it was queued, to be dropped at its
+// deadline instead of refused DEADLINE_UNREACHABLE at once.
+func TestLoweredClassDoesNotCountOnASlotItsLenderWaitsFor(t *testing.T) {
+	const bM, lenderM = "/demo.B/Do", "/demo.Lender/Do"
+	h := newHarness(t,
+		admission.WithClasses(
+			admission.Class{Name: "opt", Slots: 2, QueueItems: 4, LendIdle: true, ExpectedServiceTime: 100 * time.Millisecond},
+			admission.Class{Name: "b", Slots: 1, ExpectedServiceTime: 100 * time.Millisecond},
+			admission.Class{Name: "lender", Slots: 1, QueueItems: 2, LendIdle: true, ExpectedServiceTime: 100 * time.Millisecond}),
+		admission.WithMethods("b", "/demo.B/"),
+		admission.WithMethods("lender", "/demo.Lender/"))
+	stream := func(m string) admission.Request { return admission.Request{Method: m, Size: -1, Stream: true} }
+	b1 := h.admitted(stream(bM))   // on b's own slot
+	long := h.admitted(stream(bM)) // borrows one of opt's idle slots
+	b1.Abandon()
+	h.drain()
+	h.clk.Advance(10 * time.Second) // the borrowing stream has lived 10s: expected to live as long again
+
+	own := h.admitted(stream(mainM)) // on opt's other slot
+	r := stream(mainM)
+	r.Deadline = h.clk.Now().Add(time.Second)
+	short := h.admitted(r) // opt is full: borrows the lender's idle slot
+	_, err := h.ctrl.SetOverride(context.Background(), admission.Override{Actor: "test", Reason: "one slot", Class: "opt", Slots: 1, TTL: time.Hour})
+	require.NoError(t, err)
+	h.drain()
+	lw := h.queued(work(lenderM)) // the lender's own request waits for its slot
+	own.Abandon()                 // opt, lowered to one slot, lends nothing
+	h.drain()
+	st, _ := h.ctrl.Stats().Class("opt")
+	require.Equal(t, 1, st.Running, "its stream on the lender's slot")
+	require.Equal(t, 1, st.UsedSlots, "b's stream on its slot")
+
+	// Deadline in 2s: the slot short holds goes to the lender's waiter,
+	// and opt's own slot frees only with b's long stream (~10s).
+	req := work(mainM)
+	req.Deadline = h.clk.Now().Add(2 * time.Second)
+	id, e := h.arrive(req)
+	if e.Kind == admission.EventQueued {
+		h.clk.Advance(100 * time.Millisecond)
+		short.Release()
+		h.drain()
+		_, decided := h.done[id]
+		t.Fatalf("queued on a prediction of the slot its lender waits for (decided once that slot freed: %v)", decided)
+	}
+	require.Equal(t, admission.EventRefused, e.Kind)
+	require.Equal(t, status.ReasonDeadlineUnreachable, e.Reason)
+	short.Release()
+	h.drain()
+	res := h.take(lw)
+	require.NoError(t, res.err, "the lender's waiter takes its slot back")
+	res.permit.Release()
+	long.Abandon()
 	h.drain()
 }
