@@ -1570,8 +1570,8 @@ func (cs *classState) saturated(tenant string) (tenantCount, bool) {
 // by one (Permit.remaining), each freeing a slot once no more run than
 // slots; the queued requests, each the queue's mean work, start in turn on
 // the first slot free; the request starts on the first free after them. A
-// lowered class that both lends and borrows has two gates (playOutGates):
-// its own requests' ends, and slots freed on its own or borrowed slots.
+// lowered class that borrows has two gates (playOutGates): its own
+// requests' ends, and slots freed on its own or borrowed slots or lent idle.
 // As in predictedWaitLocked, a tenant at its running limit with requests
 // waiting (saturated) keeps its slots and its waiters to itself, unless
 // such tenants hold every slot. It allocates nothing for up to 16 running
@@ -1629,7 +1629,17 @@ func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowO
 	}
 	slices.Sort(rem)
 	free := rem[max(len(rem)-slots, 0):] // a slot frees with the (len-slots+1)-th end
-	if onBorrowed > 0 && (len(run) < len(rem) || borrowed < onBorrowed) {
+	idle := 0
+	if lowered && !cs.frozen && !c.shedding(cs) {
+		// Idle slots lent now (acquire) take its next start as soon as
+		// fewer of its own requests run than its slots.
+		for _, l := range c.classes {
+			if l != cs && l.cfg.LendIdle && l.queue.n == 0 {
+				idle += max(c.slots(l)-l.used, 0)
+			}
+		}
+	}
+	if idle > 0 || (onBorrowed > 0 && (len(run) < len(rem) || borrowed < onBorrowed)) {
 		// Lowered, it borrows and lends at once: its k-th start needs
 		// both k of its own requests ended (fewer run than its slots) and
 		// k slots free — its own, whoever holds them, or one it borrowed,
@@ -1638,7 +1648,7 @@ func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowO
 		// wait for the end of the lender's borrower too. Each start is the
 		// later of the two gates.
 		slices.Sort(run)
-		free = playOutGates(run, rem, slots, borrowed, gateBuf[:0])
+		free = playOutGates(run, rem, slots, borrowed+idle, gateBuf[:0])
 	}
 	if len(free) == 0 {
 		return 0
@@ -1649,16 +1659,15 @@ func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowO
 	return time.Duration(nextStart(free, n, work/float64(n)))
 }
 
-// playOutGates returns, for a lowered class that both borrows (borrowed of
-// its requests run on other classes' slots whose lenders will lend them
-// again) and lends, when each of its
-// slots' worth of starts can happen, earliest first: the k-th when the
-// k-th of its own requests (run, sorted; slots of them may run) has ended
-// and the k-th slot (rem, sorted: everything on its slots and on those it
-// borrowed and may borrow again; slots+borrowed of them) has freed, a slot
-// counted free now
-// while fewer than its number are held. It reuses dst's storage, which
-// must not share run's.
+// playOutGates returns, for a lowered class that borrows (borrowed: its
+// requests on other classes' slots whose lenders will lend them again, and
+// the idle slots lent now), when each of its slots' worth of starts can
+// happen, earliest first: the k-th when the k-th of its own requests (run,
+// sorted; slots of them may run) has ended and the k-th slot (rem, sorted:
+// everything on its slots and on those it borrowed and may borrow again;
+// slots+borrowed of them) has freed, a slot counted free now while fewer
+// than its number are held. It reuses dst's storage, which must not share
+// run's.
 func playOutGates(run, rem []float64, slots, borrowed int, dst []float64) []float64 {
 	at := func(list []float64, n, k int) float64 {
 		// The k-th (0-based) of n slot ends, the first n-len(list) now.

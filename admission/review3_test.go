@@ -111,3 +111,48 @@ func TestLoweredClassDoesNotCountOnASlotItsLenderWaitsFor(t *testing.T) {
 	long.Abandon()
 	h.drain()
 }
+
+// A review found that a lowered class whose own slots another class's
+// long stream holds predicted its wait from that stream's end even while
+// another class lent an idle slot: once fewer of its own requests run
+// than its lowered slots, its next request borrows the idle slot at once.
+// Predicted to wait ~10s, it was refused DEADLINE_UNREACHABLE, although it
+// would have started in ~100ms.
+func TestLoweredClassCountsAnIdleLendersSlot(t *testing.T) {
+	const bM = "/demo.B/Do"
+	h := newHarness(t,
+		admission.WithClasses(
+			admission.Class{Name: "opt", Slots: 2, QueueItems: 4, LendIdle: true, ExpectedServiceTime: 100 * time.Millisecond},
+			admission.Class{Name: "b", Slots: 1, ExpectedServiceTime: 100 * time.Millisecond},
+			admission.Class{Name: "lender", Slots: 1, LendIdle: true, ExpectedServiceTime: 100 * time.Millisecond}),
+		admission.WithMethods("b", "/demo.B/"),
+		admission.WithMethods("lender", "/demo.Lender/"))
+	stream := func(m string) admission.Request { return admission.Request{Method: m, Size: -1, Stream: true} }
+	b1 := h.admitted(stream(bM))   // on b's own slot
+	long := h.admitted(stream(bM)) // borrows one of opt's idle slots
+	b1.Abandon()
+	h.drain()
+	h.clk.Advance(10 * time.Second) // the borrowing stream has lived 10s: expected to live as long again
+
+	r := stream(mainM)
+	r.Deadline = h.clk.Now().Add(time.Second)
+	short := h.admitted(r) // on opt's other slot
+	_, err := h.ctrl.SetOverride(context.Background(), admission.Override{Actor: "test", Reason: "one slot", Class: "opt", Slots: 1, TTL: time.Hour})
+	require.NoError(t, err)
+	h.drain()
+
+	// Deadline in 2s: once short ends, the lender's idle slot takes it.
+	req := work(mainM)
+	req.Deadline = h.clk.Now().Add(2 * time.Second)
+	id, e := h.arrive(req)
+	require.Equal(t, admission.EventQueued, e.Kind, "reason %v", e.Reason)
+	h.clk.Advance(100 * time.Millisecond)
+	short.Release()
+	h.drain()
+	res := h.take(id)
+	require.NoError(t, res.err)
+	require.Equal(t, "opt", res.permit.Class())
+	res.permit.Release()
+	long.Abandon()
+	h.drain()
+}
