@@ -156,3 +156,46 @@ func TestLoweredClassCountsAnIdleLendersSlot(t *testing.T) {
 	long.Abandon()
 	h.drain()
 }
+
+// Several overrides expiring in one gap, a forced mode among them, with a
+// request waiting through it: whatever the gap, the metrics' peek and Mode
+// agree.
+func TestPeekAgreesWithModeAcrossSeveralExpiries(t *testing.T) {
+	for _, gap := range []time.Duration{500 * time.Millisecond, 1500 * time.Millisecond, 2500 * time.Millisecond, 3 * time.Second, 4500 * time.Millisecond, 9 * time.Second, 30 * time.Second} {
+		t.Run(gap.String(), func(t *testing.T) {
+			reader := sdkmetric.NewManualReader()
+			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+			defer func() { _ = mp.Shutdown(context.Background()) }()
+			h := newHarness(t, admission.WithMeterProvider(mp),
+				admission.WithClasses(
+					admission.Class{Name: "main", Slots: 2, QueueItems: 4},
+					admission.Class{Name: "opt", Slots: 2, QueueItems: 4, Optional: true}),
+				admission.WithMethods("opt", optM),
+				admission.WithDegradation(admission.Degradation{
+					Window: time.Second, EnterAfter: 2, ExitAfter: 3, MinDecisions: 1000, MaxQueueAge: 1500 * time.Millisecond,
+				}))
+			set := func(o admission.Override) {
+				o.Actor, o.Reason = "test", "gap"
+				_, err := h.ctrl.SetOverride(context.Background(), o)
+				require.NoError(t, err)
+				h.drain()
+			}
+			p := h.admitted(work(mainM))
+			set(admission.Override{Class: "main", Slots: 1, TTL: 2 * time.Second})
+			set(admission.Override{Mode: admission.ModeRecovering, TTL: 1 * time.Second})
+			set(admission.Override{Mode: admission.ModeNormal, TTL: 3 * time.Second})
+			w := h.queued(work(mainM))
+			h.clk.Advance(gap)
+			gauge := collect(t, reader)["tollgate.admission.mode"].Data.(metricdata.Gauge[int64])
+			require.Len(t, gauge.DataPoints, 1)
+			peeked := admission.Mode(gauge.DataPoints[0].Value)
+			require.Equal(t, h.ctrl.Mode(), peeked)
+			h.drain()
+			if res, ok := h.done[w]; ok && res.permit != nil {
+				res.permit.Release()
+			}
+			p.Release()
+			h.drain()
+		})
+	}
+}
