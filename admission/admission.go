@@ -1584,8 +1584,23 @@ func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowO
 	// gate its starts by themselves; onBorrowed: how many of them run on
 	// other classes' slots; borrowed: how many of those slots it may
 	// borrow again when they end (their lender has no waiters, which the
-	// slot would go to, and is within its slots).
+	// slot would go to, and is within its slots, and no class before it
+	// awaits a loan).
 	run, onBorrowed, borrowed := runBuf[:0], 0, 0
+	// A class before it in pump's order waiting for a loan takes the slot
+	// a loan's end frees, and any idle one, first.
+	loanTaken := false
+	if lowered {
+		for _, l := range c.classes {
+			if l == cs {
+				break
+			}
+			if l.queue.n > l.heldWaiters && c.awaitsLoan(l) {
+				loanTaken = true
+				break
+			}
+		}
+	}
 	var heldWork float64
 	for _, b := range c.classes {
 		for p := b.runHead; p != nil; p = p.next {
@@ -1607,7 +1622,7 @@ func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowO
 				run = append(run, r)
 				if p.owner != cs {
 					onBorrowed++
-					if p.owner.queue.n > 0 || p.owner.used > c.slots(p.owner) {
+					if loanTaken || p.owner.queue.n > 0 || p.owner.used > c.slots(p.owner) {
 						continue // its end frees no slot of cs's
 					}
 					borrowed++
@@ -1630,7 +1645,7 @@ func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowO
 	slices.Sort(rem)
 	free := rem[max(len(rem)-slots, 0):] // a slot frees with the (len-slots+1)-th end
 	idle := 0
-	if lowered && !cs.frozen && !c.shedding(cs) {
+	if lowered && !loanTaken && !cs.frozen && !c.shedding(cs) {
 		// Idle slots lent now (acquire) take its next start as soon as
 		// fewer of its own requests run than its slots.
 		for _, l := range c.classes {
@@ -1657,6 +1672,14 @@ func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowO
 		return time.Duration(free[0])
 	}
 	return time.Duration(nextStart(free, n, work/float64(n)))
+}
+
+// awaitsLoan reports whether the waiters of l (not held by their tenants)
+// wait for a slot to borrow: l's own slots in force are all used, and
+// nothing else keeps them from borrowing (acquire).
+func (c *Controller) awaitsLoan(l *classState) bool {
+	n := c.slots(l)
+	return !l.frozen && !c.shedding(l) && l.used >= n && !(n < l.cfg.Slots && l.running >= n)
 }
 
 // playOutGates returns, for a lowered class that borrows (borrowed: its

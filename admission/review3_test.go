@@ -199,3 +199,62 @@ func TestPeekAgreesWithModeAcrossSeveralExpiries(t *testing.T) {
 		})
 	}
 }
+
+// A review found that a lowered class counted on borrowing again the slot
+// its request held once it ended even while a class before it (pump's
+// order) waited for a loan: that class takes the slot first, and the
+// request, predicted to start in ~100ms, was queued to be dropped at its
+// deadline instead of refused DEADLINE_UNREACHABLE at once.
+func TestLoweredClassDoesNotCountOnASlotAnEarlierClassWaitsFor(t *testing.T) {
+	const aM, bM = "/demo.A/Do", "/demo.B/Do"
+	h := newHarness(t,
+		admission.WithClasses(
+			admission.Class{Name: "a", Slots: 1, QueueItems: 2, ExpectedServiceTime: 100 * time.Millisecond},
+			admission.Class{Name: "opt", Slots: 2, QueueItems: 4, LendIdle: true, ExpectedServiceTime: 100 * time.Millisecond},
+			admission.Class{Name: "b", Slots: 1, ExpectedServiceTime: 100 * time.Millisecond},
+			admission.Class{Name: "lender", Slots: 1, LendIdle: true, ExpectedServiceTime: 100 * time.Millisecond}),
+		admission.WithDefaultClass("opt"),
+		admission.WithMethods("a", "/demo.A/"),
+		admission.WithMethods("b", "/demo.B/"),
+		admission.WithMethods("lender", "/demo.Lender/"))
+	stream := func(m string) admission.Request { return admission.Request{Method: m, Size: -1, Stream: true} }
+	b1 := h.admitted(stream(bM))   // on b's own slot
+	long := h.admitted(stream(bM)) // borrows one of opt's idle slots
+	b1.Abandon()
+	h.drain()
+	h.clk.Advance(10 * time.Second) // the borrowing stream has lived 10s: expected to live as long again
+
+	own := h.admitted(stream(mainM)) // on opt's other slot
+	r := stream(mainM)
+	r.Deadline = h.clk.Now().Add(time.Second)
+	short := h.admitted(r) // opt is full: borrows the lender's idle slot
+	_, err := h.ctrl.SetOverride(context.Background(), admission.Override{Actor: "test", Reason: "one slot", Class: "opt", Slots: 1, TTL: time.Hour})
+	require.NoError(t, err)
+	h.drain()
+	a1 := h.admitted(stream(aM))
+	aw := h.queued(work(aM)) // a is full, nobody lends: it waits for a loan
+	own.Abandon()
+	h.drain()
+
+	req := work(mainM)
+	req.Deadline = h.clk.Now().Add(2 * time.Second)
+	id, e := h.arrive(req)
+	if e.Kind == admission.EventQueued {
+		h.clk.Advance(100 * time.Millisecond)
+		short.Release()
+		h.drain()
+		_, decided := h.done[id]
+		t.Fatalf("queued on a prediction of the slot a class before it waits for (decided once that slot freed: %v)", decided)
+	}
+	require.Equal(t, admission.EventRefused, e.Kind)
+	require.Equal(t, status.ReasonDeadlineUnreachable, e.Reason)
+	short.Release()
+	h.drain()
+	res := h.take(aw)
+	require.NoError(t, res.err, "a's waiter borrows the lender's slot")
+	require.Equal(t, "a", res.permit.Class())
+	res.permit.Release()
+	a1.Abandon()
+	long.Abandon()
+	h.drain()
+}
