@@ -37,10 +37,11 @@ func RunPerTenantBoundKept(t *testing.T, kept time.Duration, newStore func(t *te
 		return idempotency.Key{Tenant: tenant, AttemptID: attempt, Call: fmt.Sprint(i), Method: method}
 	}
 	// A store may start a tenant's horizon at its first use, Redis at the
-	// later of the call's reading and its own clock: the clock is moved
-	// ClockLead ahead of real time first, and after the horizons started
-	// at least past real time (Redis's clock, on this machine, is behind
-	// it), so that attempts created skew after it lie inside them.
+	// later of the call's reading and its own clock: the clock is kept at
+	// least ClockLead/2 ahead of real time (moved ClockLead ahead when it
+	// is not, see lead) before and after the horizons start, so that they
+	// lie behind it (Redis's clock, on this machine, is behind real time),
+	// and attempts created skew after it lie inside them.
 	lead(clock)
 	id := AttemptIDAt(clock.Now())
 	for _, tenant := range []string{"a", "b", ""} {
