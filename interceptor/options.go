@@ -493,8 +493,9 @@ func WithMaxAllowance(units int64) ServerOption {
 // MaxAttemptDeadline: its records must outlive every attempt it accepts.
 // The cap counts from each request's arrival, so a repeat gets a later one:
 // a try that admission drops because it can no longer finish by the cap
-// alone is refused DEADLINE_EXPIRED not final while the caller's own
-// deadline has not passed.
+// alone, a stream whose request arrives after the cap passed, or a try a
+// store finds past it, is refused DEADLINE_EXPIRED not final while the
+// caller's own deadline has not passed.
 func WithMaxAttemptTime(d time.Duration) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.maxAttemptTime, c.maxAttemptTimeSet = d, true })
 }

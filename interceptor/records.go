@@ -120,7 +120,7 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 				return sv.cfg.store.Finish(ctx, idempotency.FinishRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp,
 					State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, Minted: s.Origin})
 			})
-			return false, nil, sv.expired(ctx, s)
+			return false, nil, sv.lateRefusal(ctx, in)
 		}
 		return true, nil, nil
 	}
@@ -146,9 +146,8 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 		return false, nil, status.RequestMismatch(recordOutcome(rec), id)
 	case idempotency.RefusedDeadlineExpired:
 		// The store's clock says the try came late: a miss on arrival, as
-		// the server's own (expired).
-		sv.tel.late.Add(ctx, 1, arrivalStage)
-		return false, nil, status.NotAdmitted(status.ReasonDeadlineExpired, id, status.Final())
+		// the server's own (expired), and final as that is.
+		return false, nil, sv.lateRefusal(ctx, in)
 	case idempotency.RefusedUnverifiable:
 		if !res.VerifiableFrom.IsZero() {
 			return false, nil, sv.beforeHorizon(s, id, res.VerifiableFrom)

@@ -254,6 +254,16 @@ func (sv *server) expired(ctx context.Context, s *attemptState) error {
 	})
 }
 
+// lateRefusal is expired's refusal of a try that came after its attempt's
+// deadline plus the skew (s.Deadline), made not final by tryDeadlineOnly
+// when that deadline is only the server's maximum counted from this
+// request's arrival (inbound.capped), which a repeat gets afresh: a
+// stream's request received after it passed, or a try a store found late.
+func (sv *server) lateRefusal(ctx context.Context, in *inbound) error {
+	s := in.s
+	return status.With(sv.tryDeadlineOnly(sv.expired(ctx, s), in, s.Deadline.Add(sv.cfg.skew)), status.WithAttempt(s.ID, s.Call, s.Try))
+}
+
 // admit asks the admission controller, if any, for a permit, and records
 // the decision as a tollgate.admission event on the request's span (when a
 // server span is recording, e.g. with otelgrpc): decision, class, and the
@@ -321,7 +331,8 @@ func (sv *server) admit(ctx context.Context, method string, in *inbound, tenant 
 }
 
 // tryDeadlineOnly returns admission's refusal err (or contextEnded's,
-// whose deadline is the ended context's), made not final when it
+// whose deadline is the ended context's, or lateRefusal's, whose deadline
+// is the attempt's plus the skew), made not final when it
 // is a final DEADLINE_EXPIRED (a waiter dropped because it can no longer
 // finish by its deadline) that only the try's own deadline explains:
 // admission is given the deadline the handler runs until (deadline), for a
@@ -778,7 +789,7 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 			// late try (begin), a recorded one of a caller's attempt is
 			// answered by its record alone, and another is refused.
 			if !recorded || in.s.Origin {
-				err := sv.expired(ctx, in.s)
+				err := sv.lateRefusal(ctx, in)
 				sv.setStreamTrailer(ss, in, 0, err)
 				return err
 			}
