@@ -186,10 +186,15 @@ func (sv *server) contextEnded(ctx context.Context, in *inbound) error {
 	now := sv.cfg.now()
 	dl, hasDeadline := ctx.Deadline()
 	id := status.WithAttempt(s.ID, s.Call, s.Try)
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(context.Cause(ctx), context.DeadlineExceeded) ||
-		(hasDeadline && !time.Now().Before(dl)) || !now.Before(s.Deadline.Add(sv.cfg.skew)) {
-		if !hasDeadline {
-			dl = now // a deadline ended it, the try's: none is known later
+	byOwn := errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(context.Cause(ctx), context.DeadlineExceeded) ||
+		(hasDeadline && !time.Now().Before(dl))
+	if byOwn || !now.Before(s.Deadline.Add(sv.cfg.skew)) {
+		if !hasDeadline || !byOwn {
+			// The attempt's deadline plus the skew ended it, not the
+			// context's own, which has not come: the try's deadline
+			// passed by now (the attempt's is final only when it is not
+			// the server's cap, see tryDeadlineOnly).
+			dl = now
 		}
 		err := status.NotAdmitted(status.ReasonDeadlineExpired, status.Fields{Final: true,
 			Message: "interceptor: the try's context ended, by its deadline, before its record was begun"})
