@@ -39,9 +39,10 @@ type Harness struct {
 	Store idempotency.Store
 	// Lose makes the store lose every record it holds, as a flush, restart,
 	// restore or failover would; the store must move its horizon. Nil skips
-	// the test of loss. Run also calls it, before a subtest starts, when
-	// real time caught up with the suite's clock while the horizons
-	// started (see ClockLead), to start them again.
+	// the test of loss. Run also calls it, before a subtest starts, when it
+	// moved the suite's clock ahead (building the store took half of
+	// ClockLead or more) or real time caught up with the clock while the
+	// horizons started (see ClockLead), to start them again at the clock.
 	Lose func(t *testing.T)
 }
 
