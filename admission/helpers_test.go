@@ -9,6 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/status"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.uber.org/goleak"
 )
 
@@ -281,3 +283,102 @@ func (h *harness) tick(d time.Duration) []admission.Event {
 }
 
 func work(method string) admission.Request { return admission.Request{Method: method, Size: -1} }
+
+// newMeteredHarness is newHarness with a meter provider that the returned
+// manual reader reads; the provider is shut down when the test ends,
+// before the harness's own clean-up.
+func newMeteredHarness(t testing.TB, opts ...admission.Option) (*harness, *sdkmetric.ManualReader) {
+	t.Helper()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	h := newHarness(t, append([]admission.Option{admission.WithMeterProvider(mp)}, opts...)...)
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	return h, reader
+}
+
+// peekedMode is the mode the metrics' peek reports: the one data point of
+// the tollgate.admission.mode gauge.
+func peekedMode(t *testing.T, reader *sdkmetric.ManualReader) admission.Mode {
+	t.Helper()
+	gauge := collect(t, reader)["tollgate.admission.mode"].Data.(metricdata.Gauge[int64])
+	require.Len(t, gauge.DataPoints, 1)
+	return admission.Mode(gauge.DataPoints[0].Value)
+}
+
+// override sets o, requires it accepted, and settles what it started.
+func (h *harness) override(o admission.Override) {
+	h.t.Helper()
+	_, err := h.ctrl.SetOverride(context.Background(), o)
+	require.NoError(h.t, err)
+	h.drain()
+}
+
+// streamOn is a stream request for method m.
+func streamOn(m string) admission.Request {
+	return admission.Request{Method: m, Size: -1, Stream: true}
+}
+
+// Methods of the classes lendAndBorrowOptions configures.
+const (
+	bM      = "/demo.B/Do"
+	lenderM = "/demo.Lender/Do"
+)
+
+// lendAndBorrowOptions configures the classes first (if any), then opt
+// (2 slots, 4 queued, lends idle slots), b (1 slot) and lender (1 slot,
+// lenderQueue queued, lends idle slots), all expected to serve in 100ms;
+// bM is b's, lenderM the lender's.
+func lendAndBorrowOptions(lenderQueue int, first ...admission.Class) []admission.Option {
+	const est = 100 * time.Millisecond
+	classes := append(first,
+		admission.Class{Name: "opt", Slots: 2, QueueItems: 4, LendIdle: true, ExpectedServiceTime: est},
+		admission.Class{Name: "b", Slots: 1, ExpectedServiceTime: est},
+		admission.Class{Name: "lender", Slots: 1, QueueItems: lenderQueue, LendIdle: true, ExpectedServiceTime: est})
+	return []admission.Option{
+		admission.WithClasses(classes...),
+		admission.WithMethods("b", "/demo.B/"),
+		admission.WithMethods("lender", "/demo.Lender/"),
+	}
+}
+
+// longBorrowedStream starts one of b's streams on b's own slot and a
+// second that borrows one of opt's idle slots, ends the first, and lets
+// 10s pass: the borrowing stream, returned, is expected to live as long
+// again.
+func (h *harness) longBorrowedStream() *admission.Permit {
+	b1 := h.admitted(streamOn(bM))   // on b's own slot
+	long := h.admitted(streamOn(bM)) // borrows one of opt's idle slots
+	b1.Abandon()
+	h.drain()
+	h.clk.Advance(10 * time.Second)
+	return long
+}
+
+// arriveWithin2s sends a unary request of the main method (opt's in the
+// lend-and-borrow set-up) with a deadline 2s away.
+func (h *harness) arriveWithin2s() (int, admission.Event) {
+	req := work(mainM)
+	req.Deadline = h.clk.Now().Add(2 * time.Second)
+	return h.arrive(req)
+}
+
+// refusedUnreachableBeforeShortEnds requires a request arriving with a
+// deadline 2s away refused DEADLINE_UNREACHABLE at once; were it queued,
+// the test fails saying whether it was decided once short, the request
+// whose slot went to the one the prediction overlooked (what), ended.
+// short is released either way.
+func (h *harness) refusedUnreachableBeforeShortEnds(t *testing.T, short *admission.Permit, what string) {
+	t.Helper()
+	id, e := h.arriveWithin2s()
+	if e.Kind == admission.EventQueued {
+		h.clk.Advance(100 * time.Millisecond)
+		short.Release()
+		h.drain()
+		_, decided := h.done[id]
+		t.Fatalf("queued on a prediction of the slot %s (decided once that slot freed: %v)", what, decided)
+	}
+	require.Equal(t, admission.EventRefused, e.Kind)
+	require.Equal(t, status.ReasonDeadlineUnreachable, e.Reason)
+	short.Release()
+	h.drain()
+}

@@ -1,7 +1,6 @@
 package admission_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -29,9 +28,7 @@ func TestLoweredClassWaitsForItsStreamOnABorrowedSlot(t *testing.T) {
 	s1.Abandon()
 	s2.Abandon()
 	h.drain()
-	_, err := h.ctrl.SetOverride(context.Background(), admission.Override{Actor: "test", Reason: "one slot", Class: "opt", Slots: 1, TTL: time.Hour})
-	require.NoError(t, err)
-	h.drain()
+	h.override(admission.Override{Actor: "test", Reason: "one slot", Class: "opt", Slots: 1, TTL: time.Hour})
 
 	st, ok := h.ctrl.Stats().Class("opt")
 	require.True(t, ok)

@@ -1,15 +1,11 @@
 package admission_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/admission"
-	"github.com/tollgate-go/tollgate/status"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
 // A review found that, over a gap in which an override expired, advance
@@ -22,24 +18,17 @@ import (
 // end, after the windows that end by then are closed, as a start
 // Recovering's step lets happen does (rollWindows).
 func TestExpiryStartsItsWaitersAfterTheGapsWindows(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer func() { _ = mp.Shutdown(context.Background()) }()
-	h := newHarness(t, admission.WithMeterProvider(mp),
+	h, reader := newMeteredHarness(t,
 		admission.WithClasses(admission.Class{Name: "main", Slots: 2, QueueItems: 4}),
 		admission.WithDegradation(admission.Degradation{
 			Window: time.Second, EnterAfter: 1, ExitAfter: 100, MinDecisions: 1000, MaxQueueAge: 2 * time.Second,
 		}))
-	_, err := h.ctrl.SetOverride(context.Background(), admission.Override{Actor: "test", Reason: "one slot", Class: "main", Slots: 1, TTL: time.Second})
-	require.NoError(t, err)
-	h.drain()
+	h.override(admission.Override{Actor: "test", Reason: "one slot", Class: "main", Slots: 1, TTL: time.Second})
 	p := h.admitted(work(mainM))
 	w := h.queued(work(mainM)) // the override holds it; it expires at 1s
 
 	h.clk.Advance(10 * time.Second) // nothing looks until now
-	gauge := collect(t, reader)["tollgate.admission.mode"].Data.(metricdata.Gauge[int64])
-	require.Len(t, gauge.DataPoints, 1)
-	peeked := admission.Mode(gauge.DataPoints[0].Value)
+	peeked := peekedMode(t, reader)
 	mode := h.ctrl.Mode()
 	require.Equal(t, mode, peeked, "the mode gauge predicts Mode")
 	require.Equal(t, admission.ModeDegraded, mode,
@@ -60,28 +49,14 @@ func TestExpiryStartsItsWaitersAfterTheGapsWindows(t *testing.T) {
 // Predicted to start in ~100ms, it was queued, to be dropped at its
 // deadline instead of refused DEADLINE_UNREACHABLE at once.
 func TestLoweredClassDoesNotCountOnASlotItsLenderWaitsFor(t *testing.T) {
-	const bM, lenderM = "/demo.B/Do", "/demo.Lender/Do"
-	h := newHarness(t,
-		admission.WithClasses(
-			admission.Class{Name: "opt", Slots: 2, QueueItems: 4, LendIdle: true, ExpectedServiceTime: 100 * time.Millisecond},
-			admission.Class{Name: "b", Slots: 1, ExpectedServiceTime: 100 * time.Millisecond},
-			admission.Class{Name: "lender", Slots: 1, QueueItems: 2, LendIdle: true, ExpectedServiceTime: 100 * time.Millisecond}),
-		admission.WithMethods("b", "/demo.B/"),
-		admission.WithMethods("lender", "/demo.Lender/"))
-	stream := func(m string) admission.Request { return admission.Request{Method: m, Size: -1, Stream: true} }
-	b1 := h.admitted(stream(bM))   // on b's own slot
-	long := h.admitted(stream(bM)) // borrows one of opt's idle slots
-	b1.Abandon()
-	h.drain()
-	h.clk.Advance(10 * time.Second) // the borrowing stream has lived 10s: expected to live as long again
+	h := newHarness(t, lendAndBorrowOptions(2)...)
+	long := h.longBorrowedStream()
 
-	own := h.admitted(stream(mainM)) // on opt's other slot
-	r := stream(mainM)
+	own := h.admitted(streamOn(mainM)) // on opt's other slot
+	r := streamOn(mainM)
 	r.Deadline = h.clk.Now().Add(time.Second)
 	short := h.admitted(r) // opt is full: borrows the lender's idle slot
-	_, err := h.ctrl.SetOverride(context.Background(), admission.Override{Actor: "test", Reason: "one slot", Class: "opt", Slots: 1, TTL: time.Hour})
-	require.NoError(t, err)
-	h.drain()
+	h.override(admission.Override{Actor: "test", Reason: "one slot", Class: "opt", Slots: 1, TTL: time.Hour})
 	lw := h.queued(work(lenderM)) // the lender's own request waits for its slot
 	own.Abandon()                 // opt, lowered to one slot, lends nothing
 	h.drain()
@@ -91,20 +66,7 @@ func TestLoweredClassDoesNotCountOnASlotItsLenderWaitsFor(t *testing.T) {
 
 	// Deadline in 2s: the slot short holds goes to the lender's waiter,
 	// and opt's own slot frees only with b's long stream (~10s).
-	req := work(mainM)
-	req.Deadline = h.clk.Now().Add(2 * time.Second)
-	id, e := h.arrive(req)
-	if e.Kind == admission.EventQueued {
-		h.clk.Advance(100 * time.Millisecond)
-		short.Release()
-		h.drain()
-		_, decided := h.done[id]
-		t.Fatalf("queued on a prediction of the slot its lender waits for (decided once that slot freed: %v)", decided)
-	}
-	require.Equal(t, admission.EventRefused, e.Kind)
-	require.Equal(t, status.ReasonDeadlineUnreachable, e.Reason)
-	short.Release()
-	h.drain()
+	h.refusedUnreachableBeforeShortEnds(t, short, "its lender waits for")
 	res := h.take(lw)
 	require.NoError(t, res.err, "the lender's waiter takes its slot back")
 	res.permit.Release()
@@ -119,32 +81,16 @@ func TestLoweredClassDoesNotCountOnASlotItsLenderWaitsFor(t *testing.T) {
 // Predicted to wait ~10s, it was refused DEADLINE_UNREACHABLE, although it
 // would have started in ~100ms.
 func TestLoweredClassCountsAnIdleLendersSlot(t *testing.T) {
-	const bM = "/demo.B/Do"
-	h := newHarness(t,
-		admission.WithClasses(
-			admission.Class{Name: "opt", Slots: 2, QueueItems: 4, LendIdle: true, ExpectedServiceTime: 100 * time.Millisecond},
-			admission.Class{Name: "b", Slots: 1, ExpectedServiceTime: 100 * time.Millisecond},
-			admission.Class{Name: "lender", Slots: 1, LendIdle: true, ExpectedServiceTime: 100 * time.Millisecond}),
-		admission.WithMethods("b", "/demo.B/"),
-		admission.WithMethods("lender", "/demo.Lender/"))
-	stream := func(m string) admission.Request { return admission.Request{Method: m, Size: -1, Stream: true} }
-	b1 := h.admitted(stream(bM))   // on b's own slot
-	long := h.admitted(stream(bM)) // borrows one of opt's idle slots
-	b1.Abandon()
-	h.drain()
-	h.clk.Advance(10 * time.Second) // the borrowing stream has lived 10s: expected to live as long again
+	h := newHarness(t, lendAndBorrowOptions(0)...)
+	long := h.longBorrowedStream()
 
-	r := stream(mainM)
+	r := streamOn(mainM)
 	r.Deadline = h.clk.Now().Add(time.Second)
 	short := h.admitted(r) // on opt's other slot
-	_, err := h.ctrl.SetOverride(context.Background(), admission.Override{Actor: "test", Reason: "one slot", Class: "opt", Slots: 1, TTL: time.Hour})
-	require.NoError(t, err)
-	h.drain()
+	h.override(admission.Override{Actor: "test", Reason: "one slot", Class: "opt", Slots: 1, TTL: time.Hour})
 
 	// Deadline in 2s: once short ends, the lender's idle slot takes it.
-	req := work(mainM)
-	req.Deadline = h.clk.Now().Add(2 * time.Second)
-	id, e := h.arrive(req)
+	id, e := h.arriveWithin2s()
 	require.Equal(t, admission.EventQueued, e.Kind, "reason %v", e.Reason)
 	h.clk.Advance(100 * time.Millisecond)
 	short.Release()
@@ -163,10 +109,7 @@ func TestLoweredClassCountsAnIdleLendersSlot(t *testing.T) {
 func TestPeekAgreesWithModeAcrossSeveralExpiries(t *testing.T) {
 	for _, gap := range []time.Duration{500 * time.Millisecond, 1500 * time.Millisecond, 2500 * time.Millisecond, 3 * time.Second, 4500 * time.Millisecond, 9 * time.Second, 30 * time.Second} {
 		t.Run(gap.String(), func(t *testing.T) {
-			reader := sdkmetric.NewManualReader()
-			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-			defer func() { _ = mp.Shutdown(context.Background()) }()
-			h := newHarness(t, admission.WithMeterProvider(mp),
+			h, reader := newMeteredHarness(t,
 				admission.WithClasses(
 					admission.Class{Name: "main", Slots: 2, QueueItems: 4},
 					admission.Class{Name: "opt", Slots: 2, QueueItems: 4, Optional: true}),
@@ -176,9 +119,7 @@ func TestPeekAgreesWithModeAcrossSeveralExpiries(t *testing.T) {
 				}))
 			set := func(o admission.Override) {
 				o.Actor, o.Reason = "test", "gap"
-				_, err := h.ctrl.SetOverride(context.Background(), o)
-				require.NoError(t, err)
-				h.drain()
+				h.override(o)
 			}
 			p := h.admitted(work(mainM))
 			set(admission.Override{Class: "main", Slots: 1, TTL: 2 * time.Second})
@@ -186,10 +127,7 @@ func TestPeekAgreesWithModeAcrossSeveralExpiries(t *testing.T) {
 			set(admission.Override{Mode: admission.ModeNormal, TTL: 3 * time.Second})
 			w := h.queued(work(mainM))
 			h.clk.Advance(gap)
-			gauge := collect(t, reader)["tollgate.admission.mode"].Data.(metricdata.Gauge[int64])
-			require.Len(t, gauge.DataPoints, 1)
-			peeked := admission.Mode(gauge.DataPoints[0].Value)
-			require.Equal(t, h.ctrl.Mode(), peeked)
+			require.Equal(t, h.ctrl.Mode(), peekedMode(t, reader))
 			h.drain()
 			if res, ok := h.done[w]; ok && res.permit != nil {
 				res.permit.Release()
@@ -206,50 +144,24 @@ func TestPeekAgreesWithModeAcrossSeveralExpiries(t *testing.T) {
 // request, predicted to start in ~100ms, was queued to be dropped at its
 // deadline instead of refused DEADLINE_UNREACHABLE at once.
 func TestLoweredClassDoesNotCountOnASlotAnEarlierClassWaitsFor(t *testing.T) {
-	const aM, bM = "/demo.A/Do", "/demo.B/Do"
-	h := newHarness(t,
-		admission.WithClasses(
-			admission.Class{Name: "a", Slots: 1, QueueItems: 2, ExpectedServiceTime: 100 * time.Millisecond},
-			admission.Class{Name: "opt", Slots: 2, QueueItems: 4, LendIdle: true, ExpectedServiceTime: 100 * time.Millisecond},
-			admission.Class{Name: "b", Slots: 1, ExpectedServiceTime: 100 * time.Millisecond},
-			admission.Class{Name: "lender", Slots: 1, LendIdle: true, ExpectedServiceTime: 100 * time.Millisecond}),
+	const aM = "/demo.A/Do"
+	h := newHarness(t, append(lendAndBorrowOptions(0,
+		admission.Class{Name: "a", Slots: 1, QueueItems: 2, ExpectedServiceTime: 100 * time.Millisecond}),
 		admission.WithDefaultClass("opt"),
-		admission.WithMethods("a", "/demo.A/"),
-		admission.WithMethods("b", "/demo.B/"),
-		admission.WithMethods("lender", "/demo.Lender/"))
-	stream := func(m string) admission.Request { return admission.Request{Method: m, Size: -1, Stream: true} }
-	b1 := h.admitted(stream(bM))   // on b's own slot
-	long := h.admitted(stream(bM)) // borrows one of opt's idle slots
-	b1.Abandon()
-	h.drain()
-	h.clk.Advance(10 * time.Second) // the borrowing stream has lived 10s: expected to live as long again
+		admission.WithMethods("a", "/demo.A/"))...)
+	long := h.longBorrowedStream()
 
-	own := h.admitted(stream(mainM)) // on opt's other slot
-	r := stream(mainM)
+	own := h.admitted(streamOn(mainM)) // on opt's other slot
+	r := streamOn(mainM)
 	r.Deadline = h.clk.Now().Add(time.Second)
 	short := h.admitted(r) // opt is full: borrows the lender's idle slot
-	_, err := h.ctrl.SetOverride(context.Background(), admission.Override{Actor: "test", Reason: "one slot", Class: "opt", Slots: 1, TTL: time.Hour})
-	require.NoError(t, err)
-	h.drain()
-	a1 := h.admitted(stream(aM))
+	h.override(admission.Override{Actor: "test", Reason: "one slot", Class: "opt", Slots: 1, TTL: time.Hour})
+	a1 := h.admitted(streamOn(aM))
 	aw := h.queued(work(aM)) // a is full, nobody lends: it waits for a loan
 	own.Abandon()
 	h.drain()
 
-	req := work(mainM)
-	req.Deadline = h.clk.Now().Add(2 * time.Second)
-	id, e := h.arrive(req)
-	if e.Kind == admission.EventQueued {
-		h.clk.Advance(100 * time.Millisecond)
-		short.Release()
-		h.drain()
-		_, decided := h.done[id]
-		t.Fatalf("queued on a prediction of the slot a class before it waits for (decided once that slot freed: %v)", decided)
-	}
-	require.Equal(t, admission.EventRefused, e.Kind)
-	require.Equal(t, status.ReasonDeadlineUnreachable, e.Reason)
-	short.Release()
-	h.drain()
+	h.refusedUnreachableBeforeShortEnds(t, short, "a class before it waits for")
 	res := h.take(aw)
 	require.NoError(t, res.err, "a's waiter borrows the lender's slot")
 	require.Equal(t, "a", res.permit.Class())

@@ -9,8 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/status"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
 // A review found that a waiter whose context ended brings the controller's
@@ -23,9 +21,7 @@ import (
 // leaves as a cancelled one; the slot goes to the next waiter.
 func TestEndedWaiterIsNotStartedByTheStateItBringsUpToDate(t *testing.T) {
 	h := newHarness(t, admission.WithClasses(admission.Class{Name: "main", Slots: 2, QueueItems: 4, ExpectedServiceTime: 100 * time.Millisecond}))
-	_, err := h.ctrl.SetOverride(context.Background(), admission.Override{Actor: "test", Reason: "one slot", Class: "main", Slots: 1, TTL: time.Second})
-	require.NoError(t, err)
-	h.drain()
+	h.override(admission.Override{Actor: "test", Reason: "one slot", Class: "main", Slots: 1, TTL: time.Second})
 	p := h.admitted(work(mainM))
 	gone := h.queued(work(mainM))
 	next := h.queued(work(mainM))
@@ -113,38 +109,22 @@ func TestPanickingObserverLeaksNoSlot(t *testing.T) {
 // stream, long-lived, holds the slot it lent: the request would start in
 // ~100ms, but was refused DEADLINE_UNREACHABLE for the long stream.
 func TestLoweredClassThatLendsAndBorrowsPredictsItsOwnEnd(t *testing.T) {
-	const bM, lenderM = "/demo.B/Do", "/demo.Lender/Do"
-	h := newHarness(t,
-		admission.WithClasses(
-			admission.Class{Name: "opt", Slots: 2, QueueItems: 4, LendIdle: true, ExpectedServiceTime: 100 * time.Millisecond},
-			admission.Class{Name: "b", Slots: 1, ExpectedServiceTime: 100 * time.Millisecond},
-			admission.Class{Name: "lender", Slots: 1, LendIdle: true, ExpectedServiceTime: 100 * time.Millisecond}),
-		admission.WithMethods("b", "/demo.B/"),
-		admission.WithMethods("lender", "/demo.Lender/"))
-	stream := func(m string) admission.Request { return admission.Request{Method: m, Size: -1, Stream: true} }
-	b1 := h.admitted(stream(bM))   // on b's own slot
-	long := h.admitted(stream(bM)) // borrows one of opt's idle slots
-	b1.Abandon()
-	h.drain()
-	h.clk.Advance(10 * time.Second) // the borrowing stream has lived 10s: expected to live as long again
+	h := newHarness(t, lendAndBorrowOptions(0)...)
+	long := h.longBorrowedStream()
 
-	own := h.admitted(stream(mainM)) // on opt's other slot
-	r := stream(mainM)
+	own := h.admitted(streamOn(mainM)) // on opt's other slot
+	r := streamOn(mainM)
 	r.Deadline = h.clk.Now().Add(time.Second) // its handler's context ends in 1s
 	short := h.admitted(r)                    // opt is full: borrows the lender's idle slot
 	own.Abandon()
 	h.drain()
-	_, err := h.ctrl.SetOverride(context.Background(), admission.Override{Actor: "test", Reason: "one slot", Class: "opt", Slots: 1, TTL: time.Hour})
-	require.NoError(t, err)
-	h.drain()
+	h.override(admission.Override{Actor: "test", Reason: "one slot", Class: "opt", Slots: 1, TTL: time.Hour})
 	st, _ := h.ctrl.Stats().Class("opt")
 	require.Equal(t, 1, st.Running, "its stream on the lender's slot")
 	require.Equal(t, 1, st.UsedSlots, "b's stream on its slot")
 
 	// Deadline in 2s: a wait of ~100ms and 100ms of work fit; 10s do not.
-	req := work(mainM)
-	req.Deadline = h.clk.Now().Add(2 * time.Second)
-	id, e := h.arrive(req)
+	id, e := h.arriveWithin2s()
 	require.Equal(t, admission.EventQueued, e.Kind, "reason %v", e.Reason)
 
 	// And it does start once its class's stream ends, long before b's.
@@ -176,10 +156,7 @@ func TestWindowsBeforeAnOverridesExpiryAreJudgedWithIt(t *testing.T) {
 // windowsAcrossAnExpiry is the scenario above; ticked: something looks
 // every 100ms, as the real clock's timer would at the override's expiry.
 func windowsAcrossAnExpiry(t *testing.T, ticked bool) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer func() { _ = mp.Shutdown(context.Background()) }()
-	h := newHarness(t, admission.WithMeterProvider(mp),
+	h, reader := newMeteredHarness(t,
 		admission.WithClasses(
 			admission.Class{Name: "main", Slots: 1},
 			admission.Class{Name: "opt", Slots: 3, QueueItems: 4, Optional: true},
@@ -192,9 +169,7 @@ func windowsAcrossAnExpiry(t *testing.T, ticked bool) {
 	for range 3 {
 		running = append(running, h.admitted(work(optM)))
 	}
-	_, err := h.ctrl.SetOverride(context.Background(), admission.Override{Actor: "test", Reason: "step", Mode: admission.ModeRecovering, TTL: 2 * time.Second})
-	require.NoError(t, err)
-	h.drain()
+	h.override(admission.Override{Actor: "test", Reason: "step", Mode: admission.ModeRecovering, TTL: 2 * time.Second})
 	w := h.queued(work(optM)) // stepped to one slot; three run
 
 	if ticked {
@@ -206,9 +181,7 @@ func windowsAcrossAnExpiry(t *testing.T, ticked bool) {
 		h.clk.Advance(10 * time.Second) // nothing looks until now
 	}
 	// The metrics' peek (which changes nothing) sees what Mode will.
-	gauge := collect(t, reader)["tollgate.admission.mode"].Data.(metricdata.Gauge[int64])
-	require.Len(t, gauge.DataPoints, 1)
-	peeked := admission.Mode(gauge.DataPoints[0].Value)
+	peeked := peekedMode(t, reader)
 	mode := h.ctrl.Mode()
 	require.NotEqual(t, admission.ModeNormal, mode,
 		"from 2s on the request waited unstepped, past MaxQueueAge by 4s")
