@@ -51,6 +51,21 @@ func (c *cancellingClock) now() time.Time {
 // The target's budget holds one token and never refills. Call A is refused
 // without effect with a long retry-after and cancelled during its backoff;
 // call B is refused once and must then be repeated with that token.
+// oneRetryToken is a retry budget of one token that nothing refills.
+func oneRetryToken() interceptor.ClientOption {
+	return interceptor.WithRetryBudget(budget.WithRetryRatio(0), budget.WithMinRetriesPerSecond(0), budget.WithMaxRetryTokens(1))
+}
+
+// requireCallBGetsTheToken requires a call B (Get "b") to succeed on its
+// repeat, which needs the budget's one token back, its handler having run
+// twice (bRuns: it sheds its first try).
+func requireCallBGetsTheToken(t *testing.T, client testingv1.TestServiceClient, bRuns *atomic.Int32) {
+	t.Helper()
+	_, err := client.Get(t.Context(), &testingv1.GetRequest{Key: "b"})
+	require.NoError(t, err, "call B found no retry-budget token: call A's repeat, never sent, kept it (%v)", status.OutcomeOf(err))
+	require.EqualValues(t, 2, bRuns.Load())
+}
+
 func TestRetryTokenOfARepeatCancelledInItsBackoffGoesBack(t *testing.T) {
 	var bRuns atomic.Int32
 	clock := &cancellingClock{}
@@ -76,7 +91,7 @@ func TestRetryTokenOfARepeatCancelledInItsBackoffGoesBack(t *testing.T) {
 			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 			client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3),
 				interceptor.WithAttemptTimeout(time.Minute), interceptor.WithClientClock(clock.now),
-				interceptor.WithRetryBudget(budget.WithRetryRatio(0), budget.WithMinRetriesPerSecond(0), budget.WithMaxRetryTokens(1)))...))
+				oneRetryToken())...))
 
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
@@ -95,9 +110,7 @@ func TestRetryTokenOfARepeatCancelledInItsBackoffGoesBack(t *testing.T) {
 			require.Error(t, ctx.Err(), "the call ended once cancelled in its backoff")
 			require.False(t, clock.armed.Load(), "the clock cancelled the call")
 
-			_, err = client.Get(t.Context(), &testingv1.GetRequest{Key: "b"})
-			require.NoError(t, err, "call B found no retry-budget token: call A's repeat, never sent, kept it")
-			require.EqualValues(t, 2, bRuns.Load())
+			requireCallBGetsTheToken(t, client, &bRuns)
 		})
 	}
 }
@@ -198,7 +211,7 @@ func TestRetryTokenOfARepeatNeverSentGoesBack(t *testing.T) {
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return nil, errors.New("unreachable") }),
 	}, interceptor.DialOptions(fastRetry(3),
-		interceptor.WithRetryBudget(budget.WithRetryRatio(0), budget.WithMinRetriesPerSecond(0), budget.WithMaxRetryTokens(1)))...)...)
+		oneRetryToken())...)...)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	cli := testingv1.NewTestServiceClient(conn)

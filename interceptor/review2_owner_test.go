@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"github.com/tollgate-go/tollgate/budget"
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
@@ -67,7 +66,7 @@ func TestRetryTokenOfARepeatThatPanickedBeforeSendingGoesBack(t *testing.T) {
 			}
 			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 			dial := append(interceptor.DialOptions(fastRetry(3),
-				interceptor.WithRetryBudget(budget.WithRetryRatio(0), budget.WithMinRetriesPerSecond(0), budget.WithMaxRetryTokens(1))),
+				oneRetryToken()),
 				grpc.WithChainUnaryInterceptor(unaryPanics), grpc.WithChainStreamInterceptor(streamPanics))
 			client := testingv1.NewTestServiceClient(end.DialT(t, dial...))
 
@@ -86,9 +85,7 @@ func TestRetryTokenOfARepeatThatPanickedBeforeSendingGoesBack(t *testing.T) {
 			}()
 			require.EqualValues(t, 2, aTries.Load(), "precondition: call A's repeat was reached")
 
-			_, err := client.Get(t.Context(), &testingv1.GetRequest{Key: "b"})
-			require.NoError(t, err, "call B found no retry-budget token: call A's repeat, never sent, kept it (%v)", status.OutcomeOf(err))
-			require.EqualValues(t, 2, bRuns.Load())
+			requireCallBGetsTheToken(t, client, &bRuns)
 		})
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/idempotency"
@@ -17,7 +16,6 @@ import (
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 	"github.com/tollgate-go/tollgate/status"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/metadata"
 )
 
 // A review found that a try whose attempt's deadline lies beyond the
@@ -37,10 +35,7 @@ func TestCappedAttemptDeadlineDropIsNotFinal(t *testing.T) {
 	for _, c := range []struct{ recorded, tap bool }{{false, true}, {false, false}, {true, true}, {true, false}} {
 		recorded := c.recorded
 		t.Run(fmt.Sprintf("recorded=%v,tap=%v", c.recorded, c.tap), func(t *testing.T) {
-			ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 4,
-				ExpectedServiceTime: 100 * time.Millisecond}), admission.WithDefaultClass("work"))
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = ctrl.Close() })
+			ctrl := workCtrl(t, admission.Class{Name: "work", Slots: 1, QueueItems: 4, ExpectedServiceTime: 100 * time.Millisecond})
 			opts := []interceptor.ServerOption{interceptor.WithAdmission(ctrl), interceptor.WithMaxAttemptTime(500 * time.Millisecond)}
 			if !c.tap {
 				// The tap bounds the stream's context by the cap as read a
@@ -48,25 +43,18 @@ func TestCappedAttemptDeadlineDropIsNotFinal(t *testing.T) {
 				opts = append(opts, interceptor.WithoutAdmissionTap())
 			}
 			if recorded {
-				pol := idempotency.DefaultPolicy()
-				pol.Skew = 0
-				store, err := idempotency.NewMemoryStore(idempotency.SingleReplica, idempotency.WithPolicy(pol))
-				require.NoError(t, err)
-				opts = append(opts, interceptor.WithAttemptStore(store))
+				opts = append(opts, interceptor.WithAttemptStore(noSkewStore(t)))
 			}
 			h := newSlotHolder()
 			svc := &testsvc.Service{ApplyFunc: h.apply}
 			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts(opts...)...)
 			client := testingv1.NewTestServiceClient(end.DialT(t))
-			h.holdApply(context.Background(), client)
-			t.Cleanup(func() { _ = h.free() })
+			holdSlot(t, h, client)
 
-			id, _ := uuid.NewV7()
 			d := time.Now().Add(10 * time.Second).UnixMilli() // the caller's attempt: far beyond the server's cap
 			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 			defer cancel()
-			ctx = metadata.AppendToOutgoingContext(ctx, "tollgate", fmt.Sprintf("a=%s;c=0;t=1;d=%d", id, d))
-			_, err = client.Apply(ctx, &testingv1.ApplyRequest{Key: "b"})
+			_, err := client.Apply(asFirstTry(ctx, d), &testingv1.ApplyRequest{Key: "b"})
 			o := status.OutcomeOf(err)
 			ra, ok := status.RetryAfter(err)
 			t.Logf("%v final=%v retry-after %v: %v", o.Reason, o.Final(), ra, err)
@@ -84,10 +72,7 @@ func TestCappedAttemptDeadlineDropIsNotFinal(t *testing.T) {
 // by its cap; told that no repeat could help, the call ended there. A
 // repeat, under a fresh cap, starts once the slot frees, and succeeds.
 func TestCappedAttemptDeadlineDropIsRepeated(t *testing.T) {
-	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 4,
-		ExpectedServiceTime: 100 * time.Millisecond}), admission.WithDefaultClass("work"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ctrl.Close() })
+	ctrl := workCtrl(t, admission.Class{Name: "work", Slots: 1, QueueItems: 4, ExpectedServiceTime: 100 * time.Millisecond})
 	h := newSlotHolder()
 	var tries atomic.Int32
 	svc := &testsvc.Service{ApplyFunc: func(ctx context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
@@ -96,10 +81,7 @@ func TestCappedAttemptDeadlineDropIsRepeated(t *testing.T) {
 		}
 		return h.apply(ctx, r)
 	}}
-	pol := idempotency.DefaultPolicy()
-	pol.Skew = 0
-	store, err := idempotency.NewMemoryStore(idempotency.SingleReplica, idempotency.WithPolicy(pol))
-	require.NoError(t, err)
+	store := noSkewStore(t)
 	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) {
 		svc.Register(s)
 		tollgatev1.RegisterAttemptServiceServer(s, idempotency.NewAttemptService(store))
@@ -117,7 +99,7 @@ func TestCappedAttemptDeadlineDropIsRepeated(t *testing.T) {
 
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
 		interceptor.WithAttemptTimeout(10*time.Second), interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 5}))...))
-	_, err = client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "b"})
+	_, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "b"})
 	t.Logf("%v", err)
 	require.NoError(t, err, "a repeat under a fresh cap could run: %v", status.OutcomeOf(err))
 	require.EqualValues(t, 1, tries.Load())

@@ -20,14 +20,28 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 )
 
-// round3Store is a memory store with no clock skew, for the tests below.
-func round3Store(t *testing.T) idempotency.Store {
+// noSkewStore is a memory store with no clock skew.
+func noSkewStore(t *testing.T) idempotency.Store {
 	t.Helper()
 	pol := idempotency.DefaultPolicy()
 	pol.Skew = 0
 	store, err := idempotency.NewMemoryStore(idempotency.SingleReplica, idempotency.WithPolicy(pol))
 	require.NoError(t, err)
 	return store
+}
+
+// holdSlot has h hold the server's one slot through client (an Apply with
+// key "hold") until the test ends.
+func holdSlot(t *testing.T, h *slotHolder, client testingv1.TestServiceClient) {
+	h.holdApply(context.Background(), client)
+	t.Cleanup(func() { _ = h.free() })
+}
+
+// asFirstTry makes ctx's call try 1 of call 0 of a new attempt whose
+// deadline is d (Unix ms), as a tollgate client would send it.
+func asFirstTry(ctx context.Context, d int64) context.Context {
+	id, _ := uuid.NewV7()
+	return metadata.AppendToOutgoingContext(ctx, "tollgate", fmt.Sprintf("a=%s;c=0;t=1;d=%d", id, d))
 }
 
 // endedCtx returns ctx ended as the test case says: "deadline" (a deadline
@@ -98,7 +112,7 @@ func TestEndedContextBeforeBeginIsNotStoreUnavailable(t *testing.T) {
 					},
 				}
 				opts := append([]grpc.ServerOption{outerUnary, outerStream},
-					serverOpts(interceptor.WithAttemptStore(round3Store(t)))...)
+					serverOpts(interceptor.WithAttemptStore(noSkewStore(t)))...)
 				end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, opts...)
 				client := testingv1.NewTestServiceClient(end.DialT(t))
 
@@ -153,26 +167,20 @@ func TestEndedContextBeforeBeginIsNotStoreUnavailable(t *testing.T) {
 // d + skew has passed, is refused final.
 func TestTryDeadlineWithinSkewOfAttemptIsNotFinal(t *testing.T) {
 	const skew = 500 * time.Millisecond
-	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1, QueueItems: 4,
-		ExpectedServiceTime: 100 * time.Millisecond}), admission.WithDefaultClass("work"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ctrl.Close() })
+	ctrl := workCtrl(t, admission.Class{Name: "work", Slots: 1, QueueItems: 4, ExpectedServiceTime: 100 * time.Millisecond})
 	h := newSlotHolder()
 	svc := &testsvc.Service{ApplyFunc: h.apply}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register,
 		serverOpts(interceptor.WithAdmission(ctrl), interceptor.WithClockSkew(skew))...)
 	client := testingv1.NewTestServiceClient(end.DialT(t))
-	h.holdApply(context.Background(), client)
-	t.Cleanup(func() { _ = h.free() })
+	holdSlot(t, h, client)
 
-	id, _ := uuid.NewV7()
 	d := time.Now().Add(400 * time.Millisecond)
 	// The try's own deadline, by this server's clock, 200 ms after d: less
 	// than the skew.
 	ctx, cancel := context.WithDeadline(t.Context(), d.Add(200*time.Millisecond))
 	defer cancel()
-	ctx = metadata.AppendToOutgoingContext(ctx, "tollgate", fmt.Sprintf("a=%s;c=0;t=1;d=%d", id, d.UnixMilli()))
-	_, err = client.Apply(ctx, &testingv1.ApplyRequest{Key: "b"})
+	_, err := client.Apply(asFirstTry(ctx, d.UnixMilli()), &testingv1.ApplyRequest{Key: "b"})
 	o := status.OutcomeOf(err)
 	t.Logf("%v final=%v: %v", status.ReasonName(o.Reason), o.Final(), err)
 	require.Equal(t, status.KindNotAdmitted, o.Kind)
@@ -196,10 +204,7 @@ func TestEarlyExitRefusalsAreNotReadAsRelayed(t *testing.T) {
 		for _, exit := range []string{"admission", "tap", "ended"} {
 			for _, kind := range []string{"unary", "client-stream", "server-stream", "bidi"} {
 				t.Run(fmt.Sprintf("trusted=%v,%s,%s", trusted, exit, kind), func(t *testing.T) {
-					ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1}),
-						admission.WithDefaultClass("work"))
-					require.NoError(t, err)
-					t.Cleanup(func() { _ = ctrl.Close() })
+					ctrl := workCtrl(t, admission.Class{Name: "work", Slots: 1})
 					h := newSlotHolder()
 					svc := &testsvc.Service{
 						ApplyFunc: h.apply,
@@ -207,7 +212,7 @@ func TestEarlyExitRefusalsAreNotReadAsRelayed(t *testing.T) {
 							return s.SendAndClose(&testingv1.UploadResponse{})
 						},
 					}
-					opts := []interceptor.ServerOption{interceptor.WithAttemptStore(round3Store(t)),
+					opts := []interceptor.ServerOption{interceptor.WithAttemptStore(noSkewStore(t)),
 						interceptor.WithTrustedPeer(func(context.Context) bool { return trusted })}
 					var outer []grpc.ServerOption
 					switch exit {
@@ -232,14 +237,14 @@ func TestEarlyExitRefusalsAreNotReadAsRelayed(t *testing.T) {
 					end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, append(outer, serverOpts(opts...)...)...)
 					if exit != "ended" {
 						raw := testingv1.NewTestServiceClient(end.DialT(t))
-						h.holdApply(context.Background(), raw)
-						t.Cleanup(func() { _ = h.free() })
+						holdSlot(t, h, raw)
 					}
 					client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
 						interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1}),
 						interceptor.WithAttemptTimeout(5*time.Second))...))
 					ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 					defer cancel()
+					var err error
 					switch kind {
 					case "unary":
 						_, err = client.Apply(ctx, &testingv1.ApplyRequest{Key: "k"})

@@ -48,18 +48,27 @@ func (s *finishGate) Finish(ctx context.Context, req idempotency.FinishRequest) 
 // finished, so that a store slow to finish records does not keep the class
 // full of streams whose handlers have all ended (a unary call's slot was
 // already given back before its finish).
-func TestStreamSlotFreeWhileItsRecordIsFinished(t *testing.T) {
-	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1}), admission.WithDefaultClass("work"))
+// workCtrl is an admission controller whose one class, c, is the default
+// class, closed when the test ends.
+func workCtrl(t testing.TB, c admission.Class) *admission.Controller {
+	t.Helper()
+	ctrl, err := admission.New(admission.WithClasses(c), admission.WithDefaultClass(c.Name))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ctrl.Close() })
-	running := func() int { cs, _ := ctrl.Stats().Class("work"); return cs.Running }
-	store := newFinishGate(t)
-	c := newConsumer()
-	end := startRecorded(t, c, store, []interceptor.ServerOption{interceptor.WithAdmission(ctrl)})
-	client := testingv1.NewTestServiceClient(end.DialT(t))
-	release := sync.OnceFunc(func() { close(store.release) })
-	t.Cleanup(release) // also when an assertion fails first
+	return ctrl
+}
 
+// releaseOnce returns a function that lets the gate's held Finish go on;
+// it also runs when the test ends (when an assertion fails first).
+func (s *finishGate) releaseOnce(t testing.TB) func() {
+	release := sync.OnceFunc(func() { close(s.release) })
+	t.Cleanup(release)
+	return release
+}
+
+// consumeOne consumes one item of key "k" in a goroutine; the channel
+// returned has the stream's end.
+func consumeOne(t *testing.T, client testingv1.TestServiceClient) <-chan error {
 	done := make(chan error, 1)
 	go func() {
 		st, err := client.Consume(t.Context(), &testingv1.ConsumeRequest{Key: "k", Count: 1})
@@ -68,11 +77,28 @@ func TestStreamSlotFreeWhileItsRecordIsFinished(t *testing.T) {
 		}
 		done <- err
 	}()
+	return done
+}
+
+// runningIn is how many requests of ctrl's class "work" run.
+func runningIn(ctrl *admission.Controller) int {
+	cs, _ := ctrl.Stats().Class("work")
+	return cs.Running
+}
+
+func TestStreamSlotFreeWhileItsRecordIsFinished(t *testing.T) {
+	ctrl := workCtrl(t, admission.Class{Name: "work", Slots: 1})
+	store := newFinishGate(t)
+	c := newConsumer()
+	end := startRecorded(t, c, store, []interceptor.ServerOption{interceptor.WithAdmission(ctrl)})
+	client := testingv1.NewTestServiceClient(end.DialT(t))
+	release := store.releaseOnce(t)
+	done := consumeOne(t, client)
 	<-store.entered // the handler returned; its record is being finished
-	require.Zero(t, running(), "the stream's handler ended: its slot is free while the store finishes its record")
+	require.Zero(t, runningIn(ctrl), "the stream's handler ended: its slot is free while the store finishes its record")
 	release()
 	require.NoError(t, <-done)
-	require.Zero(t, running())
+	require.Zero(t, runningIn(ctrl))
 }
 
 // An attempt this server mints (the caller sent no tollgate header, or is
@@ -237,10 +263,7 @@ func TestRecoveryCoversTheDataPathStore(t *testing.T) {
 // WithRecovery; a recovery of the user's own outside tollgate's answers
 // it): the slot is given back before tollgate finishes the record UNKNOWN.
 func TestPanickedStreamSlotFreeWhileItsRecordIsFinished(t *testing.T) {
-	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 1}), admission.WithDefaultClass("work"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ctrl.Close() })
-	running := func() int { cs, _ := ctrl.Stats().Class("work"); return cs.Running }
+	ctrl := workCtrl(t, admission.Class{Name: "work", Slots: 1})
 	store := newFinishGate(t)
 	c := newConsumer()
 	c.consume = func(*testingv1.ConsumeRequest, grpc.ServerStreamingServer[testingv1.ConsumeResponse]) error {
@@ -257,20 +280,11 @@ func TestPanickedStreamSlotFreeWhileItsRecordIsFinished(t *testing.T) {
 	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) { testingv1.RegisterTestServiceServer(s, c) },
 		append([]grpc.ServerOption{outer}, serverOpts(interceptor.WithAttemptStore(store), interceptor.WithAdmission(ctrl))...)...)
 	client := testingv1.NewTestServiceClient(end.DialT(t))
-	release := sync.OnceFunc(func() { close(store.release) })
-	t.Cleanup(release)
-
-	done := make(chan error, 1)
-	go func() {
-		st, err := client.Consume(t.Context(), &testingv1.ConsumeRequest{Key: "k", Count: 1})
-		if err == nil {
-			_, err = recvConsumed(st)
-		}
-		done <- err
-	}()
+	release := store.releaseOnce(t)
+	done := consumeOne(t, client)
 	<-store.entered // the handler panicked; tollgate finishes its record
-	require.Zero(t, running(), "the stream's handler ended: its slot is free while the store finishes its record")
+	require.Zero(t, runningIn(ctrl), "the stream's handler ended: its slot is free while the store finishes its record")
 	release()
 	require.Equal(t, codes.Internal, grpcstatus.Code(<-done))
-	require.Zero(t, running())
+	require.Zero(t, runningIn(ctrl))
 }
