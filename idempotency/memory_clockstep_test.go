@@ -24,24 +24,17 @@ import (
 func TestMemoryClockStepForwardSweepsRecordVouchedAbsentAfterCorrection(t *testing.T) {
 	for _, op := range []string{"get", "fence", "begin"} {
 		t.Run(op, func(t *testing.T) {
-			clock := storetest.NewClock(time.Now())
-			p := storetest.Policy()
-			s := newMemory(t, clock, p)
+			clock, p, s := clockedMemory(t)
 			ctx := context.Background()
 			clock.Advance(p.Skew)
-			k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now()), Call: "0", Method: "/x.Y/Z"}
-			res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(5 * time.Second)})
-			require.NoError(t, err)
-			require.True(t, res.Started)
-			require.NoError(t, s.Finish(ctx, idempotency.FinishRequest{Key: k, Try: 1,
-				State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("charged")}))
+			k := keyNow(clock, "0")
+			beginSucceeded(t, s, clock, k, false, "charged")
 
 			// The wall clock steps forward past the record's expiry; one
 			// call reads it (and sweeps); NTP steps it back a second later.
 			step := p.TTL + 5*time.Second
 			clock.Advance(step)
-			_, err = s.Get(ctx, idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now()), Call: "probe", Method: "/x.Y/Z"})
-			require.NoError(t, err)
+			probeNow(t, s, clock)
 			clock.Advance(-step + time.Second)
 
 			switch op {
@@ -56,17 +49,56 @@ func TestMemoryClockStepForwardSweepsRecordVouchedAbsentAfterCorrection(t *testi
 				require.NotEqual(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState(),
 					"a fence laid a tombstone over a call that SUCCEEDED")
 			case "begin":
-				res, err = s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: clock.Now().Add(5 * time.Second)})
+				res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: clock.Now().Add(5 * time.Second)})
 				require.NoError(t, err)
 				require.False(t, res.Started, "try 2 of a call whose try 1 SUCCEEDED started")
 			}
 
 			// Attempts created after the swept one are vouched for as before.
 			clock.Advance(time.Millisecond)
-			n := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now()), Call: "0", Method: "/x.Y/Z"}
-			res, err = s.Begin(ctx, idempotency.BeginRequest{Key: n, Try: 1, Deadline: clock.Now().Add(5 * time.Second)})
-			require.NoError(t, err)
+			res := beginNow(t, s, clock, keyNow(clock, "0"), false)
 			require.True(t, res.Started, "a new attempt after the correction was refused %v", res.Refusal)
 		})
 	}
+}
+
+// clockedMemory is a memory store with storetest's policy, p, on a
+// virtual clock started now.
+func clockedMemory(t *testing.T) (*storetest.Clock, idempotency.Policy, *idempotency.MemoryStore) {
+	clock := storetest.NewClock(time.Now())
+	p := storetest.Policy()
+	return clock, p, newMemory(t, clock, p)
+}
+
+// keyNow is the key of call "call" of tenant acme's attempt created at the
+// clock's now, on method /x.Y/Z.
+func keyNow(clock *storetest.Clock, call string) idempotency.Key {
+	return idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now()), Call: call, Method: "/x.Y/Z"}
+}
+
+// beginNow begins try 1 of k (minted by the server, or not) with 5 s left,
+// requiring no error.
+func beginNow(t *testing.T, s *idempotency.MemoryStore, clock *storetest.Clock, k idempotency.Key, minted bool) idempotency.BeginResult {
+	t.Helper()
+	res, err := s.Begin(context.Background(), idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(5 * time.Second), Minted: minted})
+	require.NoError(t, err)
+	return res
+}
+
+// beginSucceeded begins try 1 of k, requires it started, and records it
+// SUCCEEDED with response resp.
+func beginSucceeded(t *testing.T, s *idempotency.MemoryStore, clock *storetest.Clock, k idempotency.Key, minted bool, resp string) {
+	t.Helper()
+	res := beginNow(t, s, clock, k, minted)
+	require.True(t, res.Started, "%v", res.Refusal)
+	require.NoError(t, s.Finish(context.Background(), idempotency.FinishRequest{Key: k, Try: 1,
+		State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte(resp)}))
+}
+
+// probeNow reads (Get) a probe call of an attempt created at the clock's
+// now: the reading sweeps the records it finds expired.
+func probeNow(t *testing.T, s *idempotency.MemoryStore, clock *storetest.Clock) {
+	t.Helper()
+	_, err := s.Get(context.Background(), keyNow(clock, "probe"))
+	require.NoError(t, err)
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/idempotency"
-	"github.com/tollgate-go/tollgate/idempotency/storetest"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 )
 
@@ -27,32 +26,21 @@ import (
 // It now says, as the horizon's refusal does, from when a new attempt can
 // be vouched for.
 func TestMemorySweptRefusalSaysWhenANewAttemptCanPass(t *testing.T) {
-	clock := storetest.NewClock(time.Now())
-	p := storetest.Policy()
-	s := newMemory(t, clock, p)
-	ctx := context.Background()
-	method := "/x.Y/Z"
+	clock, p, s := clockedMemory(t)
 
 	// The clock steps an hour ahead and stays there longer than the TTL;
 	// the server mints an attempt for a request, which SUCCEEDS.
 	step := time.Hour
 	clock.Advance(step)
-	minted := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now()), Call: "0", Method: method}
+	minted := keyNow(clock, "0")
 	mintedAt := clock.Now()
-	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: minted, Try: 1, Deadline: clock.Now().Add(5 * time.Second), Minted: true})
-	require.NoError(t, err)
-	require.True(t, res.Started, "%v", res.Refusal)
-	require.NoError(t, s.Finish(ctx, idempotency.FinishRequest{Key: minted, Try: 1,
-		State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("ok")}))
+	beginSucceeded(t, s, clock, minted, true, "ok")
 	clock.Advance(p.TTL + 2*time.Second)
-	_, err = s.Get(ctx, idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now()), Call: "probe", Method: method})
-	require.NoError(t, err) // this reading sweeps the minted attempt's record
+	probeNow(t, s, clock) // this reading sweeps the minted attempt's record
 
 	// NTP corrects the clock: a caller's new attempt, created now.
 	clock.Advance(-step)
-	fresh := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now()), Call: "0", Method: method}
-	res, err = s.Begin(ctx, idempotency.BeginRequest{Key: fresh, Try: 1, Deadline: clock.Now().Add(5 * time.Second)})
-	require.NoError(t, err)
+	res := beginNow(t, s, clock, keyNow(clock, "0"), false)
 	require.False(t, res.Started, "precondition: an attempt created before a swept one is not vouched for")
 	require.Equal(t, idempotency.RefusedUnverifiable, res.Refusal)
 	require.False(t, res.VerifiableFrom.IsZero(),
@@ -61,11 +49,9 @@ func TestMemorySweptRefusalSaysWhenANewAttemptCanPass(t *testing.T) {
 
 	// A new attempt created from then is started; the swept one is not.
 	clock.Advance(res.VerifiableFrom.Sub(clock.Now()))
-	later := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now()), Call: "0", Method: method}
-	res, err = s.Begin(ctx, idempotency.BeginRequest{Key: later, Try: 1, Deadline: clock.Now().Add(5 * time.Second)})
-	require.NoError(t, err)
+	res = beginNow(t, s, clock, keyNow(clock, "0"), false)
 	require.True(t, res.Started, "an attempt created at VerifiableFrom was refused %v", res.Refusal)
-	rec, err := s.Get(ctx, minted)
+	rec, err := s.Get(context.Background(), minted)
 	require.NoError(t, err)
 	require.NotEqual(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN, rec.GetState(), "the swept attempt reads UNSEEN")
 }
@@ -78,32 +64,18 @@ func TestMemorySweptRefusalSaysWhenANewAttemptCanPass(t *testing.T) {
 // caller was refused as unverifiable until real time passed the swept
 // attempt's time.
 func TestMemoryMintedAttemptIsNotRefusedForASweptOne(t *testing.T) {
-	clock := storetest.NewClock(time.Now())
-	p := storetest.Policy()
-	s := newMemory(t, clock, p)
-	ctx := context.Background()
-	method := "/x.Y/Z"
+	clock, p, s := clockedMemory(t)
 
 	step := time.Hour
 	clock.Advance(step)
-	stepped := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now()), Call: "0", Method: method}
-	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: stepped, Try: 1, Deadline: clock.Now().Add(5 * time.Second), Minted: true})
-	require.NoError(t, err)
-	require.True(t, res.Started, "%v", res.Refusal)
-	require.NoError(t, s.Finish(ctx, idempotency.FinishRequest{Key: stepped, Try: 1,
-		State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("ok")}))
+	beginSucceeded(t, s, clock, keyNow(clock, "0"), true, "ok")
 	clock.Advance(p.TTL + 2*time.Second)
-	_, err = s.Get(ctx, idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now()), Call: "probe", Method: method})
-	require.NoError(t, err) // sweeps the stepped attempt's record
+	probeNow(t, s, clock) // sweeps the stepped attempt's record
 	clock.Advance(-step)
 
-	plain := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now()), Call: "0", Method: method}
-	res, err = s.Begin(ctx, idempotency.BeginRequest{Key: plain, Try: 1, Deadline: clock.Now().Add(5 * time.Second)})
-	require.NoError(t, err)
+	res := beginNow(t, s, clock, keyNow(clock, "0"), false)
 	require.False(t, res.Started, "precondition: a caller's attempt created before the swept one is not vouched for")
 
-	minted := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now()), Call: "0", Method: method}
-	res, err = s.Begin(ctx, idempotency.BeginRequest{Key: minted, Try: 1, Deadline: clock.Now().Add(5 * time.Second), Minted: true})
-	require.NoError(t, err)
+	res = beginNow(t, s, clock, keyNow(clock, "0"), true)
 	require.True(t, res.Started, "an attempt the server just minted was refused %v for a swept one", res.Refusal)
 }
