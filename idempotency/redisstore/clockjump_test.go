@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/idempotency"
 	"github.com/tollgate-go/tollgate/idempotency/internal/hooks"
@@ -24,6 +25,19 @@ func (c *jumpClock) now() time.Time { return time.Now().Add(time.Duration(c.off.
 // to makes the clock read t now.
 func (c *jumpClock) to(t time.Time) { c.off.Store(int64(time.Until(t))) }
 
+// shortKeepPair is two stores on one Redis key prefix, both with latePolicy
+// and a keep of 300 ms (hooks.RedisKeep): a reads the real clock, b the
+// returned jumpClock, which the test steps. plain is their client.
+func shortKeepPair(t *testing.T) (plain *redis.Client, prefix string, a, b *redisstore.Store, bClock *jumpClock) {
+	t.Helper()
+	plain, prefix = newClient(t)
+	short := hooks.RedisKeep(300 * time.Millisecond).(redisstore.Option)
+	a = newStore(t, plain, prefix, redisstore.WithPolicy(latePolicy), short)
+	bClock = new(jumpClock)
+	b = newStore(t, plain, prefix, redisstore.WithPolicy(latePolicy), short, hooks.RedisClock(bClock.now).(redisstore.Option))
+	return plain, prefix, a, b, bClock
+}
+
 // A review found that Get vouched for an absence by a clock that jumped
 // backward after New, further than the keep: server A ran a call to
 // SUCCEEDED; Redis removed its record, as it should, a keep after its
@@ -34,12 +48,8 @@ func (c *jumpClock) to(t time.Time) { c.off.Store(int64(time.Until(t))) }
 // Redis's TIME (stale); Get's script did not. Real Redis, real clocks; only
 // the keep is short (hooks.RedisKeep), and B's clock is stepped back.
 func TestRedisGetAfterBackwardClockJumpVouchesForRemovedRecord(t *testing.T) {
-	plain, prefix := newClient(t)
+	plain, prefix, a, b, bClock := shortKeepPair(t)
 	p := latePolicy
-	short := hooks.RedisKeep(300 * time.Millisecond).(redisstore.Option)
-	a := newStore(t, plain, prefix, redisstore.WithPolicy(p), short)
-	var bClock jumpClock
-	b := newStore(t, plain, prefix, redisstore.WithPolicy(p), short, hooks.RedisClock(bClock.now).(redisstore.Option))
 	ctx := context.Background()
 
 	k, ts := succeededCall(t, a, time.Now, p.Skew)
@@ -75,12 +85,8 @@ func TestRedisGetAfterBackwardClockJumpVouchesForRemovedRecord(t *testing.T) {
 // writer's clock read. Real Redis, real clocks; the keep is short and B's
 // clock stepped 5 s forward.
 func TestRedisRecordOfClockSteppedForwardOutlivesEvidence(t *testing.T) {
-	plain, prefix := newClient(t)
+	_, _, a, b, bClock := shortKeepPair(t)
 	p := latePolicy
-	short := hooks.RedisKeep(300 * time.Millisecond).(redisstore.Option)
-	a := newStore(t, plain, prefix, redisstore.WithPolicy(p), short)
-	var bClock jumpClock
-	b := newStore(t, plain, prefix, redisstore.WithPolicy(p), short, hooks.RedisClock(bClock.now).(redisstore.Option))
 	ctx := context.Background()
 
 	// The tenant's horizon starts by a right clock.

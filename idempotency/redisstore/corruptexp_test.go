@@ -26,11 +26,7 @@ func TestCorruptExpiryAfterFinishIsNotReadAsAbsent(t *testing.T) {
 		t.Run(op, func(t *testing.T) {
 			c, s, clock, k, rk := atRecordKey(t)
 			ctx := context.Background()
-			res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
-			require.NoError(t, err)
-			require.True(t, res.Started)
-			require.NoError(t, s.Finish(ctx, idempotency.FinishRequest{Key: k, Try: 1,
-				State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("done")}))
+			succeedDone(t, s, clock, k)
 			fa, err := c.HGet(ctx, rk, "fa").Int64()
 			require.NoError(t, err)
 			// The record is still there, its TTL untouched; only exp is one
@@ -44,7 +40,7 @@ func TestCorruptExpiryAfterFinishIsNotReadAsAbsent(t *testing.T) {
 				require.False(t, err == nil && rec.GetState() == tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN,
 					"Get read a SUCCEEDED record whose exp no script writes as no record: UNSEEN")
 			case "begin":
-				res, err = s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: clock.Now().Add(time.Second)})
+				res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: clock.Now().Add(time.Second)})
 				require.False(t, err == nil && res.Started, "Begin started try 2 of a call that SUCCEEDED")
 			case "fence":
 				rec, err := s.Fence(ctx, k, 1)

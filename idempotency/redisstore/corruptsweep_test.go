@@ -36,11 +36,7 @@ func TestCorruptFieldNeverReadsAsAbsent(t *testing.T) {
 			k.Call = strconv.Itoa(i)
 			rk := prefix + "r|" + k.AttemptID + "|" + k.Call + "|" + k.Method
 			what := fmt.Sprintf("field %s = %q", field, val)
-			res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
-			require.NoError(t, err)
-			require.True(t, res.Started)
-			require.NoError(t, s.Finish(ctx, idempotency.FinishRequest{Key: k, Try: 1,
-				State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("done")}))
+			succeedDone(t, s, clock, k)
 			var n int64
 			if _, err := fmt.Sscanf(val, "<fa+%d>", &n); err == nil {
 				fa, err := c.HGet(ctx, rk, "fa").Int64()
@@ -64,7 +60,7 @@ func TestCorruptFieldNeverReadsAsAbsent(t *testing.T) {
 			if err == nil && frec.GetState() == tollgatev1.AttemptState_ATTEMPT_STATE_FENCED {
 				require.True(t, tomb, "%s: a fence laid a tombstone over a record that did not read as one", what)
 			}
-			res, err = s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: clock.Now().Add(time.Second)})
+			res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: clock.Now().Add(time.Second)})
 			if err == nil && res.Started {
 				require.True(t, tomb, "%s: try 2 began over a record that did not read as a tombstone", what)
 			}

@@ -110,3 +110,14 @@ func lateFence(t *testing.T, s *redisstore.Store, c, plain *redis.Client, prefix
 	require.NoError(t, held.Close())
 	return <-done
 }
+
+// succeedDone runs try 1 of k on s to SUCCEEDED, with response "done".
+func succeedDone(t *testing.T, s *redisstore.Store, clock *storetest.Clock, k idempotency.Key) {
+	t.Helper()
+	ctx := context.Background()
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
+	require.NoError(t, err)
+	require.True(t, res.Started)
+	require.NoError(t, s.Finish(ctx, idempotency.FinishRequest{Key: k, Try: 1,
+		State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("done")}))
+}
