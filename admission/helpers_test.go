@@ -382,3 +382,11 @@ func (h *harness) refusedUnreachableBeforeShortEnds(t *testing.T, short *admissi
 	short.Release()
 	h.drain()
 }
+
+// shortStream admits a stream of the main method (opt's in the
+// lend-and-borrow set-up) whose handler's context ends in 1s.
+func (h *harness) shortStream() *admission.Permit {
+	r := streamOn(mainM)
+	r.Deadline = h.clk.Now().Add(time.Second)
+	return h.admitted(r)
+}

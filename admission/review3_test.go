@@ -53,9 +53,7 @@ func TestLoweredClassDoesNotCountOnASlotItsLenderWaitsFor(t *testing.T) {
 	long := h.longBorrowedStream()
 
 	own := h.admitted(streamOn(mainM)) // on opt's other slot
-	r := streamOn(mainM)
-	r.Deadline = h.clk.Now().Add(time.Second)
-	short := h.admitted(r) // opt is full: borrows the lender's idle slot
+	short := h.shortStream()           // opt is full: borrows the lender's idle slot
 	h.override(admission.Override{Actor: "test", Reason: "one slot", Class: "opt", Slots: 1, TTL: time.Hour})
 	lw := h.queued(work(lenderM)) // the lender's own request waits for its slot
 	own.Abandon()                 // opt, lowered to one slot, lends nothing
@@ -84,9 +82,7 @@ func TestLoweredClassCountsAnIdleLendersSlot(t *testing.T) {
 	h := newHarness(t, lendAndBorrowOptions(0)...)
 	long := h.longBorrowedStream()
 
-	r := streamOn(mainM)
-	r.Deadline = h.clk.Now().Add(time.Second)
-	short := h.admitted(r) // on opt's other slot
+	short := h.shortStream() // on opt's other slot
 	h.override(admission.Override{Actor: "test", Reason: "one slot", Class: "opt", Slots: 1, TTL: time.Hour})
 
 	// Deadline in 2s: once short ends, the lender's idle slot takes it.
@@ -152,9 +148,7 @@ func TestLoweredClassDoesNotCountOnASlotAnEarlierClassWaitsFor(t *testing.T) {
 	long := h.longBorrowedStream()
 
 	own := h.admitted(streamOn(mainM)) // on opt's other slot
-	r := streamOn(mainM)
-	r.Deadline = h.clk.Now().Add(time.Second)
-	short := h.admitted(r) // opt is full: borrows the lender's idle slot
+	short := h.shortStream()           // opt is full: borrows the lender's idle slot
 	h.override(admission.Override{Actor: "test", Reason: "one slot", Class: "opt", Slots: 1, TTL: time.Hour})
 	a1 := h.admitted(streamOn(aM))
 	aw := h.queued(work(aM)) // a is full, nobody lends: it waits for a loan

@@ -113,9 +113,7 @@ func TestLoweredClassThatLendsAndBorrowsPredictsItsOwnEnd(t *testing.T) {
 	long := h.longBorrowedStream()
 
 	own := h.admitted(streamOn(mainM)) // on opt's other slot
-	r := streamOn(mainM)
-	r.Deadline = h.clk.Now().Add(time.Second) // its handler's context ends in 1s
-	short := h.admitted(r)                    // opt is full: borrows the lender's idle slot
+	short := h.shortStream()           // opt is full: borrows the lender's idle slot
 	own.Abandon()
 	h.drain()
 	h.override(admission.Override{Actor: "test", Reason: "one slot", Class: "opt", Slots: 1, TTL: time.Hour})
