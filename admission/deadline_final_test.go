@@ -37,23 +37,26 @@ func TestDeadlineExpiredIsFinalExactlyWhenTheRequestsDeadlinePassed(t *testing.T
 		}
 	}
 
-	t.Run("dequeue drop", func(t *testing.T) {
-		h := newHarness(t, cls)
-		p := h.admitted(work(mainM))
+	// queuedPastItsDeadline queues a request with 500ms left behind one
+	// that holds the only slot (p) and lets 600ms pass: q's deadline has
+	// passed while it waits.
+	queuedPastItsDeadline := func(t *testing.T) (h *harness, p *admission.Permit, q int) {
+		h = newHarness(t, cls)
+		p = h.admitted(work(mainM))
 		r := work(mainM)
 		r.Deadline = h.clk.Now().Add(500 * time.Millisecond)
-		q := h.queued(r)
+		q = h.queued(r)
 		h.clk.Advance(600 * time.Millisecond)
+		return h, p, q
+	}
+
+	t.Run("dequeue drop", func(t *testing.T) {
+		h, p, q := queuedPastItsDeadline(t)
 		h.release(p) // the slot frees: q is dropped unrun
 		requireFinal(t, h.take(q).err, true)
 	})
 	t.Run("context canceled after the request's deadline", func(t *testing.T) {
-		h := newHarness(t, cls)
-		p := h.admitted(work(mainM))
-		r := work(mainM)
-		r.Deadline = h.clk.Now().Add(500 * time.Millisecond)
-		q := h.queued(r)
-		h.clk.Advance(600 * time.Millisecond)
+		h, p, q := queuedPastItsDeadline(t)
 		res := h.cancel(q) // an RST_STREAM at the client's deadline
 		require.True(t, errors.Is(res.err, context.Canceled))
 		requireFinal(t, res.err, true)
