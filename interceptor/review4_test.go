@@ -31,7 +31,7 @@ func TestStreamRequestAfterCapIsNotFinal(t *testing.T) {
 	for _, trusted := range []bool{true, false} {
 		t.Run(fmt.Sprintf("header=%v", trusted), func(t *testing.T) {
 			end := testsvc.StartT(t, testsvc.Bufconn, (&testsvc.Service{}).Register,
-				serverOpts(interceptor.WithAttemptStore(round3Store(t)), interceptor.WithMaxAttemptTime(100*time.Millisecond))...)
+				serverOpts(interceptor.WithAttemptStore(noSkewStore(t)), interceptor.WithMaxAttemptTime(100*time.Millisecond))...)
 			conn := end.DialT(t)
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 			defer cancel()
@@ -86,7 +86,7 @@ func TestCanceledAfterCapIsNotFinal(t *testing.T) {
 		return h(srv, &cancelOnRecv{ServerStream: ss, ctx: ctx, cancel: cancel})
 	})
 	opts := append([]grpc.ServerOption{outer},
-		serverOpts(interceptor.WithAttemptStore(round3Store(t)), interceptor.WithMaxAttemptTime(100*time.Millisecond))...)
+		serverOpts(interceptor.WithAttemptStore(noSkewStore(t)), interceptor.WithMaxAttemptTime(100*time.Millisecond))...)
 	end := testsvc.StartT(t, testsvc.Bufconn, (&testsvc.Service{}).Register, opts...)
 	conn := end.DialT(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
