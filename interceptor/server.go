@@ -136,7 +136,9 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 			in.unhonored = true
 		}
 	}
-	ctxDeadline, hasDeadline := ctx.Deadline()
+	// The request's own deadline, not the admission tap's bound: the
+	// server's cap is decided here, from this arrival (capped).
+	ctxDeadline, hasDeadline := requestDeadline(ctx)
 	latest := now.Add(sv.cfg.maxAttemptTime)
 	st := &in.st
 	if honored {
@@ -184,8 +186,8 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 	}
 	st.ledger = &st.ledgerStore
 	in.until = st.Deadline.Add(sv.cfg.skew)
-	if hasDeadline && ctxDeadline.Before(in.until) {
-		in.until = ctxDeadline
+	if dl, ok := ctx.Deadline(); ok && dl.Before(in.until) {
+		in.until = dl // the request's own, or the tap's bound: the context's
 	}
 	if !now.Before(st.Deadline.Add(sv.cfg.skew)) {
 		if !sv.recorded(in) || st.Origin {
@@ -1001,9 +1003,48 @@ func (sv *server) bounded(ctx context.Context, method string, bound bool, now, d
 		// stream ends.
 		bctx, cancel := context.WithDeadline(ctx, limit)
 		_ = cancel
-		return bctx
+		return &tapBound{Context: bctx, limit: limit, own: dl, hasOwn: ok}
 	}
 	return ctx
+}
+
+// tapBound is the context bounded sets on a request: the bound, and the
+// request's own deadline (own; hasOwn false: it had none), which the bound
+// hides from ctx.Deadline. The bound is the server's (its maximum attempt
+// time from the tap's now, or the caller's d, plus the skew): the
+// interceptor must not read it as the request's own deadline, by which it
+// decides an attempt minted here, or a header's without d, and whether a
+// refusal is final (requestDeadline).
+type tapBound struct {
+	context.Context
+	limit  time.Time
+	own    time.Time
+	hasOwn bool
+}
+
+type tapBoundKey struct{}
+
+func (b *tapBound) Value(key any) any {
+	if key == (tapBoundKey{}) {
+		return b
+	}
+	return b.Context.Value(key)
+}
+
+// requestDeadline returns the request's own deadline: ctx's, unless that is
+// the tap's bound (bounded), which is the server's, not the request's; then
+// the deadline the request had before the tap bounded it. A deadline that
+// an interceptor chained outside tollgate's set before the bound is the
+// request's own.
+func requestDeadline(ctx context.Context) (time.Time, bool) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return dl, ok
+	}
+	if b, isBound := ctx.Value(tapBoundKey{}).(*tapBound); isBound && !dl.Before(b.limit) {
+		return b.own, b.hasOwn
+	}
+	return dl, ok
 }
 
 func minTime(a, b time.Time) time.Time {
