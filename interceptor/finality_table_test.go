@@ -3,16 +3,19 @@ package interceptor_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/admission"
+	"github.com/tollgate-go/tollgate/idempotency/redisstore"
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
 	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 )
 
@@ -144,4 +147,52 @@ func TestDeadlineRefusalFinality(t *testing.T) {
 			})
 		}
 	}
+}
+
+// The store's DEADLINE_UNREACHABLE (a store that waits for replicas sends
+// nothing for a try whose context has too little time left) is final only
+// when no repeat could have the time: the attempt's time left with the skew
+// falls short of what the store needs. When the attempt's deadline is the
+// server's cap (WithMaxAttemptTime, counted from this request's arrival), a
+// repeat arrives under a fresh one: here a server-streaming try whose
+// request came late in its 1 s cap, with the caller's d 10 s away, is not
+// final. (The rows where the caller's d or the try's own timeout is short:
+// TestStoreWithTooLittleTimeRefusesDeadlineUnreachable, server_test.go.)
+func TestStoreTooLittleTimeUnderCapIsNotFinal(t *testing.T) {
+	c, prefix := killRedis(t)
+	ctx := context.Background()
+	cfg, err := c.ConfigGet(ctx, "hz").Result()
+	require.NoError(t, err)
+	hz, err := strconv.Atoi(cfg["hz"])
+	require.NoError(t, err)
+	tick := time.Second / time.Duration(hz)
+	require.GreaterOrEqual(t, tick, 50*time.Millisecond, "the test needs Redis's default hz (10), not %d", hz)
+	store, err := redisstore.New(ctx, c, redisstore.WithPrefix(prefix), redisstore.WithPolicy(killPolicy(0)),
+		redisstore.WithReplicas(1, 50*time.Millisecond))
+	require.NoError(t, err)
+	const maxAttempt = time.Second
+	ctrl := workCtrl(t, admission.Class{Name: "work", Slots: 4, ExpectedServiceTime: 10 * time.Millisecond})
+	end := testsvc.StartT(t, testsvc.Bufconn, (&testsvc.Service{}).Register,
+		serverOpts(interceptor.WithAdmission(ctrl), interceptor.WithAttemptStore(store), interceptor.WithMaxAttemptTime(maxAttempt))...)
+	conn := end.DialT(t)
+	sctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	id, _ := uuid.NewV7()
+	sctx = metadata.AppendToOutgoingContext(sctx, "tollgate",
+		fmt.Sprintf("a=%s;c=0;t=1;d=%d", id, time.Now().Add(10*time.Second).UnixMilli()))
+	start := time.Now()
+	s, err := conn.NewStream(sctx, &grpc.StreamDesc{ServerStreams: true}, testingv1.TestService_Consume_FullMethodName)
+	require.NoError(t, err)
+	// The request comes before the cap, with less than the store's two
+	// ticks of it left.
+	time.Sleep(time.Until(start.Add(maxAttempt - tick)))
+	require.NoError(t, s.SendMsg(&testingv1.ConsumeRequest{}))
+	require.NoError(t, s.CloseSend())
+	err = s.RecvMsg(&testingv1.ConsumeResponse{})
+	o := status.OutcomeOf(err)
+	t.Logf("%v final=%v: %v", status.ReasonName(o.Reason), o.Final(), err)
+	require.Equal(t, status.KindNotAdmitted, o.Kind)
+	require.Equal(t, status.ReasonDeadlineUnreachable, o.Reason)
+	require.ErrorContains(t, err, "too little time", "the store's refusal")
+	require.False(t, o.Final(), "only the server's cap, counted from this try's arrival, is short: a repeat gets a new one")
 }

@@ -102,10 +102,10 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 			// The store sent nothing: the try's time left cannot fit the
 			// store's work (a wait for replicas), as admission refuses a
 			// try that cannot fit its service time. Final when no later
-			// try could fit either: the attempt's own time left (with the
-			// skew) is less than the store needs.
+			// try could fit either: a repeat's time left (with the skew)
+			// is less than the store needs.
 			var tl *idempotency.TooLittleTimeError
-			final := errors.As(err, &tl) && s.Deadline.Add(sv.cfg.skew).Sub(sv.cfg.now()) < tl.Needed
+			final := errors.As(err, &tl) && sv.repeatLeft(in, sv.cfg.now()) < tl.Needed
 			return false, nil, status.NotAdmitted(status.ReasonDeadlineUnreachable, status.Fields{
 				AttemptID: s.ID, Call: s.Call, Try: s.Try, Final: final, Message: err.Error()})
 		}
@@ -170,6 +170,22 @@ const msgUnverifiable = "interceptor: the record store cannot vouch for this att
 	"the attempt was created longer ago than the store keeps records (its TTL, less the clock skew), " +
 	"so records of earlier tries may have expired, or its ID's time lies ahead of this server's clock by more than the skew; " +
 	"an attempt's recorded calls must be made within the store's TTL, less the clock skew, of its start"
+
+// repeatLeft is the most time, with the skew, that a repeat of in's try
+// arriving at now could have: until the attempt's deadline; or, when that
+// is the server's cap from this request's arrival (inbound.capped), until
+// the cap a repeat would get from now, or the caller's own deadline
+// (inbound.own) if that comes first.
+func (sv *server) repeatLeft(in *inbound, now time.Time) time.Duration {
+	d := in.s.Deadline
+	if in.capped {
+		d = now.Add(sv.cfg.maxAttemptTime)
+		if !in.own.IsZero() && in.own.Before(d) {
+			d = in.own
+		}
+	}
+	return d.Add(sv.cfg.skew).Sub(now)
+}
 
 // contextEnded is the refusal of a try whose context ended before its
 // record was begun: nothing ran. When a deadline ended it (its error or
