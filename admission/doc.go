@@ -93,7 +93,15 @@
 // [ClassStats.Cancelled]), and in no window's decisions, neither an
 // overload refusal nor a healthy one. A request whose context had ended
 // before Admit looked at it is counted alike, in its class, but in no
-// window (as an arrival after its deadline: the caller's doing). Each
+// window (as an arrival after its deadline: the caller's doing). So a
+// DEADLINE_EXPIRED refusal, whichever stage says it, is final (no repeat
+// can meet a deadline that has passed or that the request can no longer
+// finish by) exactly when the request's own Deadline is what was lost, and
+// carries no retry-after; DEADLINE_UNREACHABLE, a prediction, is never
+// final. The controller knows only the deadline it is given: tollgate's
+// interceptor, which gives it the try's, makes a final DEADLINE_EXPIRED
+// repeatable when that deadline was only the try's own (a per-try timeout,
+// or the server's cap from the request's arrival). Each
 // permit ends exactly once, with [Permit.Release] after work that ran or
 // [Permit.Abandon] after work that did not run (a replay, a refusal after
 // admission) or a stream; the first call wins and extra calls do nothing. Each stage but the slot and

@@ -82,11 +82,27 @@
 // context ended before the store could begin it (a timeout interceptor
 // chained outside tollgate's cut it, or its client's deadline passed while
 // its request was decoded) is not the store's failure: it is refused
-// DEADLINE_EXPIRED — final when the attempt's deadline is what passed (a
-// caller's d only once d plus the skew has, since it was set on the
-// caller's clock), not final when only an earlier deadline of the try's own
-// did — or, canceled before any deadline, NOT_ADMITTED with no reason, as
-// admission refuses such a waiter.
+// DEADLINE_EXPIRED (final as below) or, canceled before any deadline,
+// NOT_ADMITTED with no reason, as admission refuses such a waiter.
+//
+// A deadline refusal is final exactly when no repeat within the attempt can
+// succeed (DESIGN.md §1), and then suggests no delay; otherwise it suggests
+// one that reflects the class's queue. The server's DEADLINE_EXPIRED — a try
+// past its attempt's deadline on arrival or by the store's clock, a
+// stream's request received late, admission's refusal at arrival, in the
+// queue or when the context ended there, a context that ended before the
+// record was begun — is final when the attempt's deadline is what was lost:
+// the deadline that ended the try reads at or after it (after it plus the
+// skew when it is a caller's d, set on the caller's clock), or the
+// attempt's deadline plus the skew has passed. It is not final when only
+// the try's own deadline was lost: its grpc-timeout, or the server's cap
+// (WithMaxAttemptTime, counted from each request's arrival, which a repeat
+// gets afresh), when the caller's own deadline — its d, or its request's
+// deadline for an attempt minted here, never the admission tap's bound;
+// none at all — lies beyond. Admission's DEADLINE_UNREACHABLE is a
+// prediction and never final; a store's (too little time left to wait for
+// replicas) is final when even a repeat's whole time, so judged, could not
+// fit the store's work; the client's own is described below.
 //
 // Calls to tollgate's AttemptService, gRPC health and reflection are the
 // control path: no ledger, no records. AttemptService queries are admitted

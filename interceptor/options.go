@@ -495,7 +495,11 @@ func WithMaxAllowance(units int64) ServerOption {
 // a try that admission drops because it can no longer finish by the cap
 // alone, a stream whose request arrives after the cap passed, or a try a
 // store finds past it, is refused DEADLINE_EXPIRED not final while the
-// caller's own deadline has not passed.
+// caller's own deadline has not passed (the admission tap's bound on the
+// stream's context is this cap, not the caller's deadline); a store's
+// DEADLINE_UNREACHABLE (too little time to wait for replicas) under the cap
+// is final only when a fresh cap, or the caller's deadline if earlier,
+// could not fit the store's work either.
 func WithMaxAttemptTime(d time.Duration) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.maxAttemptTime, c.maxAttemptTimeSet = d, true })
 }
