@@ -102,7 +102,10 @@
 // none at all — lies beyond. Admission's DEADLINE_UNREACHABLE is a
 // prediction and never final; a store's (too little time left to wait for
 // replicas) is final when even a repeat's whole time, so judged, could not
-// fit the store's work; the client's own is described below.
+// fit the store's work; the client's own is described below. Either
+// reason from below, passed up by a handler as NOT_ADMITTED, keeps its
+// final flag unless the deadline this server sent below was its cap and
+// the caller's own deadline (plus the skew) has not passed.
 //
 // Calls to tollgate's AttemptService, gRPC health and reflection are the
 // control path: no ledger, no records. AttemptService queries are admitted

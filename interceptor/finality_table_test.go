@@ -196,3 +196,33 @@ func TestStoreTooLittleTimeUnderCapIsNotFinal(t *testing.T) {
 	require.ErrorContains(t, err, "too little time", "the store's refusal")
 	require.False(t, o.Final(), "only the server's cap, counted from this try's arrival, is short: a repeat gets a new one")
 }
+
+// A refusal from below that a handler passes up (a method without side
+// effects keeps it NOT_ADMITTED) was judged final against the attempt's
+// deadline this server sent down: when that is the server's cap
+// (WithMaxAttemptTime, from this request's arrival), the handler's own
+// call is refused DEADLINE_UNREACHABLE final by its client (the cap less
+// the hop margin leaves no time), and the caller, whose d is 10 s away, was
+// told no repeat could help; a repeat gets a fresh cap.
+func TestRefusalFromBelowUnderCapIsNotFinal(t *testing.T) {
+	dep := testsvc.StartT(t, testsvc.Bufconn, (&testsvc.Service{}).Register, serverOpts()...)
+	depConn := dep.DialT(t, interceptor.DialOptions(interceptor.WithHopMargin(250*time.Millisecond))...)
+	depClient := testingv1.NewTestServiceClient(depConn)
+	svc := &testsvc.Service{GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		time.Sleep(100 * time.Millisecond) // the cap less the hop margin passes
+		return depClient.Get(ctx, r)
+	}}
+	front := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts(interceptor.WithMaxAttemptTime(300*time.Millisecond))...)
+	client := testingv1.NewTestServiceClient(front.DialT(t))
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	id, _ := uuid.NewV7()
+	ctx = metadata.AppendToOutgoingContext(ctx, "tollgate",
+		fmt.Sprintf("a=%s;c=0;t=1;d=%d", id, time.Now().Add(10*time.Second).UnixMilli()))
+	_, err := client.Get(ctx, &testingv1.GetRequest{Key: "k"})
+	o := status.OutcomeOf(err)
+	t.Logf("%v final=%v: %v", status.ReasonName(o.Reason), o.Final(), err)
+	require.Equal(t, status.KindNotAdmitted, o.Kind)
+	require.Equal(t, status.ReasonDeadlineUnreachable, o.Reason)
+	require.False(t, o.Final(), "only the server's cap, counted from this try's arrival, left no time: a repeat gets a new one")
+}

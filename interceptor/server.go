@@ -448,7 +448,9 @@ func (c *handlerCtx) Value(key any) any {
 // answer turns the handler's error into the answer this server sends for
 // the call it served (DESIGN.md §3.6): a refusal from below stays NOT_ADMITTED
 // only for a method without side effects or when the handler declared it
-// with status.WithoutEffect, and is re-addressed to this call; any other
+// with status.WithoutEffect, and is re-addressed to this call (a deadline
+// refusal judged by this server's cap, not final unless the caller's own
+// deadline has passed); any other
 // tollgate outcome from below, and any error that is not definite, is
 // UNKNOWN; definite errors pass unchanged.
 func (sv *server) answer(in *inbound, err error) error {
@@ -464,6 +466,14 @@ func (sv *server) answer(in *inbound, err error) error {
 		// origin, or it minted an attempt of its own for an untrusted
 		// caller, whose repeat is minted anew with a fresh allowance.
 		final := o.Final() && o.Reason != status.ReasonAllowanceExhausted
+		if final && in.capped && (o.Reason == status.ReasonDeadlineExpired || o.Reason == status.ReasonDeadlineUnreachable) &&
+			(in.own.IsZero() || sv.cfg.now().Before(in.own.Add(sv.cfg.skew))) {
+			// Below, the attempt's deadline was this server's cap, counted
+			// from this request's arrival (inbound.capped), which a repeat
+			// gets afresh: only the caller's own deadline, once passed,
+			// makes a deadline refusal final (tryDeadlineOnly).
+			final = false
+		}
 		ra := refusalDelay(err, o, final)
 		// The refusal keeps what it said, and the class that refused it.
 		return status.NotAdmitted(o.Reason, status.Fields{
