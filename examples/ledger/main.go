@@ -300,6 +300,16 @@ func run(ctx context.Context, cfg config) (*result, error) {
 		cfg.AttemptTimeout <= 0 || cfg.Allowance < 0 || cfg.Skew < 0 || cfg.InitialBackoff <= 0 || cfg.MaxBackoff < cfg.InitialBackoff {
 		return nil, fmt.Errorf("tries must be in [1, %d]; per-try, attempt-timeout and initial-backoff positive; allowance, skew and restart-per-try ≥ 0; max-backoff ≥ initial-backoff", interceptor.MaxTriesCap)
 	}
+	// The interceptor's own bounds (allowance, attempt timeout, backoff,
+	// clock skew), checked before any scenario runs.
+	for _, perTry := range []time.Duration{cfg.PerTry, cfg.RestartPerTry} {
+		if _, err := interceptor.NewDialOptions(cfg.clientOptions(perTry)...); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := interceptor.NewServerOptions(interceptor.WithClockSkew(cfg.Skew)); err != nil {
+		return nil, err
+	}
 	res := &result{Config: cfg, Skipped: []string{}, FaultsMissed: []string{}}
 	scenarios := []func(context.Context, config) (*scenarioResult, error){
 		droppedResponse, timeoutAfterCommit, restartMemory, restartRedis, unknownSecondCall,
@@ -500,11 +510,16 @@ func serve(addr string, cfg config, store idempotency.Store, outer grpc.UnarySer
 	if err != nil {
 		return nil, err
 	}
-	opts := append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(outer)}, interceptor.ServerOptions(
+	tollgate, err := interceptor.NewServerOptions(
 		interceptor.WithTrustedPeer(interceptor.TrustLoopback),
 		interceptor.WithAttemptStore(store),
 		interceptor.WithClockSkew(cfg.Skew),
-	)...)
+	)
+	if err != nil {
+		_ = lis.Close()
+		return nil, err
+	}
+	opts := append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(outer)}, tollgate...)
 	in := &instance{srv: grpc.NewServer(opts...), lis: lis, addr: lis.Addr().String(), done: make(chan struct{})}
 	svc.Register(in.srv)
 	tollgatev1.RegisterAttemptServiceServer(in.srv, idempotency.NewAttemptService(store))
@@ -525,6 +540,16 @@ func (in *instance) stop() {
 func (cfg config) policy(perTry time.Duration) interceptor.RetryPolicy {
 	return interceptor.RetryPolicy{MaxTries: cfg.Tries, PerTryTimeout: perTry,
 		InitialBackoff: cfg.InitialBackoff, MaxBackoff: cfg.MaxBackoff}
+}
+
+// clientOptions are an origin client's tollgate options with per-try
+// timeout perTry.
+func (cfg config) clientOptions(perTry time.Duration) []interceptor.ClientOption {
+	return []interceptor.ClientOption{
+		interceptor.WithAllowance(cfg.Allowance),
+		interceptor.WithAttemptTimeout(cfg.AttemptTimeout),
+		interceptor.WithRetry(cfg.policy(perTry)),
+	}
 }
 
 // serveMemory serves svc behind outer with a fresh memory store on a free
@@ -555,12 +580,11 @@ func memoryStore(cfg config) (*idempotency.MemoryStore, error) {
 // dial connects an origin client with tollgate's DialOptions and waits until
 // the connection is ready, so that the first try is not spent connecting.
 func dial(ctx context.Context, addr string, cfg config, perTry time.Duration) (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())},
-		interceptor.DialOptions(
-			interceptor.WithAllowance(cfg.Allowance),
-			interceptor.WithAttemptTimeout(cfg.AttemptTimeout),
-			interceptor.WithRetry(cfg.policy(perTry)),
-		)...)...)
+	tollgate, err := interceptor.NewDialOptions(cfg.clientOptions(perTry)...)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, tollgate...)...)
 	if err != nil {
 		return nil, err
 	}

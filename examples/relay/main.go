@@ -127,6 +127,13 @@ func run(ctx context.Context, cfg config) (*result, error) {
 	if cfg.AttemptTimeout <= 0 || cfg.Backoff <= 0 {
 		return nil, errors.New("attempt timeout and backoff must be positive")
 	}
+	// The interceptor's own bounds (allowance, attempt timeout, backoff),
+	// checked before anything runs.
+	for _, opts := range [][]interceptor.ClientOption{cfg.frontOptions(), cfg.originOptions()} {
+		if _, err := interceptor.NewDialOptions(opts...); err != nil {
+			return nil, err
+		}
+	}
 	res := &result{Config: cfg}
 	var err error
 	if res.NaiveFrontendCalls, res.NaiveDependencyCalls, err = runNaive(ctx, cfg); err != nil {
@@ -208,6 +215,24 @@ func (s *ids) note(tier string, ctx context.Context) {
 	s.seen[tier] = a.ID
 }
 
+// frontOptions are the frontend's client options with tollgate: up to
+// CallsPerTry tries of each call, Backoff apart.
+func (cfg config) frontOptions() []interceptor.ClientOption {
+	p := interceptor.RetryPolicy{MaxTries: cfg.CallsPerTry, InitialBackoff: cfg.Backoff, MaxBackoff: cfg.Backoff}
+	return []interceptor.ClientOption{interceptor.WithRetry(p)}
+}
+
+// originOptions are the origin client's options with tollgate: the
+// attempt's allowance and timeout, up to Tries tries, Backoff apart.
+func (cfg config) originOptions() []interceptor.ClientOption {
+	p := interceptor.RetryPolicy{MaxTries: cfg.Tries, InitialBackoff: cfg.Backoff, MaxBackoff: cfg.Backoff}
+	return []interceptor.ClientOption{
+		interceptor.WithAllowance(cfg.Allowance),
+		interceptor.WithAttemptTimeout(cfg.AttemptTimeout),
+		interceptor.WithRetry(p),
+	}
+}
+
 // runTollgate is the same construction with tollgate on every edge: the same
 // retry policies, one attempt, one allowance.
 func runTollgate(ctx context.Context, cfg config, res *result) error {
@@ -215,7 +240,6 @@ func runTollgate(ctx context.Context, cfg config, res *result) error {
 	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer meters.Shutdown(context.Background())
 	seen := &ids{seen: map[string]string{}}
-	noWait := interceptor.RetryPolicy{InitialBackoff: cfg.Backoff, MaxBackoff: cfg.Backoff}
 
 	dep := &testsvc.Service{GetFunc: func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
 		seen.note("dependency", ctx)
@@ -227,9 +251,11 @@ func runTollgate(ctx context.Context, cfg config, res *result) error {
 		return err
 	}
 	defer depEnd.Stop()
-	frontPolicy := noWait
-	frontPolicy.MaxTries = cfg.CallsPerTry
-	depConn, err := depEnd.Dial(interceptor.DialOptions(interceptor.WithRetry(frontPolicy), interceptor.WithClientMeterProvider(meters))...)
+	depDial, err := interceptor.NewDialOptions(append(cfg.frontOptions(), interceptor.WithClientMeterProvider(meters))...)
+	if err != nil {
+		return err
+	}
+	depConn, err := depEnd.Dial(depDial...)
 	if err != nil {
 		return err
 	}
@@ -246,13 +272,11 @@ func runTollgate(ctx context.Context, cfg config, res *result) error {
 		return err
 	}
 	defer frontEnd.Stop()
-	originPolicy := noWait
-	originPolicy.MaxTries = cfg.Tries
-	conn, err := frontEnd.Dial(interceptor.DialOptions(
-		interceptor.WithAllowance(cfg.Allowance),
-		interceptor.WithAttemptTimeout(cfg.AttemptTimeout),
-		interceptor.WithRetry(originPolicy),
-		interceptor.WithClientMeterProvider(meters))...)
+	originDial, err := interceptor.NewDialOptions(append(cfg.originOptions(), interceptor.WithClientMeterProvider(meters))...)
+	if err != nil {
+		return err
+	}
+	conn, err := frontEnd.Dial(originDial...)
 	if err != nil {
 		return err
 	}
