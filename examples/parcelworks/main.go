@@ -143,8 +143,11 @@ func Print(w io.Writer, r *Report) {
 		delays = append(delays, time.Duration(ms*float64(time.Millisecond)).Round(100*time.Nanosecond))
 	}
 	heavy := "busy"
-	if hs := r.Classes[heavyClass].Slots; p.HeavyRunning >= hs {
+	switch {
+	case p.HeavyRunning >= r.Classes[heavyClass].Slots:
 		heavy = "saturated"
+	case p.HeavyRunning == 0 && p.HeavyQueued == 0:
+		heavy = "idle"
 	}
 	measured := "none measured"
 	if len(delays) > 0 {
