@@ -410,15 +410,29 @@ func (e *Error) Unwrap() error {
 	return e.cause
 }
 
-// Code returns the gRPC code the error is sent with.
-func (e *Error) Code() codes.Code { return e.code }
+// Code returns the gRPC code the error is sent with: UNKNOWN for a nil
+// *Error and for the zero Error (an outcome is never sent as OK).
+func (e *Error) Code() codes.Code {
+	if e == nil || e.code == codes.OK {
+		return codes.Unknown
+	}
+	return e.code
+}
 
-// Reason returns the outcome's reason.
-func (e *Error) Reason() Reason { return e.reason }
+// Reason returns the outcome's reason; REASON_UNSPECIFIED for a nil *Error.
+func (e *Error) Reason() Reason {
+	if e == nil {
+		return ReasonUnspecified
+	}
+	return e.reason
+}
 
-// Detail returns a new OutcomeDetail that describes the error; the caller may
-// keep and change it.
+// Detail returns a new OutcomeDetail that describes the error, or nil for a
+// nil *Error; the caller may keep and change it.
 func (e *Error) Detail() *tollgatev1.OutcomeDetail {
+	if e == nil {
+		return nil
+	}
 	d := &tollgatev1.OutcomeDetail{
 		Outcome:          e.outcome,
 		Reason:           e.reason,
@@ -480,12 +494,9 @@ func (e *Error) buildStatus() *grpcstatus.Status {
 		p.details[2] = &p.retry
 		n = 3
 	}
-	code := e.code
-	if code == codes.OK {
-		// The zero Error (or one built by hand): an outcome is never a
-		// success, and a status with code OK would answer the call as one.
-		code = codes.Unknown
-	}
+	// Code turns the zero Error's OK into UNKNOWN: an outcome is never a
+	// success, and a status with code OK would answer the call as one.
+	code := e.Code()
 	p.s.Code, p.s.Message, p.s.Details = int32(code), e.msg, p.details[:n:n]
 	if e.carried != nil {
 		others, cause := carriedDetails(e.carried)

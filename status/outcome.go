@@ -217,7 +217,7 @@ func inspect(err error) inspection {
 		return x
 	}
 	if x.te != nil {
-		x.code = x.te.code
+		x.code = x.te.Code()
 		return x
 	}
 	// A status error that also wraps a context error (not one grpc-go
