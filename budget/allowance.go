@@ -88,9 +88,11 @@ func (a *Allowance) Take() error {
 }
 
 // Check reports whether a unit is free without taking one: nil, or the
-// refusal [Allowance.Take] would return. tollgate's client interceptor asks
-// it before each repeat of the origin's own tries, which are not charged,
-// and stops only when the refusal is final (the whole allowance spent).
+// refusal [Allowance.Take] would return. At the origin that refusal is final
+// once spent units reach the allowance, which for an allowance of 0 is at
+// once. (tollgate's client interceptor does not call it: it refuses a repeat
+// of the origin's own, uncharged, tries only once a non-zero allowance is
+// all spent, or the ledger is sealed.)
 func (a *Allowance) Check() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()

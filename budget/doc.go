@@ -14,10 +14,11 @@
 // callee of each RPC ([Allowance.Lend], [Allowance.LendFree]) so that the
 // callee can make calls of its own. The origin's own tries are not charged:
 // tollgate's client interceptor lends each of them every free unit
-// ([Allowance.LendFree] keeping 0), and before a repeat asks [Allowance.Check]
-// only to stop once the whole allowance is spent (the refusal is then final);
-// a repeat while units are still held by earlier tries is sent with what is
-// free, possibly nothing. Because nobody can spend what it was not
+// ([Allowance.LendFree] keeping 0, or up to the grant [WithGrant] sets), and
+// refuses a repeat only once a non-zero allowance is all spent (the refusal
+// is then final) or the ledger is sealed; a repeat while units are still
+// held by earlier tries is sent with what is free, possibly nothing, and
+// with an allowance of 0 the origin's call repeats under its policy. Because nobody can spend what it was not
 // lent, repeats at several layers add up instead of multiplying: three tries
 // at the origin and two per call in the middle tier, with four units, reach
 // the dependency four times, not six.
