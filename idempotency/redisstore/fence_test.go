@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"syscall"
 	"testing"
@@ -147,36 +148,84 @@ func TestStoreLateFenceTombstoneLetsSucceededCallRunAgain(t *testing.T) {
 		"try 2 of a call whose try 1 SUCCEEDED started: the late Fence's tombstone, written on an absence its stale reading vouched for, stayed")
 }
 
-// ownRedis starts a redis-server of the test's own on a free port above
-// 7400 and returns its address and process; it is killed at cleanup.
-func ownRedis(t *testing.T) (string, *exec.Cmd) {
+// ownRedis starts a redis-server of the test's own, on a port the kernel
+// picked, and returns its address and process; it is killed at cleanup.
+// args are added to its command line.
+func ownRedis(t *testing.T, args ...string) (string, *ownServer) {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		skipOrFail(t, "no redis-server binary: "+err.Error())
 	}
-	for port := 7431; port < 7499; port++ {
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			continue
-		}
-		_ = l.Close()
+	// A port the kernel hands out is free when it does, but another
+	// process may take it before redis-server binds it: then redis-server
+	// exits, or — worse — the port answers for a server that is not this
+	// test's, on which the test would pause, kill or reconfigure. So the
+	// server must answer with its own process ID, or the test tries again.
+	for range 10 {
+		port := freePort(t)
 		addr := fmt.Sprintf("127.0.0.1:%d", port)
-		cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-			"--dir", t.TempDir(), "--maxmemory-policy", "noeviction")
+		cmd := exec.Command(bin, append([]string{"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--dir", t.TempDir(), "--maxmemory-policy", "noeviction"}, args...)...)
 		require.NoError(t, cmd.Start())
-		t.Cleanup(func() {
+		exited := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(exited) }() // the only Wait: ownServer.Wait waits for it
+		stop := func() {
 			_ = cmd.Process.Signal(syscall.SIGCONT)
 			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		})
-		c := redis.NewClient(&redis.Options{Addr: addr})
-		defer c.Close()
-		waitFor(t, 5*time.Second, "own redis-server answering", func() bool { return c.Ping(context.Background()).Err() == nil })
-		return addr, cmd
+			<-exited
+		}
+		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+		own := false
+		if eventually(10*time.Second, func() bool {
+			select {
+			case <-exited:
+				return true // it could not bind: another process took the port
+			default:
+			}
+			info := c.InfoMap(context.Background(), "server")
+			own = info.Err() == nil && info.Item("Server", "process_id") == fmt.Sprint(cmd.Process.Pid)
+			return info.Err() == nil
+		}) && own {
+			_ = c.Close()
+			t.Cleanup(stop)
+			return addr, &ownServer{Process: cmd.Process, exited: exited}
+		}
+		_ = c.Close()
+		stop()
 	}
-	t.Fatal("no free port")
+	t.Fatal("no redis-server of the test's own started on a free port")
 	return "", nil
+}
+
+// ownServer is a redis-server process that ownRedis started.
+type ownServer struct {
+	Process *os.Process
+	exited  chan struct{}
+}
+
+// Wait waits for the process to exit.
+func (s *ownServer) Wait() error {
+	<-s.exited
+	return nil
+}
+
+// freePort returns a TCP port of 127.0.0.1 that was free a moment ago (the
+// kernel picked it), below 55536 so that a Cluster node's bus port (port +
+// 10000, unless set) is a port too.
+func freePort(t *testing.T) int {
+	t.Helper()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		port := l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		if port < 55536 {
+			return port
+		}
+	}
+	t.Fatal("the kernel picked no port below 55536")
+	return 0
 }
 
 // A review found that a Begin whose reply is lost decided between FENCED and UNKNOWN by how
