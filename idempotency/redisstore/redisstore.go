@@ -18,7 +18,9 @@
 //   - [New] refuses to start unless maxmemory-policy is noeviction: a full
 //     Redis refuses writes (the store answers ErrStoreFull) instead of
 //     evicting records. New reads the policy once (scripts cannot read the
-//     configuration), so a policy changed afterwards is not seen, but its
+//     configuration; on a Cluster, every node it knows, and a node that
+//     joins later before the store first sends it a script, as for every
+//     check of New), so a policy changed afterwards is not seen, but its
 //     evictions are: once Redis has evicted keys (INFO stats evicted_keys),
 //     their count is part of its identity (below), and each eviction moves
 //     every tenant's horizon as a restart does. CONFIG RESETSTAT zeroes that
@@ -238,6 +240,10 @@ type Store struct {
 	// failedFenceTimeout bounds the fence a failed Begin sends:
 	// failedBeginFenceTimeout, or a test's (hooks.RedisFailedBeginFenceTimeout).
 	failedFenceTimeout time.Duration
+	// checked holds the address of every Cluster node that passed
+	// checkNode (New's checks): a node that joins the Cluster after New is
+	// checked before the store first sends it a script.
+	checked sync.Map
 }
 
 // DefaultKeep, plus twice the policy's skew and a second (the keep), is how long Redis
@@ -264,7 +270,9 @@ type Store struct {
 // call whose reading is old cannot set it before records Redis lost.
 //
 // This assumes Redis's clock within the skew of the servers': New refuses a
-// node whose clock differs by more than the skew plus a second. A Finish that ran late may still
+// node whose clock differs by more than the skew plus a second (a Cluster
+// node that joins later is checked before its first script; a clock
+// stepped after its check is not seen). A Finish that ran late may still
 // end a try whose lease ended meanwhile. Records take up to the keep / TTL
 // more memory (about 11% with the default policy: 32 s on a 5 min TTL), and WithMaxRecordsPerTenant
 // counts them until Redis removes them.
@@ -276,24 +284,24 @@ func (s *Store) clock() (int64, time.Time) {
 	return s.now().UnixMilli(), time.Now()
 }
 
-// checkClock refuses a Redis whose clock differs from this server's by
-// more than the skew plus clockMargin, either way, on every node (replicas
-// included: they are promoted in a failover). The scripts compare the two
-// clocks: a Redis far ahead would make them refuse every call as stale and
-// keep fresh attempts unverifiable after its horizon moved; one far behind
-// would turn the staleness check off (see DefaultKeep).
-func (s *Store) checkClock(ctx context.Context) error {
-	return eachNode(ctx, s.client, func(ctx context.Context, c redis.UniversalClient, where string) error {
-		t, err := c.Time(ctx).Result()
-		if err != nil {
-			return fmt.Errorf("%w: redisstore: reading Redis's clock%s: %w", idempotency.ErrStoreUnavailable, where, err)
-		}
-		if d := t.Sub(s.now()); d > s.policy.Skew+clockMargin || -d > s.policy.Skew+clockMargin {
-			return fmt.Errorf("redisstore: Redis's clock%s differs from this server's by %v, more than the policy's skew %v plus %v: the store's scripts compare the two (keep the clocks within the skew)",
-				where, d.Round(time.Millisecond), s.policy.Skew, clockMargin)
-		}
-		return nil
-	})
+// checkClock refuses a Redis node c whose clock differs from this
+// server's by more than the skew plus clockMargin, either way (New checks
+// every node, replicas included: they are promoted in a failover). The
+// scripts compare the two clocks: a Redis far ahead would make them refuse
+// every call as stale and keep fresh attempts unverifiable after its
+// horizon moved; one far behind would turn the staleness check off (see
+// DefaultKeep), and a horizon it moves would move to its call's reading
+// rather than to Redis's time, however old the reading.
+func (s *Store) checkClock(ctx context.Context, c redis.UniversalClient, where string) error {
+	t, err := c.Time(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("%w: redisstore: reading Redis's clock%s: %w", idempotency.ErrStoreUnavailable, where, err)
+	}
+	if d := t.Sub(s.now()); d > s.policy.Skew+clockMargin || -d > s.policy.Skew+clockMargin {
+		return fmt.Errorf("redisstore: Redis's clock%s differs from this server's by %v, more than the policy's skew %v plus %v: the store's scripts compare the two (keep the clocks within the skew)",
+			where, d.Round(time.Millisecond), s.policy.Skew, clockMargin)
+	}
+	return nil
 }
 
 // clockMargin is what checkClock allows beyond the skew: the round trip of
@@ -353,6 +361,14 @@ func (e sentError) Unwrap() error { return e.error }
 // keep (see WithReplicas). It returns an error
 // wrapping idempotency.ErrStoreUnavailable when Redis cannot be reached and
 // an error naming the problem for a wrong setting or option.
+//
+// A Cluster node that New did not know (one added later, given slots or
+// promoted) gets the same checks of its own, its hz at least the lowest
+// New read, before the store first sends it a script; until it passes
+// them, every call whose slot it serves fails with an error wrapping
+// idempotency.ErrStoreUnavailable, and changes nothing. (A call that the
+// Cluster client follows from a MOVED reply to a node it did not know yet
+// runs there once unchecked: the calls after it are checked.)
 func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: New needs a Redis client")
@@ -384,13 +400,13 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 		// WAIT counts whole milliseconds, and WAIT n 0 waits for ever.
 		return nil, fmt.Errorf("redisstore: WithReplicas(%d, %v) needs n ≥ 0 and, for n > 0, a timeout of at least 1 ms", s.replicas, s.waitTimeout)
 	}
-	if err := checkNoEviction(ctx, client); err != nil {
-		return nil, err
-	}
-	if err := s.checkClock(ctx); err != nil {
-		return nil, err
-	}
-	if err := checkIdentity(ctx, client); err != nil {
+	if err := eachNode(ctx, client, func(ctx context.Context, c redis.UniversalClient, where string) error {
+		if err := s.checkNode(ctx, c, where); err != nil {
+			return err
+		}
+		s.markChecked(c)
+		return nil
+	}); err != nil {
 		return nil, err
 	}
 	if s.replicas > 0 {
@@ -430,45 +446,92 @@ func eachNode(ctx context.Context, client redis.UniversalClient, f func(ctx cont
 	return f(ctx, client, "")
 }
 
-// checkNoEviction checks that Redis's maxmemory-policy is noeviction, on
-// every node (eachNode).
-func checkNoEviction(ctx context.Context, client redis.UniversalClient) error {
-	return eachNode(ctx, client, func(ctx context.Context, c redis.UniversalClient, where string) error {
-		cfg, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+// checkNode makes New's checks of one Redis node c (where names it for the
+// errors): its maxmemory-policy, its clock and its identity, and, once New
+// read the Cluster's hz (the store waits for replicas), that its tick is no
+// longer than the one the store counts with.
+func (s *Store) checkNode(ctx context.Context, c redis.UniversalClient, where string) error {
+	if err := checkNoEviction(ctx, c, where); err != nil {
+		return err
+	}
+	if err := s.checkClock(ctx, c, where); err != nil {
+		return err
+	}
+	if err := checkIdentity(ctx, c, where); err != nil {
+		return err
+	}
+	if s.tick > 0 {
+		hz, err := nodeHz(ctx, c, where)
 		if err != nil {
-			return fmt.Errorf("%w: redisstore: reading maxmemory-policy%s: %w", idempotency.ErrStoreUnavailable, where, err)
+			return err
 		}
-		if p := cfg["maxmemory-policy"]; p != "noeviction" {
-			return fmt.Errorf("redisstore: Redis maxmemory-policy%s is %q; it must be noeviction, or Redis may evict records and a repeated try would run again", where, p)
+		if tick := time.Second / time.Duration(hz); tick > s.tick {
+			return fmt.Errorf("redisstore: Redis hz%s is %d: its tick %v is longer than the %v the store's waits for replicas allow for", where, hz, tick, s.tick)
 		}
+	}
+	return nil
+}
+
+// markChecked notes that Cluster node c passed checkNode.
+func (s *Store) markChecked(c redis.UniversalClient) {
+	if node, ok := c.(*redis.Client); ok {
+		s.checked.Store(node.Options().Addr, struct{}{})
+	}
+}
+
+// checkNew checks, with checkNode, a Cluster node that joined after New
+// (or that New did not know: added, or a replica added and promoted)
+// before the store first sends it a script; a node that fails is checked
+// again at its next call. A Cluster client that follows a MOVED reply to a
+// node it had not known sends that one call there unchecked: the calls
+// after it are checked.
+func (s *Store) checkNew(ctx context.Context, node *redis.Client) error {
+	addr := node.Options().Addr
+	if _, ok := s.checked.Load(addr); ok {
 		return nil
-	})
+	}
+	if err := s.checkNode(ctx, node, " at "+addr); err != nil {
+		return fmt.Errorf("%w: redisstore: a Cluster node the store had not used before failed New's checks: %w", idempotency.ErrStoreUnavailable, err)
+	}
+	s.markChecked(node)
+	return nil
+}
+
+// checkNoEviction checks that Redis node c's maxmemory-policy is
+// noeviction.
+func checkNoEviction(ctx context.Context, c redis.UniversalClient, where string) error {
+	cfg, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err != nil {
+		return fmt.Errorf("%w: redisstore: reading maxmemory-policy%s: %w", idempotency.ErrStoreUnavailable, where, err)
+	}
+	if p := cfg["maxmemory-policy"]; p != "noeviction" {
+		return fmt.Errorf("redisstore: Redis maxmemory-policy%s is %q; it must be noeviction, or Redis may evict records and a repeated try would run again", where, p)
+	}
+	return nil
 }
 
 // identityFields are what the scripts' identity() reads from INFO: the
 // section and the field, whose value must be hex digits.
 var identityFields = []struct{ section, field string }{{"server", "run_id"}, {"replication", "master_replid"}}
 
-// checkIdentity checks that every node (eachNode) tells its identity in
-// INFO, as the scripts read it (run_id in the server section, master_replid
-// in the replication one). A Redis-compatible server that leaves them out
-// would give every script the same identity, so that a restart, a restore
-// or a failover would not move the horizon, and a record it lost would read
-// as absent.
-func checkIdentity(ctx context.Context, client redis.UniversalClient) error {
-	return eachNode(ctx, client, func(ctx context.Context, c redis.UniversalClient, where string) error {
-		for _, f := range identityFields {
-			info, err := c.Info(ctx, f.section).Result()
-			if err != nil {
-				return fmt.Errorf("%w: redisstore: reading INFO %s%s: %w", idempotency.ErrStoreUnavailable, f.section, where, err)
-			}
-			if !hasHexField(info, f.field) {
-				return fmt.Errorf("redisstore: Redis's INFO %s%s has no %s: the store tells a restart, a restore or a failover, which lose records, by run_id and master_replid, and without them would read a lost record as absent (a Redis-compatible server that hides them is not supported)",
-					f.section, where, f.field)
-			}
+// checkIdentity checks that Redis node c tells its identity in INFO, as
+// the scripts read it (run_id in the server section, master_replid in the
+// replication one). A Redis-compatible server that leaves them out would
+// give every script the same identity, so that a restart, a restore or a
+// failover would not move the horizon, and a record it lost would read as
+// absent.
+func checkIdentity(ctx context.Context, c redis.UniversalClient, where string) error {
+	for _, f := range identityFields {
+		info, err := c.Info(ctx, f.section).Result()
+		if err != nil {
+			return fmt.Errorf("%w: redisstore: reading INFO %s%s: %w", idempotency.ErrStoreUnavailable, f.section, where, err)
 		}
-		return nil
-	})
+		if !hasHexField(info, f.field) {
+			return fmt.Errorf("redisstore: Redis's INFO %s%s has no %s: the store tells a restart, a restore or a failover, which lose records, by run_id and master_replid, and without them would read a lost record as absent (a Redis-compatible server that hides them is not supported)",
+				f.section, where, f.field)
+		}
+	}
+	return nil
 }
 
 // hasHexField reports whether info has a line "field:" followed by hex
@@ -489,13 +552,9 @@ func readHz(ctx context.Context, client redis.UniversalClient) (int, error) {
 	var mu sync.Mutex
 	lowest := 0
 	err := eachNode(ctx, client, func(ctx context.Context, c redis.UniversalClient, where string) error {
-		cfg, err := c.ConfigGet(ctx, "hz").Result()
+		hz, err := nodeHz(ctx, c, where)
 		if err != nil {
-			return fmt.Errorf("%w: redisstore: reading hz%s: %w", idempotency.ErrStoreUnavailable, where, err)
-		}
-		hz, err := strconv.Atoi(cfg["hz"])
-		if err != nil || hz <= 0 {
-			return fmt.Errorf("redisstore: Redis hz%s is %q, not a positive number", where, cfg["hz"])
+			return err
 		}
 		mu.Lock()
 		defer mu.Unlock()
@@ -505,6 +564,19 @@ func readHz(ctx context.Context, client redis.UniversalClient) (int, error) {
 		return nil
 	})
 	return lowest, err
+}
+
+// nodeHz returns Redis node c's hz.
+func nodeHz(ctx context.Context, c redis.UniversalClient, where string) (int, error) {
+	cfg, err := c.ConfigGet(ctx, "hz").Result()
+	if err != nil {
+		return 0, fmt.Errorf("%w: redisstore: reading hz%s: %w", idempotency.ErrStoreUnavailable, where, err)
+	}
+	hz, err := strconv.Atoi(cfg["hz"])
+	if err != nil || hz <= 0 {
+		return 0, fmt.Errorf("redisstore: Redis hz%s is %q, not a positive number", where, cfg["hz"])
+	}
+	return hz, nil
 }
 
 // honoursDeadlines reports why a context's deadline would not bound the
@@ -582,6 +654,16 @@ func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []str
 			s.reloadAfter(ctx, err)
 		}
 	}()
+	cluster, _ := s.client.(*redis.ClusterClient)
+	var node *redis.Client
+	if cluster != nil {
+		if node, err = cluster.MasterForKey(ctx, keys[0]); err != nil {
+			return nil, -1, storeErr(err) // nothing sent
+		}
+		if err := s.checkNew(ctx, node); err != nil {
+			return nil, -1, err // nothing sent
+		}
+	}
 	if s.replicas == 0 || !wait {
 		v, err := sc.Run(ctx, s.client, keys, args...).Slice()
 		if err != nil {
@@ -590,15 +672,10 @@ func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []str
 		return v, -1, nil
 	}
 	var client redis.UniversalClient = s.client
-	cluster, _ := s.client.(*redis.ClusterClient)
 	if cluster != nil {
 		// A ClusterClient sends a command without keys, as WAIT is, to any
 		// primary, where it would count the replicas of another
 		// connection's writes: send the pipeline to the keys' primary.
-		node, err := cluster.MasterForKey(ctx, keys[0])
-		if err != nil {
-			return nil, -1, storeErr(err)
-		}
 		client = node
 	}
 	// WAIT answers its count at the first serverCron tick after its
