@@ -125,6 +125,7 @@ func Run(t *testing.T, newStore func(t *testing.T, clock *Clock, policy idempote
 		{"MalformedInput", testMalformed},
 		{"CanceledContext", testCanceled},
 		{"SteppedBackFinishOutlivesEvidence", testSteppedBackFinish},
+		{"FenceOutlivesFencedTry", testFenceOutlivesFencedTry},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(setup(t)) })
