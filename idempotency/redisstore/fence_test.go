@@ -71,7 +71,7 @@ func TestRecordsLateBeginOfShortTryIsLeftAbandoned(t *testing.T) {
 func TestRecordsLateBeginLostReplyFencesSucceededCall(t *testing.T) {
 	_, prefix := newClient(t)
 	d := &lossyDialer{mode: lossTimeout}
-	c := onePoolClient(t, func(o *redis.Options) { o.Dialer, o.ReadTimeout = d.dial, lossyReadTimeout })
+	c := onePoolClient(t, func(o *redis.Options) { o.Dialer = d.dial })
 	plain, _ := newClient(t)
 	p := latePolicy
 	clk := newArmedClock(0)
@@ -102,6 +102,7 @@ func TestRecordsLateBeginLostReplyFencesSucceededCall(t *testing.T) {
 	})
 	// The script runs now, with the stale reading; its reply is lost and the
 	// caller's context ends before go-redis would send it again.
+	d.onLoss = cancel
 	d.arm()
 	require.NoError(t, held.Close())
 	waitFor(t, 10*time.Second, "Begin's reply being lost", func() bool { return d.lost.Load() == 1 })

@@ -32,7 +32,7 @@ func TestLossyHarnessKeyInsideHorizonAfterSlowStart(t *testing.T) {
 	d := &lossyDialer{mode: lossTimeout}
 	var slow atomic.Bool
 	slow.Store(true)
-	c := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true, ReadTimeout: lossyReadTimeout,
+	c := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true,
 		Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			if slow.CompareAndSwap(true, false) { // New's first dial
 				time.Sleep(storetest.ClockLead + 200*time.Millisecond)

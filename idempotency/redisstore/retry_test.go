@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -41,7 +42,10 @@ const (
 	// reply reached the client (io.EOF).
 	lossEOF loss = iota
 	// lossTimeout: Redis ran the command, and its reply comes later than
-	// the client's read deadline (a real i/o timeout of the connection).
+	// the client's read deadline: the read fails as one past its deadline
+	// does (a *net.OpError of os.ErrDeadlineExceeded, whose Timeout() is
+	// true), at once rather than after a short ReadTimeout, so that no
+	// reply a loaded machine merely delays is taken for a lost one.
 	lossTimeout
 )
 
@@ -81,8 +85,9 @@ func (d *lossyDialer) dial(ctx context.Context, network, addr string) (net.Conn,
 
 type lossyConn struct {
 	net.Conn
-	d       *lossyDialer
-	pending atomic.Bool // the reply to lose is on its way
+	d        *lossyDialer
+	pending  atomic.Bool // the reply to lose is on its way
+	timedOut atomic.Bool // lossTimeout: the reply was lost; every read times out
 }
 
 func (c *lossyConn) Write(b []byte) (int, error) {
@@ -96,6 +101,9 @@ func (c *lossyConn) Write(b []byte) (int, error) {
 }
 
 func (c *lossyConn) Read(b []byte) (int, error) {
+	if c.timedOut.Load() {
+		return 0, &net.OpError{Op: "read", Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.ErrDeadlineExceeded}
+	}
 	if !c.pending.CompareAndSwap(true, false) {
 		return c.Conn.Read(b)
 	}
@@ -112,18 +120,13 @@ func (c *lossyConn) Read(b []byte) (int, error) {
 		_ = c.Conn.Close()
 		return 0, io.EOF
 	}
-	// Lose the rest too (a pipeline's later replies): the read deadline
-	// go-redis set ends this with a real timeout.
-	for {
-		if _, err := c.Conn.Read(b); err != nil {
-			return 0, err
-		}
-	}
+	// The rest is lost too (a pipeline's later replies): this read and every
+	// later one fail as reads past their deadline do, until go-redis drops
+	// the connection. (go-redis may first peek for push notifications, and
+	// take a timeout there for "none": a single failed read would not do.)
+	c.timedOut.Store(true)
+	return c.Read(b)
 }
-
-// The read timeout of lossy clients in lossTimeout mode: short, so that the
-// lost reply is given up soon; long enough for a loaded test machine.
-const lossyReadTimeout = 500 * time.Millisecond
 
 // newLossyClient returns a client of the test Redis as the store is used
 // with (ContextTimeoutEnabled, go-redis's default retries), whose
@@ -131,11 +134,7 @@ const lossyReadTimeout = 500 * time.Millisecond
 func newLossyClient(t testing.TB, addr string, mode loss) (*redis.Client, *lossyDialer) {
 	t.Helper()
 	d := &lossyDialer{mode: mode}
-	opts := &redis.Options{Addr: addr, ContextTimeoutEnabled: true, Dialer: d.dial}
-	if mode == lossTimeout {
-		opts.ReadTimeout = lossyReadTimeout
-	}
-	c := redis.NewClient(opts)
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true, Dialer: d.dial})
 	t.Cleanup(func() { _ = c.Close() })
 	return c, d
 }
@@ -333,11 +332,7 @@ func TestRedisClusterBeginReplyLost(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			_, prefix := newClusterClient(t)
 			d := &lossyDialer{mode: mode}
-			opts := &redis.ClusterOptions{Addrs: clusterAddrs(), ContextTimeoutEnabled: true, Dialer: d.dial}
-			if mode == lossTimeout {
-				opts.ReadTimeout = lossyReadTimeout
-			}
-			c := redis.NewClusterClient(opts)
+			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: clusterAddrs(), ContextTimeoutEnabled: true, Dialer: d.dial})
 			t.Cleanup(func() { _ = c.Close() })
 			beginLostReply(t, newLossyStore(t, c, d, prefix))
 		})
@@ -408,10 +403,11 @@ func TestRedisBeginReplyLostAtDeadlineFencesTheTry(t *testing.T) {
 				c, d = newLossyClient(t, redisAddr(), lossTimeout)
 			}
 			l := newLossyStore(t, c, d, prefix, opts...)
-			// The context ends before the client's ReadTimeout would make
-			// go-redis send the script again.
-			ctx, cancel := context.WithTimeout(context.Background(), lossyReadTimeout*3/5)
+			// The context ends as the reply is lost, before go-redis would
+			// send the script again.
+			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
+			d.onLoss = cancel
 			d.arm()
 			_, err := l.s.Begin(ctx, l.begin())
 			require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
