@@ -800,7 +800,7 @@ func (c *Controller) wait(ctx context.Context, w *waiter, timed bool) (*Permit, 
 			case <-w.ready:
 				return c.woken(ctx, w)
 			case <-ctx.Done():
-				return c.ctxEnded(ctx, w, timed)
+				return c.ctxEnded(ctx, w)
 			case <-rose:
 				// The estimate rose: re-arm by it, or give up now.
 				c.mu.Lock()
@@ -830,13 +830,13 @@ func (c *Controller) wait(ctx context.Context, w *waiter, timed bool) (*Permit, 
 	case <-w.ready:
 		return c.woken(ctx, w)
 	case <-ctx.Done():
-		return c.ctxEnded(ctx, w, timed)
+		return c.ctxEnded(ctx, w)
 	}
 }
 
 // ctxEnded ends w's wait because ctx ended, unless w was decided as it
-// did. timed is wait's: the controller runs on the real clock.
-func (c *Controller) ctxEnded(ctx context.Context, w *waiter, timed bool) (*Permit, error) {
+// did.
+func (c *Controller) ctxEnded(ctx context.Context, w *waiter) (*Permit, error) {
 	c.mu.Lock()
 	if w.decided {
 		// Decided as ctx ended: the decision stands (a granted permit is
@@ -881,10 +881,11 @@ func (c *Controller) ctxEnded(ctx context.Context, w *waiter, timed bool) (*Perm
 	}
 	c.emitLocked(Event{Kind: EventDropped, Class: w.cs.cfg.Name, Tenant: w.tenant, Reason: reason, At: w.enq})
 	// Leaving the queue may free a lender's idle slot for another class's
-	// waiter: start what can start, on the real clock. A virtual clock's
-	// time is the caller's to give (AdmitAt, ReleaseAt): its pumps wait for
-	// the caller's next call.
-	if timed {
+	// waiter: start what can start, on the controller's own clock (the
+	// real one, or WithClock's), whichever path ended the wait. A virtual
+	// clock's time is the caller's to give (AdmitAt, ReleaseAt): its pumps
+	// wait for the caller's next call.
+	if !c.virtual {
 		c.pump(now)
 	}
 	c.unlock()

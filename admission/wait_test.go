@@ -516,7 +516,9 @@ func lenderWithHeldWaiter(t *testing.T) (h *harness, pt *admission.Permit, wt, b
 	return h, pt, wt, b2
 }
 
-// On a virtual clock a waiter whose context ends leaves without a pump:
+// On a virtual clock a waiter whose context ends left without a pump
+// (still so on AdmitAt's clock; review 13 made it pump on the
+// controller's own clock, WithClock's, as on the real one):
 // "A virtual clock's time is the caller's to give (AdmitAt, ReleaseAt): its
 // pumps wait for the caller's next call" (ctxEnded). But the next call,
 // Admit, pumps only when it dropped an expired waiter of its own class
