@@ -45,11 +45,10 @@ type Request struct {
 	StartBy time.Time
 	// Stream marks a request that opens a stream, whose slot is held for
 	// the stream's lifetime (DESIGN.md §3.9), which is no service time:
-	// the predicted waits and retry-afters leave a running stream's slot
-	// out of the count, and when streams hold every slot, expect each to
-	// live as long again as it has lived (at least the class's mean, no
-	// later than its deadline) and the queue to run on the slots as they
-	// free. End its permit with Abandon, which teaches nothing.
+	// the predicted waits and retry-afters, while a stream holds one of
+	// its class's slots, expect each stream to live as long again as it
+	// has lived (at least the class's mean, no later than its deadline)
+	// and the queue to run on the slots as the requests on them end. End its permit with Abandon, which teaches nothing.
 	Stream bool
 	// Control marks control-path work whatever its Method: it is admitted
 	// in the control class, as the control methods are, under its Tenant
@@ -1459,9 +1458,11 @@ func (p *Permit) remaining(mean, nowOff float64) float64 {
 // predictedWaitLocked is the wait of a request of cs that finds no free
 // slot: the work queued ahead plus what remains of the running work of the
 // class, spread over the class's slots. A running stream holds its slot for
-// its lifetime: its slot is left out of the count (and a saturated tenant's
-// queue with it), unless streams hold every slot, when the slots free only
-// as the requests on them end (playOutLocked). Each running request's remainder is
+// its lifetime, which may end soon (at its deadline) or late: while one
+// holds a slot of the class, and while a lowered class runs more requests
+// than its slots (none starts until enough end, which spreading their work
+// over the slots would put too late), the slots free only as the requests
+// on them end (playOutLocked). Each running request's remainder is
 // clamped on its own: the
 // learned mean minus its elapsed time, but at least overdueShare of the mean, so that an overdue request neither hides the
 // others' remaining work nor makes a full class predict no wait. Requests
@@ -1498,13 +1499,11 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 			own++
 		}
 		if p.stream {
-			// A stream holds its slot for its lifetime: the slot is out of
-			// the count while another is free, rather than its long
-			// remainder spread over every slot. One on a borrowed slot
-			// holds none of this class's, unless the class is lowered
-			// (then it holds one of its lowered slots). A saturated tenant's queue waits
-			// for its stream as for its other requests: it is out of other
-			// tenants' wait too.
+			// A stream holds its slot for its lifetime, no work to spread
+			// over the slots: one holding a slot of the class has the
+			// requests played out (below). One on a borrowed slot holds
+			// none of this class's, unless the class is lowered (then it
+			// holds one of its lowered slots).
 			if p.owner == cs || lowered {
 				streams++
 			}
@@ -1545,8 +1544,12 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 		}
 	}
 	queued := float64(cs.queuedWork)
-	if streams >= slots {
-		// Streams hold every slot: slots free only as they end.
+	if streams > 0 || (lowered && cs.running > slots) {
+		// A stream holds its slot until it ends, which may be soon (its
+		// deadline ends its handler's context), and a lowered class that
+		// runs more than its slots starts nothing until enough of them
+		// end: spread over the slots, the work would say too late a
+		// start. Slots free only as the requests on them end.
 		return c.playOutLocked(cs, slots, lowered, nowOff)
 	}
 	slots -= streams
