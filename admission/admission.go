@@ -912,6 +912,22 @@ func (c *Controller) expiredRefusalLocked(cs *classState, deadline, now time.Tim
 	return false, c.retryAfterLocked(cs, status.ReasonDeadlineExpired, now)
 }
 
+// unmeetableLocked reports whether no repeat of a request of cs could meet
+// deadline from now, so that its DEADLINE_EXPIRED refusal is final: the
+// deadline has passed (expiredAt), or even the plan most favourable to a
+// repeat — an idle class's probe, which counts min(estimate, expected)
+// (decideLocked) — would finish after it. A waiter the learned estimate
+// drops while a repeat could still be admitted (an inflated estimate, an
+// expected time that fits) is refused not final: the drop is then a
+// prediction, as the arrival's DEADLINE_UNREACHABLE is.
+func (c *Controller) unmeetableLocked(cs *classState, deadline, now time.Time) bool {
+	if deadline.IsZero() {
+		return false
+	}
+	probe := min(cs.est.service(), cs.cfg.ExpectedServiceTime)
+	return expiredAt(cs, deadline, now) || now.Add(probe+c.cfg.margin).After(deadline)
+}
+
 // deadlineEnded reports whether ctx, which has ended, ended because a
 // deadline passed rather than because its caller went away: its error or
 // its cause (context.Cause) is context.DeadlineExceeded; or it was
@@ -1394,7 +1410,13 @@ func (c *Controller) dropWaiterCounted(w *waiter, reason status.Reason, ra time.
 		c.noteLeftWaitLocked(w, now)
 	}
 	c.countDropLocked(w.cs, reason, overload)
-	final := reason == status.ReasonDeadlineExpired
+	final := false
+	if reason == status.ReasonDeadlineExpired {
+		final = c.unmeetableLocked(w.cs, w.deadline, now)
+		if !final {
+			ra = c.retryAfterLocked(w.cs, reason, now)
+		}
+	}
 	w.reason = reason
 	w.err = refusal(w.cs, reason, ra, final)
 	w.decided = true

@@ -96,8 +96,11 @@
 // window (as an arrival after its deadline: the caller's doing). So a
 // DEADLINE_EXPIRED refusal, whichever stage says it, is final (no repeat
 // can meet a deadline that has passed or that the request can no longer
-// finish by) exactly when the request's own Deadline is what was lost, and
-// carries no retry-after; DEADLINE_UNREACHABLE, a prediction, is never
+// finish by, even on the plan an idle class makes, the lesser of its
+// learned and expected service times) exactly when the request's own
+// Deadline is what was lost, and carries no retry-after (a waiter dropped
+// by the learned estimate while that plan still fits is refused not
+// final, with one); DEADLINE_UNREACHABLE, a prediction, is never
 // final. The controller knows only the deadline it is given: tollgate's
 // interceptor, which gives it the try's, makes a final DEADLINE_EXPIRED
 // repeatable when that deadline was only the try's own (a per-try timeout,

@@ -45,3 +45,45 @@ func TestLeavingWaiterStartsWhatItsLeavingLetsStartOnTheControllersClock(t *test
 	running.Release()
 	h.drain()
 }
+
+// Review 13 found that the dequeue stage refused a waiter that could no
+// longer finish by its deadline DEADLINE_EXPIRED final, with no delay, even
+// when a repeat could still be admitted and finish: here the learned
+// estimate (3s) is inflated, so the waiter (1s left) is dropped when the
+// slot frees, and a repeat at that same instant finds the class idle, is
+// admitted on the configured expected time (the idle probe, 100ms), and
+// would finish long before the deadline. Final says no repeat within the
+// attempt can succeed (README "Which deadline refusals are final"): such a
+// drop is a prediction, as the arrival's DEADLINE_UNREACHABLE is, and is
+// refused not final, with a delay. A drop that even the probe's plan could
+// not save stays final (TestDeadlineStage).
+func TestDequeueDropBeforeTheDeadlineIsNotFinal(t *testing.T) {
+	h := newHarness(t, admission.WithClasses(admission.Class{Name: "main", Slots: 1, QueueItems: 2,
+		ExpectedServiceTime: 100 * time.Millisecond}))
+	for range 3 { // teach an inflated estimate: 3s a request
+		p := h.admitted(work(mainM))
+		h.clk.Advance(3 * time.Second)
+		h.release(p)
+	}
+	p := h.admitted(work(mainM))
+	r := work(mainM)
+	r.Deadline = h.clk.Now().Add(5 * time.Second)
+	q := h.queued(r) // 5s left: it can finish in 3s once it starts
+	h.clk.Advance(4 * time.Second)
+	p.Abandon() // the slot frees with 1s left: q cannot finish in 3s and is dropped
+	h.drain()
+	err := h.take(q).err
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.ReasonDeadlineExpired, o.Reason, "%v", err)
+
+	// A repeat at once finds the class idle and is admitted: the deadline
+	// was not lost.
+	again := r
+	repeat := h.admitted(again)
+	repeat.Abandon()
+	h.drain()
+
+	require.False(t, o.Final(), "a drop before the deadline passed is final although a repeat was admitted: %v", err)
+	ra, ok := status.RetryAfter(err)
+	require.True(t, ok && ra > 0, "a repeatable refusal suggests no delay: %v", err)
+}
