@@ -221,8 +221,8 @@ func (c *Controller) closeWindows(now time.Time) {
 // at the next call's). The windows are closed on the live state and the
 // state is then put back; overrides that expire by now end their forced
 // mode at their expiry (the windows that end before it are judged under it,
-// as advance judges them), but their other limits are judged as in force,
-// a peek's only approximation.
+// as advance judges them), and their other limits end there too (the
+// live limits are put back afterwards).
 func (c *Controller) peekMode(now time.Time) Mode {
 	forced := c.ovr.forced
 	if len(c.ovr.list) > 0 && !now.Before(c.ovr.nextExpiry) {
@@ -246,51 +246,42 @@ func (c *Controller) peekMode(now time.Time) Mode {
 		wasStepped                  bool
 		unsteppedAt                 time.Time
 		tapFolded, tapSteppedFolded [len(tapReasons)]uint64
+		slotsCap, queueCap          int
+		frozen                      bool
 	}
 	saved := make([]classSaved, len(c.classes))
 	for i, cs := range c.classes {
-		saved[i] = classSaved{cs.wasStepped, cs.unsteppedAt, cs.tapFolded, cs.tapSteppedFolded}
+		saved[i] = classSaved{cs.wasStepped, cs.unsteppedAt, cs.tapFolded, cs.tapSteppedFolded, cs.slotsCap, cs.queueCap, cs.frozen}
 	}
-	deg, ovrForced, pending, traces := c.deg, c.ovr.forced, len(c.pending), len(c.traces)
-	// The forced modes in force before each expiry by now, in turn.
-	for last := (time.Time{}); ; {
-		e, ok := time.Time{}, false
-		for _, a := range c.ovr.list {
-			if a.Expires.After(last) && !now.Before(a.Expires) && (!ok || a.Expires.Before(e)) {
-				e, ok = a.Expires, true
-			}
-		}
-		if !ok {
-			break
-		}
-		c.ovr.forced = 0
-		for _, a := range c.ovr.list {
-			if !a.Expires.Before(e) && a.Mode != 0 {
-				c.ovr.forced = a.Mode // the latest wins, as in applyOverrides
-			}
-		}
+	deg, ovr, pending, traces := c.deg, c.ovr, len(c.pending), len(c.traces)
+	// Each expiry by now in turn, as advance does: the windows that end
+	// before it are closed under the overrides in force then, and the
+	// limits are then recomputed without it (on a list of the peek's own,
+	// never the live one's storage).
+	for len(c.ovr.list) > 0 && !now.Before(c.ovr.nextExpiry) {
+		e := c.ovr.nextExpiry
 		if c.deg.winEnd.Before(e) {
 			c.closeWindows(e.Add(-1))
 		}
-		c.ovr.forced = 0
+		var kept []ActiveOverride
 		for _, a := range c.ovr.list {
-			if a.Expires.After(e) && a.Mode != 0 {
-				c.ovr.forced = a.Mode
+			if e.Before(a.Expires) {
+				kept = append(kept, a)
 			}
 		}
-		c.noteSteps(e) // as expireOverrides does
-		last = e
+		c.ovr.list = kept
+		c.setLimits(e) // as expireOverrides does
 	}
-	c.ovr.forced = 0
 	c.closeWindows(now)
 	m := c.deg.mode
-	c.deg, c.ovr.forced = deg, ovrForced
+	c.deg, c.ovr = deg, ovr
 	clear(c.pending[pending:])
 	clear(c.traces[traces:])
 	c.pending, c.traces = c.pending[:pending], c.traces[:traces]
 	for i, cs := range c.classes {
 		s := saved[i]
 		cs.wasStepped, cs.unsteppedAt, cs.tapFolded, cs.tapSteppedFolded = s.wasStepped, s.unsteppedAt, s.tapFolded, s.tapSteppedFolded
+		cs.slotsCap, cs.queueCap, cs.frozen = s.slotsCap, s.queueCap, s.frozen
 	}
 	return m
 }
