@@ -70,7 +70,9 @@ type Class struct {
 	MaxRequestBytes int
 	// LendIdle lets requests of other classes run on this class's idle slots
 	// when none of its own requests wait. A class never uses another's slots
-	// unless that class lends them.
+	// unless that class lends them. Nothing is preempted: a lent slot comes
+	// back when its borrower ends (a borrowing stream holds it for its
+	// lifetime), and the lender's own requests wait for it meanwhile.
 	LendIdle bool
 	// Optional classes are shed (SHED) while the controller is degraded and
 	// re-admitted in steps while it recovers. The control class cannot be

@@ -87,3 +87,28 @@ func TestDequeueDropBeforeTheDeadlineIsNotFinal(t *testing.T) {
 	ra, ok := status.RetryAfter(err)
 	require.True(t, ok && ra > 0, "a repeatable refusal suggests no delay: %v", err)
 }
+
+// Review 13 read LendIdle's doc ("lets requests of other classes run on
+// this class's idle slots when none of its own requests wait") as leaving
+// open what happens when the lender's own request arrives while a borrower
+// holds its slot. Nothing is preempted: the lender's request waits until
+// the borrower ends, however long it lives (a stream, for its lifetime),
+// and meanwhile the lender lends to no one else. The doc now says so; this pins it.
+func TestLendersOwnRequestWaitsForItsBorrowerToEnd(t *testing.T) {
+	h := newHarness(t, lendAndBorrowOptions(2)...)
+	b1 := h.admitted(streamOn(bM)) // on b's own slot
+	h.override(admission.Override{Actor: "test", Reason: "review13", TTL: time.Hour, Class: "opt", Freeze: true})
+	borrowed := h.admitted(streamOn(bM)) // opt frozen: it borrows the lender's idle slot
+	own := h.queued(work(lenderM))       // the lender's own request waits for it
+	h.refused(streamOn(bM), status.ReasonConcurrencyFull) // the lender has a waiter: no loan
+	h.clk.Advance(time.Minute)
+	_, started := h.done[own]
+	require.False(t, started, "the borrower was preempted")
+	borrowed.Abandon()
+	h.drain()
+	r := h.take(own)
+	require.NoError(t, r.err, "the lender's slot went to its own waiter")
+	r.permit.Release()
+	b1.Abandon()
+	h.drain()
+}
