@@ -98,8 +98,8 @@ func TestLendersOwnRequestWaitsForItsBorrowerToEnd(t *testing.T) {
 	h := newHarness(t, lendAndBorrowOptions(2)...)
 	b1 := h.admitted(streamOn(bM)) // on b's own slot
 	h.override(admission.Override{Actor: "test", Reason: "review13", TTL: time.Hour, Class: "opt", Freeze: true})
-	borrowed := h.admitted(streamOn(bM)) // opt frozen: it borrows the lender's idle slot
-	own := h.queued(work(lenderM))       // the lender's own request waits for it
+	borrowed := h.admitted(streamOn(bM))                  // opt frozen: it borrows the lender's idle slot
+	own := h.queued(work(lenderM))                        // the lender's own request waits for it
 	h.refused(streamOn(bM), status.ReasonConcurrencyFull) // the lender has a waiter: no loan
 	h.clk.Advance(time.Minute)
 	_, started := h.done[own]
