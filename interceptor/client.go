@@ -340,6 +340,7 @@ func originRefuses(snap budget.Snapshot, n uint32, verifying bool) bool {
 // unread then proves nothing, and the try counts as maybe sent.
 func (c *client) finish(s *attemptState, key string, t *try, err error, local bool) status.Delivery {
 	t.cancel()
+	t.delivery.latchRerooted()
 	d := t.delivery.state()
 	if local && d == status.PeerStatus {
 		d = status.MaybeSent

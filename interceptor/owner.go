@@ -146,6 +146,10 @@ type owner struct {
 	// does not count against its tries (verified); any later one does, so
 	// that answers lost again and again cannot repeat the call unbounded.
 	verify, verified bool
+	// jumped is set once an ATTEMPT_FENCED refusal moved a call keyed
+	// explicitly past its fence without counting the refused try: later
+	// jumps count (decide).
+	jumped bool
 	// verifyNext is set when the next try is that first verifying try:
 	// a unary call sends it at once (verifyTry).
 	verifyNext bool
@@ -170,6 +174,10 @@ type owner struct {
 	// was never about to be sent); retrying says it is pending.
 	retry    retryNote
 	retrying bool
+	// follows is the failure the repeat proceed last let go follows: the
+	// call's result if prepare then refuses that repeat for lack of time
+	// (unprepared).
+	follows error
 	// sent is the number of the last try prepare let go (0: none yet), the
 	// try the call's span reports.
 	sent uint32
@@ -372,10 +380,19 @@ func (w *owner) unsent(n uint32, d status.Delivery) {
 
 // unprepared is the result of a call whose try n prepare refused (perr):
 // nothing was sent, so a repeat gives back the retry-budget token proceed
-// withdrew for it (the budget bounds retries sent).
+// withdrew for it (the budget bounds retries sent). A repeat refused for
+// lack of time (DEADLINE_UNREACHABLE: its backoff fitted the deadline when
+// proceed checked, but the wait ran late) ends the call with the failure
+// it followed, as when proceed finds that no try fits: the last try's own
+// outcome says what happened, and a local refusal of a try never sent in
+// its place would hide it (a callee's error in doubt, or its refusal's
+// delay and final flag).
 func (w *owner) unprepared(n uint32, perr error) error {
 	if n > 1 && w.tgt.budget != nil {
 		w.tgt.budget.Return()
+	}
+	if n > 1 && w.follows != nil && status.OutcomeOf(perr).Reason == status.ReasonDeadlineUnreachable {
+		return w.conclude(n-1, w.follows)
 	}
 	return w.conclude(n, perr)
 }
@@ -528,6 +545,7 @@ func (w *owner) proceed(ctx context.Context, n uint32, counted int, err error) e
 		return w.budgetExhausted(ctx, n, err)
 	}
 	w.retry, w.retrying = retryNote{delay: d, reason: status.OutcomeOf(err).Reason}, true
+	w.follows = err
 	if !sleep(ctx, d) {
 		// The caller cancelled during the wait: the repeat is never sent,
 		// and its token goes back (the budget bounds repeats sent).
@@ -637,7 +655,13 @@ func (w *owner) decide(ctx context.Context, n uint32, err error, o status.Outcom
 						status.WithMessage("interceptor: the try was refused by a fence where records are kept, but its target keeps none at some backends, where a fenced try may have run")), true
 				}
 				next = min(f, header.MaxTry) + 1 // past MaxTry: the call ends (run)
-				uncounted = w.explicit           // a ballot jump does not count against the tries
+				// A ballot jump does not count against the tries: the
+				// first of a call. Any later one does, so that refusals
+				// met again and again (another run's ballots, or a
+				// faulty callee) cannot repeat the call unbounded, as
+				// with verifying tries.
+				uncounted = w.explicit && !w.jumped
+				w.jumped = w.jumped || w.explicit
 			}
 		case status.ReasonAttemptInProgress:
 			w.doubt = true
@@ -726,6 +750,19 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 	// tenant, no call key.
 	h := header.Header{Attempt: s.ID, Tenant: s.Tenant}
 	qctx = withHeader(qctx, h.String())
+	// The queries' delivery record tells whether any of them may have
+	// left the client: a resolution none of whose queries did gives its
+	// token back, as a repeat never sent does (the budget bounds what is
+	// sent to the target).
+	qd := &delivery{}
+	qd.reset(fenceMethod, c.statsInstalled, w.cl.seen)
+	qctx = &deliveryCtx{Context: qctx, d: qd}
+	unsent := func() {
+		qd.latchRerooted()
+		if qd.state() == status.NotSent && w.tgt.budget != nil {
+			w.tgt.budget.Return()
+		}
+	}
 	req := &tollgatev1.FenceAttemptRequest{AttemptId: s.ID, Call: w.cl.key, Method: w.cl.method, FenceThroughTry: n}
 	queryOpts, recvLimit := queryOptions(w.callOpts)
 	// Polls wait on wctx, which also ends when the caller cancels (not
@@ -741,6 +778,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 		rec := &tollgatev1.AttemptRecord{}
 		err := w.invoker(wctx, fenceMethod, req, rec, w.cc, queryOpts...)
 		if err != nil && cancelled(ctx) {
+			unsent()
 			return 0, unknown("interceptor: the caller stopped waiting before the try's state was known"), true
 		}
 		state := rec.GetState()
@@ -755,6 +793,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 					return n + 1, last, false // repeat without the query
 				}
 			}
+			unsent()
 			return 0, unknown("interceptor: the try's state could not be queried: " + err.Error()), true
 		}
 		if rec.GetAttemptId() != s.ID || rec.GetCall() != w.cl.key || rec.GetMethod() != w.cl.method ||

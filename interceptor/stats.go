@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -47,7 +48,25 @@ type delivery struct {
 	// sideSent is set when an RPC of another method made with the try's
 	// context may have been sent (see sideRPC).
 	sideSent atomic.Bool
+	// rerootedAt is rerootedTries when the try was readied; rerooted is
+	// latched by finish when no RPC of the try's own method started with
+	// its context while an RPC carrying some try's header without its
+	// context did (see rerootedTries): the try may have been sent that way.
+	rerootedAt uint64
+	rerooted   atomic.Bool
 }
+
+// rerootedTries counts the RPCs the stats handler saw carrying a try's
+// tollgate header (one with a deadline) in a context without that try's
+// delivery record: an interceptor below tollgate's sent the try on a
+// context not derived from the one it was given (context.Background() with
+// the metadata copied, say). Such a try's events reach no record, and
+// without this count it would read as never sent, its unit refunded and
+// its method repeated without the query. The count is process-wide (the
+// stats handler keeps no state and cannot tell whose try it is): a try
+// that saw none of its own events while it grew counts as maybe sent, the
+// safe side, whichever call the re-rooted RPC belonged to.
+var rerootedTries atomic.Uint64
 
 // sideRPC is the stats handler's record of an RPC of another method than
 // its try's made with the try's context, by an interceptor below
@@ -85,6 +104,18 @@ func (d *delivery) reset(method string, tracked bool, seen *atomic.Bool) {
 	d.pushback.Store(noPushback)
 	d.own.Store(false)
 	d.sideSent.Store(false)
+	d.rerootedAt = rerootedTries.Load()
+	d.rerooted.Store(false)
+}
+
+// latchRerooted notes, once the try ended, whether it may have been sent on
+// a re-rooted context (see rerootedTries): none of its own RPC started,
+// and a re-rooted one did meanwhile. Latched, so that every later reading
+// of the try's state agrees with the one finish settled it by.
+func (d *delivery) latchRerooted() {
+	if !d.own.Load() && rerootedTries.Load() != d.rerootedAt {
+		d.rerooted.Store(true)
+	}
 }
 
 // reported returns the units the callee reported spent, and false when it
@@ -105,7 +136,7 @@ func (d *delivery) state() status.Delivery {
 	switch {
 	case d.inTrailer.Load():
 		return status.PeerStatus
-	case d.outHeader.Load() || !d.tracked.Load() || (d.sideSent.Load() && !d.own.Load()):
+	case d.outHeader.Load() || !d.tracked.Load() || (d.sideSent.Load() && !d.own.Load()) || d.rerooted.Load():
 		return status.MaybeSent
 	default:
 		return status.NotSent
@@ -123,19 +154,38 @@ type statsHandler struct{}
 // sending would look sent. Such an RPC gets a context with a sideRPC record
 // of its own (its only allocations), which keeps its events apart; it may
 // still be the try renamed, so if it may have been sent and the try's own
-// method never started, the try is maybe sent (see sideRPC).
+// method never started, the try is maybe sent (see sideRPC). An RPC without
+// a record that carries a try's header is counted in rerootedTries.
 func (statsHandler) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
-	if d, _ := ctx.Value(deliveryKey{}).(*delivery); d != nil {
-		if info != nil && info.FullMethodName != d.method {
-			return context.WithValue(ctx, deliveryKey{}, &sideRPC{try: d})
+	d, _ := ctx.Value(deliveryKey{}).(*delivery)
+	if d == nil {
+		if info != nil && !isControl(info.FullMethodName) && carriesTry(ctx) {
+			rerootedTries.Add(1)
 		}
-		d.tracked.Store(true)
-		d.own.Store(true)
-		if d.seen != nil && !d.seen.Load() {
-			d.seen.Store(true)
-		}
+		return ctx
+	}
+	if info != nil && info.FullMethodName != d.method {
+		return context.WithValue(ctx, deliveryKey{}, &sideRPC{try: d})
+	}
+	d.tracked.Store(true)
+	d.own.Store(true)
+	if d.seen != nil && !d.seen.Load() {
+		d.seen.Store(true)
 	}
 	return ctx
+}
+
+// carriesTry reports whether ctx's outgoing metadata holds a tollgate
+// header with the attempt's deadline (field d), as every try's does and no
+// query's (a query carries only the attempt and the tenant). Field values
+// never hold ';' or '=', so the field is found by its key.
+func carriesTry(ctx context.Context) bool {
+	for _, v := range metadata.ValueFromOutgoingContext(ctx, headerKey) {
+		if strings.HasPrefix(v, "d=") || strings.Contains(v, ";d=") {
+			return true
+		}
+	}
+	return false
 }
 
 func (statsHandler) HandleRPC(ctx context.Context, s stats.RPCStats) {
