@@ -275,3 +275,59 @@ func TestLateBackoffReturnsThePreviousTrysOutcome(t *testing.T) {
 		})
 	}
 }
+
+// The stream owner settles its tries as the unary one does: a client
+// stream sent by an inner stream interceptor on a re-rooted context is
+// maybe sent too, and not replayed blindly (see
+// TestTrySentOnAReRootedContextIsMaybeSent).
+func TestStreamSentOnAReRootedContextIsMaybeSent(t *testing.T) {
+	var runs atomic.Int32
+	svc := &testsvc.Service{UploadFunc: func(st grpc.ClientStreamingServer[testingv1.UploadRequest, testingv1.UploadResponse]) error {
+		runs.Add(1)
+		_, _ = testsvc.DrainUpload(st)
+		return grpcstatus.Error(codes.Internal, "effect done, then failed")
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register) // no tollgate: no detail
+	reroot := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		md, _ := metadata.FromOutgoingContext(ctx)
+		rctx, cancel := context.WithCancel(metadata.NewOutgoingContext(context.Background(), md))
+		context.AfterFunc(ctx, cancel)
+		return streamer(rctx, desc, cc, method, opts...)
+	}
+	c := testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(fastRetry(3)),
+		grpc.WithChainStreamInterceptor(reroot))...))
+	st, err := c.Upload(t.Context())
+	require.NoError(t, err)
+	require.NoError(t, st.Send(&testingv1.UploadRequest{}))
+	_, err = st.CloseAndRecv()
+	require.EqualValues(t, 1, runs.Load(), "a sent stream was read as never sent and replayed without the query: %v", err)
+	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
+}
+
+// A stream's repeat whose backoff ran late ends with the try it followed,
+// as a unary call's does (see TestLateBackoffReturnsThePreviousTrysOutcome).
+func TestStreamLateBackoffReturnsThePreviousTrysOutcome(t *testing.T) {
+	const timeout = 10 * time.Second
+	clock := &lateClock{ahead: timeout - time.Millisecond}
+	var runs atomic.Int32
+	svc := &testsvc.Service{WatchFunc: func(*testingv1.WatchRequest, grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
+		runs.Add(1)
+		clock.state.CompareAndSwap(lateIdle, lateArmed)
+		return grpcstatus.Error(codes.Internal, "the feed failed")
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	c := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3),
+		interceptor.WithAttemptTimeout(timeout), interceptor.WithClientClock(clock.now),
+		interceptor.WithoutRetryBudget())...))
+	st, err := c.Watch(t.Context(), &testingv1.WatchRequest{Key: "k"})
+	if err == nil {
+		_, err = st.Recv()
+	}
+	o := status.OutcomeOf(err)
+	require.EqualValues(t, 1, runs.Load(), "the late repeat was not sent")
+	require.Equal(t, int32(lateLate), clock.state.Load(), "the clock read late after the backoff")
+	require.Equal(t, status.KindUnknown, o.Kind, "%v", err)
+	require.Equal(t, codes.Internal, grpcstatus.Code(err), "%v", err)
+	require.Contains(t, grpcstatus.Convert(err).Message(), "the feed failed", "the callee's error is kept")
+	require.NotEqual(t, status.ReasonDeadlineUnreachable, o.Reason, "%v", err)
+}
