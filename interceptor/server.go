@@ -452,7 +452,8 @@ func (c *handlerCtx) Value(key any) any {
 // refusal judged by this server's cap, not final unless the caller's own
 // deadline has passed); any other
 // tollgate outcome from below, and any error that is not definite, is
-// UNKNOWN; definite errors pass unchanged.
+// UNKNOWN; definite errors pass with their message and details bounded
+// (status.Bounded).
 func (sv *server) answer(in *inbound, err error) error {
 	if err == nil {
 		return nil
@@ -483,7 +484,12 @@ func (sv *server) answer(in *inbound, err error) error {
 	case status.KindUnknown, status.KindCommitted:
 		return status.OutcomeUnknown(err, status.WithAttempt(s.ID, s.Call, s.Try))
 	default:
-		return err
+		// A definite error, bounded as tollgate's own outcomes are
+		// (status.Bounded): the same answer goes to the caller and into
+		// the call's record, whose query answer must fit what an owner
+		// receives, and a caller with an 8 KiB header list limit must not
+		// lose it to a transport INTERNAL.
+		return status.Bounded(err)
 	}
 }
 
@@ -633,17 +639,20 @@ func (sv *server) setTrailer(ctx context.Context, in *inbound, spent int64, err 
 }
 
 // fenceShortcut answers a ballot the AttemptService must not: a malformed
-// one (INVALID_ARGUMENT, as the service would), and an untrusted peer's. An
-// untrusted peer's tries are re-minted here under attempt IDs it never
-// sees, so its ballot can never stop one of them: the honest answer is
-// UNKNOWN, and nothing is fenced. It returns nil, nil for a ballot the
-// service answers.
+// one (INVALID_ARGUMENT, as the service would), an untrusted peer's, and one
+// of a method this server declares NO_SIDE_EFFECTS. An untrusted peer's
+// tries are re-minted here under attempt IDs it never sees, so its ballot
+// can never stop one of them; a NO_SIDE_EFFECTS method's tries keep no
+// records and run whatever the store holds (DESIGN.md §3.7), so a tombstone
+// would promise what no try heeds, with units_spent 0 for tries that may
+// have spent units below. Either way the honest answer is UNKNOWN, and
+// nothing is fenced. It returns nil, nil for a ballot the service answers.
 func (sv *server) fenceShortcut(fence *tollgatev1.FenceAttemptRequest, tenant string, trusted bool) (*tollgatev1.AttemptRecord, error) {
 	key := idempotency.Key{Tenant: tenant, AttemptID: fence.GetAttemptId(), Call: fence.GetCall(), Method: fence.GetMethod()}
 	if err := idempotency.ValidateFence(key, fence.GetFenceThroughTry()); err != nil {
 		return nil, grpcstatus.Error(codes.InvalidArgument, err.Error())
 	}
-	if !trusted {
+	if !trusted || methodinfo.Of(fence.GetMethod()).Level == methodinfo.NoSideEffects {
 		return &tollgatev1.AttemptRecord{AttemptId: fence.GetAttemptId(), Call: fence.GetCall(), Method: fence.GetMethod(),
 			State: tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN}, nil
 	}

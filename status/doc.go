@@ -154,9 +154,11 @@
 // which loses it as an INTERNAL error (the bound of carried details above
 // guards against the same for details). A longer message keeps its start and its end, whole runes,
 // joined by "…": the start says what tollgate concluded, the end what was
-// added last. A message within the bound is unchanged. Errors a handler
-// returns that tollgate does not rebuild (a definite error passed as it is)
-// keep their message.
+// added last. A message within the bound is unchanged. A definite error a
+// handler returns, which tollgate's server passes up as it is and keeps in
+// its call's record, is bounded by [Bounded]: its message as above, and its
+// details to 3 KiB, so that it reaches a caller with an 8 KiB header list
+// limit and a record's query answer fits what an owner receives.
 //
 // # Compatibility
 //

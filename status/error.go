@@ -531,6 +531,40 @@ const (
 	maxCauseBytes   = 512
 )
 
+// Bounded returns err with its gRPC status bounded as the outcomes this
+// package builds are (see # Messages): its message cut in the middle to at
+// most 1 KiB as grpc-message sends it (invalid UTF-8 replaced), and its
+// details kept, in their order, while they fit in 3 KiB, each counted by
+// its type URL and encoded value (a detail that does not fit is dropped).
+// Its code is kept. It returns err itself when its status is within both
+// bounds, and when err carries no gRPC status. tollgate's server bounds
+// so a definite error a handler returns, which it passes up unchanged
+// otherwise, before it answers with it and records it.
+func Bounded(err error) error {
+	st, ok := grpcstatus.FromError(err)
+	if !ok || st == nil {
+		return err
+	}
+	p := st.Proto()
+	size := 0
+	for _, d := range p.GetDetails() {
+		size += len(d.GetTypeUrl()) + len(d.GetValue())
+	}
+	msg := boundMessage(validUTF8(p.GetMessage()))
+	if msg == p.GetMessage() && size <= maxCarriedBytes {
+		return err
+	}
+	var details []*anypb.Any
+	room := maxCarriedBytes
+	for _, d := range p.GetDetails() {
+		if size := len(d.GetTypeUrl()) + len(d.GetValue()); size <= room {
+			room -= size
+			details = append(details, d)
+		}
+	}
+	return grpcstatus.ErrorProto(&spb.Status{Code: p.GetCode(), Message: msg, Details: details})
+}
+
 // carriedDetails returns the details of err's status that an outcome
 // carries after its own (a callee's BadRequest, QuotaFailure, DebugInfo, a
 // handler's own detail…), in their order: every detail but a tollgate
