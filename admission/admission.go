@@ -46,9 +46,12 @@ type Request struct {
 	// Stream marks a request that opens a stream, whose slot is held for
 	// the stream's lifetime (DESIGN.md §3.9), which is no service time:
 	// the predicted waits and retry-afters, while a stream holds one of
-	// its class's slots, expect each stream to live as long again as it
-	// has lived (at least the class's mean, no later than its deadline)
-	// and the queue to run on the slots as the requests on them end. End its permit with Abandon, which teaches nothing.
+	// its class's slots, expect the queue to run on the slots as the
+	// requests on them end, a stream at its deadline (one without a
+	// deadline never) — or, only while streams hold every slot (nothing
+	// else could free one), each stream living as long again as it has
+	// lived (at least the class's mean, no later than its deadline). End
+	// its permit with Abandon, which teaches nothing.
 	Stream bool
 	// Control marks control-path work whatever its Method: it is admitted
 	// in the control class, as the control methods are, under its Tenant
@@ -1333,15 +1336,18 @@ func (c *Controller) heldByTenantLocked(w *waiter) bool {
 // back by its tenant's running limit, waits before it starts: the tenant's
 // queued requests start before it, each on the first of the tenant's slots
 // to free (its running requests' remainders, Permit.remaining), taking the
-// mean there; it starts on the first slot free after them.
+// mean there; it starts on the first slot free after them. A stream's end
+// is guessed only when streams are all the tenant runs (nothing else could
+// free one of its slots).
 func (c *Controller) tenantStartWaitLocked(cs *classState, tenant string, now time.Time) time.Duration {
 	mean := cs.est.mean
 	nowOff := float64(now.Sub(c.epoch))
+	guess := c.onlyStreamsLocked(cs, tenant)
 	var buf [8]float64
 	rem := buf[:0]
 	for p := cs.runHead; p != nil; p = p.next {
 		if p.tenant == tenant {
-			rem = append(rem, p.remaining(mean, nowOff))
+			rem = append(rem, p.remaining(mean, nowOff, guess))
 		}
 	}
 	if len(rem) == 0 {
@@ -1355,14 +1361,26 @@ func (c *Controller) tenantStartWaitLocked(cs *classState, tenant string, now ti
 	return time.Duration(nextStart(rem, cs.tenants[tenant].queued, mean))
 }
 
+// onlyStreamsLocked reports whether every request tenant runs in cs is a
+// stream: only their ends can free one of its slots, and a stream's end is
+// then guessed (Permit.remaining).
+func (c *Controller) onlyStreamsLocked(cs *classState, tenant string) bool {
+	for p := cs.runHead; p != nil; p = p.next {
+		if p.tenant == tenant && !p.stream {
+			return false
+		}
+	}
+	return true
+}
+
 // nextStart is when the (n+1)-th of requests that each take w start on
 // slots that free at the sorted times free (each slot taking one request
 // at a time from when it frees): the start of a request with n queued
 // ahead of it. It searches the time rather than stepping through the
 // queue, so it costs a pass over the slots per step of the search.
 func nextStart(free []float64, n int, w float64) float64 {
-	if n <= 0 || w <= 0 {
-		return free[0]
+	if n <= 0 || w <= 0 || math.IsInf(free[0], 1) {
+		return free[0] // (+Inf: no slot ever frees)
 	}
 	starts := func(at float64) int {
 		k := 0
@@ -1459,14 +1477,21 @@ const overdueShare = 0.1
 
 // remaining is how long running request p is expected to hold its slot
 // still, at nowOff, in a class whose learned mean is mean: the mean less its
-// elapsed time, but at least overdueShare of the mean; for a stream, whose
-// lifetime the mean says nothing of, as long again as it has lived, and at
-// least the mean (a stream that has lived long is likely to live long), but
-// no later than its deadline, where its handler's context ends.
-func (p *Permit) remaining(mean, nowOff float64) float64 {
+// elapsed time, but at least overdueShare of the mean. A stream's lifetime
+// the mean says nothing of: it ends at its deadline, where its handler's
+// context ends, and one without a deadline is not expected to end (+Inf) —
+// unless guess, when it is expected to live as long again as it has lived,
+// and at least the mean (a stream that has lived long is likely to live
+// long), but no later than its deadline. Callers guess only when nothing
+// but streams could free a slot (streams hold every slot), never to put a
+// start on a made-up end while other slots free.
+func (p *Permit) remaining(mean, nowOff float64, guess bool) float64 {
 	age := nowOff - p.startOff
 	if p.stream {
-		r := max(age, mean)
+		r := math.Inf(1)
+		if guess {
+			r = max(age, mean)
+		}
 		if p.endOff != 0 {
 			r = min(r, p.endOff-nowOff)
 		}
@@ -1484,7 +1509,10 @@ func (p *Permit) remaining(mean, nowOff float64) float64 {
 // holds a slot of the class, and while a lowered class runs more requests
 // than its slots (none starts until enough end, which spreading their work
 // over the slots would put too late), the slots free only as the requests
-// on them end (playOutLocked). Each running request's remainder is
+// on them end (playOutLocked), a stream at its deadline, or never without
+// one: its lifetime is guessed (Permit.remaining) only while streams hold
+// every slot, or when the play-out finds no other end to start on. Each
+// running request's remainder is
 // clamped on its own: the
 // learned mean minus its elapsed time, but at least overdueShare of the mean, so that an overdue request neither hides the
 // others' remaining work nor makes a full class predict no wait. Requests
@@ -1516,7 +1544,7 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 	var remaining, heldRemaining, heldQueued float64
 	held, own, streams := 0, 0, 0
 	for p := cs.runHead; p != nil; p = p.next {
-		r := p.remaining(mean, nowOff)
+		r := p.remaining(mean, nowOff, false) // a stream's is not used
 		if p.owner == cs {
 			own++
 		}
@@ -1558,7 +1586,7 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 					if p.stream {
 						streams++
 					} else {
-						remaining += p.remaining(b.est.mean, nowOff)
+						remaining += p.remaining(b.est.mean, nowOff, false)
 					}
 					lent--
 				}
@@ -1571,8 +1599,17 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 		// deadline ends its handler's context), and a lowered class that
 		// runs more than its slots starts nothing until enough of them
 		// end: spread over the slots, the work would say too late a
-		// start. Slots free only as the requests on them end.
-		return c.playOutLocked(cs, slots, lowered, nowOff)
+		// start. Slots free only as the requests on them end. A stream's
+		// end is guessed only when streams hold every slot; otherwise a
+		// stream without a deadline frees none — unless that leaves no
+		// start at all (the slots not held by such streams serve
+		// saturated tenants only), when nothing else could free one.
+		guess := streams >= slots
+		w := c.playOutLocked(cs, slots, lowered, nowOff, guess)
+		if !guess && math.IsInf(w, 1) {
+			w = c.playOutLocked(cs, slots, lowered, nowOff, true)
+		}
+		return time.Duration(w)
 	}
 	slots -= streams
 	if (held > 0 || heldQueued > 0) && held < slots && own == cs.running && own == cs.used {
@@ -1589,11 +1626,13 @@ func (cs *classState) saturated(tenant string) (tenantCount, bool) {
 	return tc, tc.running >= cs.cfg.TenantRunning && tc.queued > 0
 }
 
-// playOutLocked is the wait of a request of cs when streams hold all its
-// slots (slots of them, fewer than the requests running on them when an
+// playOutLocked is the wait, in nanoseconds, of a request of cs while
+// streams hold some of its slots, or a lowered class runs more requests than
+// its slots (slots of them, fewer than the requests running on them when an
 // override or Recovering lowered them): the requests on its slots (lowered,
 // its own on borrowed slots too) end one
-// by one (Permit.remaining), each freeing a slot once no more run than
+// by one (Permit.remaining, which guesses a stream's end only with guess;
+// +Inf when no request it could start after ever ends), each freeing a slot once no more run than
 // slots; the queued requests, each the queue's mean work, start in turn on
 // the first slot free; the request starts on the first free after them. A
 // lowered class that borrows has two gates (playOutGates): its own
@@ -1602,7 +1641,7 @@ func (cs *classState) saturated(tenant string) (tenantCount, bool) {
 // waiting (saturated) keeps its slots and its waiters to itself, unless
 // such tenants hold every slot. It allocates nothing for up to 16 running
 // requests, and costs a pass over them and a search over the slots.
-func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowOff float64) time.Duration {
+func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowOff float64, guess bool) float64 {
 	limit := cs.cfg.TenantRunning
 	var buf, heldBuf, runBuf, gateBuf [16]float64
 	rem, held := buf[:0], heldBuf[:0]
@@ -1636,7 +1675,7 @@ func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowO
 				// as much.
 				continue
 			}
-			r := p.remaining(b.est.mean, nowOff)
+			r := p.remaining(b.est.mean, nowOff, guess)
 			if limit > 0 && b == cs && p.tenant != "" {
 				if tc, ok := cs.saturated(p.tenant); ok {
 					held = append(held, r)
@@ -1690,14 +1729,18 @@ func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowO
 		// later of the two gates.
 		slices.Sort(run)
 		free = playOutGates(run, rem, slots, borrowed+idle, gateBuf[:0])
+	} else if pad := slots - len(free); pad > 0 && len(free) > 0 {
+		// Slots no request holds are free now (Stats and retry-afters
+		// ask with a slot free; a decision asks only with none).
+		free = append(make([]float64, pad, slots), free...)
 	}
 	if len(free) == 0 {
 		return 0
 	}
 	if n <= 0 || work <= 0 {
-		return time.Duration(free[0])
+		return free[0]
 	}
-	return time.Duration(nextStart(free, n, work/float64(n)))
+	return nextStart(free, n, work/float64(n))
 }
 
 // awaitsLoan reports whether the waiters of l (not held by their tenants)
@@ -1735,16 +1778,18 @@ func playOutGates(run, rem []float64, slots, borrowed int, dst []float64) []floa
 
 // tenantNextLocked is how long until a tenant over its limits in cs is
 // likely to have room again: until the first of its running requests ends
-// (its remainder clamped as in predictedWaitLocked), which lets its next
+// (its remainder clamped as in predictedWaitLocked; a stream's end guessed
+// only when streams are all it runs: Permit.remaining), which lets its next
 // request run or its first waiter start; 0 when none of its requests runs
 // (the class's predicted wait covers it).
 func (c *Controller) tenantNextLocked(cs *classState, tenant string, now time.Time) time.Duration {
 	mean := cs.est.mean
 	nowOff := float64(now.Sub(c.epoch))
+	guess := c.onlyStreamsLocked(cs, tenant)
 	next := -1.0
 	for p := cs.runHead; p != nil; p = p.next {
 		if p.tenant == tenant {
-			r := p.remaining(mean, nowOff)
+			r := p.remaining(mean, nowOff, guess)
 			if next < 0 || r < next {
 				next = r
 			}

@@ -1,0 +1,146 @@
+package admission_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/admission"
+	"github.com/tollgate-go/tollgate/status"
+)
+
+// A review found the defect this test guards against (fixed since; the text
+// below is the review's account of the code before the fix). The play-out
+// of the slots (playOutLocked), used while a stream holds a slot of the
+// class, expected every stream to end after a guessed lifetime — as long
+// again as it had lived, at least the class's mean — even a stream with no
+// deadline, which nothing ends, in a class whose other slots free as their
+// unary calls end. Two slots: a stream without a deadline and a unary call
+// of 1s; one request (1s) waits. The waiter starts on the unary call's slot
+// at 1s, and the next request at 2s, when the waiter ends; the play-out put
+// the next one on the stream's slot at its made-up end, 1s, and a request
+// due in 2.5s, which could finish no sooner than 3s, was queued.
+func TestDeadlineLessStreamFreesNoSlotInThePlayOut(t *testing.T) {
+	h := newHarness(t, admission.WithClasses(admission.Class{Name: "main", Slots: 2, QueueItems: 4,
+		ExpectedServiceTime: time.Second}))
+	stream := h.admitted(streamOn(mainM)) // no deadline: holds its slot until its client ends it
+	u := h.admitted(work(mainM))
+	waiter := h.queued(work(mainM))
+
+	st, _ := h.ctrl.Stats().Class("main")
+	require.Equal(t, 2*time.Second, st.PredictedWait,
+		"the next start is when the waiter, started on the unary call's slot at 1s, ends; not at the stream's guessed end")
+
+	r := work(mainM)
+	r.Deadline = h.clk.Now().Add(2500 * time.Millisecond)
+	id, e := h.arrive(r)
+	if e.Kind == admission.EventQueued {
+		h.cancel(id)
+	}
+	require.Equal(t, admission.EventRefused, e.Kind,
+		"queued on the stream's made-up end at 1s; it starts at 2s at the soonest and cannot finish by 2.5s")
+	require.Equal(t, status.ReasonDeadlineUnreachable, e.Reason)
+	if e.Kind == admission.EventRefused {
+		h.take(id)
+	}
+
+	h.clk.Advance(time.Second)
+	h.release(u)
+	res := h.take(waiter)
+	require.NoError(t, res.err, "the waiter starts on the unary call's slot at 1s")
+	res.permit.Release()
+	stream.Abandon()
+	h.drain()
+}
+
+// A review found the defect this test guards against (fixed since; the text
+// below is the review's account of the code before the fix). A stream with
+// a deadline an hour away, beside a slot that a unary call frees, was
+// expected to end after its guessed lifetime (the class's mean, 1s) rather
+// than at its deadline, where its handler's context ends: the guess stands
+// only when streams hold every slot, so that nothing else could free one.
+func TestStreamWithAFarDeadlineFreesItsSlotAtItsDeadlineInThePlayOut(t *testing.T) {
+	h := newHarness(t, admission.WithClasses(admission.Class{Name: "main", Slots: 2, QueueItems: 4,
+		ExpectedServiceTime: time.Second}))
+	s := streamOn(mainM)
+	s.Deadline = h.clk.Now().Add(time.Hour)
+	stream := h.admitted(s)
+	u := h.admitted(work(mainM))
+	waiter := h.queued(work(mainM))
+
+	st, _ := h.ctrl.Stats().Class("main")
+	require.Equal(t, 2*time.Second, st.PredictedWait,
+		"the next start is when the waiter, started on the unary call's slot at 1s, ends; the stream ends in an hour")
+
+	h.clk.Advance(time.Second)
+	h.release(u)
+	res := h.take(waiter)
+	require.NoError(t, res.err)
+	res.permit.Release()
+	stream.Abandon()
+	h.drain()
+}
+
+// A review found the defect this test guards against (fixed since; the text
+// below is the review's account of the code before the fix). A tenant's own
+// next start (tenantStartWaitLocked) was played out on its running
+// requests' ends with a stream without a deadline expected to end after its
+// guessed lifetime: tenant t (limit 2) runs such a stream and a unary call
+// of 1s, and has a request (1s) waiting; t's next request starts when that
+// one, started on the unary call's slot at 1s, ends at 2s, but was
+// predicted to start at 1s on the stream's made-up end, and one due in
+// 2.5s was queued.
+func TestTenantsDeadlineLessStreamFreesNoSlotInItsStartWait(t *testing.T) {
+	h := newHarness(t, admission.WithClasses(admission.Class{Name: "main", Slots: 4, QueueItems: 4,
+		TenantRunning: 2, ExpectedServiceTime: time.Second}))
+	s := streamOn(mainM)
+	s.Tenant = "t"
+	stream := h.admitted(s)
+	r := work(mainM)
+	r.Tenant = "t"
+	u := h.admitted(r)
+	waiter := h.queued(r) // held by t's running limit; the class has slots free
+
+	late := r
+	late.Deadline = h.clk.Now().Add(2500 * time.Millisecond)
+	id, e := h.arrive(late)
+	if e.Kind == admission.EventQueued {
+		h.cancel(id)
+	}
+	require.Equal(t, admission.EventRefused, e.Kind,
+		"queued on the stream's made-up end at 1s; t's next start is at 2s, too late to finish by 2.5s")
+	require.Equal(t, status.ReasonDeadlineUnreachable, e.Reason)
+	if e.Kind == admission.EventRefused {
+		h.take(id)
+	}
+
+	h.clk.Advance(time.Second)
+	h.release(u)
+	res := h.take(waiter)
+	require.NoError(t, res.err)
+	res.permit.Release()
+	stream.Abandon()
+	h.drain()
+}
+
+// A review found the defect this test guards against (fixed since; the text
+// below is the review's account of the code before the fix). The play-out
+// counted only the slots that running requests hold: a class of two slots
+// with one stream on one (no deadline, an hour old) and the other free
+// predicted (Stats.PredictedWait, and the retry-afters built on it) an
+// hour's wait — the stream's guessed end — for a request that would start
+// at once on the free slot. A slot no request holds frees now.
+func TestPlayOutCountsAFreeSlotAsFreeNow(t *testing.T) {
+	h := newHarness(t, admission.WithClasses(admission.Class{Name: "main", Slots: 2, QueueItems: 4,
+		ExpectedServiceTime: time.Second}))
+	stream := h.admitted(streamOn(mainM))
+	h.clk.Advance(time.Hour)
+
+	st, _ := h.ctrl.Stats().Class("main")
+	require.Equal(t, 1, st.UsedSlots)
+	require.Zero(t, st.PredictedWait, "a slot is free, yet the wait predicted is the stream's guessed end")
+	p := h.admitted(work(mainM)) // it starts at once
+	p.Release()
+	stream.Abandon()
+	h.drain()
+}
