@@ -788,7 +788,8 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 // — the caller hears an honest refusal while it still listens, and the
 // place it held in the queue (which the tap sees) is free at once. Without
 // it, such a waiter is dropped only when a slot frees or a new request
-// arrives.
+// arrives. A waiter whose context has ended by then is its caller's:
+// ctxEnded ends its wait, never the give-up.
 func (c *Controller) wait(ctx context.Context, w *waiter, timed bool) (*Permit, error) {
 	if timed && c.cfg.stages&StageDequeue != 0 && !w.deadline.IsZero() {
 		c.mu.Lock()
@@ -811,6 +812,15 @@ func (c *Controller) wait(ctx context.Context, w *waiter, timed bool) (*Permit, 
 			case <-timer.C:
 			}
 			c.mu.Lock()
+			if ctx.Err() != nil {
+				// Its context ended as well (the select saw the timer or
+				// the rise first, or the context ended since): its caller
+				// has gone, and the wait ends ctxEnded's way — a cancelled
+				// caller is no give-up of the queue's, and time-driven
+				// state must not start a waiter whose client has left.
+				c.mu.Unlock()
+				return c.ctxEnded(ctx, w)
+			}
 			now := c.cfg.now()
 			c.advance(now) // time-driven state first: it may start w
 			if w.decided {
@@ -853,7 +863,8 @@ func (c *Controller) ctxEnded(ctx context.Context, w *waiter) (*Permit, error) {
 		// timer does: each sees w still waiting (oldestWait), and its wait
 		// counts in the window it leaves in, not clamped to the end of the
 		// oldest one still open. Time-driven state may refuse w (shed,
-		// expired, trimmed), but never start it: its client is gone, and
+		// trimmed), but never start it, nor drop it as unable to finish:
+		// its client is gone, its refusal is its context's (below), and
 		// the slot is the next waiter's (pumpPass skips it).
 		c.leaving = w
 		c.advance(now)
@@ -1212,7 +1223,10 @@ func (c *Controller) pumpPass(now time.Time) (lenderEmptied bool) {
 		whole := true
 		for w := cs.queue.head; w != nil; {
 			next := w.next
-			if c.expiredLocked(cs, w, now) {
+			if w != c.leaving && c.expiredLocked(cs, w, now) {
+				// (A leaving waiter's caller has gone: ctxEnded refuses
+				// it as its context's ending says, not as the queue's
+				// give-up.)
 				c.dropWaiter(w, status.ReasonDeadlineExpired, 0, now)
 				w = next
 				continue
