@@ -750,16 +750,14 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 	// tenant, no call key.
 	h := header.Header{Attempt: s.ID, Tenant: s.Tenant}
 	qctx = withHeader(qctx, h.String())
-	// The queries' delivery record tells whether any of them may have
-	// left the client: a resolution none of whose queries did gives its
-	// token back, as a repeat never sent does (the budget bounds what is
-	// sent to the target).
-	qd := &delivery{}
-	qd.reset(fenceMethod, c.statsInstalled, w.cl.seen)
-	qctx = &deliveryCtx{Context: qctx, d: qd}
+	// Each query's delivery record tells whether it may have left the
+	// client, and whether its status came from the peer: a resolution
+	// none of whose queries may have left gives its token back, as a
+	// repeat never sent does (the budget bounds what is sent to the
+	// target).
+	sent := false
 	unsent := func() {
-		qd.latchRerooted()
-		if qd.state() == status.NotSent && w.tgt.budget != nil {
+		if !sent && w.tgt.budget != nil {
 			w.tgt.budget.Return()
 		}
 	}
@@ -776,7 +774,14 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 	})()
 	for poll := 1; ; poll++ {
 		rec := &tollgatev1.AttemptRecord{}
-		err := w.invoker(wctx, fenceMethod, req, rec, w.cc, queryOpts...)
+		// A record per query, so that a late stats event of an earlier
+		// poll cannot mark this one's.
+		qd := &delivery{}
+		qd.reset(fenceMethod, c.statsInstalled, w.cl.seen)
+		err := w.invoker(&deliveryCtx{Context: wctx, d: qd}, fenceMethod, req, rec, w.cc, queryOpts...)
+		qd.latchRerooted()
+		d := qd.state()
+		sent = sent || d != status.NotSent
 		if err != nil && cancelled(ctx) {
 			unsent()
 			return 0, unknown("interceptor: the caller stopped waiting before the try's state was known"), true
@@ -786,7 +791,14 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 			span.AddEvent(eventQuery, trace.WithAttributes(attrTry.Int64(int64(n)), attrState.String(stateName(state, err))))
 		}
 		if err != nil {
-			if grpcstatus.Code(err) == codes.Unimplemented {
+			// Only the peer's UNIMPLEMENTED says the callee keeps no
+			// records: one the client made before the query left (an
+			// inner interceptor's) says nothing of the callee. When the
+			// stats handler cannot see the query's own RPC (not
+			// installed, or the query was renamed or re-rooted below),
+			// its status may be the peer's, as it was taken before.
+			if grpcstatus.Code(err) == codes.Unimplemented &&
+				(d == status.PeerStatus || (d == status.MaybeSent && !qd.own.Load())) {
 				c.setRecordless(w.tgt)
 				if w.cl.info.Level == methodinfo.Idempotent {
 					w.unqueried = true

@@ -48,10 +48,11 @@ type delivery struct {
 	// sideSent is set when an RPC of another method made with the try's
 	// context may have been sent (see sideRPC).
 	sideSent atomic.Bool
-	// rerootedAt is rerootedTries when the try was readied; rerooted is
-	// latched by finish when no RPC of the try's own method started with
-	// its context while an RPC carrying some try's header without its
-	// context did (see rerootedTries): the try may have been sent that way.
+	// rerootedAt is rerootedTries (rerootedQueries for a resolution
+	// query) when the try was readied; rerooted is latched by finish when
+	// no RPC of the try's own method started with its context while an RPC
+	// carrying some try's (query's) header without its context did (see
+	// rerootedTries): the try may have been sent that way.
 	rerootedAt uint64
 	rerooted   atomic.Bool
 }
@@ -67,6 +68,17 @@ type delivery struct {
 // that saw none of its own events while it grew counts as maybe sent, the
 // safe side, whichever call the re-rooted RPC belonged to.
 var rerootedTries atomic.Uint64
+
+// rerootedQueries counts, as rerootedTries does for tries, the resolution
+// queries (an AttemptService RPC carrying a tollgate header: the attempt
+// and the tenant, no deadline) the stats handler saw in a context without
+// their delivery record: a query an interceptor below tollgate's sent on a
+// re-rooted context reached the callee (a FenceAttempt fences the try),
+// but reads as never sent without this count. A query that saw none of its
+// own events while it grew counts as maybe sent. Kept apart from
+// rerootedTries, so that a re-rooted query makes no try maybe sent, nor a
+// re-rooted try a query.
+var rerootedQueries atomic.Uint64
 
 // sideRPC is the stats handler's record of an RPC of another method than
 // its try's made with the try's context, by an interceptor below
@@ -104,16 +116,26 @@ func (d *delivery) reset(method string, tracked bool, seen *atomic.Bool) {
 	d.pushback.Store(noPushback)
 	d.own.Store(false)
 	d.sideSent.Store(false)
-	d.rerootedAt = rerootedTries.Load()
+	d.rerootedAt = d.rerootedCount().Load()
 	d.rerooted.Store(false)
 }
 
+// rerootedCount is the count of re-rooted RPCs that may be d's: the
+// queries' for a resolution query, the tries' otherwise.
+func (d *delivery) rerootedCount() *atomic.Uint64 {
+	if strings.HasPrefix(d.method, attemptServicePrefix) {
+		return &rerootedQueries
+	}
+	return &rerootedTries
+}
+
 // latchRerooted notes, once the try ended, whether it may have been sent on
-// a re-rooted context (see rerootedTries): none of its own RPC started,
-// and a re-rooted one did meanwhile. Latched, so that every later reading
-// of the try's state agrees with the one finish settled it by.
+// a re-rooted context (see rerootedTries, rerootedQueries): none of its
+// own RPC started, and a re-rooted one did meanwhile. Latched, so that
+// every later reading of the try's state agrees with the one finish
+// settled it by.
 func (d *delivery) latchRerooted() {
-	if !d.own.Load() && rerootedTries.Load() != d.rerootedAt {
+	if !d.own.Load() && d.rerootedCount().Load() != d.rerootedAt {
 		d.rerooted.Store(true)
 	}
 }
@@ -155,11 +177,19 @@ type statsHandler struct{}
 // of its own (its only allocations), which keeps its events apart; it may
 // still be the try renamed, so if it may have been sent and the try's own
 // method never started, the try is maybe sent (see sideRPC). An RPC without
-// a record that carries a try's header is counted in rerootedTries.
+// a record that carries a try's header is counted in rerootedTries; an
+// AttemptService RPC without one that carries a tollgate header, in
+// rerootedQueries.
 func (statsHandler) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
 	d, _ := ctx.Value(deliveryKey{}).(*delivery)
 	if d == nil {
-		if info != nil && !isControl(info.FullMethodName) && carriesTry(ctx) {
+		switch {
+		case info == nil:
+		case strings.HasPrefix(info.FullMethodName, attemptServicePrefix):
+			if len(metadata.ValueFromOutgoingContext(ctx, headerKey)) > 0 {
+				rerootedQueries.Add(1)
+			}
+		case !isControl(info.FullMethodName) && carriesTry(ctx):
 			rerootedTries.Add(1)
 		}
 		return ctx

@@ -1,0 +1,132 @@
+package interceptor_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/interceptor"
+	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
+	"github.com/tollgate-go/tollgate/internal/testsvc"
+	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	grpcstatus "google.golang.org/grpc/status"
+)
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// A resolution query that an inner client interceptor refused with
+// UNIMPLEMENTED without sending it (an allow-list of services, say) marked
+// the target as keeping no records, exactly as a callee's own UNIMPLEMENTED
+// does: for a minute every IDEMPOTENT call to that target in doubt was
+// repeated without the query, and every other call's FENCED answers and
+// finished records were taken as not vouching for its tries (unvouched),
+// although the callee keeps records and was never asked. Only an
+// UNIMPLEMENTED the peer sent (its status arrived) says the callee has no
+// AttemptService.
+func TestLocalUnimplementedQueryMarksNothing(t *testing.T) {
+	var puts, queriesSent, refusals atomic.Int32
+	svc := &testsvc.Service{PutFunc: func(context.Context, *testingv1.PutRequest) (*testingv1.PutResponse, error) {
+		puts.Add(1)
+		return &testingv1.PutResponse{}, nil
+	}}
+	end := recordedServer(t, svc, memoryStore(t))
+	lost := map[string]bool{}
+	inner := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, inv grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		switch method {
+		case fenceAttemptMethod:
+			if refusals.Add(1) == 1 {
+				// Refused here, never sent.
+				return grpcstatus.Error(codes.Unimplemented, "the allow-list has no AttemptService")
+			}
+			queriesSent.Add(1)
+		case testingv1.TestService_Put_FullMethodName:
+			if err := inv(ctx, method, req, reply, cc, opts...); err != nil {
+				return err
+			}
+			if k := req.(*testingv1.PutRequest).GetKey(); !lost[k] {
+				lost[k] = true // the first try of each key ran; its answer is lost
+				return grpcstatus.Error(codes.Unavailable, "connection reset")
+			}
+			return nil
+		}
+		return inv(ctx, method, req, reply, cc, opts...)
+	}
+	client := testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(fastRetry(3),
+		interceptor.WithoutRetryBudget(), interceptor.WithAttemptTimeout(time.Minute)),
+		grpc.WithChainUnaryInterceptor(inner))...))
+
+	_, err := client.Put(t.Context(), &testingv1.PutRequest{Key: "a"})
+	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "the query failed before it was sent: the try's state is not known (%v)", err)
+	require.Zero(t, queriesSent.Load())
+
+	// The target keeps records: call B's try in doubt is queried, not
+	// repeated unqueried as at a target without records.
+	_, err = client.Put(t.Context(), &testingv1.PutRequest{Key: "b"})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, queriesSent.Load(), "call B asked the target, which was never found to keep no records")
+	require.EqualValues(t, 2, puts.Load(), "each call's handler ran once")
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// The stats handler counted an RPC sent on a re-rooted context (one not
+// derived from the context tollgate gave the inner interceptor) only when
+// it carried a try's header, with the attempt's deadline: a resolution
+// query carries only the attempt and the tenant. A FenceAttempt query that
+// an inner interceptor re-rooted so reached the callee, which fenced the
+// try, but its delivery record saw nothing, and when its answer was then
+// lost the resolution read as never sent and gave its retry-budget token
+// back: the budget, which bounds the repeats and resolutions sent to the
+// target, did not count a query that put load on it (and fenced a try).
+func TestQueryOnAReRootedContextKeepsItsToken(t *testing.T) {
+	var bRuns, queries atomic.Int32
+	ledger := newLedger(nil)
+	ledger.GetFunc = func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		if bRuns.Add(1) == 1 {
+			return nil, shed()
+		}
+		return &testingv1.GetResponse{Value: "ok"}, nil
+	}
+	end := recordedServer(t, &ledger.Service, memoryStore(t))
+	inner := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, inv grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		switch method {
+		case fenceAttemptMethod:
+			queries.Add(1)
+			md, _ := metadata.FromOutgoingContext(ctx)
+			rctx, cancel := context.WithCancel(metadata.NewOutgoingContext(context.Background(), md))
+			defer cancel()
+			if err := inv(rctx, method, req, reply, cc, opts...); err != nil {
+				return err
+			}
+			return grpcstatus.Error(codes.Unavailable, "answer lost") // the callee fenced the try
+		case testingv1.TestService_Apply_FullMethodName:
+			if err := inv(ctx, method, req, reply, cc, opts...); err != nil {
+				return err
+			}
+			return grpcstatus.Error(codes.DeadlineExceeded, "answer lost")
+		}
+		return inv(ctx, method, req, reply, cc, opts...)
+	}
+	client := testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(fastRetry(3),
+		interceptor.WithAttemptTimeout(time.Minute), oneRetryToken()),
+		grpc.WithChainUnaryInterceptor(inner))...))
+
+	_, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "acct", Amount: 1})
+	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
+	require.EqualValues(t, 1, queries.Load())
+	require.EqualValues(t, 1, ledger.effects.Load())
+
+	// The query was sent: its token stays spent, and call B finds none for
+	// its repeat.
+	_, err = client.Get(t.Context(), &testingv1.GetRequest{Key: "b"})
+	require.Equal(t, status.ReasonRetryBudgetExhausted, status.OutcomeOf(err).Reason,
+		"the resolution's token came back though its query was sent: %v", err)
+	require.EqualValues(t, 1, bRuns.Load())
+}
