@@ -148,7 +148,8 @@ func (c *clientConfig) validate() error {
 // be sent (the origin's own calls still repeat under their policy: its tries
 // are never charged). Once an allowance above 0 is all spent, a repeat of
 // the origin's call is refused ALLOWANCE_EXHAUSTED, final: its callee could
-// not be lent a unit. At most 1,000,000.
+// not be lent a unit (after a try whose outcome is not known, the call ends
+// UNKNOWN with that try's error instead). At most 1,000,000.
 func WithAllowance(units int64) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.allowance = units })
 }

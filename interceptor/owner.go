@@ -174,9 +174,10 @@ type owner struct {
 	// was never about to be sent); retrying says it is pending.
 	retry    retryNote
 	retrying bool
-	// follows is the failure the repeat proceed last let go follows: the
-	// call's result if prepare then refuses that repeat for lack of time
-	// (unprepared).
+	// follows is the failure the repeat proceed last let go (or the
+	// verifying try run sends at once) follows: the call's result if
+	// prepare then refuses that try for lack of time, or while the call
+	// is in doubt (refusedLocally).
 	follows error
 	// sent is the number of the last try prepare let go (0: none yet), the
 	// try the call's span reports.
@@ -264,7 +265,7 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 			if verifyTry {
 				// No token was withdrawn for it (the resolution's covers
 				// it): none goes back.
-				return w.spanTry(n), w.conclude(n, perr)
+				return w.spanTry(n), w.refusedLocally(n, perr, w.follows)
 			}
 			return w.spanTry(n), w.unprepared(n, perr)
 		}
@@ -318,6 +319,7 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 			}
 			// Announced as any repeat is, once prepare lets it go.
 			w.retry, w.retrying = retryNote{reason: status.OutcomeOf(err).Reason}, true
+			w.follows = err
 		} else if result := w.proceed(ctx, n, counted, err); result != nil {
 			return w.spanTry(n), result
 		}
@@ -382,17 +384,31 @@ func (w *owner) unsent(n uint32, d status.Delivery) {
 // nothing was sent, so a repeat gives back the retry-budget token proceed
 // withdrew for it (the budget bounds retries sent). A repeat refused for
 // lack of time (DEADLINE_UNREACHABLE: its backoff fitted the deadline when
-// proceed checked, but the wait ran late) ends the call with the failure
-// it followed, as when proceed finds that no try fits: the last try's own
-// outcome says what happened, and a local refusal of a try never sent in
-// its place would hide it (a callee's error in doubt, or its refusal's
-// delay and final flag).
+// proceed checked, but the wait ran late), or while the call is in doubt,
+// ends the call with the failure it followed (refusedLocally), as when
+// proceed finds that no try fits: the last try's own outcome says what
+// happened, and a local refusal of a try never sent in its place would
+// hide it (a callee's error in doubt, or its refusal's delay and final
+// flag).
 func (w *owner) unprepared(n uint32, perr error) error {
 	if n > 1 && w.tgt.budget != nil {
 		w.tgt.budget.Return()
 	}
-	if n > 1 && w.follows != nil && status.OutcomeOf(perr).Reason == status.ReasonDeadlineUnreachable {
-		return w.conclude(n-1, w.follows)
+	return w.refusedLocally(n, perr, w.follows)
+}
+
+// refusedLocally is the result of a call whose try n the client refused
+// itself (perr: nothing was sent) after the failure followed (nil for a
+// first try). A repeat refused for lack of time ends the call with
+// followed (see unprepared); so does any repeat refused while the call is
+// in doubt (an ALLOWANCE_EXHAUSTED at the origin once the callee spent
+// every unit, or below it for a verifying try): the call is UNKNOWN
+// either way, and the callee's error, with its code and the try it names,
+// says what may have happened, where the refusal of a try never sent
+// would only say that nothing more was sent.
+func (w *owner) refusedLocally(n uint32, perr, followed error) error {
+	if n > 1 && followed != nil && (w.doubt || status.OutcomeOf(perr).Reason == status.ReasonDeadlineUnreachable) {
+		return w.conclude(w.spanTry(n), followed)
 	}
 	return w.conclude(n, perr)
 }
@@ -539,7 +555,7 @@ func (w *owner) proceed(ctx context.Context, n uint32, counted int, err error) e
 	if unpayable(w.cl.s, n+1) {
 		// The allowance refuses the repeat whatever happens meanwhile: no
 		// token is spent and no backoff waited for a try never sent.
-		return w.conclude(n+1, w.c.exhausted(ctx, w.cl.s, w.cl.key, n+1))
+		return w.refusedLocally(n+1, w.c.exhausted(ctx, w.cl.s, w.cl.key, n+1), err)
 	}
 	if w.tgt.budget != nil && !w.tgt.budget.Withdraw() {
 		return w.budgetExhausted(ctx, n, err)

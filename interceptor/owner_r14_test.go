@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/budget"
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
@@ -129,4 +130,119 @@ func TestQueryOnAReRootedContextKeepsItsToken(t *testing.T) {
 	require.Equal(t, status.ReasonRetryBudgetExhausted, status.OutcomeOf(err).Reason,
 		"the resolution's token came back though its query was sent: %v", err)
 	require.EqualValues(t, 1, bRuns.Load())
+}
+
+// spendOne spends one unit of the handler's allowance, as its own
+// downstream work would.
+func spendOne(t *testing.T, ctx context.Context) {
+	a, ok := budget.FromContext(ctx)
+	if !ok {
+		t.Error("the handler has no ledger") // not require: the server's goroutine
+		return
+	}
+	if err := a.Take(); err != nil { // its downstream work spends the one unit
+		t.Errorf("the handler could not spend its unit: %v", err)
+	}
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// At the origin, once the callee reported every unit of the allowance
+// spent, the owner refused the repeat locally, ALLOWANCE_EXHAUSTED, and
+// that refusal of a try never sent became the call's result. After a try
+// whose outcome is not known the call was UNKNOWN all the same, but its
+// code, message and cause were the local refusal's (UNKNOWN "the
+// attempt's allowance has no free unit", naming try 2): the callee's error,
+// which says what may have happened, was lost. The call now ends with the
+// try it followed, as when its repeat does not fit the deadline.
+func TestRepeatRefusedForSpentAllowanceKeepsTheCalleesError(t *testing.T) {
+	t.Run("unary", func(t *testing.T) {
+		var runs atomic.Int32
+		svc := &testsvc.Service{GetFunc: func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+			runs.Add(1)
+			spendOne(t, ctx)
+			return nil, grpcstatus.Error(codes.Internal, "the database failed mid-write")
+		}}
+		client := fastClient(t, testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...), 3)
+		ctx, err := interceptor.StartAttempt(t.Context(), 1, 5*time.Second)
+		require.NoError(t, err)
+		_, err = client.Get(ctx, &testingv1.GetRequest{Key: "k"})
+		requireCalleesError(t, err, "the database failed mid-write")
+		require.EqualValues(t, 1, runs.Load(), "the repeat was refused locally")
+	})
+	t.Run("stream", func(t *testing.T) {
+		var runs atomic.Int32
+		svc := &testsvc.Service{WatchFunc: func(_ *testingv1.WatchRequest, st grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
+			runs.Add(1)
+			spendOne(t, st.Context())
+			return grpcstatus.Error(codes.Internal, "the feed failed")
+		}}
+		client := fastClient(t, testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...), 3)
+		ctx, err := interceptor.StartAttempt(t.Context(), 1, 5*time.Second)
+		require.NoError(t, err)
+		st, err := client.Watch(ctx, &testingv1.WatchRequest{Key: "k"})
+		if err == nil {
+			_, err = st.Recv()
+		}
+		requireCalleesError(t, err, "the feed failed")
+		require.EqualValues(t, 1, runs.Load(), "the repeat was refused locally")
+	})
+}
+
+// requireCalleesError requires err to be UNKNOWN with the callee's error
+// (INTERNAL, saying msg) as its cause, naming try 1, the last try sent.
+func requireCalleesError(t *testing.T, err error, msg string) {
+	t.Helper()
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindUnknown, o.Kind, "the try in doubt may have taken effect: %v", err)
+	require.Equal(t, codes.Internal, grpcstatus.Code(err), "the callee's code, not a local refusal's: %v", err)
+	require.Contains(t, grpcstatus.Convert(err).Message(), msg, "the callee's error is kept")
+	require.NotEqual(t, status.ReasonAllowanceExhausted, o.Reason, "%v", err)
+	require.EqualValues(t, 1, o.Detail.GetTry(), "the result names the last try sent: %v", err)
+}
+
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
+// A verifying try (the one that asks the store, with the request, about a
+// finished record found under the call's explicit key after a try in doubt)
+// refused locally below the origin for lack of a unit ended the call with
+// that local refusal: UNKNOWN, since the earlier try was in doubt, but
+// with the refusal's code and message, naming a try never sent, and the
+// callee's error lost. It now ends with the try in doubt's own outcome.
+func TestVerifyingTryRefusedLocallyKeepsTheCalleesError(t *testing.T) {
+	ledger := newLedger(nil)
+	leaf := recordedServer(t, &ledger.Service, memoryStore(t))
+	var lost atomic.Bool
+	lose := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, inv grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if err := inv(ctx, method, req, reply, cc, opts...); err != nil || method != testingv1.TestService_Apply_FullMethodName {
+			return err
+		}
+		if lost.CompareAndSwap(false, true) {
+			return grpcstatus.Error(codes.Internal, "proxy: upstream connection reset")
+		}
+		return nil
+	}
+	toLeaf := testingv1.NewTestServiceClient(leaf.DialT(t, append(interceptor.DialOptions(fastRetry(3),
+		interceptor.WithoutRetryBudget()), grpc.WithChainUnaryInterceptor(lose))...))
+	leafErr := make(chan error, 1)
+	mid := &testsvc.Service{GetFunc: func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		_, err := toLeaf.Apply(interceptor.WithCallKey(ctx, "pay"), &testingv1.ApplyRequest{Key: "acct", Amount: 1})
+		leafErr <- err
+		return &testingv1.GetResponse{}, nil
+	}}
+	origin := fastClient(t, testsvc.StartT(t, testsvc.Bufconn, mid.Register, serverOpts()...), 1)
+	ctx, err := interceptor.StartAttempt(t.Context(), 1, 5*time.Second) // mid gets one unit: its first try's
+	require.NoError(t, err)
+	_, err = origin.Get(ctx, &testingv1.GetRequest{})
+	require.NoError(t, err)
+	err = <-leafErr
+	o := status.OutcomeOf(err)
+	require.EqualValues(t, 1, ledger.effects.Load())
+	require.Equal(t, status.KindUnknown, o.Kind, "%v", err)
+	require.NotEqual(t, status.ReasonAllowanceExhausted, o.Reason, "%v", err)
+	require.Equal(t, codes.Internal, grpcstatus.Code(err), "the callee's code, not a local refusal's: %v", err)
+	require.Contains(t, grpcstatus.Convert(err).Message(), "upstream connection reset", "the callee's error is kept")
+	require.EqualValues(t, 1, o.Detail.GetTry(), "the result names the last try sent: %v", err)
 }
