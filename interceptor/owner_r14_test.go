@@ -246,3 +246,106 @@ func TestVerifyingTryRefusedLocallyKeepsTheCalleesError(t *testing.T) {
 	require.Contains(t, grpcstatus.Convert(err).Message(), "upstream connection reset", "the callee's error is kept")
 	require.EqualValues(t, 1, o.Detail.GetTry(), "the result names the last try sent: %v", err)
 }
+
+// The stream owner's verifying try is a repeat like any other (it waits
+// its backoff and, at the origin, needs a unit like any repeat): refused
+// locally once the callee spent every unit, it ends the stream with the
+// callee's error too (TestStreamVerifyingTryAfterAllUnitsSpentStaysHonest
+// allows COMMITTED as well; this pins what the stream gets today).
+func TestStreamVerifyingTryRefusedLocallyKeepsTheCalleesError(t *testing.T) {
+	var runs, tries atomic.Int64
+	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+		runs.Add(1)
+		spendOne(t, st.Context())
+		return drainChat(st)
+	}}
+	lose := grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if tries.Add(1) != 1 {
+			return h(srv, ss)
+		}
+		_ = h(srv, ss) // recorded SUCCEEDED; the proxy loses the answer
+		return grpcstatus.Error(codes.Internal, "proxy: upstream connection reset")
+	})
+	client := fastClient(t, recordedServer(t, svc, memoryStore(t), lose), 3)
+	ctx, err := interceptor.StartAttempt(t.Context(), 1, 5*time.Second)
+	require.NoError(t, err)
+	err = chatOnce(t, interceptor.WithCallKey(ctx, "chat"), client)
+	require.EqualValues(t, 1, runs.Load(), "the handler ran once")
+	require.EqualValues(t, 1, tries.Load(), "the verifying try was refused locally")
+	requireCalleesError(t, err, "upstream connection reset")
+}
+
+// A review asked that the re-rooting checks cost ordinary calls nothing:
+// the stats handler counts an RPC as re-rooted only when it carries a
+// tollgate header without its delivery record, and a try (or query) that
+// saw none of its own events while such a count moved reads as maybe sent.
+// Ordinary traffic through DialOptions — unary calls and streams, their
+// repeats, resolution queries and verifying tries — never moves either
+// count, so no ordinary try is needlessly held as maybe sent.
+func TestOrdinaryTrafficMovesNoReRootedCount(t *testing.T) {
+	var gets, uploads atomic.Int32
+	ledger := newLedger(nil)
+	ledger.GetFunc = func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		if gets.Add(1) == 1 {
+			return nil, shed()
+		}
+		return &testingv1.GetResponse{Value: "ok"}, nil
+	}
+	ledger.WatchFunc = func(_ *testingv1.WatchRequest, st grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
+		return st.Send(&testingv1.WatchResponse{Value: "v"})
+	}
+	ledger.UploadFunc = func(st grpc.ClientStreamingServer[testingv1.UploadRequest, testingv1.UploadResponse]) error {
+		_, _ = testsvc.DrainUpload(st)
+		if uploads.Add(1) == 1 {
+			return shed()
+		}
+		return st.SendAndClose(&testingv1.UploadResponse{})
+	}
+	var lostApply atomic.Int32
+	lose := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, inv grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if err := inv(ctx, method, req, reply, cc, opts...); err != nil || method != testingv1.TestService_Apply_FullMethodName {
+			return err
+		}
+		if lostApply.Add(1) <= 2 { // each call's first try
+			return grpcstatus.Error(codes.Unavailable, "connection reset") // ran; its answer lost
+		}
+		return nil
+	}
+	ledger.ChatFunc = drainChat
+	var chats atomic.Int32
+	loseChat := grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if info.FullMethod != testingv1.TestService_Chat_FullMethodName || chats.Add(1) != 1 {
+			return h(srv, ss)
+		}
+		_ = h(srv, ss) // recorded SUCCEEDED; the proxy loses the answer
+		return grpcstatus.Error(codes.Internal, "proxy: upstream connection reset")
+	})
+	end := recordedServer(t, &ledger.Service, memoryStore(t), loseChat)
+	client := testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(fastRetry(3),
+		interceptor.WithAttemptTimeout(time.Minute)), grpc.WithChainUnaryInterceptor(lose))...))
+
+	tries, queries := interceptor.RerootedTries(), interceptor.RerootedQueries()
+	_, err := client.Get(t.Context(), &testingv1.GetRequest{Key: "k"}) // shed, then repeated
+	require.NoError(t, err)
+	_, err = client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "a", Amount: 1}) // lost, queried
+	require.NoError(t, err)
+	_, err = client.Apply(interceptor.WithCallKey(t.Context(), "pay"), &testingv1.ApplyRequest{Key: "a", Amount: 1}) // lost, queried, verified
+	require.NoError(t, err)
+	ws, err := client.Watch(t.Context(), &testingv1.WatchRequest{Key: "k"})
+	require.NoError(t, err)
+	_, err = recvAll[*testingv1.WatchResponse](ws)
+	require.NoError(t, err)
+	us, err := client.Upload(t.Context()) // shed, then replayed
+	require.NoError(t, err)
+	require.NoError(t, us.Send(&testingv1.UploadRequest{}))
+	_, err = us.CloseAndRecv()
+	require.NoError(t, err)
+	err = chatOnce(t, t.Context(), client) // lost, queried by the stream's owner
+	require.Equal(t, status.KindCommitted, status.OutcomeOf(err).Kind, "%v", err)
+
+	require.Equal(t, tries, interceptor.RerootedTries(), "an ordinary try was counted as re-rooted")
+	require.Equal(t, queries, interceptor.RerootedQueries(), "an ordinary query was counted as re-rooted")
+	require.EqualValues(t, 2, ledger.effects.Load(), "each Apply ran once")
+	require.EqualValues(t, 2, gets.Load())
+	require.EqualValues(t, 2, uploads.Load())
+}
