@@ -247,11 +247,16 @@ func TestVerifyingTryRefusedLocallyKeepsTheCalleesError(t *testing.T) {
 	require.EqualValues(t, 1, o.Detail.GetTry(), "the result names the last try sent: %v", err)
 }
 
+// A review found the defect this test guards against (fixed since; the
+// text below is the review's account of the code before the fix).
+//
 // The stream owner's verifying try is a repeat like any other (it waits
-// its backoff and, at the origin, needs a unit like any repeat): refused
-// locally once the callee spent every unit, it ends the stream with the
-// callee's error too (TestStreamVerifyingTryAfterAllUnitsSpentStaysHonest
-// allows COMMITTED as well; this pins what the stream gets today).
+// its backoff and, at the origin, needs a unit like any repeat). Refused
+// locally once the callee spent every unit, it ended the stream UNKNOWN
+// with the local refusal's code and message, the callee's error lost, as
+// the unary owner's did (see TestVerifyingTryRefusedLocallyKeepsTheCalleesError;
+// TestStreamVerifyingTryAfterAllUnitsSpentStaysHonest allows COMMITTED as
+// well, which the record would give).
 func TestStreamVerifyingTryRefusedLocallyKeepsTheCalleesError(t *testing.T) {
 	var runs, tries atomic.Int64
 	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
