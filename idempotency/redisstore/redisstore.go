@@ -20,7 +20,8 @@
 //     evicting records. New reads the policy once (scripts cannot read the
 //     configuration; on a Cluster, every node it knows, and a node that
 //     joins later before the store first sends it a script, as for every
-//     check of New), so a policy changed afterwards is not seen, but its
+//     check of New, and a node whose check is redone: see New), so a
+//     policy changed afterwards is not seen, but its
 //     evictions are: once Redis has evicted keys (INFO stats evicted_keys),
 //     their count is part of its identity (below), and each eviction moves
 //     every tenant's horizon as a restart does. CONFIG RESETSTAT zeroes that
@@ -115,6 +116,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -221,6 +223,9 @@ func init() {
 	hooks.RedisFailedBeginFenceTimeout = func(d time.Duration) any {
 		return optionFunc(func(s *Store) { s.failedFenceTimeout = d })
 	}
+	hooks.RedisClockRecheckAfter = func(d time.Duration) any {
+		return optionFunc(func(s *Store) { s.recheckAfter = d })
+	}
 }
 
 // Store is an idempotency.Store kept in Redis; see the package documentation.
@@ -240,10 +245,15 @@ type Store struct {
 	// failedFenceTimeout bounds the fence a failed Begin sends:
 	// failedBeginFenceTimeout, or a test's (hooks.RedisFailedBeginFenceTimeout).
 	failedFenceTimeout time.Duration
-	// checked holds the address of every Cluster node that passed
-	// checkNode (New's checks): a node that joins the Cluster after New is
-	// checked before the store first sends it a script.
-	checked sync.Map
+	// recheckAfter is how long a node's passed check vouches for it
+	// (clockRecheckAfter, or a test's: hooks.RedisClockRecheckAfter).
+	recheckAfter time.Duration
+	// nodes holds a *nodeCheck for every Redis node the store checked or
+	// checks, by address on a Cluster, and "" for any other client.
+	nodes sync.Map
+	// born is when New began: the node checks count their times on the
+	// monotonic clock from it (since).
+	born time.Time
 }
 
 // DefaultKeep, plus twice the policy's skew and a second (the keep), is how long Redis
@@ -271,8 +281,10 @@ type Store struct {
 //
 // This assumes Redis's clock within the skew of the servers': New refuses a
 // node whose clock differs by more than the skew plus a second (a Cluster
-// node that joins later is checked before its first script; a clock
-// stepped after its check is not seen). A Finish that ran late may still
+// node that joins later is checked before its first script), and the store
+// reads every node's clock again about once a minute, at its first call
+// after (see New): a clock stepped after a check is seen by the next, and
+// until then the scripts compare the server's with it as it reads. A Finish that ran late may still
 // end a try whose lease ended meanwhile. Records take up to the keep / TTL
 // more memory (about 11% with the default policy: 32 s on a 5 min TTL), and WithMaxRecordsPerTenant
 // counts them until Redis removes them.
@@ -292,16 +304,20 @@ func (s *Store) clock() (int64, time.Time) {
 // horizon moved; one far behind would turn the staleness check off (see
 // DefaultKeep), and a horizon it moves would move to its call's reading
 // rather than to Redis's time, however old the reading.
-func (s *Store) checkClock(ctx context.Context, c redis.UniversalClient, where string) error {
+//
+// It returns by how much Redis's clock is ahead of this server's (behind,
+// when negative).
+func (s *Store) checkClock(ctx context.Context, c redis.UniversalClient, where string) (time.Duration, error) {
 	t, err := c.Time(ctx).Result()
 	if err != nil {
-		return fmt.Errorf("%w: redisstore: reading Redis's clock%s: %w", idempotency.ErrStoreUnavailable, where, err)
+		return 0, fmt.Errorf("%w: redisstore: reading Redis's clock%s: %w", idempotency.ErrStoreUnavailable, where, err)
 	}
-	if d := t.Sub(s.now()); d > s.policy.Skew+clockMargin || -d > s.policy.Skew+clockMargin {
-		return fmt.Errorf("redisstore: Redis's clock%s differs from this server's by %v, more than the policy's skew %v plus %v: the store's scripts compare the two (keep the clocks within the skew)",
+	d := t.Sub(s.now())
+	if d > s.policy.Skew+clockMargin || -d > s.policy.Skew+clockMargin {
+		return 0, fmt.Errorf("redisstore: Redis's clock%s differs from this server's by %v, more than the policy's skew %v plus %v: the store's scripts compare the two (keep the clocks within the skew)",
 			where, d.Round(time.Millisecond), s.policy.Skew, clockMargin)
 	}
-	return nil
+	return d, nil
 }
 
 // clockMargin is what checkClock allows beyond the skew: the round trip of
@@ -364,11 +380,23 @@ func (e sentError) Unwrap() error { return e.error }
 //
 // A Cluster node that New did not know (one added later, given slots or
 // promoted) gets the same checks of its own, its hz at least the lowest
-// New read, before the store first sends it a script; until it passes
-// them, every call whose slot it serves fails with an error wrapping
-// idempotency.ErrStoreUnavailable, and changes nothing. (A call that the
+// New read, before the store first sends it a script. (A call that the
 // Cluster client follows from a MOVED reply to a node it did not know yet
 // runs there once unchecked: the calls after it are checked.)
+//
+// A node's check, New's included, vouches for it for a minute: the first
+// call to the node after that has its clock read again (one TIME; the
+// calls within the minute cost no round trip of their own), and all of the
+// checks redone when the node failed a check since it last passed them,
+// or when its clock, against this server's, is found more than a second
+// behind where the last check saw it (a node restored or replaced behind
+// the same address shows that). One check of a node runs at a time, for
+// every call that waits for it, in a goroutine of its own, detached from
+// their contexts and bounded by 5 s; a call whose context ends first
+// fails, and the check goes on. A node that fails a check is refused for a
+// second, then checked again at the next call: until it passes, every
+// call whose slot it serves (every call, off a Cluster) fails with an
+// error wrapping idempotency.ErrStoreUnavailable, and changes nothing.
 func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: New needs a Redis client")
@@ -377,7 +405,7 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 		return nil, err
 	}
 	s := &Store{client: client, prefix: "tollgate:attempt:", policy: idempotency.DefaultPolicy(), now: time.Now, keep: DefaultKeep,
-		failedFenceTimeout: failedBeginFenceTimeout}
+		failedFenceTimeout: failedBeginFenceTimeout, recheckAfter: clockRecheckAfter, born: time.Now()}
 	for _, o := range opts {
 		o.apply(s)
 	}
@@ -401,10 +429,11 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 		return nil, fmt.Errorf("redisstore: WithReplicas(%d, %v) needs n ≥ 0 and, for n > 0, a timeout of at least 1 ms", s.replicas, s.waitTimeout)
 	}
 	if err := eachNode(ctx, client, func(ctx context.Context, c redis.UniversalClient, where string) error {
-		if err := s.checkNode(ctx, c, where); err != nil {
+		off, err := s.checkNode(ctx, c, where)
+		if err != nil {
 			return err
 		}
-		s.markChecked(c)
+		s.node(s.addr(c)).passed(s, off)
 		return nil
 	}); err != nil {
 		return nil, err
@@ -449,52 +478,180 @@ func eachNode(ctx context.Context, client redis.UniversalClient, f func(ctx cont
 // checkNode makes New's checks of one Redis node c (where names it for the
 // errors): its maxmemory-policy, its clock and its identity, and, once New
 // read the Cluster's hz (the store waits for replicas), that its tick is no
-// longer than the one the store counts with.
-func (s *Store) checkNode(ctx context.Context, c redis.UniversalClient, where string) error {
+// longer than the one the store counts with. It returns checkClock's
+// offset.
+func (s *Store) checkNode(ctx context.Context, c redis.UniversalClient, where string) (time.Duration, error) {
 	if err := checkNoEviction(ctx, c, where); err != nil {
-		return err
+		return 0, err
 	}
-	if err := s.checkClock(ctx, c, where); err != nil {
-		return err
+	off, err := s.checkClock(ctx, c, where)
+	if err != nil {
+		return 0, err
 	}
 	if err := checkIdentity(ctx, c, where); err != nil {
-		return err
+		return 0, err
 	}
 	if s.tick > 0 {
 		hz, err := nodeHz(ctx, c, where)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		if tick := time.Second / time.Duration(hz); tick > s.tick {
-			return fmt.Errorf("redisstore: Redis hz%s is %d: its tick %v is longer than the %v the store's waits for replicas allow for", where, hz, tick, s.tick)
+			return 0, fmt.Errorf("redisstore: Redis hz%s is %d: its tick %v is longer than the %v the store's waits for replicas allow for", where, hz, tick, s.tick)
 		}
 	}
-	return nil
+	return off, nil
 }
 
-// markChecked notes that Cluster node c passed checkNode.
-func (s *Store) markChecked(c redis.UniversalClient) {
-	if node, ok := c.(*redis.Client); ok {
-		s.checked.Store(node.Options().Addr, struct{}{})
+// The node checks after New: how long a passed check vouches for its node
+// before the store reads the node's clock again, how long a failed one
+// refuses its node before it is checked again, and how long one may take.
+const (
+	clockRecheckAfter  = time.Minute
+	failedCheckRefusal = time.Second
+	nodeCheckTimeout   = 5 * time.Second
+)
+
+// nodeCheck is what the store knows of the checks of one Redis node. Its
+// zero value is a node never checked.
+type nodeCheck struct {
+	// good is until when (since) the last passed check vouches for the
+	// node: before then a call sends its script without a check.
+	good atomic.Int64
+
+	mu sync.Mutex
+	// full is set once the node passed checkNode, and cleared by a
+	// failed check: only a node that passed it and failed nothing since
+	// has its clock alone checked again.
+	full bool
+	// offset is checkClock's at the last passed check.
+	offset time.Duration
+	// err is the last check's failure, at failedAt (since), nil after a
+	// passed check.
+	err      error
+	failedAt int64
+	// running is closed when the running check ends; nil when none runs.
+	running chan struct{}
+}
+
+// passed notes that the node passed a check whose clock check read offset
+// off (and, full, checkNode).
+func (n *nodeCheck) passed(s *Store, off time.Duration) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.full, n.offset, n.err = true, off, nil
+	n.good.Store(s.since() + int64(s.recheckAfter))
+}
+
+// since returns the time since New began, on the monotonic clock.
+func (s *Store) since() int64 { return int64(time.Since(s.born)) }
+
+// node returns the nodeCheck of the node at addr (see Store.nodes).
+func (s *Store) node(addr string) *nodeCheck {
+	if n, ok := s.nodes.Load(addr); ok {
+		return n.(*nodeCheck)
 	}
+	n, _ := s.nodes.LoadOrStore(addr, new(nodeCheck))
+	return n.(*nodeCheck)
 }
 
-// checkNew checks, with checkNode, a Cluster node that joined after New
-// (or that New did not know: added, or a replica added and promoted)
-// before the store first sends it a script; a node that fails is checked
-// again at its next call. A Cluster client that follows a MOVED reply to a
-// node it had not known sends that one call there unchecked: the calls
-// after it are checked.
-func (s *Store) checkNew(ctx context.Context, node *redis.Client) error {
-	addr := node.Options().Addr
-	if _, ok := s.checked.Load(addr); ok {
+// addr returns the key of Redis node c in Store.nodes: its address on a
+// Cluster, "" for any other client.
+func (s *Store) addr(c redis.UniversalClient) string {
+	if _, ok := s.client.(*redis.ClusterClient); ok {
+		if node, ok := c.(*redis.Client); ok {
+			return node.Options().Addr
+		}
+	}
+	return ""
+}
+
+// where names the node at addr for errors.
+func where(addr string) string {
+	if addr == "" {
+		return ""
+	}
+	return " at " + addr
+}
+
+// ready returns nil when a check vouches for Redis node c (at addr, see
+// Store.nodes), which a call may then send its script: for
+// recheckAfter after a passed check, at no cost but a map lookup.
+// Otherwise it has the node checked (check), once for every caller that
+// finds it so: the first starts the check in a goroutine of its own,
+// detached from its context and bounded by nodeCheckTimeout, and every
+// caller waits for its end, or for its own context's (the check goes on).
+// A failed check refuses the node, with its error, for
+// failedCheckRefusal; the call after that checks it again.
+func (s *Store) ready(ctx context.Context, c redis.UniversalClient, addr string) error {
+	n := s.node(addr)
+	if s.since() < n.good.Load() {
 		return nil
 	}
-	if err := s.checkNode(ctx, node, " at "+addr); err != nil {
-		return fmt.Errorf("%w: redisstore: a Cluster node the store had not used before failed New's checks: %w", idempotency.ErrStoreUnavailable, err)
+	for {
+		n.mu.Lock()
+		now := s.since()
+		if now < n.good.Load() {
+			n.mu.Unlock()
+			return nil
+		}
+		if n.err != nil && now < n.failedAt+int64(failedCheckRefusal) {
+			err := n.err
+			n.mu.Unlock()
+			return err
+		}
+		if n.running == nil {
+			n.running = make(chan struct{})
+			go s.check(context.WithoutCancel(ctx), c, addr, n)
+		}
+		done := n.running
+		n.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return fmt.Errorf("%w: redisstore: waiting for the check of Redis node%s: %w", idempotency.ErrStoreUnavailable, where(addr), ctx.Err())
+		}
 	}
-	s.markChecked(node)
-	return nil
+}
+
+// check checks Redis node c, for ready, on ctx bounded by
+// nodeCheckTimeout: with every check of New (checkNode) a node that never
+// passed them (a Cluster node that joined after New) or that failed a
+// check since; otherwise its clock, the only check that a node which
+// passed them may fail without a change of configuration (an NTP step, a
+// VM resumed on another host), and then every check again when its clock,
+// against this server's, is found more than clockMargin behind where the
+// last check saw it: a node restored or replaced behind the same address
+// shows that, and the earlier check no longer vouches for it.
+func (s *Store) check(ctx context.Context, c redis.UniversalClient, addr string, n *nodeCheck) {
+	ctx, cancel := context.WithTimeout(ctx, nodeCheckTimeout)
+	defer cancel()
+	n.mu.Lock()
+	clockOnly, before := n.full, n.offset
+	n.mu.Unlock()
+	var (
+		off time.Duration
+		err error
+	)
+	if clockOnly {
+		off, err = s.checkClock(ctx, c, where(addr))
+		clockOnly = err == nil && before-off <= clockMargin // else stepped back: check it all
+	}
+	if !clockOnly && err == nil {
+		off, err = s.checkNode(ctx, c, where(addr))
+	}
+	if err == nil {
+		n.passed(s, off)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err != nil {
+		n.full, n.failedAt = false, s.since()
+		n.err = fmt.Errorf("%w: redisstore: Redis node%s failed the store's checks (the store refuses it for %v, then checks it again): %w",
+			idempotency.ErrStoreUnavailable, where(addr), failedCheckRefusal, err)
+	}
+	close(n.running)
+	n.running = nil
 }
 
 // checkNoEviction checks that Redis node c's maxmemory-policy is
@@ -660,9 +817,11 @@ func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []str
 		if node, err = cluster.MasterForKey(ctx, keys[0]); err != nil {
 			return nil, -1, storeErr(err) // nothing sent
 		}
-		if err := s.checkNew(ctx, node); err != nil {
+		if err := s.ready(ctx, node, node.Options().Addr); err != nil {
 			return nil, -1, err // nothing sent
 		}
+	} else if err := s.ready(ctx, s.client, ""); err != nil {
+		return nil, -1, err // nothing sent
 	}
 	if s.replicas == 0 || !wait {
 		v, err := sc.Run(ctx, s.client, keys, args...).Slice()

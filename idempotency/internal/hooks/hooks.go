@@ -23,3 +23,9 @@ var RedisKeep func(keep time.Duration) any
 // machine needs to dial and run one script. Set by package redisstore's
 // init.
 var RedisFailedBeginFenceTimeout func(d time.Duration) any
+
+// RedisClockRecheckAfter returns a redisstore.Option that sets how long a
+// Redis node's passed check vouches for it before the store reads its
+// clock again (a minute in production): a test of the periodic check
+// shortens it (it must be positive). Set by package redisstore's init.
+var RedisClockRecheckAfter func(d time.Duration) any
