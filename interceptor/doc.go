@@ -75,7 +75,13 @@
 // refusal from below stays NOT_ADMITTED (re-addressed to the call this server
 // served) only for a method declared NO_SIDE_EFFECTS or an error wrapped with
 // status.WithoutEffect; any other tollgate outcome from below, and any error
-// without a definite code, becomes UNKNOWN; definite errors pass unchanged.
+// without a definite code, becomes UNKNOWN; definite errors keep their code,
+// their message and details bounded as tollgate's own outcomes' are
+// (status.Bounded: at most 1 KiB of message as grpc-message sends it, a
+// longer one cut in the middle, where "…" marks the cut; at most 3 KiB of
+// details, a detail that does not fit dropped), in the answer and in the
+// record, and a FAILED record replayed to a later try is bounded the same
+// way, whatever build or store wrote it.
 // A handler panic is not recovered unless WithRecovery is given, and is then
 // UNKNOWN (INTERNAL); WithRecovery also answers a panic of the attempt
 // store's Begin or Finish as the store's failure. A recorded try whose

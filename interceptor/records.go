@@ -257,7 +257,9 @@ const storeRetryAfter = 100 * time.Millisecond
 
 // replay answers a try from a finished record: a SUCCEEDED unary record's
 // response, COMMITTED when the response is not available, the definite error
-// of a FAILED record, UNKNOWN for an UNKNOWN one.
+// of a FAILED record (bounded by status.Bounded, as the fresh one was),
+// UNKNOWN for an UNKNOWN one (its message and details bounded as every
+// outcome's).
 func (sv *server) replay(method string, rec *tollgatev1.AttemptRecord, stream bool, id status.Option) (any, error) {
 	switch rec.GetState() {
 	case tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED:
@@ -271,7 +273,11 @@ func (sv *server) replay(method string, rec *tollgatev1.AttemptRecord, stream bo
 		}
 		return nil, status.Committed(id)
 	case tollgatev1.AttemptState_ATTEMPT_STATE_FAILED:
-		return nil, recordError(rec)
+		// Bounded as a handler's fresh definite error is (answer): the
+		// record may come from a build that did not bound it, or from the
+		// store's own writer, and a caller with an 8 KiB header list limit
+		// must not lose it to a transport INTERNAL on every later try.
+		return nil, status.Bounded(recordError(rec))
 	default:
 		// With the details the record kept: the answer to every try is the
 		// same (OutcomeUnknown drops the cause's own tollgate details).

@@ -14,6 +14,7 @@ import (
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -203,7 +204,8 @@ func FuzzDetailsOf(f *testing.F) {
 			switch d.MessageName() {
 			case "tollgate.v1.OutcomeDetail", "google.rpc.ErrorInfo", "google.rpc.RetryInfo":
 			default:
-				if size := len(d.GetTypeUrl()) + len(d.GetValue()); size <= room {
+				// As sent in the status: the encoded Any, framed.
+				if size := 1 + protowire.SizeBytes(proto.Size(d)); size <= room {
 					room -= size
 					want = append(want, d)
 				}

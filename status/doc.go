@@ -134,7 +134,9 @@
 //     grpc-status-details-bin trailer, and a caller whose header list limit
 //     is below the peer's (grpc-java's and gRPC C++'s default is 8 KiB) would
 //     lose the whole answer as an INTERNAL error: the details kept weigh at
-//     most 3 KiB (type URL and encoded value), a detail that does not fit in
+//     most 3 KiB (each counted as it is sent in the status: its encoded Any
+//     with the protobuf framing around it, so many tiny details do not
+//     escape the bound), a detail that does not fit in
 //     what remains is dropped and later ones that fit are kept; the cause_
 //     entries weigh at most 512 bytes (key and value), the domain and reason
 //     first, then the metadata entries in the order of their keys, each kept
@@ -157,8 +159,10 @@
 // added last. A message within the bound is unchanged. A definite error a
 // handler returns, which tollgate's server passes up as it is and keeps in
 // its call's record, is bounded by [Bounded]: its message as above, and its
-// details to 3 KiB, so that it reaches a caller with an 8 KiB header list
-// limit and a record's query answer fits what an owner receives.
+// details to 3 KiB (counted as carried details are), so that it reaches a
+// caller with an 8 KiB header list limit and a record's query answer fits
+// what an owner receives. The server bounds a definite error it replays
+// from a record the same way, whatever wrote the record.
 //
 // # Compatibility
 //

@@ -12,6 +12,7 @@ import (
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -517,8 +518,8 @@ const (
 )
 
 // Bounds of what an outcome carries of another error's status (see the
-// package doc): the details it keeps (each counted by its type URL and
-// encoded value), and the cause_ entries of its ErrorInfo (each by its key
+// package doc): the details it keeps (each counted by its size in the status
+// as sent, detailSize), and the cause_ entries of its ErrorInfo (each by its key
 // and value). A status is sent as the grpc-status-details-bin trailer,
 // base64-encoded, beside grpc-message; without a bound a rebuilt status
 // forwards whatever the peer or handler sent, however large, and a caller
@@ -535,7 +536,8 @@ const (
 // package builds are (see # Messages): its message cut in the middle to at
 // most 1 KiB as grpc-message sends it (invalid UTF-8 replaced), and its
 // details kept, in their order, while they fit in 3 KiB, each counted by
-// its type URL and encoded value (a detail that does not fit is dropped).
+// its size in the status as sent, protobuf framing included (a detail that
+// does not fit is dropped).
 // Its code is kept. It returns err itself when its status is within both
 // bounds, and when err carries no gRPC status. tollgate's server bounds
 // so a definite error a handler returns, which it passes up unchanged
@@ -548,7 +550,7 @@ func Bounded(err error) error {
 	p := st.Proto()
 	size := 0
 	for _, d := range p.GetDetails() {
-		size += len(d.GetTypeUrl()) + len(d.GetValue())
+		size += detailSize(d)
 	}
 	msg := boundMessage(validUTF8(p.GetMessage()))
 	if msg == p.GetMessage() && size <= maxCarriedBytes {
@@ -557,13 +559,25 @@ func Bounded(err error) error {
 	var details []*anypb.Any
 	room := maxCarriedBytes
 	for _, d := range p.GetDetails() {
-		if size := len(d.GetTypeUrl()) + len(d.GetValue()); size <= room {
+		if size := detailSize(d); size <= room {
 			room -= size
 			details = append(details, d)
 		}
 	}
 	return grpcstatus.ErrorProto(&spb.Status{Code: p.GetCode(), Message: msg, Details: details})
 }
+
+// detailSize is the size of detail d in a google.rpc.Status as it is sent:
+// its encoded Any (type URL and value, each with its tag and length, and
+// any unknown fields) with the tag and length that frame it in the status.
+// Counting the framing too keeps many tiny details within the bound that
+// counts them (an empty Any still takes 2 bytes).
+func detailSize(d *anypb.Any) int {
+	return protowire.SizeTag(statusDetailsField) + protowire.SizeBytes(proto.Size(d))
+}
+
+// statusDetailsField is the field number of google.rpc.Status's details.
+const statusDetailsField = 3
 
 // carriedDetails returns the details of err's status that an outcome
 // carries after its own (a callee's BadRequest, QuotaFailure, DebugInfo, a
@@ -599,7 +613,7 @@ func carriedDetails(err error) (others []*anypb.Any, cause map[string]string) {
 			}
 			continue
 		}
-		if size := len(d.GetTypeUrl()) + len(d.GetValue()); size <= room {
+		if size := detailSize(d); size <= room {
 			room -= size
 			others = append(others, d)
 		}
