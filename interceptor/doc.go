@@ -88,7 +88,8 @@
 // context ended before the store could begin it (a timeout interceptor
 // chained outside tollgate's cut it, or its client's deadline passed while
 // its request was decoded) is not the store's failure: it is refused
-// DEADLINE_EXPIRED (final as below) or, canceled before any deadline,
+// DEADLINE_EXPIRED (final as below), counted in
+// tollgate.deadline.misses{stage=begin}, or, canceled before any deadline,
 // NOT_ADMITTED with no reason, as admission refuses such a waiter.
 //
 // A deadline refusal is final exactly when no repeat within the attempt can
@@ -225,7 +226,9 @@
 // tollgate.retry_budget.exhausted, tollgate.metadata.malformed{trusted},
 // tollgate.deadline.misses{stage=arrival} (tries refused DEADLINE_EXPIRED
 // for coming after their attempt's deadline: by the server's clock, before
-// admission, or by the store's when it begins the try), and the admission
-// package's. No tenant or attempt ID is a metric label.
+// admission, or by the store's when it begins the try),
+// tollgate.deadline.misses{stage=begin} (recorded tries whose deadline
+// passed while the store began them, before their handler ran), and the
+// admission package's. No tenant or attempt ID is a metric label.
 // Providers come from options, by default the global ones.
 package interceptor

@@ -197,6 +197,10 @@ func (sv *server) repeatLeft(in *inbound, now time.Time) time.Duration {
 // is; otherwise (its caller, or an interceptor, canceled it) a NOT_ADMITTED
 // that names no reason and is not final, as admission's refusal of a
 // cancelled waiter. Neither is STORE_UNAVAILABLE: the store did not fail.
+// The first is counted in tollgate.deadline.misses{stage=begin}: the try
+// came in time and passed admission, so neither the arrival count nor the
+// controller's misses see it. A cancellation is no deadline miss (admission
+// counts a cancelled waiter as cancelled), and is not counted there.
 func (sv *server) contextEnded(ctx context.Context, in *inbound) error {
 	s := in.s
 	now := sv.cfg.now()
@@ -212,6 +216,7 @@ func (sv *server) contextEnded(ctx context.Context, in *inbound) error {
 			// the server's cap, see tryDeadlineOnly).
 			dl = now
 		}
+		sv.tel.late.Add(ctx, 1, beginStage)
 		err := status.NotAdmitted(status.ReasonDeadlineExpired, status.Fields{Final: true,
 			Message: "interceptor: the try's context ended, by its deadline, before its record was begun"})
 		return status.With(sv.tryDeadlineOnly(err, in, dl), id)

@@ -4,15 +4,19 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/idempotency"
+	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"github.com/tollgate-go/tollgate/status"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
@@ -137,4 +141,111 @@ func TestR14ManyTinyDetailsAreBounded(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FAILED, rec.GetState())
 	require.LessOrEqual(t, r14DetailsWireSize(rec.GetStatusDetails()), 3<<10, "the record holds what was answered")
+}
+
+// r14EndBeforeBegin is a memory store whose Begin, when armed, waits for the
+// try's context to end before it begins (a slow store: the try's deadline,
+// or its caller's cancellation, comes while the store works).
+type r14EndBeforeBegin struct {
+	*idempotency.MemoryStore
+	mu    sync.Mutex
+	armed bool
+}
+
+func (s *r14EndBeforeBegin) arm() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.armed = true
+}
+
+func (s *r14EndBeforeBegin) Begin(ctx context.Context, req idempotency.BeginRequest) (idempotency.BeginResult, error) {
+	s.mu.Lock()
+	armed := s.armed
+	s.armed = false
+	s.mu.Unlock()
+	if armed {
+		<-ctx.Done()
+	}
+	return s.MemoryStore.Begin(ctx, req)
+}
+
+// r14Misses sums tollgate.deadline.misses by stage.
+func r14Misses(t *testing.T, rm metricdata.ResourceMetrics) map[string]int64 {
+	t.Helper()
+	out := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "tollgate.deadline.misses" {
+				for _, dp := range sum.DataPoints {
+					v, _ := dp.Attributes.Value("stage")
+					out[v.AsString()] += dp.Value
+				}
+			}
+		}
+	}
+	return out
+}
+
+// A review found the defect this test guards against (fixed since; the text
+// below is the review's account of the code before the fix).
+//
+// A recorded try whose context ended by its deadline while tollgate began
+// it (the store's Begin was slow, or a timeout interceptor chained outside
+// tollgate's cut it there) is refused DEADLINE_EXPIRED (contextEnded) and
+// never runs, yet it went into no metric: it came in time, so it is no
+// miss on arrival, and it had passed admission, so the controller's
+// misses never see it. A store slow enough to make tries miss their
+// deadlines showed nowhere in tollgate.deadline.misses. It is now counted
+// there with stage=begin. A try its caller canceled is no deadline miss
+// and is not counted (as admission counts a canceled waiter as cancelled,
+// not as a miss).
+func TestR14TryWhoseDeadlinePassedDuringBeginIsADeadlineMiss(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		end    func(context.Context) (context.Context, context.CancelFunc)
+		reason status.Reason
+		misses map[string]int64
+	}{
+		{"deadline", func(ctx context.Context) (context.Context, context.CancelFunc) {
+			return context.WithTimeout(ctx, 20*time.Millisecond)
+		}, status.ReasonDeadlineExpired, map[string]int64{"begin": 1}},
+		{"canceled", func(ctx context.Context) (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(ctx)
+			t := time.AfterFunc(20*time.Millisecond, cancel) // its caller cancels while the store works
+			return ctx, func() { t.Stop(); cancel() }
+		}, status.ReasonUnspecified, map[string]int64{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mp, reader := testMeter(t)
+			store := &r14EndBeforeBegin{MemoryStore: memoryStore(t)}
+			served := make(chan error, 1)
+			// As a user's timeout interceptor, chained outside tollgate's.
+			outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+				ctx, cancel := tc.end(ctx)
+				defer cancel()
+				resp, err := h(ctx, req)
+				served <- err
+				return resp, err
+			})
+			svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+				return &testingv1.ApplyResponse{}, nil
+			}}
+			opts := append([]grpc.ServerOption{outer}, serverOpts(interceptor.WithAttemptStore(store), interceptor.WithServerMeterProvider(mp))...)
+			end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) { svc.Register(s) }, opts...)
+			client := testingv1.NewTestServiceClient(end.DialT(t))
+
+			store.arm()
+			id, _ := uuid.NewV7()
+			_, err := client.Apply(r14Header(t.Context(), id, 1, time.Now().Add(5*time.Second)), &testingv1.ApplyRequest{Key: "k"})
+			require.Error(t, err)
+			o := status.OutcomeOf(<-served)
+			require.Equal(t, status.KindNotAdmitted, o.Kind)
+			require.Equal(t, tc.reason, o.Reason)
+			require.Zero(t, svc.Calls("Apply"))
+
+			var rm metricdata.ResourceMetrics
+			require.NoError(t, reader.Collect(t.Context(), &rm))
+			require.Equal(t, tc.misses, r14Misses(t, rm))
+		})
+	}
 }

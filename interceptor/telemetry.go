@@ -95,13 +95,19 @@ type serverTelemetry struct {
 	malformed metric.Int64Counter
 	// late counts the tries refused DEADLINE_EXPIRED because they came
 	// after their attempt's deadline (plus the skew) with no record to
-	// answer them: the interceptor refuses them before admission, so the
+	// answer them (stage arrival), and the recorded tries whose deadline
+	// passed while their record was begun (stage begin): the interceptor
+	// refuses the first before admission and the second after it, so the
 	// controller's own tollgate.deadline.misses never sees them.
 	late metric.Int64Counter
 }
 
-// arrivalStage is the stage attribute of the late tries' count.
-var arrivalStage = metric.WithAttributeSet(attribute.NewSet(attribute.String("stage", "arrival")))
+// arrivalStage and beginStage are the stage attributes of the late tries'
+// count.
+var (
+	arrivalStage = metric.WithAttributeSet(attribute.NewSet(attribute.String("stage", "arrival")))
+	beginStage   = metric.WithAttributeSet(attribute.NewSet(attribute.String("stage", "begin")))
+)
 
 func newServerTelemetry(c *serverConfig) (*serverTelemetry, error) {
 	m := c.meter.Meter(instrumentationName)
@@ -115,7 +121,7 @@ func newServerTelemetry(c *serverConfig) (*serverTelemetry, error) {
 	// the description and unit are the same, so that an exporter that
 	// merges the two by name finds no conflict.
 	late, err := m.Int64Counter("tollgate.deadline.misses",
-		metric.WithDescription("Deadlines missed, by stage: arrival (a try that came after its attempt's deadline, refused by the server interceptor before admission), admission (arrived expired), dequeue (expired while waiting, dropped unrun), run (finished late)."),
+		metric.WithDescription("Deadlines missed, by stage: arrival (a try that came after its attempt's deadline, refused by the server interceptor before admission), begin (a recorded try whose deadline passed while the server interceptor began its record, before its handler ran), admission (arrived expired), dequeue (expired while waiting, dropped unrun), run (finished late)."),
 		metric.WithUnit("{request}"))
 	if err != nil {
 		return nil, err
