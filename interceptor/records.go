@@ -116,10 +116,18 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 		if in.expired {
 			// The store started a try the server knows is late (clocks
 			// disagree by more than the skew): end it as a tombstone, unrun.
+			// Its caller may have given up while the store began it, so the
+			// tombstone is written on a context of its own (else the record
+			// would stay IN_PROGRESS and read ABANDONED, an UNKNOWN for a try
+			// that never ran), bounded as every Finish made after the caller
+			// may have gone (streamFinishTimeout): a hung store must not hold
+			// the goroutine for as long as a caller without deadline waits.
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), streamFinishTimeout)
 			_ = sv.storeCall(func() error {
-				return sv.cfg.store.Finish(ctx, idempotency.FinishRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp,
+				return sv.cfg.store.Finish(fctx, idempotency.FinishRequest{Key: in.key(method), Try: s.Try, Fingerprint: fp,
 					State: tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, Minted: s.Origin})
 			})
+			cancel()
 			return false, nil, sv.lateRefusal(ctx, in)
 		}
 		return true, nil, nil

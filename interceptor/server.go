@@ -737,8 +737,10 @@ func (sv *server) runControl(ctx context.Context, f func(context.Context) (any, 
 	return resp, err
 }
 
-// streamFinishTimeout bounds finishing a stream's record after its handler
-// returned, whatever became of the client.
+// streamFinishTimeout bounds a Finish the server makes on a context detached
+// from the client's, whatever became of the client: a stream's record after
+// its handler returned, a panicked handler's record (passPanic), and the
+// tombstone of a late try a store started (beginTry).
 const streamFinishTimeout = 5 * time.Second
 
 // stream is the stream server interceptor. A stream holds its admission

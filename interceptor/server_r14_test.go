@@ -249,3 +249,97 @@ func TestR14TryWhoseDeadlinePassedDuringBeginIsADeadlineMiss(t *testing.T) {
 		})
 	}
 }
+
+// r14LaggingStore is a memory store whose clock lags the server's: it
+// begins a try the server already knows is past its attempt's deadline
+// (the store starts it, with the lease it would give an attempt of its
+// own deadline). When cut is set, the try's caller gives up while the
+// store begins it: Begin cuts the try's context, then begins it anyway (as
+// a store whose work had been sent when the cancellation came). Its Finish
+// notes the deadline of the context it was given.
+type r14LaggingStore struct {
+	*idempotency.MemoryStore
+	mu          sync.Mutex
+	cut         context.CancelFunc
+	finished    bool
+	hasDeadline bool
+	within      bool // the deadline was within a minute of the call
+}
+
+func (s *r14LaggingStore) Begin(ctx context.Context, req idempotency.BeginRequest) (idempotency.BeginResult, error) {
+	req.Deadline = time.Now().Add(10 * time.Second)
+	s.mu.Lock()
+	cut := s.cut
+	s.mu.Unlock()
+	if cut != nil {
+		cut()
+		<-ctx.Done()
+		ctx = context.WithoutCancel(ctx)
+	}
+	return s.MemoryStore.Begin(ctx, req)
+}
+
+func (s *r14LaggingStore) Finish(ctx context.Context, req idempotency.FinishRequest) error {
+	dl, ok := ctx.Deadline()
+	s.mu.Lock()
+	s.finished, s.hasDeadline, s.within = true, ok, ok && dl.Before(time.Now().Add(time.Minute))
+	s.mu.Unlock()
+	return s.MemoryStore.Finish(ctx, req)
+}
+
+// A review found the defect this test guards against (fixed since; the text
+// below is the review's account of the code before the fix).
+//
+// A try that came after its attempt's deadline, and that a store whose
+// clock lags started all the same, is ended as a tombstone, unrun
+// (beginTry), with Finish called on the try's own context. When its
+// caller had given up by then (the record was begun after the cancel, as
+// a store whose work was sent before it comes), that context has ended:
+// Finish fails, and the record stays IN_PROGRESS until its lease runs out
+// and then reads ABANDONED — an UNKNOWN for a try that never ran — instead
+// of the tombstone. And when the caller set no deadline (a plain client,
+// no admission tap to bound it), the Finish has no time bound at all: a
+// slow or hung store holds the goroutine for as long as the caller waits.
+// The tombstone is now written on a context detached from the caller's
+// cancellation and bounded by streamFinishTimeout, as the other Finish
+// calls made after the caller may have left are.
+func TestR14LateStartedTryIsTombstonedWithinABound(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cut  bool
+	}{{"caller waiting, no deadline", false}, {"caller gave up during Begin", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			store := &r14LaggingStore{MemoryStore: memoryStore(t)}
+			outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+				ctx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				if tc.cut {
+					store.mu.Lock()
+					store.cut = cancel
+					store.mu.Unlock()
+				}
+				return h(ctx, req)
+			})
+			svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+				return &testingv1.ApplyResponse{}, nil
+			}}
+			end := recordedServer(t, svc, store, outer)
+			client := testingv1.NewTestServiceClient(end.DialT(t))
+
+			id, _ := uuid.NewV7()
+			_, err := client.Apply(r14Header(t.Context(), id, 1, time.Now().Add(-time.Second)), &testingv1.ApplyRequest{Key: "k"})
+			require.Error(t, err)
+			require.Zero(t, svc.Calls("Apply"), "the late try did not run")
+
+			store.mu.Lock()
+			finished, hasDeadline, within := store.finished, store.hasDeadline, store.within
+			store.mu.Unlock()
+			rec, err := store.Get(t.Context(), idempotency.Key{AttemptID: id.String(), Call: "0", Method: testingv1.TestService_Apply_FullMethodName})
+			require.NoError(t, err)
+			require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState(), "the late try is a tombstone: it never ran")
+			require.True(t, finished, "the store was asked to end the late try")
+			require.True(t, hasDeadline, "ending it is bounded in time")
+			require.True(t, within, "by the server's finish timeout")
+		})
+	}
+}
