@@ -121,7 +121,11 @@
 // recorded call, which only reads its record (as a query, under the
 // attempt's tenant; refused like one when the class is full); health checks and control streams (a health Watch, a
 // reflection session) take no slot, so that neither a slow store nor a
-// long-lived stream can make a healthy server look dead.
+// long-lived stream can make a healthy server look dead. FenceAttempt from
+// a peer this server does not trust (its tries run under attempts minted
+// here), or for a method it declares NO_SIDE_EFFECTS (whose calls keep no
+// records and run whatever the store holds), is answered UNKNOWN and
+// fences nothing: no tombstone could stop such a try.
 //
 // # Clients
 //
