@@ -1372,7 +1372,7 @@ func (c *Controller) tenantStartWaitLocked(cs *classState, tenant string, now ti
 	// the first slot free after them. The remainders differ (a stream's is
 	// long), so the starts are played out rather than assumed in rounds.
 	slices.Sort(rem)
-	return time.Duration(nextStart(rem, cs.tenants[tenant].queued, mean))
+	return time.Duration(nextStart(rem, 0, cs.tenants[tenant].queued, mean))
 }
 
 // onlyStreamsLocked reports whether every request tenant runs in cs is a
@@ -1388,16 +1388,21 @@ func (c *Controller) onlyStreamsLocked(cs *classState, tenant string) bool {
 }
 
 // nextStart is when the (n+1)-th of requests that each take w start on
-// slots that free at the sorted times free (each slot taking one request
-// at a time from when it frees): the start of a request with n queued
-// ahead of it. It searches the time rather than stepping through the
-// queue, so it costs a pass over the slots per step of the search.
-func nextStart(free []float64, n int, w float64) float64 {
-	if n <= 0 || w <= 0 || math.IsInf(free[0], 1) {
-		return free[0] // (+Inf: no slot ever frees)
+// idle slots free now and slots that free at the sorted times free (each
+// slot taking one request at a time from when it frees): the start of a
+// request with n queued ahead of it. It searches the time rather than
+// stepping through the queue, so it costs a pass over the slots per step
+// of the search, and allocates nothing.
+func nextStart(free []float64, idle, n int, w float64) float64 {
+	first := free[0]
+	if idle > 0 {
+		first = 0
+	}
+	if n <= 0 || w <= 0 || math.IsInf(first, 1) {
+		return first // (+Inf: no slot ever frees)
 	}
 	starts := func(at float64) int {
-		k := 0
+		k := idle * (int(at/w) + 1)
 		for _, f := range free {
 			if at >= f {
 				k += int((at-f)/w) + 1
@@ -1405,7 +1410,7 @@ func nextStart(free []float64, n int, w float64) float64 {
 		}
 		return k
 	}
-	lo, hi := free[0], free[0]+float64(n)*w // all on the first slot to free
+	lo, hi := first, first+float64(n)*w // all on the first slot to free
 	for range 60 {
 		mid := (lo + hi) / 2
 		if starts(mid) >= n+1 {
@@ -1723,6 +1728,7 @@ func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowO
 	}
 	slices.Sort(rem)
 	free := rem[max(len(rem)-slots, 0):] // a slot frees with the (len-slots+1)-th end
+	freeNow := 0                         // slots free now besides free
 	idle := 0
 	if lowered && !loanTaken && !cs.frozen && !c.shedding(cs) {
 		// Idle slots lent now (acquire) take its next start as soon as
@@ -1743,18 +1749,15 @@ func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowO
 		// later of the two gates.
 		slices.Sort(run)
 		free = playOutGates(run, rem, slots, borrowed+idle, gateBuf[:0])
-	} else if pad := slots - len(free); pad > 0 && len(free) > 0 {
+	} else {
 		// Slots no request holds are free now (Stats and retry-afters
 		// ask with a slot free; a decision asks only with none).
-		free = append(make([]float64, pad, slots), free...)
+		freeNow = max(slots-len(free), 0)
 	}
 	if len(free) == 0 {
 		return 0
 	}
-	if n <= 0 || work <= 0 {
-		return free[0]
-	}
-	return nextStart(free, n, work/float64(n))
+	return nextStart(free, freeNow, n, work/float64(max(n, 1)))
 }
 
 // awaitsLoan reports whether the waiters of l (not held by their tenants)
