@@ -1372,7 +1372,7 @@ func (c *Controller) tenantStartWaitLocked(cs *classState, tenant string, now ti
 	// the first slot free after them. The remainders differ (a stream's is
 	// long), so the starts are played out rather than assumed in rounds.
 	slices.Sort(rem)
-	return time.Duration(nextStart(rem, 0, cs.tenants[tenant].queued, mean))
+	return waitOf(nextStart(rem, 0, cs.tenants[tenant].queued, mean))
 }
 
 // onlyStreamsLocked reports whether every request tenant runs in cs is a
@@ -1628,7 +1628,7 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 		if !guess && math.IsInf(w, 1) {
 			w = c.playOutLocked(cs, slots, lowered, nowOff, true)
 		}
-		return time.Duration(w)
+		return waitOf(w)
 	}
 	slots -= streams
 	if (held > 0 || heldQueued > 0) && held < slots && own == cs.running && own == cs.used {
@@ -1812,7 +1812,23 @@ func (c *Controller) tenantNextLocked(cs *classState, tenant string, now time.Ti
 			}
 		}
 	}
-	return time.Duration(max(next, 0))
+	return waitOf(max(next, 0))
+}
+
+// maxWait bounds the waits predicted in float nanoseconds: half of
+// time.Duration's range, so that neither the conversion nor a wait plus a
+// service time and a margin overflows. A stream's deadline centuries away
+// is ≈2^63 ns from the epoch (time.Time.Sub saturates), and the play-out
+// frees its slot there.
+const maxWait = time.Duration(math.MaxInt64 / 2)
+
+// waitOf converts a predicted wait in nanoseconds to a time.Duration, at
+// most maxWait.
+func waitOf(ns float64) time.Duration {
+	if ns >= float64(maxWait) {
+		return maxWait
+	}
+	return time.Duration(ns)
 }
 
 // minRetryAfter is the floor of suggested delays when nothing is known.

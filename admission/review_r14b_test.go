@@ -44,3 +44,52 @@ func TestPlayOutFreeSlotsRefusalAllocatesNoMoreThanUnary(t *testing.T) {
 	t.Logf("allocations per refusal with slots free: beside a unary call %v, beside a stream %v", unary, stream)
 	require.LessOrEqual(t, stream, unary, "a refusal with slots free beside a stream allocates the play-out's padded slice")
 }
+
+// A review found the defect this test guards against (fixed since; the text
+// below is the review's account of the code before the fix). Since a
+// stream's end is guessed only while streams hold every slot, a stream
+// with a deadline frees its slot in the play-out at that deadline, however
+// far: one centuries away is ≈2^63 ns from the epoch (time.Time.Sub
+// saturates), and the play-out's float wait, converted to a
+// time.Duration, overflowed to a negative wait (float→int64 beyond range).
+// Two slots, tenants limited to one running request: t runs a unary call
+// (1s) and has one waiting, so its slot serves its own waiter; a runs a
+// stream due in the year 2500. The class predicted a negative wait, and b's
+// request due in 1.5s — which starts at 2s at the soonest, once t's unary
+// call and its waiter have run — was queued rather than refused
+// DEADLINE_UNREACHABLE.
+func TestFarStreamDeadlineDoesNotOverflowThePredictedWait(t *testing.T) {
+	h := newHarness(t, admission.WithClasses(admission.Class{Name: "main", Slots: 2, QueueItems: 4,
+		TenantRunning: 1, ExpectedServiceTime: time.Second}))
+	u := work(mainM)
+	u.Tenant = "t"
+	up := h.admitted(u)
+	tw := h.queued(u) // held by t's running limit
+	s := streamOn(mainM)
+	s.Tenant = "a"
+	s.Deadline = time.Date(2500, 1, 1, 0, 0, 0, 0, time.UTC)
+	stream := h.admitted(s)
+
+	st, _ := h.ctrl.Stats().Class("main")
+	require.Positive(t, st.PredictedWait, "the predicted wait overflowed time.Duration")
+
+	r := work(mainM)
+	r.Tenant = "b"
+	r.Deadline = h.clk.Now().Add(1500 * time.Millisecond)
+	id, e := h.arrive(r)
+	if e.Kind == admission.EventQueued {
+		h.cancel(id)
+	} else {
+		h.take(id)
+	}
+	require.Equal(t, admission.EventRefused, e.Kind, "queued on a negative (overflowed) predicted wait")
+	require.Equal(t, status.ReasonDeadlineUnreachable, e.Reason)
+
+	h.clk.Advance(time.Second)
+	h.release(up)
+	res := h.take(tw)
+	require.NoError(t, res.err)
+	res.permit.Release()
+	stream.Abandon()
+	h.drain()
+}
