@@ -879,9 +879,10 @@ func (c *Controller) ctxEnded(ctx context.Context, w *waiter) (*Permit, error) {
 	final, ra := false, time.Duration(0)
 	if deadlineEnded(ctx, w.deadline, now) {
 		// Its caller's deadline passed while it waited: the queue held it
-		// too long, a refusal like the dequeue stage's.
+		// too long, a refusal like the dequeue stage's, and counted as it
+		// (no overload if it ran out of time under Recovering's step).
 		reason = status.ReasonDeadlineExpired
-		c.countDropLocked(w.cs, reason, !c.heldByTenantLocked(w))
+		c.countDropLocked(w.cs, reason, !c.heldByTenantLocked(w) && !expiredUnderStep(w))
 	} else {
 		// Canceled: its caller went away. The server refused nothing, and
 		// a client giving up is no sign of health either: a decision of
@@ -1436,11 +1437,7 @@ func (c *Controller) countDropLocked(cs *classState, reason status.Reason, overl
 // in the degradation window (false: an operator's doing, not load).
 func (c *Controller) dropWaiterCounted(w *waiter, reason status.Reason, ra time.Duration, now time.Time, overload bool) {
 	c.removeWaiter(w)
-	if overload && reason == status.ReasonDeadlineExpired && !w.deadline.IsZero() &&
-		!w.deadline.Add(-w.cs.est.service()).After(w.cs.unsteppedAt) {
-		// It could no longer finish while Recovering's step still held its
-		// class: the step's doing, though the drop comes after the step
-		// ended (a window roll steps before it drops; see stepped).
+	if overload && reason == status.ReasonDeadlineExpired && expiredUnderStep(w) {
 		overload = false
 	}
 	if overload && reason == status.ReasonDeadlineExpired {
@@ -1459,6 +1456,15 @@ func (c *Controller) dropWaiterCounted(w *waiter, reason status.Reason, ra time.
 	w.decided = true
 	close(w.ready)
 	c.emitLocked(Event{Kind: EventDropped, Class: w.cs.cfg.Name, Tenant: w.tenant, Reason: reason, At: now, Deadline: w.deadline})
+}
+
+// expiredUnderStep reports whether waiter w could no longer finish by its
+// deadline while Recovering's step still held its class: its
+// DEADLINE_EXPIRED is the step's doing, no overload, though it comes after
+// the step ended (a window roll steps before it drops, or before the
+// waiter's leaving is counted; see stepped).
+func expiredUnderStep(w *waiter) bool {
+	return !w.deadline.IsZero() && !w.deadline.Add(-w.cs.est.service()).After(w.cs.unsteppedAt)
 }
 
 // noteLeftWaitLocked counts against MaxQueueAge the wait of waiter w, which

@@ -93,3 +93,62 @@ func TestFarStreamDeadlineDoesNotOverflowThePredictedWait(t *testing.T) {
 	stream.Abandon()
 	h.drain()
 }
+
+// A review found the defect this test guards against (fixed since; the text
+// below is the review's account of the code before the fix). A waiter of an
+// optional class that ran out of time while Recovering's step held its
+// class is the step's doing, not load (dropWaiterCounted leaves such a drop
+// out of the window even when the step has ended by the time it is made).
+// Since 800c3c5 the pump that the windows' close runs inside ctxEnded no
+// longer drops the leaving waiter, and ctxEnded counted its
+// DEADLINE_EXPIRED (its caller's deadline passed while it waited) as
+// overload whenever the step had just ended: in that very roll (the window
+// ending at 4s turns Recovering into Normal), the first Normal window held
+// one overload refusal, and the controller went straight back to Degraded,
+// where the pump's drop a moment earlier had counted nothing.
+func TestLeavingWaiterExpiredUnderTheStepCountsNoOverload(t *testing.T) {
+	h := newHarness(t,
+		admission.WithClasses(
+			admission.Class{Name: "main", Slots: 1},
+			admission.Class{Name: "opt", Slots: 3, QueueItems: 3, Optional: true, ExpectedServiceTime: 10 * time.Millisecond},
+		),
+		admission.WithMethods("opt", optM),
+		admission.WithDegradation(admission.Degradation{
+			Window: time.Second, EnterAfter: 1, ExitAfter: 3, MinDecisions: 1, MaxRefusalRatio: 0.5,
+		}))
+	// Window 1: main overloaded → Degraded; window 2 healthy → Recovering;
+	// window 3 healthy: the step grows to 2 slots.
+	p := h.admitted(work(mainM))
+	h.refused(work(mainM), status.ReasonConcurrencyFull)
+	h.release(p)
+	h.tick(time.Second)
+	h.tick(time.Second)
+	h.tick(time.Second)
+	if st, _ := h.ctrl.Stats().Class("opt"); st.Slots != 2 || h.ctrl.Mode() != admission.ModeRecovering {
+		t.Fatalf("opt slots %d mode %v, want 2 RECOVERING", st.Slots, h.ctrl.Mode())
+	}
+	opt := func(d time.Duration) admission.Request {
+		r := work(optM)
+		r.Deadline = h.clk.Now().Add(d)
+		return r
+	}
+	a1 := h.admitted(opt(time.Minute))
+	defer a1.Abandon()
+	a2 := h.admitted(opt(time.Minute))
+	defer a2.Abandon()
+	// b, within the class's 3 configured slots, waits behind the step's 2
+	// and runs out of time at 3.5s; its caller's deadline has passed when
+	// it leaves at 4s, as the window ending then closes (Normal).
+	b := h.queued(opt(500 * time.Millisecond))
+	h.clk.Advance(time.Second)
+	res := h.cancel(b)
+	require.Equal(t, status.ReasonDeadlineExpired, status.OutcomeOf(res.err).Reason, "%v", res.err)
+	if m := h.ctrl.Mode(); m != admission.ModeNormal {
+		t.Fatalf("mode %v, want NORMAL", m)
+	}
+	// Window 5: nothing arrives, main idle.
+	h.tick(time.Second)
+	if m := h.ctrl.Mode(); m != admission.ModeNormal {
+		t.Fatalf("first Normal window, main idle, no new load: mode %v, want NORMAL (the expiry Recovering's step caused counted as overload)", m)
+	}
+}
