@@ -111,7 +111,9 @@ type ClassStats struct {
 	// ServiceMean and ServiceP95 are the learned service times.
 	ServiceMean, ServiceP95 time.Duration
 	// PredictedWait is the wait a request arriving now would be told of
-	// when no slot is free.
+	// when no slot is free, at most half of time.Duration's range (about
+	// 146 years: a stream whose deadline is farther away frees its slot no
+	// sooner).
 	PredictedWait time.Duration
 	// Admitted counts requests that got a slot; Refused counts refusals by
 	// reason name ("QUEUE_FULL", ...), the tap's included.
