@@ -244,7 +244,7 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 			now = c.cfg.now()
 		}
 		first = false
-		if result := w.unvouchedRepeat(n-1, err); result != nil {
+		if result := w.unvouchedRepeat(w.spanTry(n-1), err); result != nil {
 			if !w.verifyNext && w.tgt.budget != nil {
 				w.tgt.budget.Return() // proceed withdrew a token for a try not sent
 			}
@@ -299,8 +299,9 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		err, n = result, next-1 // the loop below moves to next
 		if next > header.MaxTry {
 			// A fence jumped past the last try the header can carry: no
-			// repeat, so no retry-budget token and no backoff either.
-			return w.spanTry(n), w.conclude(n, err)
+			// repeat, so no retry-budget token and no backoff either. The
+			// result names the last try sent, not the fence.
+			return w.spanTry(n), w.conclude(w.spanTry(n), err)
 		}
 		if uncounted {
 			counted--
@@ -315,7 +316,7 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 			// unit as any RPC does. Only the caller's cancellation stops
 			// it.
 			if cancelled(ctx) {
-				return w.spanTry(n), w.conclude(n, err)
+				return w.spanTry(n), w.conclude(w.spanTry(n), err)
 			}
 			// Announced as any repeat is, once prepare lets it go.
 			w.retry, w.retrying = retryNote{reason: status.OutcomeOf(err).Reason}, true
@@ -540,17 +541,20 @@ func (w *owner) unvouchedRepeat(n uint32, last error) error {
 // proceed returns nil when try n+1 may follow try n's failure err, after
 // counted tries that count against the policy, having waited for it
 // (backoff, retry-after) and paid its retry-budget token; otherwise it
-// returns the call's result.
+// returns the call's result, which names the last try sent (spanTry).
 func (w *owner) proceed(ctx context.Context, n uint32, counted int, err error) error {
+	// The call's result, if no repeat follows, names the last try sent:
+	// after a fence jump n is the fence, a try never sent.
+	last := w.spanTry(n)
 	if counted >= w.p.MaxTries || ctx.Err() != nil || w.pushback == stopPushback {
-		return w.conclude(n, err) // out of tries, cancelled, or the callee said not to retry
+		return w.conclude(last, err) // out of tries, cancelled, or the callee said not to retry
 	}
 	if w.cc != nil && w.cc.GetState() == connectivity.Shutdown {
-		return w.conclude(n, err) // the caller closed the ClientConn: every repeat would fail the same way
+		return w.conclude(last, err) // the caller closed the ClientConn: every repeat would fail the same way
 	}
 	d, ok := w.c.backoff(ctx, w.cl.s, w.p, counted+1, err, time.Duration(max(w.pushback, 0))*time.Millisecond)
 	if !ok {
-		return w.conclude(n, err) // no useful try fits: no retry-budget token is spent on it
+		return w.conclude(last, err) // no useful try fits: no retry-budget token is spent on it
 	}
 	if unpayable(w.cl.s, n+1) {
 		// The allowance refuses the repeat whatever happens meanwhile: no
@@ -558,7 +562,7 @@ func (w *owner) proceed(ctx context.Context, n uint32, counted int, err error) e
 		return w.refusedLocally(n+1, w.c.exhausted(ctx, w.cl.s, w.cl.key, n+1), err)
 	}
 	if w.tgt.budget != nil && !w.tgt.budget.Withdraw() {
-		return w.budgetExhausted(ctx, n, err)
+		return w.budgetExhausted(ctx, last, err)
 	}
 	w.retry, w.retrying = retryNote{delay: d, reason: status.OutcomeOf(err).Reason}, true
 	w.follows = err
@@ -569,7 +573,7 @@ func (w *owner) proceed(ctx context.Context, n uint32, counted int, err error) e
 			w.tgt.budget.Return()
 		}
 		w.retrying = false // the repeat was never about to be sent
-		return w.conclude(n, err)
+		return w.conclude(last, err)
 	}
 	return nil
 }

@@ -669,12 +669,12 @@ func (cs *clientStream) afterTryLocked(err error) (next uint32, result error, re
 		cs.counted--
 	}
 	if n+1 > header.MaxTry { // a fence jumped past the last try the header can carry
-		return n, w.conclude(n, err), false
+		return n, w.conclude(w.spanTry(n), err), false // naming the last try sent, not the fence
 	}
 	if result := w.proceed(cs.ctx, n, cs.counted, err); result != nil {
 		return n, result, false
 	}
-	if result := w.unvouchedRepeat(n, err); result != nil {
+	if result := w.unvouchedRepeat(w.spanTry(n), err); result != nil {
 		if w.tgt.budget != nil {
 			w.tgt.budget.Return() // proceed withdrew a token for a try not sent
 		}
