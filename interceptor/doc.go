@@ -89,7 +89,8 @@
 // chained outside tollgate's cut it, or its client's deadline passed while
 // its request was decoded) is not the store's failure: it is refused
 // DEADLINE_EXPIRED (final as below), counted in
-// tollgate.deadline.misses{stage=begin}, or, canceled before any deadline,
+// tollgate.deadline.misses{stage=begin} (stage=arrival for a try that came
+// after its attempt's deadline), or, canceled before any deadline,
 // NOT_ADMITTED with no reason, as admission refuses such a waiter.
 //
 // A deadline refusal is final exactly when no repeat within the attempt can

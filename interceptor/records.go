@@ -207,8 +207,12 @@ func (sv *server) repeatLeft(in *inbound, now time.Time) time.Duration {
 // cancelled waiter. Neither is STORE_UNAVAILABLE: the store did not fail.
 // The first is counted in tollgate.deadline.misses{stage=begin}: the try
 // came in time and passed admission, so neither the arrival count nor the
-// controller's misses see it. A cancellation is no deadline miss (admission
-// counts a cancelled waiter as cancelled), and is not counted there.
+// controller's misses see it; a late try (inbound.expired), which only read
+// its record, with stage=arrival, as every late try refused for its
+// lateness is (its lookup's permit is given back unrun, so admission does
+// not count it again as a run miss). A cancellation of a try that came in
+// time is no deadline miss (admission counts a cancelled waiter as
+// cancelled), and is not counted there.
 func (sv *server) contextEnded(ctx context.Context, in *inbound) error {
 	s := in.s
 	now := sv.cfg.now()
@@ -224,7 +228,11 @@ func (sv *server) contextEnded(ctx context.Context, in *inbound) error {
 			// the server's cap, see tryDeadlineOnly).
 			dl = now
 		}
-		sv.tel.late.Add(ctx, 1, beginStage)
+		stage := beginStage
+		if in.expired {
+			stage = arrivalStage // it came late: no begin miss (see above)
+		}
+		sv.tel.late.Add(ctx, 1, stage)
 		err := status.NotAdmitted(status.ReasonDeadlineExpired, status.Fields{Final: true,
 			Message: "interceptor: the try's context ended, by its deadline, before its record was begun"})
 		return status.With(sv.tryDeadlineOnly(err, in, dl), id)

@@ -598,8 +598,12 @@ func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 			return nil, err
 		}
 		started, resp, err := sv.beginTry(ctx, info.FullMethod, in, fp, false)
-		if in.expired {
-			permit.Release() // the lookup was its work, as a query's is
+		if in.expired && ctx.Err() == nil {
+			// The lookup was its work, as a query's is. One its context
+			// ended is no service time, and its miss is counted on
+			// arrival (contextEnded, lateRefusal), not again as admission's
+			// run miss: it is abandoned (deferred above).
+			permit.Release()
 		}
 		if !started {
 			sv.setTrailer(ctx, in, 0, err)
@@ -840,8 +844,8 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 			return err
 		}
 		started, _, err := sv.beginTry(ctx, info.FullMethod, in, fp, true)
-		if in.expired {
-			permit.Release() // the lookup was its work, as a query's is (admit)
+		if in.expired && ctx.Err() == nil {
+			permit.Release() // the lookup was its work, as a query's is (admit, and unary)
 		}
 		if !started {
 			sv.setStreamTrailer(ss, in, 0, err)
