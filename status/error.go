@@ -537,11 +537,15 @@ const (
 // most 1 KiB as grpc-message sends it (invalid UTF-8 replaced), and its
 // details kept, in their order, while they fit in 3 KiB, each counted by
 // its size in the status as sent, protobuf framing included (a detail that
-// does not fit is dropped).
-// Its code is kept. It returns err itself when its status is within both
-// bounds, and when err carries no gRPC status. tollgate's server bounds
-// so a definite error a handler returns, which it passes up unchanged
-// otherwise, before it answers with it and records it.
+// does not fit is dropped). The tollgate OutcomeDetail that [OutcomeOf]
+// classifies err by, if any, is counted first and always kept, so that the
+// bound never changes what err reads as.
+// Its code is kept (but a non-nil error whose status claims OK, which
+// OutcomeOf reads as UNKNOWN, is UNKNOWN once rebuilt, not a success). It
+// returns err itself when its status is within both bounds, and when err
+// carries no gRPC status. tollgate's server bounds so a definite error a
+// handler returns, which it passes up unchanged otherwise, before it
+// answers with it and records it.
 func Bounded(err error) error {
 	st, ok := grpcstatus.FromError(err)
 	if !ok || st == nil {
@@ -558,13 +562,40 @@ func Bounded(err error) error {
 	}
 	var details []*anypb.Any
 	room := maxCarriedBytes
-	for _, d := range p.GetDetails() {
-		if size := detailSize(d); size <= room {
+	deciding := decidingDetail(p.GetDetails())
+	if deciding >= 0 {
+		room = max(room-detailSize(p.GetDetails()[deciding]), 0)
+	}
+	for i, d := range p.GetDetails() {
+		if i == deciding {
+			details = append(details, d)
+		} else if size := detailSize(d); size <= room {
 			room -= size
 			details = append(details, d)
 		}
 	}
-	return grpcstatus.ErrorProto(&spb.Status{Code: p.GetCode(), Message: msg, Details: details})
+	code := p.GetCode()
+	if code == int32(codes.OK) {
+		code = int32(codes.Unknown)
+	}
+	return grpcstatus.ErrorProto(&spb.Status{Code: code, Message: msg, Details: details})
+}
+
+// decidingDetail is the index of the detail of a status that OutcomeOf
+// classifies it by (the first that decodes as a tollgate OutcomeDetail, as
+// grpc-go's Status.Details decodes it), or -1 when there is none.
+func decidingDetail(details []*anypb.Any) int {
+	for i, d := range details {
+		if typeURLPrefix+string(d.MessageName()) != outcomeDetailURL {
+			continue
+		}
+		if m, err := d.UnmarshalNew(); err == nil {
+			if _, ok := m.(*tollgatev1.OutcomeDetail); ok {
+				return i
+			}
+		}
+	}
+	return -1
 }
 
 // detailSize is the size of detail d in a google.rpc.Status as it is sent:
