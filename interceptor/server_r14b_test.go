@@ -9,9 +9,11 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/admission"
+	"github.com/tollgate-go/tollgate/idempotency"
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 	"github.com/tollgate-go/tollgate/status"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc"
@@ -86,4 +88,69 @@ func r14bLateTryCountedOnce(t *testing.T, withAdmission bool) {
 	}
 	require.Equal(t, int64(1), total, "one late request, one miss: %v", misses)
 	require.Equal(t, int64(1), misses["arrival"], "a late try refused for its lateness: %v", misses)
+}
+
+// r14bSlowTombstone is a store whose clock lags the server's (it starts a
+// try the server knows is late, see r14LaggingStore) and whose Finish
+// takes until the try's caller's deadline has passed.
+type r14bSlowTombstone struct {
+	*idempotency.MemoryStore
+	callerGone <-chan struct{}
+}
+
+func (s *r14bSlowTombstone) Begin(ctx context.Context, req idempotency.BeginRequest) (idempotency.BeginResult, error) {
+	req.Deadline = time.Now().Add(10 * time.Second)
+	return s.MemoryStore.Begin(ctx, req)
+}
+
+func (s *r14bSlowTombstone) Finish(ctx context.Context, req idempotency.FinishRequest) error {
+	<-s.callerGone
+	return s.MemoryStore.Finish(ctx, req)
+}
+
+// A review found the defect this test guards against (fixed since; the text
+// below is the review's account of the code before the fix).
+//
+// 84a19fa writes the tombstone of a late try a lagging store started on a
+// context detached from its caller's, bounded by streamFinishTimeout, so
+// the write may now outlive the caller's deadline. The try is refused
+// DEADLINE_EXPIRED and counted on arrival (lateRefusal); its lookup's
+// permit was then released (Permit.Release), and admission counted a
+// permit released after its context's deadline once more, as a run miss:
+// two counts for one late request. A lookup whose context ended is given
+// back unrun (Permit.Abandon), and counted once.
+func TestR14bLateStartedTryWhoseTombstoneOutlivesItsCallerIsCountedOnce(t *testing.T) {
+	mp, reader := testMeter(t)
+	ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 4, QueueItems: 4}),
+		admission.WithDefaultClass("work"), admission.WithMeterProvider(mp))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ctrl.Close() })
+	gone := make(chan struct{})
+	store := &r14bSlowTombstone{MemoryStore: memoryStore(t), callerGone: gone}
+	outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		ctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		defer cancel()
+		stop := context.AfterFunc(ctx, func() { close(gone) })
+		defer stop()
+		return h(ctx, req)
+	})
+	svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		return &testingv1.ApplyResponse{}, nil
+	}}
+	opts := append([]grpc.ServerOption{outer}, serverOpts(interceptor.WithAttemptStore(store),
+		interceptor.WithAdmission(ctrl), interceptor.WithoutAdmissionTap(), interceptor.WithServerMeterProvider(mp))...)
+	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) { svc.Register(s) }, opts...)
+	client := testingv1.NewTestServiceClient(end.DialT(t))
+
+	id, _ := uuid.NewV7()
+	_, err = client.Apply(r14Header(t.Context(), id, 1, time.Now().Add(-time.Second)), &testingv1.ApplyRequest{Key: "k"})
+	require.Error(t, err)
+	require.Zero(t, svc.Calls("Apply"), "the late try did not run")
+	rec, err := store.Get(t.Context(), idempotency.Key{AttemptID: id.String(), Call: "0", Method: testingv1.TestService_Apply_FullMethodName})
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState())
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(t.Context(), &rm))
+	require.Equal(t, map[string]int64{"arrival": 1}, r14Misses(t, rm))
 }
