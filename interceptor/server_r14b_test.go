@@ -3,6 +3,7 @@ package interceptor_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,7 +17,12 @@ import (
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 	"github.com/tollgate-go/tollgate/status"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 // A review found the defect this test guards against (fixed since; the text
@@ -153,4 +159,53 @@ func TestR14bLateStartedTryWhoseTombstoneOutlivesItsCallerIsCountedOnce(t *testi
 	var rm metricdata.ResourceMetrics
 	require.NoError(t, reader.Collect(t.Context(), &rm))
 	require.Equal(t, map[string]int64{"arrival": 1}, r14Misses(t, rm))
+}
+
+// A review found the defect this test guards against (fixed since; the text
+// below is the review's account of the code before the fix).
+//
+// 25e6106 replays a FAILED record through status.Bounded, which kept the
+// record's details in their order while they fit 3 KiB. A record whose
+// tollgate OutcomeDetail comes after a large detail (written by another
+// build, or by a store's own writer, which is what the bound on replay is
+// for) lost that detail while the large one was kept, so later tries read
+// a definite FAILED by the code where the record's detail said otherwise
+// (here COMMITTED: the effect happened). Bounded now keeps the detail an
+// error is read by first.
+func TestR14bReplayedRecordKeepsItsTollgateDetail(t *testing.T) {
+	store := memoryStore(t)
+	svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		return &testingv1.ApplyResponse{}, nil
+	}}
+	end := recordedServer(t, svc, store)
+	client := testingv1.NewTestServiceClient(end.DialT(t, grpc.WithMaxHeaderListSize(8<<10)))
+
+	id, _ := uuid.NewV7()
+	committed := grpcstatus.Convert(status.Committed(status.WithAttempt(id.String(), "0", 1))).Proto()
+	var filler *anypb.Any
+	for k := 3 << 10; filler == nil; k-- { // fills the bound but for 8 bytes
+		a, err := anypb.New(&errdetails.DebugInfo{Detail: strings.Repeat("d", k)})
+		require.NoError(t, err)
+		if r14DetailsWireSize([]*anypb.Any{a}) <= 3<<10-8 {
+			filler = a
+		}
+	}
+	d := time.Now().Add(5 * time.Second)
+	req := &testingv1.ApplyRequest{Key: "k"}
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(req)
+	require.NoError(t, err)
+	method := testingv1.TestService_Apply_FullMethodName
+	key := idempotency.Key{AttemptID: id.String(), Call: "0", Method: method}
+	fp := idempotency.Fingerprint(method, b)
+	res, err := store.Begin(t.Context(), idempotency.BeginRequest{Key: key, Try: 1, Fingerprint: fp, Deadline: d})
+	require.NoError(t, err)
+	require.True(t, res.Started)
+	require.NoError(t, store.Finish(t.Context(), idempotency.FinishRequest{Key: key, Try: 1, Fingerprint: fp,
+		State: tollgatev1.AttemptState_ATTEMPT_STATE_FAILED, Code: codes.FailedPrecondition, Message: strings.Repeat("m", 2<<10),
+		Details: append([]*anypb.Any{filler}, committed.GetDetails()...)}))
+
+	_, err = client.Apply(r14Header(t.Context(), id, 2, d), req)
+	require.Equal(t, codes.FailedPrecondition, grpcstatus.Code(err))
+	require.Equal(t, status.KindCommitted, status.OutcomeOf(err).Kind, "the record's detail is read: %.300v", err)
+	require.Zero(t, svc.Calls("Apply"))
 }
