@@ -95,8 +95,10 @@ type serverTelemetry struct {
 	malformed metric.Int64Counter
 	// late counts the tries refused DEADLINE_EXPIRED because they came
 	// after their attempt's deadline (plus the skew) with no record to
-	// answer them (stage arrival), and the recorded tries whose deadline
-	// passed while their record was begun (stage begin): the interceptor
+	// answer them, or whose context ended while the record that could
+	// have answered them was looked up (stage arrival), and the recorded
+	// tries that came in time and whose deadline passed while their record
+	// was begun (stage begin): the interceptor
 	// refuses the first before admission and the second after it, so the
 	// controller's own tollgate.deadline.misses never sees them.
 	late metric.Int64Counter
