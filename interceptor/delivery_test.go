@@ -544,7 +544,9 @@ func TestNotSentDoubt(t *testing.T) {
 	}
 	client := testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(
 		interceptor.WithoutRetryBudget(),
-		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, PerTryTimeout: 100 * time.Millisecond,
+		// Try 1 must reach the handler within its timeout: 100 ms was
+		// once too short on a loaded machine.
+		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 3, PerTryTimeout: 400 * time.Millisecond,
 			InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond})),
 		grpc.WithChainUnaryInterceptor(validate))...))
 	ctx, err := interceptor.StartAttempt(t.Context(), 4, 10*time.Second)
