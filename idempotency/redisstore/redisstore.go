@@ -393,10 +393,12 @@ func (e sentError) Unwrap() error { return e.error }
 // the same address shows that). One check of a node runs at a time, for
 // every call that waits for it, in a goroutine of its own, detached from
 // their contexts and bounded by 5 s; a call whose context ends first
-// fails, and the check goes on. A node that fails a check is refused for a
-// second, then checked again at the next call: until it passes, every
-// call whose slot it serves (every call, off a Cluster) fails with an
-// error wrapping idempotency.ErrStoreUnavailable, and changes nothing.
+// fails, and the check goes on. A node found wrong by a check is refused
+// for a second, then checked again at the next call; one that a check
+// could not reach (a blip, a timeout) fails the calls that waited for that
+// check, and the next call checks it again. Until it passes, every call
+// whose slot it serves (every call, off a Cluster) fails with an error
+// wrapping idempotency.ErrStoreUnavailable, and changes nothing.
 func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*Store, error) {
 	if client == nil {
 		return nil, errors.New("redisstore: New needs a Redis client")
@@ -526,12 +528,19 @@ type nodeCheck struct {
 	full bool
 	// offset is checkClock's at the last passed check.
 	offset time.Duration
-	// err is the last check's failure, at failedAt (since), nil after a
-	// passed check.
-	err      error
-	failedAt int64
-	// running is closed when the running check ends; nil when none runs.
-	running chan struct{}
+	// refused is the last check's verdict against the node (it answered,
+	// and was found wrong), at refusedAt (since); nil after a passed check.
+	// A check that could not reach the node refuses nothing.
+	refused   error
+	refusedAt int64
+	// running is the check that runs; nil when none does.
+	running *checkRun
+}
+
+// checkRun is one check of a node, which its callers wait for.
+type checkRun struct {
+	done chan struct{} // closed when the check ends
+	err  error         // its failure, set before done is closed
 }
 
 // passed notes that the node passed a check whose clock check read offset
@@ -539,7 +548,7 @@ type nodeCheck struct {
 func (n *nodeCheck) passed(s *Store, off time.Duration) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.full, n.offset, n.err = true, off, nil
+	n.full, n.offset, n.refused = true, off, nil
 	n.good.Store(s.since() + int64(s.recheckAfter))
 }
 
@@ -580,50 +589,56 @@ func where(addr string) string {
 // Otherwise it has the node checked (check), once for every caller that
 // finds it so: the first starts the check in a goroutine of its own,
 // detached from its context and bounded by nodeCheckTimeout, and every
-// caller waits for its end, or for its own context's (the check goes on).
-// A failed check refuses the node, with its error, for
-// failedCheckRefusal; the call after that checks it again.
+// caller waits for its end, or for its own context's (the check goes on),
+// and returns its result. A check that found the node wrong (it answered)
+// refuses the node, with its error, for failedCheckRefusal; the call after
+// that checks it again. One that could not reach the node (its error wraps
+// idempotency.ErrStoreUnavailable: a blip, a timeout) fails the calls that
+// waited for it and refuses nothing: the next call checks the node again,
+// as its script would have found out whether Redis answers.
 func (s *Store) ready(ctx context.Context, c redis.UniversalClient, addr string) error {
 	n := s.node(addr)
 	if s.since() < n.good.Load() {
 		return nil
 	}
-	for {
-		n.mu.Lock()
-		now := s.since()
-		if now < n.good.Load() {
-			n.mu.Unlock()
-			return nil
-		}
-		if n.err != nil && now < n.failedAt+int64(failedCheckRefusal) {
-			err := n.err
-			n.mu.Unlock()
-			return err
-		}
-		if n.running == nil {
-			n.running = make(chan struct{})
-			go s.check(context.WithoutCancel(ctx), c, addr, n)
-		}
-		done := n.running
+	n.mu.Lock()
+	now := s.since()
+	if now < n.good.Load() {
 		n.mu.Unlock()
-		select {
-		case <-done:
-		case <-ctx.Done():
-			return fmt.Errorf("%w: redisstore: waiting for the check of Redis node%s: %w", idempotency.ErrStoreUnavailable, where(addr), ctx.Err())
-		}
+		return nil
+	}
+	if n.refused != nil && now < n.refusedAt+int64(failedCheckRefusal) {
+		err := n.refused
+		n.mu.Unlock()
+		return err
+	}
+	run := n.running
+	if run == nil {
+		run = &checkRun{done: make(chan struct{})}
+		n.running = run
+		go s.check(context.WithoutCancel(ctx), c, addr, n, run)
+	}
+	n.mu.Unlock()
+	select {
+	case <-run.done:
+		// The check this call waited for vouches for the node, or not,
+		// even if a later one is due already (a test's recheckAfter).
+		return run.err
+	case <-ctx.Done():
+		return fmt.Errorf("%w: redisstore: waiting for the check of Redis node%s: %w", idempotency.ErrStoreUnavailable, where(addr), ctx.Err())
 	}
 }
 
 // check checks Redis node c, for ready, on ctx bounded by
-// nodeCheckTimeout: with every check of New (checkNode) a node that never
-// passed them (a Cluster node that joined after New) or that failed a
-// check since; otherwise its clock, the only check that a node which
-// passed them may fail without a change of configuration (an NTP step, a
-// VM resumed on another host), and then every check again when its clock,
-// against this server's, is found more than clockMargin behind where the
-// last check saw it: a node restored or replaced behind the same address
-// shows that, and the earlier check no longer vouches for it.
-func (s *Store) check(ctx context.Context, c redis.UniversalClient, addr string, n *nodeCheck) {
+// nodeCheckTimeout, and ends run: with every check of New (checkNode) a
+// node that never passed them (a Cluster node that joined after New) or
+// that failed a check since; otherwise its clock, the only check that a
+// node which passed them may fail without a change of configuration (an
+// NTP step, a VM resumed on another host), and then every check again when
+// its clock, against this server's, is found more than clockMargin behind
+// where the last check saw it: a node restored or replaced behind the same
+// address shows that, and the earlier check no longer vouches for it.
+func (s *Store) check(ctx context.Context, c redis.UniversalClient, addr string, n *nodeCheck, run *checkRun) {
 	ctx, cancel := context.WithTimeout(ctx, nodeCheckTimeout)
 	defer cancel()
 	n.mu.Lock()
@@ -646,12 +661,20 @@ func (s *Store) check(ctx context.Context, c redis.UniversalClient, addr string,
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err != nil {
-		n.full, n.failedAt = false, s.since()
-		n.err = fmt.Errorf("%w: redisstore: Redis node%s failed the store's checks (the store refuses it for %v, then checks it again): %w",
-			idempotency.ErrStoreUnavailable, where(addr), failedCheckRefusal, err)
+		n.full = false
+		if errors.Is(err, idempotency.ErrStoreUnavailable) {
+			// Redis did not answer: no verdict on the node.
+			err = fmt.Errorf("%w: redisstore: the store could not check Redis node%s (the next call checks it again): %w",
+				idempotency.ErrStoreUnavailable, where(addr), err)
+		} else {
+			err = fmt.Errorf("%w: redisstore: Redis node%s failed the store's checks (the store refuses it for %v, then checks it again): %w",
+				idempotency.ErrStoreUnavailable, where(addr), failedCheckRefusal, err)
+			n.refused, n.refusedAt = err, s.since()
+		}
 	}
-	close(n.running)
+	run.err = err
 	n.running = nil
+	close(run.done)
 }
 
 // checkNoEviction checks that Redis node c's maxmemory-policy is
