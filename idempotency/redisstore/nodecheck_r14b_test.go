@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"go.uber.org/goleak"
 
 	"github.com/tollgate-go/tollgate/idempotency"
 	"github.com/tollgate-go/tollgate/idempotency/internal/hooks"
@@ -97,4 +98,39 @@ func TestRedisNodeCheckBlipRefusesNothingAfter(t *testing.T) {
 	res, err = s.Begin(ctx, idempotency.BeginRequest{Key: key("after"), Try: 1, Fingerprint: fp, Deadline: time.Now().Add(10 * time.Second), Minted: true})
 	require.NoError(t, err, "a Begin after a blip that one node check met was refused")
 	require.True(t, res.Started)
+}
+
+// A review found the defect this test guards against (fixed since; the text
+// below is the review's account of the code before the fix).
+// A node's check runs in a goroutine of its own, detached from the calls
+// that wait for it and bounded by 5 s, and nothing owns that goroutine:
+// no Close stops it or waits for it, so it outlives the call that started
+// it, the store's user, and a test (goleak). The store must have an owner
+// for it: Close ends the checks that run and waits for them. Here Redis is
+// paused, a call that needed a check gave up at its deadline, and once the
+// store is closed no goroutine of its is left.
+func TestRedisNodeCheckGoroutineEndsWithClose(t *testing.T) {
+	addr, _ := ownRedis(t)
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	s := newStore(t, c, "own:", redisstore.WithPolicy(storetest.Policy()),
+		hooks.RedisClockRecheckAfter(time.Nanosecond).(redisstore.Option)) // every call checks the node
+	ctx := context.Background()
+	key := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}
+	_, err := s.Get(ctx, key)
+	require.NoError(t, err)
+	before := goleak.IgnoreCurrent()
+
+	require.NoError(t, c.Do(ctx, "CLIENT", "PAUSE", 3000, "ALL").Err())
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	_, err = s.Get(short, key)
+	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+
+	require.NoError(t, s.Close())
+	goleak.VerifyNone(t, before)
+	_, err = s.Get(ctx, key)
+	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable, "a closed store answered")
+	require.ErrorContains(t, err, "closed")
 }

@@ -254,6 +254,47 @@ type Store struct {
 	// born is when New began: the node checks count their times on the
 	// monotonic clock from it (since).
 	born time.Time
+	// stop ends the context every node check's is tied to (Close); checks
+	// counts the checks' goroutines, started only while closed is unset
+	// (closeMu).
+	stop    context.Context
+	stopAll context.CancelFunc
+	closeMu sync.Mutex
+	closed  atomic.Bool
+	checks  sync.WaitGroup
+}
+
+// Close ends the checks of Redis nodes the store runs in goroutines of
+// their own (see New) and waits for them. It does not close the Redis
+// client, which stays the caller's. After Close every call fails with an
+// error wrapping idempotency.ErrStoreUnavailable. Close is safe to call
+// more than once, and concurrently with calls; it returns nil.
+func (s *Store) Close() error {
+	s.closeMu.Lock()
+	s.closed.Store(true)
+	s.closeMu.Unlock()
+	s.stopAll()
+	s.checks.Wait()
+	return nil
+}
+
+// errClosed is the error of a call to a closed store.
+var errClosed = fmt.Errorf("%w: redisstore: the store is closed", idempotency.ErrStoreUnavailable)
+
+// goCheck runs f in a goroutine of its own that Close waits for, and
+// reports false, running nothing, once the store is closed.
+func (s *Store) goCheck(f func()) bool {
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
+	if s.closed.Load() {
+		return false
+	}
+	s.checks.Add(1)
+	go func() {
+		defer s.checks.Done()
+		f()
+	}()
+	return true
 }
 
 // DefaultKeep, plus twice the policy's skew and a second (the keep), is how long Redis
@@ -392,8 +433,8 @@ func (e sentError) Unwrap() error { return e.error }
 // behind where the last check saw it (a node restored or replaced behind
 // the same address shows that). One check of a node runs at a time, for
 // every call that waits for it, in a goroutine of its own, detached from
-// their contexts and bounded by 5 s; a call whose context ends first
-// fails, and the check goes on. A node found wrong by a check is refused
+// their contexts and bounded by 5 s (Close ends it and waits for it); a
+// call whose context ends first fails, and the check goes on. A node found wrong by a check is refused
 // for a second, then checked again at the next call; one that a check
 // could not reach (a blip, a timeout) fails the calls that waited for that
 // check, and the next call checks it again. Until it passes, every call
@@ -408,6 +449,7 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 	}
 	s := &Store{client: client, prefix: "tollgate:attempt:", policy: idempotency.DefaultPolicy(), now: time.Now, keep: DefaultKeep,
 		failedFenceTimeout: failedBeginFenceTimeout, recheckAfter: clockRecheckAfter, born: time.Now()}
+	s.stop, s.stopAll = context.WithCancel(context.Background())
 	for _, o := range opts {
 		o.apply(s)
 	}
@@ -615,8 +657,11 @@ func (s *Store) ready(ctx context.Context, c redis.UniversalClient, addr string)
 	run := n.running
 	if run == nil {
 		run = &checkRun{done: make(chan struct{})}
+		if !s.goCheck(func() { s.check(context.WithoutCancel(ctx), c, addr, n, run) }) {
+			n.mu.Unlock()
+			return errClosed
+		}
 		n.running = run
-		go s.check(context.WithoutCancel(ctx), c, addr, n, run)
 	}
 	n.mu.Unlock()
 	select {
@@ -641,6 +686,7 @@ func (s *Store) ready(ctx context.Context, c redis.UniversalClient, addr string)
 func (s *Store) check(ctx context.Context, c redis.UniversalClient, addr string, n *nodeCheck, run *checkRun) {
 	ctx, cancel := context.WithTimeout(ctx, nodeCheckTimeout)
 	defer cancel()
+	defer context.AfterFunc(s.stop, cancel)() // Close ends it
 	n.mu.Lock()
 	clockOnly, before := n.full, n.offset
 	n.mu.Unlock()
@@ -834,6 +880,9 @@ func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []str
 			s.reloadAfter(ctx, err)
 		}
 	}()
+	if s.closed.Load() {
+		return nil, -1, errClosed // nothing sent
+	}
 	cluster, _ := s.client.(*redis.ClusterClient)
 	var node *redis.Client
 	if cluster != nil {

@@ -113,6 +113,7 @@ func newStore(t testing.TB, c redis.UniversalClient, prefix string, opts ...redi
 	t.Helper()
 	s, err := redisstore.New(context.Background(), c, append([]redisstore.Option{redisstore.WithPrefix(prefix)}, opts...)...)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() }) // no node check outlives the test
 	return s
 }
 
