@@ -134,3 +134,34 @@ func TestRedisNodeCheckGoroutineEndsWithClose(t *testing.T) {
 	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable, "a closed store answered")
 	require.ErrorContains(t, err, "closed")
 }
+
+// A review found the defect this test guards against (fixed since; the text
+// below is the review's account of the code before the fix).
+// A node's check runs on a context of its own, bounded by 5 s. When that
+// bound ends it (Redis paused or slow), the check's error, which every
+// call that waited for it gets, wraps context.DeadlineExceeded, although
+// no caller's deadline passed: the AttemptService, which reads context
+// errors before store errors, answers such a Get or Fence
+// DEADLINE_EXCEEDED instead of NOT_ADMITTED STORE_UNAVAILABLE. A call
+// whose own context is alive must get a store-unavailable error that says
+// the check ran out of time, and does not read as its own deadline.
+func TestRedisNodeCheckTimeoutIsNotCallersDeadline(t *testing.T) {
+	addr, _ := ownRedis(t)
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	s := newStore(t, c, "own:", redisstore.WithPolicy(storetest.Policy()),
+		hooks.RedisClockRecheckAfter(time.Nanosecond).(redisstore.Option)) // every call checks the node
+	ctx := context.Background()
+	key := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}
+	_, err := s.Get(ctx, key)
+	require.NoError(t, err)
+
+	require.NoError(t, c.Do(ctx, "CLIENT", "PAUSE", 8000, "ALL").Err())
+	long, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err = s.Get(long, key)
+	require.NoError(t, long.Err())
+	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
+	require.NotErrorIs(t, err, context.DeadlineExceeded, "the check's own time limit reads as the caller's deadline")
+	require.ErrorContains(t, err, "5s")
+}

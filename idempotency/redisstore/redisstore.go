@@ -265,7 +265,9 @@ type Store struct {
 }
 
 // Close ends the checks of Redis nodes the store runs in goroutines of
-// their own (see New) and waits for them. It does not close the Redis
+// their own (see New) and waits for them: a check waiting for a reply
+// ends when it comes, or at the check's 5 s bound, as go-redis does not
+// interrupt a read for a context's cancellation. It does not close the Redis
 // client, which stays the caller's. After Close every call fails with an
 // error wrapping idempotency.ErrStoreUnavailable. Close is safe to call
 // more than once, and concurrently with calls; it returns nil.
@@ -708,6 +710,12 @@ func (s *Store) check(ctx context.Context, c redis.UniversalClient, addr string,
 	defer n.mu.Unlock()
 	if err != nil {
 		n.full = false
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+			// The check's own bound (or Close) ended it, not a caller's
+			// context: its callers must not read it as theirs.
+			err = fmt.Errorf("%w: redisstore: the check ran out of its %v (or the store was closed): %v",
+				idempotency.ErrStoreUnavailable, nodeCheckTimeout, err)
+		}
 		if errors.Is(err, idempotency.ErrStoreUnavailable) {
 			// Redis did not answer: no verdict on the node.
 			err = fmt.Errorf("%w: redisstore: the store could not check Redis node%s (the next call checks it again): %w",
