@@ -424,8 +424,10 @@ func (e sentError) Unwrap() error { return e.error }
 // A Cluster node that New did not know (one added later, given slots or
 // promoted) gets the same checks of its own, its hz at least the lowest
 // New read, before the store first sends it a script. (A call that the
-// Cluster client follows from a MOVED reply to a node it did not know yet
-// runs there once unchecked: the calls after it are checked.)
+// Cluster client follows from a MOVED or ASK reply runs on the node it is
+// sent to without that node's check, be it one the client did not know
+// yet, one the store refuses or one due for its check: the calls after it
+// are checked.)
 //
 // A node's check, New's included, vouches for it for a minute: the first
 // call to the node after that has its clock read again (one TIME; the
