@@ -894,7 +894,7 @@ func restartRedis(ctx context.Context, cfg config) (*scenarioResult, error) {
 			return nil, nil, err
 		}
 		var once sync.Once
-		return s, func() { once.Do(func() { _ = c.Close() }) }, nil
+		return s, func() { once.Do(func() { _ = s.Close(); _ = c.Close() }) }, nil
 	})
 }
 
