@@ -48,6 +48,41 @@ func (h *harness) window(overloaded bool) admission.Mode {
 	return h.ctrl.Mode()
 }
 
+// steppedOptHarness is a harness of main (1 slot) and the optional opt
+// (3 slots, 3 queued, 10ms of work, optM), degrading by 1s windows
+// (EnterAfter 1, ExitAfter 3, MinDecisions minDecisions, MaxRefusalRatio
+// 0.5), brought through three windows to Recovering with opt's step grown
+// to 2 slots.
+func steppedOptHarness(t *testing.T, minDecisions int) *harness {
+	t.Helper()
+	h := newHarness(t,
+		admission.WithClasses(
+			admission.Class{Name: "main", Slots: 1},
+			admission.Class{Name: "opt", Slots: 3, QueueItems: 3, Optional: true, ExpectedServiceTime: 10 * time.Millisecond},
+		),
+		admission.WithMethods("opt", optM),
+		admission.WithDegradation(admission.Degradation{
+			Window: time.Second, EnterAfter: 1, ExitAfter: 3, MinDecisions: minDecisions, MaxRefusalRatio: 0.5,
+		}))
+	h.window(true)      // window 1: main overloaded → Degraded
+	h.tick(time.Second) // window 2 healthy → Recovering
+	if m := h.ctrl.Mode(); m != admission.ModeRecovering {
+		t.Fatalf("mode %v, want RECOVERING", m)
+	}
+	h.tick(time.Second) // window 3 healthy: the step grows to 2 slots
+	if st, _ := h.ctrl.Stats().Class("opt"); st.Slots != 2 || h.ctrl.Mode() != admission.ModeRecovering {
+		t.Fatalf("opt slots %d mode %v, want 2 RECOVERING", st.Slots, h.ctrl.Mode())
+	}
+	return h
+}
+
+// optDue is a unary request of opt's (optM) due in d.
+func (h *harness) optDue(d time.Duration) admission.Request {
+	r := work(optM)
+	r.Deadline = h.clk.Now().Add(d)
+	return r
+}
+
 func TestHysteresisOscillationFlipsAtMostOncePerExitPeriod(t *testing.T) {
 	for _, tt := range []struct {
 		name    string
@@ -746,42 +781,17 @@ func TestSteppedClassFullTenantLimitCountsAsOverload(t *testing.T) {
 // the expiry were entirely the step's (the real clock's per-waiter timer
 // would have dropped them while the class was stepped, uncounted).
 func TestSteppedExpiryCountsAfterTheStep(t *testing.T) {
-	h := newHarness(t,
-		admission.WithClasses(
-			admission.Class{Name: "main", Slots: 1},
-			admission.Class{Name: "opt", Slots: 3, QueueItems: 3, Optional: true, ExpectedServiceTime: 10 * time.Millisecond},
-		),
-		admission.WithMethods("opt", optM),
-		admission.WithDegradation(admission.Degradation{
-			Window: time.Second, EnterAfter: 1, ExitAfter: 3, MinDecisions: 2, MaxRefusalRatio: 0.5,
-		}))
 	// Window 1: main overloaded → Degraded; window 2 healthy → Recovering.
-	p := h.admitted(work(mainM))
-	h.refused(work(mainM), status.ReasonConcurrencyFull)
-	h.release(p)
-	h.tick(time.Second)
-	h.tick(time.Second)
-	if m := h.ctrl.Mode(); m != admission.ModeRecovering {
-		t.Fatalf("mode %v, want RECOVERING", m)
-	}
 	// Window 3 healthy: the step grows to 2 slots.
-	h.tick(time.Second)
-	if st, _ := h.ctrl.Stats().Class("opt"); st.Slots != 2 || h.ctrl.Mode() != admission.ModeRecovering {
-		t.Fatalf("opt slots %d mode %v, want 2 RECOVERING", st.Slots, h.ctrl.Mode())
-	}
-	opt := func(d time.Duration) admission.Request {
-		r := work(optM)
-		r.Deadline = h.clk.Now().Add(d)
-		return r
-	}
-	a1 := h.admitted(opt(time.Minute))
+	h := steppedOptHarness(t, 2)
+	a1 := h.admitted(h.optDue(time.Minute))
 	defer a1.Abandon()
-	a2 := h.admitted(opt(time.Minute))
+	a2 := h.admitted(h.optDue(time.Minute))
 	defer a2.Abandon()
 	// Two more, within the class's 3 configured slots, wait behind the
 	// step's 2 and run out of time half-way through window 4.
-	b := h.queued(opt(500 * time.Millisecond))
-	c := h.queued(opt(500 * time.Millisecond))
+	b := h.queued(h.optDue(500 * time.Millisecond))
+	c := h.queued(h.optDue(500 * time.Millisecond))
 	// Window 4 healthy: Normal, the step ends; b and c are dropped.
 	h.tick(time.Second)
 	if m := h.ctrl.Mode(); m != admission.ModeNormal {

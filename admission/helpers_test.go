@@ -390,3 +390,39 @@ func (h *harness) shortStream() *admission.Permit {
 	r.Deadline = h.clk.Now().Add(time.Second)
 	return h.admitted(r)
 }
+
+// mainOf1s configures the one class main: slots slots, 4 queued, each
+// request expected to serve in 1s.
+func mainOf1s(slots int) admission.Option {
+	return admission.WithClasses(admission.Class{Name: "main", Slots: slots, QueueItems: 4,
+		ExpectedServiceTime: time.Second})
+}
+
+// refusedUnreachable arrives r and requires it refused DEADLINE_UNREACHABLE
+// at once, failing with why if it was not; a request queued instead is
+// cancelled first, so that it waits no longer.
+func (h *harness) refusedUnreachable(r admission.Request, why string) {
+	h.t.Helper()
+	id, e := h.arrive(r)
+	if e.Kind == admission.EventQueued {
+		h.cancel(id)
+	} else if res := h.take(id); res.permit != nil {
+		res.permit.Release()
+	}
+	require.Equal(h.t, admission.EventRefused, e.Kind, why)
+	require.Equal(h.t, status.ReasonDeadlineUnreachable, e.Reason)
+}
+
+// waiterStartsAt1s lets 1s pass and ends the unary call u; requires the
+// waiter queued behind it (a request of 1s) started on its slot
+// (msgAndArgs says why on failure), then ends the waiter and stream.
+func (h *harness) waiterStartsAt1s(u *admission.Permit, waiter int, stream *admission.Permit, msgAndArgs ...any) {
+	h.t.Helper()
+	h.clk.Advance(time.Second)
+	h.release(u)
+	res := h.take(waiter)
+	require.NoError(h.t, res.err, msgAndArgs...)
+	res.permit.Release()
+	stream.Abandon()
+	h.drain()
+}

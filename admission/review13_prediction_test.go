@@ -20,8 +20,7 @@ import (
 // remaining work over the one slot left, 2s, and refused a request due in
 // 2.5s that would have started at 1s and finished at 2s.
 func TestLoweredClassWithAStreamPredictsItsStartWhenEnoughEnd(t *testing.T) {
-	h := newHarness(t, admission.WithClasses(admission.Class{Name: "main", Slots: 4, QueueItems: 4,
-		ExpectedServiceTime: time.Second}))
+	h := newHarness(t, mainOf1s(4))
 	stream := h.admitted(streamOn(mainM))
 	u1 := h.admitted(work(mainM))
 	u2 := h.admitted(work(mainM))
@@ -57,8 +56,7 @@ func TestLoweredClassWithAStreamPredictsItsStartWhenEnoughEnd(t *testing.T) {
 // starts on the stream's slot at 100ms and finishes at 1.1s, was refused
 // behind the unary call's 1s.
 func TestStreamEndingAtItsDeadlineFreesItsSlotInThePrediction(t *testing.T) {
-	h := newHarness(t, admission.WithClasses(admission.Class{Name: "main", Slots: 2, QueueItems: 4,
-		ExpectedServiceTime: time.Second}))
+	h := newHarness(t, mainOf1s(2))
 	s := streamOn(mainM)
 	s.Deadline = h.clk.Now().Add(2 * time.Second)
 	stream := h.admitted(s)

@@ -27,8 +27,7 @@ import (
 // the next one on the stream's slot at its made-up end, 1s, and a request
 // due in 2.5s, which could finish no sooner than 3s, was queued.
 func TestDeadlineLessStreamFreesNoSlotInThePlayOut(t *testing.T) {
-	h := newHarness(t, admission.WithClasses(admission.Class{Name: "main", Slots: 2, QueueItems: 4,
-		ExpectedServiceTime: time.Second}))
+	h := newHarness(t, mainOf1s(2))
 	stream := h.admitted(streamOn(mainM)) // no deadline: holds its slot until its client ends it
 	u := h.admitted(work(mainM))
 	waiter := h.queued(work(mainM))
@@ -39,24 +38,10 @@ func TestDeadlineLessStreamFreesNoSlotInThePlayOut(t *testing.T) {
 
 	r := work(mainM)
 	r.Deadline = h.clk.Now().Add(2500 * time.Millisecond)
-	id, e := h.arrive(r)
-	if e.Kind == admission.EventQueued {
-		h.cancel(id)
-	}
-	require.Equal(t, admission.EventRefused, e.Kind,
+	h.refusedUnreachable(r,
 		"queued on the stream's made-up end at 1s; it starts at 2s at the soonest and cannot finish by 2.5s")
-	require.Equal(t, status.ReasonDeadlineUnreachable, e.Reason)
-	if e.Kind == admission.EventRefused {
-		h.take(id)
-	}
 
-	h.clk.Advance(time.Second)
-	h.release(u)
-	res := h.take(waiter)
-	require.NoError(t, res.err, "the waiter starts on the unary call's slot at 1s")
-	res.permit.Release()
-	stream.Abandon()
-	h.drain()
+	h.waiterStartsAt1s(u, waiter, stream, "the waiter starts on the unary call's slot at 1s")
 }
 
 // A review found the defect this test guards against (fixed since; the text
@@ -66,8 +51,7 @@ func TestDeadlineLessStreamFreesNoSlotInThePlayOut(t *testing.T) {
 // than at its deadline, where its handler's context ends: the guess stands
 // only when streams hold every slot, so that nothing else could free one.
 func TestStreamWithAFarDeadlineFreesItsSlotAtItsDeadlineInThePlayOut(t *testing.T) {
-	h := newHarness(t, admission.WithClasses(admission.Class{Name: "main", Slots: 2, QueueItems: 4,
-		ExpectedServiceTime: time.Second}))
+	h := newHarness(t, mainOf1s(2))
 	s := streamOn(mainM)
 	s.Deadline = h.clk.Now().Add(time.Hour)
 	stream := h.admitted(s)
@@ -78,13 +62,7 @@ func TestStreamWithAFarDeadlineFreesItsSlotAtItsDeadlineInThePlayOut(t *testing.
 	require.Equal(t, 2*time.Second, st.PredictedWait,
 		"the next start is when the waiter, started on the unary call's slot at 1s, ends; the stream ends in an hour")
 
-	h.clk.Advance(time.Second)
-	h.release(u)
-	res := h.take(waiter)
-	require.NoError(t, res.err)
-	res.permit.Release()
-	stream.Abandon()
-	h.drain()
+	h.waiterStartsAt1s(u, waiter, stream)
 }
 
 // A review found the defect this test guards against (fixed since; the text
@@ -109,24 +87,10 @@ func TestTenantsDeadlineLessStreamFreesNoSlotInItsStartWait(t *testing.T) {
 
 	late := r
 	late.Deadline = h.clk.Now().Add(2500 * time.Millisecond)
-	id, e := h.arrive(late)
-	if e.Kind == admission.EventQueued {
-		h.cancel(id)
-	}
-	require.Equal(t, admission.EventRefused, e.Kind,
+	h.refusedUnreachable(late,
 		"queued on the stream's made-up end at 1s; t's next start is at 2s, too late to finish by 2.5s")
-	require.Equal(t, status.ReasonDeadlineUnreachable, e.Reason)
-	if e.Kind == admission.EventRefused {
-		h.take(id)
-	}
 
-	h.clk.Advance(time.Second)
-	h.release(u)
-	res := h.take(waiter)
-	require.NoError(t, res.err)
-	res.permit.Release()
-	stream.Abandon()
-	h.drain()
+	h.waiterStartsAt1s(u, waiter, stream)
 }
 
 // A review found the defect this test guards against (fixed since; the text
@@ -255,8 +219,7 @@ func waiterIn(t *testing.T, state string, limit time.Duration) bool {
 // hour's wait — the stream's guessed end — for a request that would start
 // at once on the free slot. A slot no request holds frees now.
 func TestPlayOutCountsAFreeSlotAsFreeNow(t *testing.T) {
-	h := newHarness(t, admission.WithClasses(admission.Class{Name: "main", Slots: 2, QueueItems: 4,
-		ExpectedServiceTime: time.Second}))
+	h := newHarness(t, mainOf1s(2))
 	stream := h.admitted(streamOn(mainM))
 	h.clk.Advance(time.Hour)
 

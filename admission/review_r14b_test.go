@@ -76,22 +76,9 @@ func TestFarStreamDeadlineDoesNotOverflowThePredictedWait(t *testing.T) {
 	r := work(mainM)
 	r.Tenant = "b"
 	r.Deadline = h.clk.Now().Add(1500 * time.Millisecond)
-	id, e := h.arrive(r)
-	if e.Kind == admission.EventQueued {
-		h.cancel(id)
-	} else {
-		h.take(id)
-	}
-	require.Equal(t, admission.EventRefused, e.Kind, "queued on a negative (overflowed) predicted wait")
-	require.Equal(t, status.ReasonDeadlineUnreachable, e.Reason)
+	h.refusedUnreachable(r, "queued on a negative (overflowed) predicted wait")
 
-	h.clk.Advance(time.Second)
-	h.release(up)
-	res := h.take(tw)
-	require.NoError(t, res.err)
-	res.permit.Release()
-	stream.Abandon()
-	h.drain()
+	h.waiterStartsAt1s(up, tw, stream)
 }
 
 // A review found the defect this test guards against (fixed since; the text
@@ -107,39 +94,17 @@ func TestFarStreamDeadlineDoesNotOverflowThePredictedWait(t *testing.T) {
 // one overload refusal, and the controller went straight back to Degraded,
 // where the pump's drop a moment earlier had counted nothing.
 func TestLeavingWaiterExpiredUnderTheStepCountsNoOverload(t *testing.T) {
-	h := newHarness(t,
-		admission.WithClasses(
-			admission.Class{Name: "main", Slots: 1},
-			admission.Class{Name: "opt", Slots: 3, QueueItems: 3, Optional: true, ExpectedServiceTime: 10 * time.Millisecond},
-		),
-		admission.WithMethods("opt", optM),
-		admission.WithDegradation(admission.Degradation{
-			Window: time.Second, EnterAfter: 1, ExitAfter: 3, MinDecisions: 1, MaxRefusalRatio: 0.5,
-		}))
 	// Window 1: main overloaded → Degraded; window 2 healthy → Recovering;
 	// window 3 healthy: the step grows to 2 slots.
-	p := h.admitted(work(mainM))
-	h.refused(work(mainM), status.ReasonConcurrencyFull)
-	h.release(p)
-	h.tick(time.Second)
-	h.tick(time.Second)
-	h.tick(time.Second)
-	if st, _ := h.ctrl.Stats().Class("opt"); st.Slots != 2 || h.ctrl.Mode() != admission.ModeRecovering {
-		t.Fatalf("opt slots %d mode %v, want 2 RECOVERING", st.Slots, h.ctrl.Mode())
-	}
-	opt := func(d time.Duration) admission.Request {
-		r := work(optM)
-		r.Deadline = h.clk.Now().Add(d)
-		return r
-	}
-	a1 := h.admitted(opt(time.Minute))
+	h := steppedOptHarness(t, 1)
+	a1 := h.admitted(h.optDue(time.Minute))
 	defer a1.Abandon()
-	a2 := h.admitted(opt(time.Minute))
+	a2 := h.admitted(h.optDue(time.Minute))
 	defer a2.Abandon()
 	// b, within the class's 3 configured slots, waits behind the step's 2
 	// and runs out of time at 3.5s; its caller's deadline has passed when
 	// it leaves at 4s, as the window ending then closes (Normal).
-	b := h.queued(opt(500 * time.Millisecond))
+	b := h.queued(h.optDue(500 * time.Millisecond))
 	h.clk.Advance(time.Second)
 	res := h.cancel(b)
 	require.Equal(t, status.ReasonDeadlineExpired, status.OutcomeOf(res.err).Reason, "%v", res.err)
