@@ -231,7 +231,9 @@ func init() {
 // Store is an idempotency.Store kept in Redis; see the package documentation.
 // It is safe for concurrent use by any number of goroutines and server
 // replicas. It does not own the Redis client: closing the client is the
-// caller's business. Build one with [New]; the zero value is not usable.
+// caller's business. It runs the checks of Redis nodes in goroutines of its
+// own (see New): [Store.Close] it once its server stopped. Build one with
+// [New]; the zero value is not usable.
 type Store struct {
 	client      redis.UniversalClient
 	prefix      string
@@ -269,8 +271,13 @@ type Store struct {
 // ends when it comes, or at the check's 5 s bound, as go-redis does not
 // interrupt a read for a context's cancellation. It does not close the Redis
 // client, which stays the caller's. After Close every call fails with an
-// error wrapping idempotency.ErrStoreUnavailable. Close is safe to call
-// more than once, and concurrently with calls; it returns nil.
+// error wrapping idempotency.ErrStoreUnavailable, sending nothing; a call
+// already in progress goes on (a Begin that failed after sending its
+// script still fences the try it may have begun, on a node a check vouches
+// for), but none starts a check. Close is safe to call more than once, and
+// concurrently with calls; it returns nil. Close after the server stopped
+// its handlers (GracefulStop): a Finish after Close fails, and its try
+// reads IN_PROGRESS until its lease ends.
 func (s *Store) Close() error {
 	s.closeMu.Lock()
 	s.closed.Store(true)
@@ -890,9 +897,6 @@ func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []str
 			s.reloadAfter(ctx, err)
 		}
 	}()
-	if s.closed.Load() {
-		return nil, -1, errClosed // nothing sent
-	}
 	cluster, _ := s.client.(*redis.ClusterClient)
 	var node *redis.Client
 	if cluster != nil {
@@ -991,6 +995,9 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 	}
 	if err := ctx.Err(); err != nil {
 		return idempotency.BeginResult{}, storeErr(err) // nothing sent
+	}
+	if s.closed.Load() {
+		return idempotency.BeginResult{}, errClosed
 	}
 	p := s.policy
 	tok := callToken()
@@ -1101,6 +1108,9 @@ func (s *Store) Finish(ctx context.Context, req idempotency.FinishRequest) error
 	if err := idempotency.ValidateFinish(req); err != nil {
 		return err
 	}
+	if s.closed.Load() {
+		return errClosed
+	}
 	return s.finish(ctx, req, nil)
 }
 
@@ -1167,6 +1177,9 @@ func (s *Store) Get(ctx context.Context, key idempotency.Key) (*tollgatev1.Attem
 	if err := idempotency.ValidateKey(key); err != nil {
 		return nil, err
 	}
+	if s.closed.Load() {
+		return nil, errClosed
+	}
 	p := s.policy
 	now, read := s.clock()
 	v, _, err := s.run(ctx, false, getScript, s.keys(key), now, s.ms(p.Skew), s.ms(p.TTL), attemptMillis(key.AttemptID), s.ms(s.keep))
@@ -1186,6 +1199,9 @@ func (s *Store) Get(ctx context.Context, key idempotency.Key) (*tollgatev1.Attem
 func (s *Store) Fence(ctx context.Context, key idempotency.Key, throughTry uint32) (*tollgatev1.AttemptRecord, error) {
 	if err := idempotency.ValidateFence(key, throughTry); err != nil {
 		return nil, err
+	}
+	if s.closed.Load() {
+		return nil, errClosed
 	}
 	p := s.policy
 	now, read := s.clock()
