@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"log"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -26,10 +27,15 @@ var _ = func(ctx context.Context) (*grpc.Server, error) {
 	// or several replicas: Redis with maxmemory-policy noeviction.
 	// ContextTimeoutEnabled lets a try's deadline bound its store calls; New requires it.
 	rdb := redis.NewClient(&redis.Options{Addr: "redis:6379", ContextTimeoutEnabled: true})
-	store, err = redisstore.New(ctx, rdb,
+	rs, err := redisstore.New(ctx, rdb,
 		redisstore.WithPrefix("orders:attempts:"),
 		redisstore.WithMaxRecordsPerTenant(20_000),      // optional: no tenant fills it alone
 		redisstore.WithReplicas(1, 50*time.Millisecond)) // WAIT for 1 replica (a majority of 2)
+	if err != nil {
+		log.Fatal(err) // before the defer: a failed New returns no store to close
+	}
+	defer rs.Close() // after srv.GracefulStop (a Finish after Close fails): ends the store's node checks (rdb stays yours)
+	store = rs
 
 	srv := grpc.NewServer(interceptor.ServerOptions(interceptor.WithAttemptStore(store))...)
 	tollgatev1.RegisterAttemptServiceServer(srv, idempotency.NewAttemptService(store))
