@@ -887,7 +887,9 @@ func restartRedis(ctx context.Context, cfg config) (*scenarioResult, error) {
 		c := redis.NewClient(&redis.Options{Addr: cfg.RedisAddr, ContextTimeoutEnabled: true})
 		s, err := redisstore.New(ctx, c, redisstore.WithPrefix(prefix), redisstore.WithPolicy(p))
 		if err == nil {
-			err = openHorizon(ctx, s)
+			if err = openHorizon(ctx, s); err != nil {
+				_ = s.Close()
+			}
 		}
 		if err != nil {
 			_ = c.Close()
