@@ -2,6 +2,7 @@ package redisstore_test
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -9,8 +10,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"go.uber.org/goleak"
 
 	"github.com/tollgate-go/tollgate/idempotency"
+	"github.com/tollgate-go/tollgate/idempotency/internal/hooks"
 	"github.com/tollgate-go/tollgate/idempotency/redisstore"
 	"github.com/tollgate-go/tollgate/idempotency/storetest"
 )
@@ -82,4 +85,64 @@ func TestRedisCloseDuringBeginStillFencesItsTry(t *testing.T) {
 	_, err = s.Get(ctx, k)
 	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable, "a call after Close")
 	require.ErrorContains(t, err, "closed")
+}
+
+// Close while a node's check waits on a paused Redis, with calls waiting
+// for that check and more arriving: Close must return once the check ends
+// (no lock between Close and the node's check); a call in progress at
+// Close may fail unavailable or go on, but never reads as its caller's
+// deadline (none had one); every call after Close fails unavailable; and
+// no goroutine of the store's is left. (A guard: the review found this
+// sound.)
+func TestRedisCloseDuringCheckWithConcurrentCalls(t *testing.T) {
+	addr, _ := ownRedis(t)
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	s := newStore(t, c, "own:", redisstore.WithPolicy(storetest.Policy()),
+		hooks.RedisClockRecheckAfter(time.Nanosecond).(redisstore.Option)) // every call checks the node
+	ctx := context.Background()
+	key := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}
+	_, err := s.Get(ctx, key)
+	require.NoError(t, err)
+	before := goleak.IgnoreCurrent()
+
+	require.NoError(t, c.Do(ctx, "CLIENT", "PAUSE", 2000, "ALL").Err())
+	type result struct {
+		afterClose bool
+		err        error
+	}
+	results := make(chan result, 64)
+	var (
+		wg     sync.WaitGroup
+		closed atomic.Bool
+	)
+	for i := range 64 {
+		wg.Go(func() {
+			after := closed.Load()
+			var err error
+			if i%2 == 0 {
+				_, err = s.Get(ctx, key)
+			} else {
+				_, err = s.Fence(ctx, key, 1)
+			}
+			results <- result{after, err}
+		})
+		if i == 32 {
+			require.NoError(t, s.Close())
+			closed.Store(true)
+		}
+	}
+	wg.Wait()
+	close(results)
+	for r := range results {
+		if r.afterClose {
+			require.ErrorIs(t, r.err, idempotency.ErrStoreUnavailable, "a call after Close")
+			require.ErrorContains(t, r.err, "closed")
+		}
+		// A call in progress at Close may end either way: its check ran
+		// into Close, or passed, and the call went on.
+		require.NotErrorIs(t, r.err, context.DeadlineExceeded, "no caller had a deadline")
+		require.NotErrorIs(t, r.err, context.Canceled, "no caller was canceled")
+	}
+	goleak.VerifyNone(t, before)
 }
