@@ -99,6 +99,7 @@ func staleBegin(t *testing.T, opt redisstore.Option) (*redisstore.Store, *redis.
 	}
 	s, err := redisstore.New(context.Background(), c, opts...)
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
 	ctx := context.Background()
 
 	// The tenant's horizon starts, then k is minted skew ahead: inside it.
@@ -360,6 +361,7 @@ func redisBehind(t *testing.T, ahead time.Duration) {
 		t.Logf("New refused the lagging Redis: %v", err)
 		return // refusing it is a fine answer
 	}
+	t.Cleanup(func() { _ = s.Close() })
 	ctx := context.Background()
 	k, ts := succeededCall(t, s, clk.now, p.Skew)
 	// The owner's FenceAttempt(1) reads the clock shortly before absence

@@ -250,6 +250,7 @@ func TestStoreStalledLostReplyFenceTombstonesSucceededCall(t *testing.T) {
 	s, err := redisstore.New(context.Background(), c, redisstore.WithPrefix("review:"), redisstore.WithPolicy(p),
 		hooks.RedisKeep(300*time.Millisecond).(redisstore.Option))
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
 	ctx := context.Background()
 	// The tenant's horizon starts, then k is minted skew ahead: inside it.
 	_, err = s.Get(ctx, idempotency.Key{Tenant: "acme", AttemptID: attemptIDNow(0), Call: "h", Method: "/x.Y/Z"})
