@@ -239,6 +239,7 @@ func runFaultAtMostOnce(t *testing.T, seed uint64, cfg faultConfig) (faults map[
 		p.Skew = 0
 		rs, err := redisstore.New(ctx, rc, redisstore.WithPrefix(prefix), redisstore.WithPolicy(p))
 		require.NoError(t, err)
+		t.Cleanup(func() { _ = rs.Close() }) // after the server's stop (cleanups run last first)
 		// The tenant's horizon starts at its first script.
 		_, err = rs.Get(ctx, idempotency.Key{AttemptID: "probe", Call: "0", Method: testingv1.TestService_Apply_FullMethodName})
 		require.NoError(t, err)

@@ -170,6 +170,7 @@ func TestStoreTooLittleTimeUnderCapIsNotFinal(t *testing.T) {
 	store, err := redisstore.New(ctx, c, redisstore.WithPrefix(prefix), redisstore.WithPolicy(killPolicy(0)),
 		redisstore.WithReplicas(1, 50*time.Millisecond))
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() }) // after the server's stop (cleanups run last first)
 	const maxAttempt = time.Second
 	ctrl := workCtrl(t, admission.Class{Name: "work", Slots: 4, ExpectedServiceTime: 10 * time.Millisecond})
 	end := testsvc.StartT(t, testsvc.Bufconn, (&testsvc.Service{}).Register,

@@ -274,6 +274,7 @@ func TestKilledServerProcessLeavesCallInProgressThenAbandoned(t *testing.T) {
 	ctx := t.Context()
 	store, err := redisstore.New(ctx, rc, redisstore.WithPrefix(prefix), redisstore.WithPolicy(killPolicy(killSkew)))
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() }) // after the server's stop (cleanups run last first)
 	const method = testingv1.TestService_Apply_FullMethodName
 
 	// The store's horizon (per tenant, under this prefix) starts at its first

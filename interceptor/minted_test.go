@@ -39,6 +39,7 @@ var mintedStores = []mintedStore{
 		c, prefix := killRedis(t)
 		s, err := redisstore.New(t.Context(), c, redisstore.WithPrefix(prefix), redisstore.WithPolicy(p))
 		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() }) // after the server's stop (cleanups run last first)
 		return s
 	}},
 }

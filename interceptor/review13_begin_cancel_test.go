@@ -118,6 +118,7 @@ func TestReview13CancelDuringBeginAgreesWithRecord(t *testing.T) {
 				c.AddHook(lostReplyHook{sw: sw})
 				rs, err := redisstore.New(t.Context(), c, redisstore.WithPrefix(prefix), redisstore.WithPolicy(killPolicy(0)))
 				require.NoError(t, err)
+				t.Cleanup(func() { _ = rs.Close() }) // after the server's stop (cleanups run last first)
 				store = rs
 			}
 			outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {

@@ -1033,6 +1033,7 @@ func TestStoreWithTooLittleTimeRefusesDeadlineUnreachable(t *testing.T) {
 	store, err := redisstore.New(ctx, c, redisstore.WithPrefix(prefix), redisstore.WithPolicy(killPolicy(killSkew)),
 		redisstore.WithReplicas(1, 50*time.Millisecond))
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() }) // after the server's stop (cleanups run last first)
 	var ran atomic.Int64
 	svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
 		ran.Add(1)
