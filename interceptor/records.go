@@ -233,6 +233,7 @@ func (sv *server) contextEnded(ctx context.Context, in *inbound) error {
 			stage = arrivalStage // it came late: no begin miss (see above)
 		}
 		sv.tel.late.Add(ctx, 1, stage)
+		in.missCounted = true
 		err := status.NotAdmitted(status.ReasonDeadlineExpired, status.Fields{Final: true,
 			Message: "interceptor: the try's context ended, by its deadline, before its record was begun"})
 		return status.With(sv.tryDeadlineOnly(err, in, dl), id)

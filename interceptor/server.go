@@ -80,6 +80,11 @@ type inbound struct {
 	// expired is set for a recorded call whose try came after the attempt's
 	// deadline plus skew: only its record may answer it.
 	expired bool
+	// missCounted is set once the interceptor has counted the try in
+	// tollgate.deadline.misses (lateRefusal, contextEnded): a late try's
+	// lookup permit is then abandoned when its context has ended, not
+	// released, so that admission does not count it again as a run miss.
+	missCounted bool
 	// detached is set for a recorded unary call: its handler runs on a
 	// context detached from the client's, until the attempt's deadline
 	// plus the skew (server.detach), whatever the try's own deadline.
@@ -263,6 +268,7 @@ func (sv *server) expired(ctx context.Context, s *attemptState) error {
 // stream's request received after it passed, or a try a store found late.
 func (sv *server) lateRefusal(ctx context.Context, in *inbound) error {
 	s := in.s
+	in.missCounted = true
 	return status.With(sv.tryDeadlineOnly(sv.expired(ctx, s), in, s.Deadline.Add(sv.cfg.skew)), status.WithAttempt(s.ID, s.Call, s.Try))
 }
 
@@ -598,11 +604,14 @@ func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 			return nil, err
 		}
 		started, resp, err := sv.beginTry(ctx, info.FullMethod, in, fp, false)
-		if in.expired && ctx.Err() == nil {
-			// The lookup was its work, as a query's is. One its context
-			// ended is no service time, and its miss is counted on
-			// arrival (contextEnded, lateRefusal), not again as admission's
-			// run miss: it is abandoned (deferred above).
+		if in.expired && (ctx.Err() == nil || !in.missCounted) {
+			// The lookup was its work, as a query's is, and one its
+			// record answered after its context ended ran late: admission
+			// counts it as a run miss. One its context ended that was
+			// refused for it (contextEnded) or for its lateness
+			// (lateRefusal) is counted on arrival, not again as admission's
+			// run miss, and was no service time: it is abandoned (deferred
+			// above).
 			permit.Release()
 		}
 		if !started {
@@ -844,7 +853,7 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 			return err
 		}
 		started, _, err := sv.beginTry(ctx, info.FullMethod, in, fp, true)
-		if in.expired && ctx.Err() == nil {
+		if in.expired && (ctx.Err() == nil || !in.missCounted) {
 			permit.Release() // the lookup was its work, as a query's is (admit, and unary)
 		}
 		if !started {
