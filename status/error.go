@@ -539,7 +539,10 @@ const (
 // its size in the status as sent, protobuf framing included (a detail that
 // does not fit is dropped). The tollgate OutcomeDetail that [OutcomeOf]
 // classifies err by, if any, is counted first and always kept, so that the
-// bound never changes what err reads as.
+// bound never changes what err reads as; one larger than 3 KiB by itself is
+// kept by what it says (its outcome, reason, final flag, try, retry_after,
+// units and fence; its attempt ID, call and class when each is within 256
+// bytes), rebuilt without unknown fields under the standard type URL.
 // Its code is kept (but a non-nil error whose status claims OK, which
 // OutcomeOf reads as UNKNOWN, is UNKNOWN once rebuilt, not a success). It
 // returns err itself when its status is within both bounds, and when err
@@ -562,13 +565,18 @@ func Bounded(err error) error {
 	}
 	var details []*anypb.Any
 	room := maxCarriedBytes
-	deciding := decidingDetail(p.GetDetails())
+	deciding, od := decidingDetail(p.GetDetails())
+	var kept *anypb.Any
 	if deciding >= 0 {
-		room = max(room-detailSize(p.GetDetails()[deciding]), 0)
+		kept = p.GetDetails()[deciding]
+		if detailSize(kept) > maxCarriedBytes {
+			kept = boundedOutcomeDetail(od)
+		}
+		room = max(room-detailSize(kept), 0)
 	}
 	for i, d := range p.GetDetails() {
 		if i == deciding {
-			details = append(details, d)
+			details = append(details, kept)
 		} else if size := detailSize(d); size <= room {
 			room -= size
 			details = append(details, d)
@@ -583,19 +591,52 @@ func Bounded(err error) error {
 
 // decidingDetail is the index of the detail of a status that OutcomeOf
 // classifies it by (the first that decodes as a tollgate OutcomeDetail, as
-// grpc-go's Status.Details decodes it), or -1 when there is none.
-func decidingDetail(details []*anypb.Any) int {
+// grpc-go's Status.Details decodes it), and that detail decoded, or -1 when
+// there is none.
+func decidingDetail(details []*anypb.Any) (int, *tollgatev1.OutcomeDetail) {
 	for i, d := range details {
 		if typeURLPrefix+string(d.MessageName()) != outcomeDetailURL {
 			continue
 		}
 		if m, err := d.UnmarshalNew(); err == nil {
-			if _, ok := m.(*tollgatev1.OutcomeDetail); ok {
-				return i
+			if od, ok := m.(*tollgatev1.OutcomeDetail); ok {
+				return i, od
 			}
 		}
 	}
-	return -1
+	return -1, nil
+}
+
+// maxDetailString bounds each string of a deciding OutcomeDetail too large
+// for Bounded's bound (boundedOutcomeDetail): an attempt ID, call key or
+// class name is far shorter.
+const maxDetailString = 256
+
+// boundedOutcomeDetail is d, a deciding OutcomeDetail larger than
+// maxCarriedBytes as it was sent, rebuilt by what it says: its outcome,
+// reason, final flag, try, retry_after, units and fence kept, its strings
+// kept when within maxDetailString and cleared otherwise (a cut identifier
+// would name another), its unknown fields dropped, under the standard type
+// URL. It is well within the bound.
+func boundedOutcomeDetail(d *tollgatev1.OutcomeDetail) *anypb.Any {
+	m := &tollgatev1.OutcomeDetail{Outcome: d.GetOutcome(), Reason: d.GetReason(), Try: d.GetTry(),
+		UnitsRemaining: d.GetUnitsRemaining(), Final: d.GetFinal(), FencedThroughTry: d.GetFencedThroughTry()}
+	if ra := d.GetRetryAfter(); ra != nil {
+		m.RetryAfter = &durationpb.Duration{Seconds: ra.GetSeconds(), Nanos: ra.GetNanos()}
+	}
+	for _, f := range []struct {
+		to   *string
+		from string
+	}{{&m.AttemptId, d.GetAttemptId()}, {&m.Call, d.GetCall()}, {&m.WorkloadClass, d.GetWorkloadClass()}} {
+		if len(f.from) <= maxDetailString {
+			*f.to = f.from
+		}
+	}
+	a, err := anypb.New(m)
+	if err != nil { // cannot happen: the strings decoded as valid UTF-8
+		return &anypb.Any{TypeUrl: outcomeDetailURL}
+	}
+	return a
 }
 
 // detailSize is the size of detail d in a google.rpc.Status as it is sent:
