@@ -2,6 +2,7 @@ package interceptor_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"github.com/tollgate-go/tollgate/status"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -101,4 +103,28 @@ func r14cFalseAccepts(ctrl *admission.Controller) uint64 {
 		n += c.FalseAccepts
 	}
 	return n
+}
+
+// A review found the defect this test guards against (fixed since; the text
+// below is the review's account of the code before the fix).
+//
+// A handler's NOT_ADMITTED wrapped with status.WithoutEffect is answered as
+// a refusal the server rebuilds, which keeps "the class that refused it"
+// from the handler's tollgate detail (Fields.Class), whatever its length:
+// status bounds messages and carried details, but not a detail's strings.
+// A handler (or the service below it whose refusal it passes on) naming a
+// 64 KiB class sent a 64 KiB detail past every bound, and a caller with an
+// 8 KiB header list limit lost the refusal to a transport INTERNAL. A class
+// name longer than 256 bytes is dropped.
+func TestR14cHandlerRefusalWithAHugeClassReachesItsCaller(t *testing.T) {
+	svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		return nil, status.WithoutEffect(status.NotAdmitted(status.ReasonQueueFull, status.WithClass(strings.Repeat("c", 64<<10))))
+	}}
+	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) { svc.Register(s) }, serverOpts()...)
+	client := testingv1.NewTestServiceClient(end.DialT(t, grpc.WithMaxHeaderListSize(8<<10)))
+	_, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "k"})
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindNotAdmitted, o.Kind, "the refusal arrives: %.300v", err)
+	require.Equal(t, status.ReasonQueueFull, o.Reason)
+	require.Empty(t, o.Detail.GetWorkloadClass())
 }

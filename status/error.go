@@ -55,7 +55,10 @@ type Fields struct {
 	// the status also carries a google.rpc.RetryInfo; zero or negative
 	// suggests none.
 	RetryAfter time.Duration
-	// Class is the admission class that refused the call.
+	// Class is the admission class that refused the call. A name longer
+	// than 256 bytes is dropped: it would carry the detail past the bound
+	// on what a status sends (a server passes on the class of a refusal
+	// its handler returns).
 	Class string
 	// UnitsRemaining is the number of free allowance units at the refusing ledger.
 	UnitsRemaining int64
@@ -88,7 +91,7 @@ func (f Fields) apply(e *Error) {
 	if f.RetryAfter > 0 {
 		e.f.RetryAfter = f.RetryAfter
 	}
-	if f.Class != "" {
+	if f.Class != "" && len(f.Class) <= maxDetailString {
 		e.f.Class = validUTF8(f.Class)
 	}
 	if f.UnitsRemaining != 0 {
@@ -136,7 +139,8 @@ func WithAttempt(attemptID, call string, try uint32) Option {
 // synchronises clients.
 func WithRetryAfter(d time.Duration) Option { return retryAfterOption(d) }
 
-// WithClass names the admission class that refused the call.
+// WithClass names the admission class that refused the call (a name
+// longer than 256 bytes is dropped, see [Fields]).
 func WithClass(class string) Option { return classOption(class) }
 
 // WithUnitsRemaining reports the free allowance units at the refusing ledger.
@@ -608,8 +612,8 @@ func decidingDetail(details []*anypb.Any) (int, *tollgatev1.OutcomeDetail) {
 }
 
 // maxDetailString bounds each string of a deciding OutcomeDetail too large
-// for Bounded's bound (boundedOutcomeDetail): an attempt ID, call key or
-// class name is far shorter.
+// for Bounded's bound (boundedOutcomeDetail), and the class an Error names
+// (Fields.Class): an attempt ID, call key or class name is far shorter.
 const maxDetailString = 256
 
 // boundedOutcomeDetail is d, a deciding OutcomeDetail larger than
