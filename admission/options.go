@@ -54,7 +54,8 @@ func slotless(m string) bool {
 // slots, its bounded queue and its per-tenant limits. A zero field means
 // "none" or "off" as each field says; Slots must be at least 1.
 type Class struct {
-	// Name identifies the class in metrics, refusals and overrides.
+	// Name identifies the class in metrics, refusals and overrides: not
+	// empty, at most MaxClassNameBytes.
 	Name string
 	// Slots is the number of requests of this class that may run at once on
 	// its own reserved capacity. At least 1.
@@ -114,10 +115,17 @@ func (cl Class) maxServiceTime() time.Duration {
 	return max(DefaultMaxServiceTime, cl.ExpectedServiceTime)
 }
 
+// MaxClassNameBytes is the longest class name New accepts: a refusal's
+// detail carries the name, and tollgate's bound on what it sends
+// (status.Bounded) drops a longer one.
+const MaxClassNameBytes = 256
+
 func (cl Class) validate() error {
 	switch {
 	case cl.Name == "":
 		return invalidConfig("class with an empty name")
+	case len(cl.Name) > MaxClassNameBytes:
+		return invalidConfig("class name of %d bytes (%.40q…): at most %d, as refusals carry it", len(cl.Name), cl.Name, MaxClassNameBytes)
 	case cl.Slots < 1:
 		return invalidConfig("class %q: Slots must be at least 1, got %d", cl.Name, cl.Slots)
 	case cl.QueueItems < 0, cl.QueueBytes < 0, cl.MaxRequestBytes < 0,
