@@ -100,6 +100,23 @@ func TestRedisNodeCheckBlipRefusesNothingAfter(t *testing.T) {
 	require.True(t, res.Started)
 }
 
+// checkedEveryCall starts a Redis of the test's own (ownRedis) and returns
+// a client of it, a store on that client (prefix "own:",
+// storetest.Policy) that checks the node at every call, and a key of
+// tenant acme that one Get has read: the node passed its check once.
+func checkedEveryCall(t *testing.T) (*redis.Client, *redisstore.Store, idempotency.Key) {
+	t.Helper()
+	addr, _ := ownRedis(t)
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	s := newStore(t, c, "own:", redisstore.WithPolicy(storetest.Policy()),
+		hooks.RedisClockRecheckAfter(time.Nanosecond).(redisstore.Option)) // every call checks the node
+	key := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}
+	_, err := s.Get(context.Background(), key)
+	require.NoError(t, err)
+	return c, s, key
+}
+
 // A review found the defect this test guards against (fixed since; the text
 // below is the review's account of the code before the fix).
 // A node's check runs in a goroutine of its own, detached from the calls
@@ -110,21 +127,14 @@ func TestRedisNodeCheckBlipRefusesNothingAfter(t *testing.T) {
 // paused, a call that needed a check gave up at its deadline, and once the
 // store is closed no goroutine of its is left.
 func TestRedisNodeCheckGoroutineEndsWithClose(t *testing.T) {
-	addr, _ := ownRedis(t)
-	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = c.Close() })
-	s := newStore(t, c, "own:", redisstore.WithPolicy(storetest.Policy()),
-		hooks.RedisClockRecheckAfter(time.Nanosecond).(redisstore.Option)) // every call checks the node
+	c, s, key := checkedEveryCall(t)
 	ctx := context.Background()
-	key := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}
-	_, err := s.Get(ctx, key)
-	require.NoError(t, err)
 	before := goleak.IgnoreCurrent()
 
 	require.NoError(t, c.Do(ctx, "CLIENT", "PAUSE", 3000, "ALL").Err())
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer cancel()
-	_, err = s.Get(short, key)
+	_, err := s.Get(short, key)
 	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 
@@ -146,20 +156,13 @@ func TestRedisNodeCheckGoroutineEndsWithClose(t *testing.T) {
 // whose own context is alive must get a store-unavailable error that says
 // the check ran out of time, and does not read as its own deadline.
 func TestRedisNodeCheckTimeoutIsNotCallersDeadline(t *testing.T) {
-	addr, _ := ownRedis(t)
-	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = c.Close() })
-	s := newStore(t, c, "own:", redisstore.WithPolicy(storetest.Policy()),
-		hooks.RedisClockRecheckAfter(time.Nanosecond).(redisstore.Option)) // every call checks the node
+	c, s, key := checkedEveryCall(t)
 	ctx := context.Background()
-	key := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}
-	_, err := s.Get(ctx, key)
-	require.NoError(t, err)
 
 	require.NoError(t, c.Do(ctx, "CLIENT", "PAUSE", 8000, "ALL").Err())
 	long, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	_, err = s.Get(long, key)
+	_, err := s.Get(long, key)
 	require.NoError(t, long.Err())
 	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
 	require.NotErrorIs(t, err, context.DeadlineExceeded, "the check's own time limit reads as the caller's deadline")

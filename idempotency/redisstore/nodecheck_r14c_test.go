@@ -13,7 +13,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tollgate-go/tollgate/idempotency"
-	"github.com/tollgate-go/tollgate/idempotency/internal/hooks"
 	"github.com/tollgate-go/tollgate/idempotency/redisstore"
 	"github.com/tollgate-go/tollgate/idempotency/storetest"
 )
@@ -95,15 +94,8 @@ func TestRedisCloseDuringBeginStillFencesItsTry(t *testing.T) {
 // no goroutine of the store's is left. (A guard: the review found this
 // sound.)
 func TestRedisCloseDuringCheckWithConcurrentCalls(t *testing.T) {
-	addr, _ := ownRedis(t)
-	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = c.Close() })
-	s := newStore(t, c, "own:", redisstore.WithPolicy(storetest.Policy()),
-		hooks.RedisClockRecheckAfter(time.Nanosecond).(redisstore.Option)) // every call checks the node
+	c, s, key := checkedEveryCall(t)
 	ctx := context.Background()
-	key := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}
-	_, err := s.Get(ctx, key)
-	require.NoError(t, err)
 	before := goleak.IgnoreCurrent()
 
 	require.NoError(t, c.Do(ctx, "CLIENT", "PAUSE", 2000, "ALL").Err())

@@ -3,8 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
-	"net"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,9 +10,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/idempotency"
-	"github.com/tollgate-go/tollgate/idempotency/internal/hooks"
-	"github.com/tollgate-go/tollgate/idempotency/redisstore"
-	"github.com/tollgate-go/tollgate/idempotency/storetest"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 )
 
@@ -62,58 +57,23 @@ func TestRedisClusterNodeJoinedAfterNewIsChecked(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			aAddr, _, a := ownClusterNode(t)
-			require.NoError(t, a.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", "0", "16383").Err())
-			waitFor(t, 10*time.Second, "the one-node Cluster ok", func() bool {
-				return strings.Contains(a.ClusterInfo(ctx).Val(), "cluster_state:ok")
-			})
-			cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{aAddr}, ContextTimeoutEnabled: true})
-			t.Cleanup(func() { _ = cc.Close() })
-			clk := &shiftClock{}
-			const prefix = "join:"
-			s := newStore(t, cc, prefix, redisstore.WithPolicy(storetest.Policy()), hooks.RedisClock(clk.now).(redisstore.Option))
-
 			// Node b joins, and takes the slot of tenant acme (still empty).
-			bAddr, bBus, b := ownClusterNode(t, tc.args...)
-			host, port, err := net.SplitHostPort(bAddr)
-			require.NoError(t, err)
-			require.NoError(t, a.Do(ctx, "CLUSTER", "MEET", host, port, bBus).Err())
-			aID, bID := a.Do(ctx, "CLUSTER", "MYID").Val(), b.Do(ctx, "CLUSTER", "MYID").Val()
-			waitFor(t, 10*time.Second, "the nodes knowing each other", func() bool {
-				return strings.Contains(a.ClusterNodes(ctx).Val(), fmt.Sprint(bID)) &&
-					strings.Contains(b.ClusterNodes(ctx).Val(), fmt.Sprint(aID))
-			})
-			hk := horizonKey(prefix, "acme")
-			slot, err := a.ClusterKeySlot(ctx, hk).Result()
-			require.NoError(t, err)
-			require.NoError(t, b.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", aID).Err())
-			require.NoError(t, a.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", bID).Err())
-			require.NoError(t, b.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", bID).Err())
-			require.NoError(t, a.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", bID).Err())
-			waitFor(t, 10*time.Second, "the Cluster ok, and the client seeing b serve acme's slot", func() bool {
-				if !strings.Contains(a.ClusterInfo(ctx).Val(), "cluster_state:ok") ||
-					!strings.Contains(b.ClusterInfo(ctx).Val(), "cluster_state:ok") {
-					return false
-				}
-				cc.ReloadState(ctx)
-				node, err := cc.MasterForKey(ctx, hk)
-				return err == nil && node.Options().Addr == bAddr
-			})
+			j := joinAfterNew(t, tc.args)
 
-			clk.off.Store(int64(tc.off))
-			k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clk.now()), Call: "0", Method: "/x.Y/Z"}
+			j.clk.off.Store(int64(tc.off))
+			k := j.acmeKey("0")
 			for range 2 { // a node that failed its checks is checked again, and fails again
-				rec, err := s.Get(ctx, k)
+				rec, err := j.store.Get(ctx, k)
 				if tc.want == "" {
 					require.NoError(t, err)
 					require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN, rec.GetState(), "the horizon starts now")
-					require.Equal(t, int64(1), b.Exists(ctx, hk).Val(), "the store used b")
+					require.Equal(t, int64(1), j.b.Exists(ctx, j.hk).Val(), "the store used b")
 					continue
 				}
 				require.ErrorIs(t, err, idempotency.ErrStoreUnavailable, "a node that joined after New ran the script unchecked")
 				require.ErrorContains(t, err, tc.want)
-				require.ErrorContains(t, err, bAddr)
-				require.Zero(t, b.Exists(ctx, hk).Val(), "nothing was written on b")
+				require.ErrorContains(t, err, j.bAddr)
+				require.Zero(t, j.b.Exists(ctx, j.hk).Val(), "nothing was written on b")
 			}
 		})
 	}
