@@ -10,7 +10,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/admission"
-	"github.com/tollgate-go/tollgate/budget"
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
@@ -335,31 +334,10 @@ func TestVerifyingTryAfterAStopPushbackIsAnsweredFromTheRecord(t *testing.T) {
 // verifying try's own context and grace, which a stream, whose context is
 // its caller's, does not have.
 func TestStreamVerifyingTryAfterAllUnitsSpentStaysHonest(t *testing.T) {
-	var runs, tries atomic.Int64
-	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
-		runs.Add(1)
-		a, ok := budget.FromContext(st.Context())
-		if !ok {
-			t.Error("the handler has no ledger") // not require: this is the server's goroutine
-		} else if err := a.Take(); err != nil { // its downstream work spends the one unit
-			t.Errorf("the handler could not spend its unit: %v", err)
-		}
-		return drainChat(st)
-	}}
-	lose := grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-		if tries.Add(1) != 1 {
-			return h(srv, ss)
-		}
-		_ = h(srv, ss) // recorded SUCCEEDED; the proxy loses the answer
-		return grpcstatus.Error(codes.Internal, "proxy: upstream connection reset")
-	})
-	client := fastClient(t, recordedServer(t, svc, memoryStore(t), lose), 3)
-	ctx, err := interceptor.StartAttempt(t.Context(), 1, 5*time.Second)
-	require.NoError(t, err)
-	err = chatOnce(t, interceptor.WithCallKey(ctx, "chat"), client)
+	runs, tries, err := chatWhoseVerifyingTryFindsNoUnit(t)
 	o := status.OutcomeOf(err)
-	t.Logf("tries %d, err %v", tries.Load(), err)
-	require.Equal(t, int64(1), runs.Load(), "the handler ran once")
+	t.Logf("tries %d, err %v", tries, err)
+	require.Equal(t, int64(1), runs, "the handler ran once")
 	// UNKNOWN today; COMMITTED, which the record would give, is honest too.
 	require.Contains(t, []status.Kind{status.KindUnknown, status.KindCommitted}, o.Kind, "%v", err)
 	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")

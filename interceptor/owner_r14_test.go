@@ -89,12 +89,7 @@ func TestLocalUnimplementedQueryMarksNothing(t *testing.T) {
 func TestQueryOnAReRootedContextKeepsItsToken(t *testing.T) {
 	var bRuns, queries atomic.Int32
 	ledger := newLedger(nil)
-	ledger.GetFunc = func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-		if bRuns.Add(1) == 1 {
-			return nil, shed()
-		}
-		return &testingv1.GetResponse{Value: "ok"}, nil
-	}
+	ledger.GetFunc = shedFirstGet(&bRuns)
 	end := recordedServer(t, &ledger.Service, memoryStore(t))
 	inner := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, inv grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		switch method {
@@ -115,9 +110,7 @@ func TestQueryOnAReRootedContextKeepsItsToken(t *testing.T) {
 		}
 		return inv(ctx, method, req, reply, cc, opts...)
 	}
-	client := testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(fastRetry(3),
-		interceptor.WithAttemptTimeout(time.Minute), oneRetryToken()),
-		grpc.WithChainUnaryInterceptor(inner))...))
+	client := oneTokenClient(t, end, inner)
 
 	_, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "acct", Amount: 1})
 	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
@@ -126,10 +119,7 @@ func TestQueryOnAReRootedContextKeepsItsToken(t *testing.T) {
 
 	// The query was sent: its token stays spent, and call B finds none for
 	// its repeat.
-	_, err = client.Get(t.Context(), &testingv1.GetRequest{Key: "b"})
-	require.Equal(t, status.ReasonRetryBudgetExhausted, status.OutcomeOf(err).Reason,
-		"the resolution's token came back though its query was sent: %v", err)
-	require.EqualValues(t, 1, bRuns.Load())
+	requireCallBFindsNoToken(t, client, &bRuns, "the resolution's token came back though its query was sent")
 }
 
 // spendOne spends one unit of the handler's allowance, as its own
@@ -143,6 +133,21 @@ func spendOne(t *testing.T, ctx context.Context) {
 	if err := a.Take(); err != nil { // its downstream work spends the one unit
 		t.Errorf("the handler could not spend its unit: %v", err)
 	}
+}
+
+// loseFirstChatAnswer is a server stream interceptor, chained outside
+// tollgate's, that lets the first Chat try it sees run (its record is
+// SUCCEEDED) and then loses that try's answer, as a proxy whose upstream
+// connection reset would. It counts the Chat tries it sees in tries; other
+// streams pass through uncounted.
+func loseFirstChatAnswer(tries *atomic.Int32) grpc.ServerOption {
+	return grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if info.FullMethod != testingv1.TestService_Chat_FullMethodName || tries.Add(1) != 1 {
+			return h(srv, ss)
+		}
+		_ = h(srv, ss) // recorded SUCCEEDED; the proxy loses the answer
+		return grpcstatus.Error(codes.Internal, "proxy: upstream connection reset")
+	})
 }
 
 // A review found the defect this test guards against (fixed since; the
@@ -247,6 +252,28 @@ func TestVerifyingTryRefusedLocallyKeepsTheCalleesError(t *testing.T) {
 	require.EqualValues(t, 1, o.Detail.GetTry(), "the result names the last try sent: %v", err)
 }
 
+// chatWhoseVerifyingTryFindsNoUnit runs one Chat keyed "chat", in an
+// attempt of one unit, at a recorded server whose handler spends that unit
+// (spendOne) and whose first answer a proxy loses (loseFirstChatAnswer), so
+// that the stream owner's verifying try finds no unit left. It returns how
+// many times the handler ran, how many Chat tries reached the server, and
+// the stream's error (chatOnce).
+func chatWhoseVerifyingTryFindsNoUnit(t *testing.T) (runs int64, tries int32, err error) {
+	t.Helper()
+	var handlerRuns atomic.Int64
+	var served atomic.Int32
+	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+		handlerRuns.Add(1)
+		spendOne(t, st.Context())
+		return drainChat(st)
+	}}
+	client := fastClient(t, recordedServer(t, svc, memoryStore(t), loseFirstChatAnswer(&served)), 3)
+	ctx, err := interceptor.StartAttempt(t.Context(), 1, 5*time.Second)
+	require.NoError(t, err)
+	err = chatOnce(t, interceptor.WithCallKey(ctx, "chat"), client)
+	return handlerRuns.Load(), served.Load(), err
+}
+
 // A review found the defect this test guards against (fixed since; the
 // text below is the review's account of the code before the fix).
 //
@@ -258,25 +285,9 @@ func TestVerifyingTryRefusedLocallyKeepsTheCalleesError(t *testing.T) {
 // TestStreamVerifyingTryAfterAllUnitsSpentStaysHonest allows COMMITTED as
 // well, which the record would give).
 func TestStreamVerifyingTryRefusedLocallyKeepsTheCalleesError(t *testing.T) {
-	var runs, tries atomic.Int64
-	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
-		runs.Add(1)
-		spendOne(t, st.Context())
-		return drainChat(st)
-	}}
-	lose := grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-		if tries.Add(1) != 1 {
-			return h(srv, ss)
-		}
-		_ = h(srv, ss) // recorded SUCCEEDED; the proxy loses the answer
-		return grpcstatus.Error(codes.Internal, "proxy: upstream connection reset")
-	})
-	client := fastClient(t, recordedServer(t, svc, memoryStore(t), lose), 3)
-	ctx, err := interceptor.StartAttempt(t.Context(), 1, 5*time.Second)
-	require.NoError(t, err)
-	err = chatOnce(t, interceptor.WithCallKey(ctx, "chat"), client)
-	require.EqualValues(t, 1, runs.Load(), "the handler ran once")
-	require.EqualValues(t, 1, tries.Load(), "the verifying try was refused locally")
+	runs, tries, err := chatWhoseVerifyingTryFindsNoUnit(t)
+	require.EqualValues(t, 1, runs, "the handler ran once")
+	require.EqualValues(t, 1, tries, "the verifying try was refused locally")
 	requireCalleesError(t, err, "upstream connection reset")
 }
 
@@ -318,14 +329,7 @@ func TestOrdinaryTrafficMovesNoReRootedCount(t *testing.T) {
 	}
 	ledger.ChatFunc = drainChat
 	var chats atomic.Int32
-	loseChat := grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-		if info.FullMethod != testingv1.TestService_Chat_FullMethodName || chats.Add(1) != 1 {
-			return h(srv, ss)
-		}
-		_ = h(srv, ss) // recorded SUCCEEDED; the proxy loses the answer
-		return grpcstatus.Error(codes.Internal, "proxy: upstream connection reset")
-	})
-	end := recordedServer(t, &ledger.Service, memoryStore(t), loseChat)
+	end := recordedServer(t, &ledger.Service, memoryStore(t), loseFirstChatAnswer(&chats))
 	client := testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(fastRetry(3),
 		interceptor.WithAttemptTimeout(time.Minute)), grpc.WithChainUnaryInterceptor(lose))...))
 

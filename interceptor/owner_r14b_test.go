@@ -26,12 +26,7 @@ import (
 func TestLocalUnimplementedQueryGivesItsTokenBack(t *testing.T) {
 	var bRuns atomic.Int32
 	ledger := newLedger(nil)
-	ledger.GetFunc = func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-		if bRuns.Add(1) == 1 {
-			return nil, shed()
-		}
-		return &testingv1.GetResponse{Value: "ok"}, nil
-	}
+	ledger.GetFunc = shedFirstGet(&bRuns)
 	end := recordedServer(t, &ledger.Service, memoryStore(t))
 	inner := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, inv grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		switch method {
@@ -45,9 +40,7 @@ func TestLocalUnimplementedQueryGivesItsTokenBack(t *testing.T) {
 		}
 		return inv(ctx, method, req, reply, cc, opts...)
 	}
-	client := testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(fastRetry(3),
-		interceptor.WithAttemptTimeout(time.Minute), oneRetryToken()),
-		grpc.WithChainUnaryInterceptor(inner))...))
+	client := oneTokenClient(t, end, inner)
 
 	_, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "acct", Amount: 1})
 	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
@@ -68,14 +61,7 @@ func TestStreamQueryRefusedLocallyMarksNothing(t *testing.T) {
 			return &testingv1.PutResponse{}, nil
 		},
 	}
-	lose := grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-		if info.FullMethod != testingv1.TestService_Chat_FullMethodName || chats.Add(1) != 1 {
-			return h(srv, ss)
-		}
-		_ = h(srv, ss) // recorded SUCCEEDED; the proxy loses the answer
-		return grpcstatus.Error(codes.Internal, "proxy: upstream connection reset")
-	})
-	end := recordedServer(t, svc, memoryStore(t), lose)
+	end := recordedServer(t, svc, memoryStore(t), loseFirstChatAnswer(&chats))
 	refuseStreamQuery := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 		if method == fenceAttemptMethod {
 			return nil, grpcstatus.Error(codes.Unimplemented, "the allow-list has no AttemptService") // never sent
@@ -122,12 +108,7 @@ func TestLocalUnimplementedAfterAnInProgressPoll(t *testing.T) {
 		<-release
 	})
 	var bRuns atomic.Int32
-	ledger.GetFunc = func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-		if bRuns.Add(1) == 1 {
-			return nil, shed()
-		}
-		return &testingv1.GetResponse{Value: "ok"}, nil
-	}
+	ledger.GetFunc = shedFirstGet(&bRuns)
 	end := recordedServer(t, &ledger.Service, memoryStore(t))
 	var polls atomic.Int32
 	inner := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, inv grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -152,9 +133,7 @@ func TestLocalUnimplementedAfterAnInProgressPoll(t *testing.T) {
 		}
 		return inv(ctx, method, req, reply, cc, opts...)
 	}
-	client := testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(fastRetry(3),
-		interceptor.WithAttemptTimeout(time.Minute), oneRetryToken()),
-		grpc.WithChainUnaryInterceptor(inner))...))
+	client := oneTokenClient(t, end, inner)
 
 	_, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "acct", Amount: 1})
 	close(release)
@@ -163,10 +142,7 @@ func TestLocalUnimplementedAfterAnInProgressPoll(t *testing.T) {
 
 	// The first poll reached the callee: the resolution's token stays
 	// spent, and call B finds none for its repeat.
-	_, err = client.Get(t.Context(), &testingv1.GetRequest{Key: "b"})
-	require.Equal(t, status.ReasonRetryBudgetExhausted, status.OutcomeOf(err).Reason,
-		"the resolution's token came back though its first poll was sent: %v", err)
-	require.EqualValues(t, 1, bRuns.Load())
+	requireCallBFindsNoToken(t, client, &bRuns, "the resolution's token came back though its first poll was sent")
 }
 
 // A review found the defect this test guards against (fixed since; the

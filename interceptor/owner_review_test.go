@@ -66,6 +66,39 @@ func requireCallBGetsTheToken(t *testing.T, client testingv1.TestServiceClient, 
 	require.EqualValues(t, 2, bRuns.Load())
 }
 
+// requireCallBFindsNoToken requires a call B (Get "b") to be refused
+// RETRY_BUDGET_EXHAUSTED for its repeat, the budget's one token staying
+// spent, its handler having run once (bRuns: it sheds its first try). why
+// says what call B's success would mean.
+func requireCallBFindsNoToken(t *testing.T, client testingv1.TestServiceClient, bRuns *atomic.Int32, why string) {
+	t.Helper()
+	_, err := client.Get(t.Context(), &testingv1.GetRequest{Key: "b"})
+	require.Equal(t, status.ReasonRetryBudgetExhausted, status.OutcomeOf(err).Reason, why+": %v", err)
+	require.EqualValues(t, 1, bRuns.Load())
+}
+
+// shedFirstGet is call B's Get handler: it sheds its first try, so that
+// call B needs a retry-budget token for its repeat, and answers "ok" after,
+// counting its runs in bRuns.
+func shedFirstGet(bRuns *atomic.Int32) func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+	return func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		if bRuns.Add(1) == 1 {
+			return nil, shed()
+		}
+		return &testingv1.GetResponse{Value: "ok"}, nil
+	}
+}
+
+// oneTokenClient is a client of end through DialOptions with three tries, a
+// minute per attempt and a retry budget of one token (oneRetryToken), inner
+// chained below tollgate's interceptor.
+func oneTokenClient(t *testing.T, end *testsvc.Endpoint, inner grpc.UnaryClientInterceptor) testingv1.TestServiceClient {
+	t.Helper()
+	return testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(fastRetry(3),
+		interceptor.WithAttemptTimeout(time.Minute), oneRetryToken()),
+		grpc.WithChainUnaryInterceptor(inner))...))
+}
+
 func TestRetryTokenOfARepeatCancelledInItsBackoffGoesBack(t *testing.T) {
 	var bRuns atomic.Int32
 	clock := &cancellingClock{}

@@ -32,12 +32,7 @@ const fenceAttemptMethod = "/tollgate.v1.AttemptService/FenceAttempt"
 func TestRetryTokenOfAQueryNeverSentGoesBack(t *testing.T) {
 	var bRuns atomic.Int32
 	ledger := newLedger(nil)
-	ledger.GetFunc = func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-		if bRuns.Add(1) == 1 {
-			return nil, shed()
-		}
-		return &testingv1.GetResponse{Value: "ok"}, nil
-	}
+	ledger.GetFunc = shedFirstGet(&bRuns)
 	end := recordedServer(t, &ledger.Service, memoryStore(t))
 	var queries atomic.Int32
 	inner := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, inv grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -54,9 +49,7 @@ func TestRetryTokenOfAQueryNeverSentGoesBack(t *testing.T) {
 		}
 		return inv(ctx, method, req, reply, cc, opts...)
 	}
-	client := testingv1.NewTestServiceClient(end.DialT(t, append(interceptor.DialOptions(fastRetry(3),
-		interceptor.WithAttemptTimeout(time.Minute), oneRetryToken()),
-		grpc.WithChainUnaryInterceptor(inner))...))
+	client := oneTokenClient(t, end, inner)
 
 	_, err := client.Apply(t.Context(), &testingv1.ApplyRequest{Key: "acct", Amount: 1})
 	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "a failed query stops the call UNKNOWN: %v", err)

@@ -33,6 +33,38 @@ func r14Header(ctx context.Context, id uuid.UUID, n int, d time.Time) context.Co
 	return metadata.AppendToOutgoingContext(ctx, "tollgate", fmt.Sprintf("a=%s;c=0;t=%d;d=%d", id, n, d.UnixMilli()))
 }
 
+// replayServer is a recorded server over store whose Apply handler answers
+// an empty response, and a client of it whose header list limit is 8 KiB
+// (grpc-java's and gRPC C++'s): the tests write a record straight into
+// store and read what later tries of its call are answered.
+func replayServer(t *testing.T, store idempotency.Store) (*testsvc.Service, testingv1.TestServiceClient) {
+	t.Helper()
+	svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+		return &testingv1.ApplyResponse{}, nil
+	}}
+	end := recordedServer(t, svc, store)
+	return svc, testingv1.NewTestServiceClient(end.DialT(t, grpc.WithMaxHeaderListSize(8<<10)))
+}
+
+// writeFinishedTry1 writes straight into store the record of try 1 of call
+// "0" of attempt id, an Apply of req with deadline d, begun and then
+// finished as fin says (its State, Code, Message and Details; its Key, Try
+// and Fingerprint are filled in here), as a build from before a fix, or a
+// store's own writer, may have left it.
+func writeFinishedTry1(t *testing.T, store idempotency.Store, id uuid.UUID, d time.Time, req *testingv1.ApplyRequest, fin idempotency.FinishRequest) {
+	t.Helper()
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(req)
+	require.NoError(t, err)
+	method := testingv1.TestService_Apply_FullMethodName
+	key := idempotency.Key{AttemptID: id.String(), Call: "0", Method: method}
+	fp := idempotency.Fingerprint(method, b)
+	res, err := store.Begin(t.Context(), idempotency.BeginRequest{Key: key, Try: 1, Fingerprint: fp, Deadline: d})
+	require.NoError(t, err)
+	require.True(t, res.Started)
+	fin.Key, fin.Try, fin.Fingerprint = key, 1, fp
+	require.NoError(t, store.Finish(t.Context(), fin))
+}
+
 // r14DetailsWireSize is what details take in a status as it is sent.
 func r14DetailsWireSize(details []*anypb.Any) int {
 	return proto.Size(&spb.Status{Details: details})
@@ -70,26 +102,14 @@ func TestR14ReplayOfAStoredFailedRecordIsBounded(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			store := memoryStore(t)
-			svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
-				return &testingv1.ApplyResponse{}, nil
-			}}
-			end := recordedServer(t, svc, store)
-			client := testingv1.NewTestServiceClient(end.DialT(t, grpc.WithMaxHeaderListSize(8<<10)))
+			svc, client := replayServer(t, store)
 
 			// Try 1's record, as an older build (or the store itself) left it.
 			id, _ := uuid.NewV7()
 			d := time.Now().Add(5 * time.Second)
 			req := &testingv1.ApplyRequest{Key: "k"}
-			b, err := proto.MarshalOptions{Deterministic: true}.Marshal(req)
-			require.NoError(t, err)
-			method := testingv1.TestService_Apply_FullMethodName
-			key := idempotency.Key{AttemptID: id.String(), Call: "0", Method: method}
-			fp := idempotency.Fingerprint(method, b)
-			res, err := store.Begin(t.Context(), idempotency.BeginRequest{Key: key, Try: 1, Fingerprint: fp, Deadline: d})
-			require.NoError(t, err)
-			require.True(t, res.Started)
-			require.NoError(t, store.Finish(t.Context(), idempotency.FinishRequest{Key: key, Try: 1, Fingerprint: fp,
-				State: tc.state, Code: tc.code, Message: tc.msg, Details: tc.details}))
+			writeFinishedTry1(t, store, id, d, req, idempotency.FinishRequest{
+				State: tc.state, Code: tc.code, Message: tc.msg, Details: tc.details})
 
 			var answers []string
 			for n := 2; n <= 3; n++ {

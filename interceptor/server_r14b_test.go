@@ -21,7 +21,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -174,11 +173,7 @@ func TestR14bLateStartedTryWhoseTombstoneOutlivesItsCallerIsCountedOnce(t *testi
 // error is read by first.
 func TestR14bReplayedRecordKeepsItsTollgateDetail(t *testing.T) {
 	store := memoryStore(t)
-	svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
-		return &testingv1.ApplyResponse{}, nil
-	}}
-	end := recordedServer(t, svc, store)
-	client := testingv1.NewTestServiceClient(end.DialT(t, grpc.WithMaxHeaderListSize(8<<10)))
+	svc, client := replayServer(t, store)
 
 	id, _ := uuid.NewV7()
 	committed := grpcstatus.Convert(status.Committed(status.WithAttempt(id.String(), "0", 1))).Proto()
@@ -192,19 +187,11 @@ func TestR14bReplayedRecordKeepsItsTollgateDetail(t *testing.T) {
 	}
 	d := time.Now().Add(5 * time.Second)
 	req := &testingv1.ApplyRequest{Key: "k"}
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(req)
-	require.NoError(t, err)
-	method := testingv1.TestService_Apply_FullMethodName
-	key := idempotency.Key{AttemptID: id.String(), Call: "0", Method: method}
-	fp := idempotency.Fingerprint(method, b)
-	res, err := store.Begin(t.Context(), idempotency.BeginRequest{Key: key, Try: 1, Fingerprint: fp, Deadline: d})
-	require.NoError(t, err)
-	require.True(t, res.Started)
-	require.NoError(t, store.Finish(t.Context(), idempotency.FinishRequest{Key: key, Try: 1, Fingerprint: fp,
+	writeFinishedTry1(t, store, id, d, req, idempotency.FinishRequest{
 		State: tollgatev1.AttemptState_ATTEMPT_STATE_FAILED, Code: codes.FailedPrecondition, Message: strings.Repeat("m", 2<<10),
-		Details: append([]*anypb.Any{filler}, committed.GetDetails()...)}))
+		Details: append([]*anypb.Any{filler}, committed.GetDetails()...)})
 
-	_, err = client.Apply(r14Header(t.Context(), id, 2, d), req)
+	_, err := client.Apply(r14Header(t.Context(), id, 2, d), req)
 	require.Equal(t, codes.FailedPrecondition, grpcstatus.Code(err))
 	require.Equal(t, status.KindCommitted, status.OutcomeOf(err).Kind, "the record's detail is read: %.300v", err)
 	require.Zero(t, svc.Calls("Apply"))
