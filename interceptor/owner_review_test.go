@@ -42,15 +42,6 @@ func (c *cancellingClock) now() time.Time {
 	return time.Now()
 }
 
-// A review found that the retry-budget token the owner withdraws for a
-// repeat was kept when the caller's context ended during the repeat's
-// backoff: the repeat was never sent, yet the budget (which bounds repeats
-// sent, budget.RetryBudget.Return) counted it, and another attempt to the
-// same target found no token for a repeat it needed.
-//
-// The target's budget holds one token and never refills. Call A is refused
-// without effect with a long retry-after and cancelled during its backoff;
-// call B is refused once and must then be repeated with that token.
 // oneRetryToken is a retry budget of one token that nothing refills.
 func oneRetryToken() interceptor.ClientOption {
 	return interceptor.WithRetryBudget(budget.WithRetryRatio(0), budget.WithMinRetriesPerSecond(0), budget.WithMaxRetryTokens(1))
@@ -99,6 +90,15 @@ func oneTokenClient(t *testing.T, end *testsvc.Endpoint, inner grpc.UnaryClientI
 		grpc.WithChainUnaryInterceptor(inner))...))
 }
 
+// A review found that the retry-budget token the owner withdraws for a
+// repeat was kept when the caller's context ended during the repeat's
+// backoff: the repeat was never sent, yet the budget (which bounds repeats
+// sent, budget.RetryBudget.Return) counted it, and another attempt to the
+// same target found no token for a repeat it needed.
+//
+// The target's budget holds one token and never refills. Call A is refused
+// without effect with a long retry-after and cancelled during its backoff;
+// call B is refused once and must then be repeated with that token.
 func TestRetryTokenOfARepeatCancelledInItsBackoffGoesBack(t *testing.T) {
 	var bRuns atomic.Int32
 	clock := &cancellingClock{}
