@@ -445,10 +445,12 @@ func (e sentError) Unwrap() error { return e.error }
 // the same address shows that). One check of a node runs at a time, for
 // every call that waits for it, in a goroutine of its own, detached from
 // their contexts and bounded by 5 s (Close ends it and waits for it); a
-// call whose context ends first fails, and the check goes on. A node found wrong by a check is refused
-// for a second, then checked again at the next call; one that a check
-// could not reach (a blip, a timeout) fails the calls that waited for that
-// check, and the next call checks it again. Until it passes, every call
+// call whose context ends first fails, and the check goes on. A node found wrong by a check, or
+// that answered one of its commands with an error (NOPERM, a CONFIG
+// renamed away, LOADING, MASTERDOWN: the error tells what Redis answered),
+// is refused for a second, then checked again at the next call; one that
+// a check could not reach (no reply: a blip, a timeout) fails the calls
+// that waited for that check, and the next call checks it again. Until it passes, every call
 // whose slot it serves (every call, off a Cluster) fails with an error
 // wrapping idempotency.ErrStoreUnavailable, and changes nothing.
 func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*Store, error) {
@@ -582,8 +584,9 @@ type nodeCheck struct {
 	// offset is checkClock's at the last passed check.
 	offset time.Duration
 	// refused is the last check's verdict against the node (it answered,
-	// and was found wrong), at refusedAt (since); nil after a passed check.
-	// A check that could not reach the node refuses nothing.
+	// and was found wrong or answered with an error), at refusedAt
+	// (since); nil after a passed check. A check that could not reach the
+	// node refuses nothing.
 	refused   error
 	refusedAt int64
 	// running is the check that runs; nil when none does.
@@ -643,9 +646,10 @@ func where(addr string) string {
 // finds it so: the first starts the check in a goroutine of its own,
 // detached from its context and bounded by nodeCheckTimeout, and every
 // caller waits for its end, or for its own context's (the check goes on),
-// and returns its result. A check that found the node wrong (it answered)
-// refuses the node, with its error, for failedCheckRefusal; the call after
-// that checks it again. One that could not reach the node (its error wraps
+// and returns its result. A check that found the node wrong (it answered),
+// or that Redis answered with an error reply (a redis.Error), refuses the
+// node, with its error, for failedCheckRefusal; the call after that checks
+// it again. One that could not reach the node (no reply: its error wraps
 // idempotency.ErrStoreUnavailable: a blip, a timeout) fails the calls that
 // waited for it and refuses nothing: the next call checks the node again,
 // as its script would have found out whether Redis answers.
@@ -725,11 +729,20 @@ func (s *Store) check(ctx context.Context, c redis.UniversalClient, addr string,
 			err = fmt.Errorf("%w: redisstore: the check ran out of its %v (or the store was closed): %v",
 				idempotency.ErrStoreUnavailable, nodeCheckTimeout, err)
 		}
-		if errors.Is(err, idempotency.ErrStoreUnavailable) {
+		var reply redis.Error
+		switch {
+		case errors.As(err, &reply):
+			// Redis answered a check's command with an error (NOPERM, a
+			// CONFIG renamed away, LOADING, MASTERDOWN): a verdict, or
+			// every call would pay a check that fails the same way.
+			err = fmt.Errorf("%w: redisstore: Redis node%s answered the store's checks with an error (the store refuses it for %v, then checks it again): %w",
+				idempotency.ErrStoreUnavailable, where(addr), failedCheckRefusal, err)
+			n.refused, n.refusedAt = err, s.since()
+		case errors.Is(err, idempotency.ErrStoreUnavailable):
 			// Redis did not answer: no verdict on the node.
 			err = fmt.Errorf("%w: redisstore: the store could not check Redis node%s (the next call checks it again): %w",
 				idempotency.ErrStoreUnavailable, where(addr), err)
-		} else {
+		default:
 			err = fmt.Errorf("%w: redisstore: Redis node%s failed the store's checks (the store refuses it for %v, then checks it again): %w",
 				idempotency.ErrStoreUnavailable, where(addr), failedCheckRefusal, err)
 			n.refused, n.refusedAt = err, s.since()
