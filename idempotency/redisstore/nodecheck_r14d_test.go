@@ -77,10 +77,11 @@ func TestRedisNodeCheckErrorReplyRefusesNode(t *testing.T) {
 		require.ErrorIs(t, err, idempotency.ErrStoreUnavailable, "call %d to a node whose check Redis answered NOPERM", i)
 		require.ErrorContains(t, err, "NOPERM", "call %d: the error says what Redis answered", i)
 	}
-	if time.Since(start) < 900*time.Millisecond {
-		require.Equal(t, int64(1), counter.n.Load()-before,
-			"CONFIG commands sent by %d calls within the second after Redis answered a check with an error", calls)
-	}
+	// One check per refusal (1 s) at most: one for calls within a second;
+	// a slow machine's calls may span another refusal or two.
+	elapsed := time.Since(start)
+	require.LessOrEqual(t, counter.n.Load()-before, int64(1+elapsed/time.Second),
+		"CONFIG commands sent by %d calls within %v after Redis answered a check with an error", calls, elapsed)
 
 	// Redis grants CONFIG again: once the refusal ends, the node passes.
 	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "app", "+config").Err())
