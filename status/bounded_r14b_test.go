@@ -3,6 +3,7 @@ package status_test
 import (
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
@@ -100,7 +101,7 @@ func (e okStatusError) GRPCStatus() *grpcstatus.Status { return e.st }
 // it: nothing panics, the code is kept, the message is valid UTF-8 within
 // 1 KiB as grpc-message sends it, the details fit 3 KiB (a tollgate detail
 // too large for them kept by what it says), and the error reads as the same
-// outcome.
+// outcome, with the same retry-after.
 func FuzzBounded(f *testing.F) {
 	big := r14bFiller(f, 3<<10-8)
 	for _, err := range []error{
@@ -108,6 +109,8 @@ func FuzzBounded(f *testing.F) {
 		status.OutcomeUnknown(grpcstatus.Error(codes.Internal, strings.Repeat("é", 2000))),
 		grpcstatus.ErrorProto(&spb.Status{Code: int32(codes.InvalidArgument), Message: strings.Repeat("x", 3000),
 			Details: append([]*anypb.Any{big}, grpcstatus.Convert(status.NotAdmitted(status.ReasonQueueFull)).Proto().GetDetails()...)}),
+		grpcstatus.ErrorProto(&spb.Status{Code: int32(codes.ResourceExhausted), Message: "m",
+			Details: append([]*anypb.Any{big}, grpcstatus.Convert(status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(time.Second))).Proto().GetDetails()...)}),
 	} {
 		b, err := proto.Marshal(grpcstatus.Convert(err).Proto())
 		require.NoError(f, err)
@@ -141,5 +144,9 @@ func FuzzBounded(f *testing.F) {
 			require.True(t, proto.Equal(w.GetRetryAfter(), g.GetRetryAfter()) || len(w.GetRetryAfter().ProtoReflect().GetUnknown()) > 0)
 		}
 		require.LessOrEqual(t, r14bDetailsWire(bounded), 3<<10)
+		wantDelay, wantOK := status.RetryAfter(err)
+		gotDelay, gotOK := status.RetryAfter(bounded)
+		require.Equal(t, wantOK, gotOK, "the bound keeps the retry-after (TestR14dBoundedKeepsTheRetryInfo)")
+		require.Equal(t, wantDelay, gotDelay)
 	})
 }

@@ -160,9 +160,11 @@
 // handler returns, which tollgate's server passes up as it is and keeps in
 // its call's record, is bounded by [Bounded]: its message as above, and its
 // details to 3 KiB (counted as carried details are; a tollgate
-// OutcomeDetail, which OutcomeOf reads first, is kept before any other, so
-// the bound never changes what the error reads as, and one too large for
-// the bound by itself is kept by what it says), so that it reaches a
+// OutcomeDetail, which OutcomeOf reads first, and the RetryInfo whose delay
+// RetryAfter reads are kept before any other, so the bound never changes
+// what the error reads as or the delay it suggests; a RetryInfo that
+// carries more is kept by its delay, and an OutcomeDetail that leaves it no
+// room by what it says), so that it reaches a
 // caller with an 8 KiB header list limit and a record's query answer fits
 // what an owner receives. The server bounds a definite error it replays
 // from a record the same way, whatever wrote the record.

@@ -541,12 +541,15 @@ const (
 // most 1 KiB as grpc-message sends it (invalid UTF-8 replaced), and its
 // details kept, in their order, while they fit in 3 KiB, each counted by
 // its size in the status as sent, protobuf framing included (a detail that
-// does not fit is dropped). The tollgate OutcomeDetail that [OutcomeOf]
-// classifies err by, if any, is counted first and always kept, so that the
-// bound never changes what err reads as; one larger than 3 KiB by itself is
-// kept by what it says (its outcome, reason, final flag, try, retry_after,
-// units and fence; its attempt ID, call and class when each is within 256
-// bytes), rebuilt without unknown fields under the standard type URL.
+// does not fit is dropped). The google.rpc.RetryInfo whose delay
+// [RetryAfter] reads, if any, and the tollgate OutcomeDetail that
+// [OutcomeOf] classifies err by, if any, are counted first and always kept,
+// so that the bound never changes what err reads as or the delay it
+// suggests: the RetryInfo rebuilt by its delay alone when it carries more;
+// the OutcomeDetail, when larger than the 3 KiB less the RetryInfo, kept by
+// what it says (its outcome, reason, final flag, try, retry_after, units
+// and fence; its attempt ID, call and class when each is within 256 bytes),
+// rebuilt without unknown fields under the standard type URL.
 // Its code is kept (but a non-nil error whose status claims OK, which
 // OutcomeOf reads as UNKNOWN, is UNKNOWN once rebuilt, not a success). It
 // returns err itself when its status is within both bounds, and when err
@@ -570,20 +573,33 @@ func Bounded(err error) error {
 	var details []*anypb.Any
 	room := maxCarriedBytes
 	deciding, od := decidingDetail(p.GetDetails())
-	var kept *anypb.Any
+	retry, delay := retryDetail(p.GetDetails())
+	var kept, keptRetry *anypb.Any
+	if retry >= 0 {
+		keptRetry = p.GetDetails()[retry]
+		if rebuilt := retryInfoOf(delay); detailSize(keptRetry) > detailSize(rebuilt) {
+			keptRetry = rebuilt
+		}
+		room -= detailSize(keptRetry)
+	}
 	if deciding >= 0 {
 		kept = p.GetDetails()[deciding]
-		if detailSize(kept) > maxCarriedBytes {
+		if detailSize(kept) > room {
 			kept = boundedOutcomeDetail(od)
 		}
 		room = max(room-detailSize(kept), 0)
 	}
 	for i, d := range p.GetDetails() {
-		if i == deciding {
+		switch {
+		case i == deciding:
 			details = append(details, kept)
-		} else if size := detailSize(d); size <= room {
-			room -= size
-			details = append(details, d)
+		case i == retry:
+			details = append(details, keptRetry)
+		default:
+			if size := detailSize(d); size <= room {
+				room -= size
+				details = append(details, d)
+			}
 		}
 	}
 	code := p.GetCode()
@@ -611,13 +627,44 @@ func decidingDetail(details []*anypb.Any) (int, *tollgatev1.OutcomeDetail) {
 	return -1, nil
 }
 
+// retryDetail is the index of the google.rpc.RetryInfo of a status that
+// RetryAfter reads (the first that decodes, as grpc-go's Status.Details
+// decodes it, with a valid positive delay), and that delay, or -1 when
+// there is none.
+func retryDetail(details []*anypb.Any) (int, *durationpb.Duration) {
+	for i, d := range details {
+		if typeURLPrefix+string(d.MessageName()) != retryInfoURL {
+			continue
+		}
+		if m, err := d.UnmarshalNew(); err == nil {
+			if ri, ok := m.(*errdetails.RetryInfo); ok {
+				if rd := ri.GetRetryDelay(); rd.IsValid() && rd.AsDuration() > 0 {
+					return i, rd
+				}
+			}
+		}
+	}
+	return -1, nil
+}
+
+// retryInfoOf is a RetryInfo of delay d alone, under the standard type URL:
+// what Bounded keeps of one that carries more (unknown fields, a long type
+// URL).
+func retryInfoOf(d *durationpb.Duration) *anypb.Any {
+	a, err := anypb.New(&errdetails.RetryInfo{RetryDelay: &durationpb.Duration{Seconds: d.GetSeconds(), Nanos: d.GetNanos()}})
+	if err != nil { // cannot happen: a RetryInfo always marshals
+		return &anypb.Any{TypeUrl: retryInfoURL}
+	}
+	return a
+}
+
 // maxDetailString bounds each string of a deciding OutcomeDetail too large
 // for Bounded's bound (boundedOutcomeDetail), and the class an Error names
 // (Fields.Class): an attempt ID, call key or class name is far shorter.
 const maxDetailString = 256
 
 // boundedOutcomeDetail is d, a deciding OutcomeDetail larger than
-// maxCarriedBytes as it was sent, rebuilt by what it says: its outcome,
+// maxCarriedBytes, less the RetryInfo Bounded keeps, as it was sent, rebuilt by what it says: its outcome,
 // reason, final flag, try, retry_after, units and fence kept, its strings
 // kept when within maxDetailString and cleared otherwise (a cut identifier
 // would name another), its unknown fields dropped, under the standard type
