@@ -288,7 +288,15 @@ func (s *Store) Close() error {
 }
 
 // errClosed is the error of a call to a closed store.
-var errClosed = fmt.Errorf("%w: redisstore: the store is closed", idempotency.ErrStoreUnavailable)
+var errClosed error = refusal{fmt.Errorf("%w: redisstore: the store is closed", idempotency.ErrStoreUnavailable)}
+
+// refusal is the error of a call the store refused before sending anything,
+// for what it knows already (it is closed, or a check found the node
+// wrong): the call says nothing of where the Cluster's slots are, and reads
+// no map (reloadAfter).
+type refusal struct{ error }
+
+func (r refusal) Unwrap() error { return r.error }
 
 // goCheck runs f in a goroutine of its own that Close waits for, and
 // reports false, running nothing, once the store is closed.
@@ -735,16 +743,16 @@ func (s *Store) check(ctx context.Context, c redis.UniversalClient, addr string,
 			// Redis answered a check's command with an error (NOPERM, a
 			// CONFIG renamed away, LOADING, MASTERDOWN): a verdict, or
 			// every call would pay a check that fails the same way.
-			err = fmt.Errorf("%w: redisstore: Redis node%s answered the store's checks with an error (the store refuses it for %v, then checks it again): %w",
-				idempotency.ErrStoreUnavailable, where(addr), failedCheckRefusal, err)
+			err = refusal{fmt.Errorf("%w: redisstore: Redis node%s answered the store's checks with an error (the store refuses it for %v, then checks it again): %w",
+				idempotency.ErrStoreUnavailable, where(addr), failedCheckRefusal, err)}
 			n.refused, n.refusedAt = err, s.since()
 		case errors.Is(err, idempotency.ErrStoreUnavailable):
 			// Redis did not answer: no verdict on the node.
 			err = fmt.Errorf("%w: redisstore: the store could not check Redis node%s (the next call checks it again): %w",
 				idempotency.ErrStoreUnavailable, where(addr), err)
 		default:
-			err = fmt.Errorf("%w: redisstore: Redis node%s failed the store's checks (the store refuses it for %v, then checks it again): %w",
-				idempotency.ErrStoreUnavailable, where(addr), failedCheckRefusal, err)
+			err = refusal{fmt.Errorf("%w: redisstore: Redis node%s failed the store's checks (the store refuses it for %v, then checks it again): %w",
+				idempotency.ErrStoreUnavailable, where(addr), failedCheckRefusal, err)}
 			n.refused, n.refusedAt = err, s.since()
 		}
 	}
@@ -1368,8 +1376,9 @@ var _ idempotency.Store = (*Store)(nil)
 // ClusterStateReloadInterval (60 s by default) — until then every call to
 // the slot would fail. The reload is go-redis's lazy one: at most one at a
 // time, in the background. A call that sent nothing (too little time to
-// wait for replicas) or that its caller cancelled says nothing of Redis
-// and reads no map; one whose deadline passed may have met a node that no
+// wait for replicas, a closed store, a node a check found wrong) or that
+// its caller cancelled says nothing of where the slots are and reads no
+// map; one whose deadline passed may have met a node that no
 // longer answers, and does.
 func (s *Store) reloadAfter(ctx context.Context, err error) {
 	cluster, ok := s.client.(*redis.ClusterClient)
@@ -1377,10 +1386,11 @@ func (s *Store) reloadAfter(ctx context.Context, err error) {
 		return
 	}
 	var (
-		reply redis.Error
-		short *idempotency.TooLittleTimeError
+		reply   redis.Error
+		short   *idempotency.TooLittleTimeError
+		refused refusal
 	)
-	if errors.As(err, &reply) || errors.As(err, &short) || errors.Is(err, context.Canceled) {
+	if errors.As(err, &reply) || errors.As(err, &short) || errors.As(err, &refused) || errors.Is(err, context.Canceled) {
 		return
 	}
 	cluster.ReloadState(ctx)
