@@ -2,11 +2,9 @@ package redisstore_test
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tollgate-go/tollgate/idempotency"
@@ -27,29 +25,14 @@ import (
 func TestRefusedCallReadsNoClusterMap(t *testing.T) {
 	for _, how := range []string{"found wrong by its check", "the store closed"} {
 		t.Run(how, func(t *testing.T) {
-			_, prefix := newClient(t) // skips without a Redis; deletes prefix's keys
-			var reads atomic.Int64
-			c := redis.NewClusterClient(&redis.ClusterOptions{
-				ContextTimeoutEnabled: true,
-				ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) {
-					reads.Add(1)
-					return []redis.ClusterSlot{{Start: 0, End: 16383, Nodes: []redis.ClusterNode{{Addr: redisAddr()}}}}, nil
-				},
-			})
-			t.Cleanup(func() { _ = c.Close() })
+			c, reads, prefix := mapCountingCluster(t)
 			clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
 			p := storetest.Policy()
 			s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock),
 				hooks.RedisClockRecheckAfter(time.Nanosecond).(redisstore.Option)) // every call checks the node's clock
 			key := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
 
-			// Settle: no reload in flight before the calls under test.
-			require.Eventually(t, func() bool {
-				n := reads.Load()
-				time.Sleep(300 * time.Millisecond)
-				return reads.Load() == n
-			}, 5*time.Second, time.Millisecond)
-			before := reads.Load()
+			before := settledReads(t, reads) // no reload in flight before the calls under test
 
 			if how == "the store closed" {
 				require.NoError(t, s.Close())

@@ -556,29 +556,13 @@ func finishedAndFenced(t *testing.T, s *redisstore.Store, clock *storetest.Clock
 // ClusterOptions.ClusterSlots, which counts the reads, with every slot on
 // the test Redis.
 func TestNothingSentReadsNoClusterMap(t *testing.T) {
-	_, prefix := newClient(t) // skips without a Redis; deletes prefix's keys
-	var reads atomic.Int64
-	c := redis.NewClusterClient(&redis.ClusterOptions{
-		ContextTimeoutEnabled: true,
-		ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) {
-			reads.Add(1)
-			return []redis.ClusterSlot{{Start: 0, End: 16383, Nodes: []redis.ClusterNode{{Addr: redisAddr()}}}}, nil
-		},
-	})
-	t.Cleanup(func() { _ = c.Close() })
+	c, reads, prefix := mapCountingCluster(t)
 	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
 	p := storetest.Policy()
 	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithReplicas(1, 100*time.Millisecond))
 	key := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
 	clock.Advance(p.Skew)
-
-	// Settle: no reload in flight before the call under test.
-	require.Eventually(t, func() bool {
-		n := reads.Load()
-		time.Sleep(300 * time.Millisecond)
-		return reads.Load() == n
-	}, 5*time.Second, time.Millisecond)
-	before := reads.Load()
+	before := settledReads(t, reads) // no reload in flight before the call under test
 
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond) // < 2 × (Redis's tick + 1 ms)
 	defer cancel()
@@ -588,6 +572,37 @@ func TestNothingSentReadsNoClusterMap(t *testing.T) {
 
 	require.Never(t, func() bool { return reads.Load() > before }, 500*time.Millisecond, 5*time.Millisecond,
 		"a Begin that sent nothing had the Cluster's map read again")
+}
+
+// mapCountingCluster returns a Cluster client whose map (every slot on the
+// test Redis) is served by ClusterOptions.ClusterSlots, which counts its
+// reads in reads, and a key prefix of the test's own. It skips the test
+// without a Redis.
+func mapCountingCluster(t *testing.T) (c *redis.ClusterClient, reads *atomic.Int64, prefix string) {
+	t.Helper()
+	_, prefix = newClient(t) // skips without a Redis; deletes prefix's keys
+	reads = new(atomic.Int64)
+	c = redis.NewClusterClient(&redis.ClusterOptions{
+		ContextTimeoutEnabled: true,
+		ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) {
+			reads.Add(1)
+			return []redis.ClusterSlot{{Start: 0, End: 16383, Nodes: []redis.ClusterNode{{Addr: redisAddr()}}}}, nil
+		},
+	})
+	t.Cleanup(func() { _ = c.Close() })
+	return c, reads, prefix
+}
+
+// settledReads waits until no map read is in flight (none for 300 ms) and
+// returns the count of reads then.
+func settledReads(t *testing.T, reads *atomic.Int64) int64 {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		n := reads.Load()
+		time.Sleep(300 * time.Millisecond)
+		return reads.Load() == n
+	}, 5*time.Second, time.Millisecond)
+	return reads.Load()
 }
 
 // A review asked whether it matters that Get sends no WAIT with
