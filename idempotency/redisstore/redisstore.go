@@ -68,11 +68,12 @@
 // Times come from the calling server's clock; servers' clocks are assumed to
 // agree within the policy's skew. The horizon keys (one small hash, some 200
 // bytes, per tenant and prefix, written by a tenant's first call of any
-// kind, GetAttempt included) have no TTL; records do. The set of tenant
-// names is therefore a memory bound: a trusted peer naming made-up tenants
-// in its header, or a tenant function fed by caller-chosen names, adds keys
-// without end (WithMaxRecordsPerTenant bounds records within a tenant, not
-// tenants).
+// kind, GetAttempt included) expire once their tenant made no call for a
+// day ([WithIdleTenantExpiry]), never before the tenant's last record. The
+// set of tenant names seen in a day is therefore a memory bound: a trusted
+// peer naming made-up tenants in its header, or a tenant function fed by
+// caller-chosen names, adds a key per name for that long
+// (WithMaxRecordsPerTenant bounds records within a tenant, not tenants).
 //
 // # A script that runs twice
 //
@@ -213,6 +214,34 @@ func WithMaxRecordsPerTenant(n int) Option {
 	return optionFunc(func(s *Store) { s.perTenant = n })
 }
 
+// DefaultIdleTenantExpiry is how long a tenant's horizon key outlives its
+// tenant's last call by default (see [WithIdleTenantExpiry]).
+const DefaultIdleTenantExpiry = 24 * time.Hour
+
+// WithIdleTenantExpiry has each tenant's horizon key (see the package
+// documentation) expire once its tenant made no call for d: between 15/16
+// of d and d after the last call that wrote one of its records or looked
+// one up (a key is rewritten only when it has less than 15/16 of d left),
+// and never before the last of its tenant's records, which Redis removes
+// first. The set of tenant names therefore bounds memory only among the
+// tenants of the last d. The key of a tenant whose next call comes later is
+// created again, as at its first call: attempts created before read UNKNOWN
+// (their records, if any, are gone: absence is no longer evidence), and
+// for the policy's skew a tollgate client's new attempts are refused
+// ATTEMPT_UNVERIFIABLE with a retry-after (the attempts a server mints for
+// a request begin at once). d must be 0 or at least the policy's TTL.
+// With 0, a store creates horizon keys without an expiry and never gives
+// them one, but a key another replica gave one still outlives every record
+// this store writes. A key without an expiry (written with 0, or by a
+// version of this store before the option) is given at least the longest a
+// record lives (the TTL, the keep of DefaultKeep, twice the skew and a second,
+// and the skew and a second more) at its tenant's next call, as its records did not
+// keep it. Every replica should use the same. Default
+// DefaultIdleTenantExpiry.
+func WithIdleTenantExpiry(d time.Duration) Option {
+	return optionFunc(func(s *Store) { s.idle = d })
+}
+
 func init() {
 	hooks.RedisClock = func(now func() time.Time) any {
 		return optionFunc(func(s *Store) { s.now = now })
@@ -242,6 +271,7 @@ type Store struct {
 	waitTimeout time.Duration
 	tick        time.Duration // Redis's serverCron period (1000/hz ms), read by New when replicas > 0
 	perTenant   int           // WithMaxRecordsPerTenant's bound; 0: none
+	idle        time.Duration // WithIdleTenantExpiry's; 0: horizon keys never expire for idleness
 	now         func() time.Time
 	keep        time.Duration // DefaultKeep, or a test's (hooks.RedisKeep)
 	// failedFenceTimeout bounds the fence a failed Begin sends:
@@ -469,7 +499,7 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 		return nil, err
 	}
 	s := &Store{client: client, prefix: "tollgate:attempt:", policy: idempotency.DefaultPolicy(), now: time.Now, keep: DefaultKeep,
-		failedFenceTimeout: failedBeginFenceTimeout, recheckAfter: clockRecheckAfter, born: time.Now()}
+		failedFenceTimeout: failedBeginFenceTimeout, recheckAfter: clockRecheckAfter, born: time.Now(), idle: DefaultIdleTenantExpiry}
 	s.stop, s.stopAll = context.WithCancel(context.Background())
 	for _, o := range opts {
 		o.apply(s)
@@ -488,6 +518,9 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 	}
 	if s.perTenant < 0 {
 		return nil, fmt.Errorf("redisstore: WithMaxRecordsPerTenant(%d) must not be negative", s.perTenant)
+	}
+	if s.idle < 0 || (s.idle > 0 && s.idle < s.policy.TTL) {
+		return nil, fmt.Errorf("redisstore: WithIdleTenantExpiry(%v) must be 0 or at least the policy's TTL %v", s.idle, s.policy.TTL)
 	}
 	if s.replicas < 0 || (s.replicas > 0 && s.waitTimeout < time.Millisecond) {
 		// WAIT counts whole milliseconds, and WAIT n 0 waits for ever.
@@ -1025,7 +1058,7 @@ func (s *Store) Begin(ctx context.Context, req idempotency.BeginRequest) (idempo
 	now, read := s.clock()
 	v, acked, err := s.run(ctx, true, beginScript, s.keys(req.Key),
 		now, s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
-		req.Try, fingerprint(req.Fingerprint), req.Deadline.UnixMilli(), tok, req.Minted, s.perTenant, s.ms(s.keep))
+		req.Try, fingerprint(req.Fingerprint), req.Deadline.UnixMilli(), tok, req.Minted, s.perTenant, s.ms(s.keep), s.ms(s.idle))
 	if err == nil {
 		lerr := s.late(read)
 		if lerr == nil && len(v) == 1 && num(v[0]) == kindStale {
@@ -1159,7 +1192,7 @@ func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest, begin
 	}
 	args := []any{s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
 		req.Try, fingerprint(req.Fingerprint), int(req.State), code, msg, det, resp, retained, req.UnitsSpent, callToken(), beginTok, req.Minted, s.perTenant,
-		s.ms(s.keep)}
+		s.ms(s.keep), s.ms(s.idle)}
 	v, _, err := s.run(ctx, false, finishScript, s.keys(req.Key), args...)
 	if errors.Is(err, idempotency.ErrStoreFull) {
 		// Redis is out of memory and refused the finish's write (a script
@@ -1203,7 +1236,7 @@ func (s *Store) Get(ctx context.Context, key idempotency.Key) (*tollgatev1.Attem
 	}
 	p := s.policy
 	now, read := s.clock()
-	v, _, err := s.run(ctx, false, getScript, s.keys(key), now, s.ms(p.Skew), s.ms(p.TTL), attemptMillis(key.AttemptID), s.ms(s.keep))
+	v, _, err := s.run(ctx, false, getScript, s.keys(key), now, s.ms(p.Skew), s.ms(p.TTL), attemptMillis(key.AttemptID), s.ms(s.keep), s.ms(s.idle))
 	if err == nil {
 		err = s.late(read)
 	}
@@ -1227,7 +1260,7 @@ func (s *Store) Fence(ctx context.Context, key idempotency.Key, throughTry uint3
 	p := s.policy
 	now, read := s.clock()
 	v, acked, err := s.run(ctx, true, fenceScript, s.keys(key),
-		now, s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(key.AttemptID), throughTry, s.perTenant, s.ms(s.keep))
+		now, s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(key.AttemptID), throughTry, s.perTenant, s.ms(s.keep), s.ms(s.idle))
 	if err == nil {
 		err = s.late(read)
 	}

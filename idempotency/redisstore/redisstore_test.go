@@ -126,11 +126,12 @@ func TestRedisStoreConformance(t *testing.T) {
 }
 
 // Records carry Redis TTLs counted from their last write (and at least
-// until d + skew + grace); horizon keys carry none.
+// until d + skew + grace); horizon keys carry none when idle tenants'
+// keys never expire (WithIdleTenantExpiry(0)).
 func TestRedisRecordsCarryTTL(t *testing.T) {
 	c, prefix := newClient(t)
 	p := storetest.Policy()
-	s := newStore(t, c, prefix, redisstore.WithPolicy(p))
+	s := newStore(t, c, prefix, redisstore.WithPolicy(p), redisstore.WithIdleTenantExpiry(0))
 	ctx := context.Background()
 	_, err := s.Get(ctx, idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"})
 	require.NoError(t, err)
@@ -289,7 +290,10 @@ func TestRedisEvictionAfterNewMovesHorizon(t *testing.T) {
 	clock := storetest.NewClock(time.Now().Add(storetest.ClockLead))
 	p := storetest.Policy()
 	const prefix = "evict:"
-	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock))
+	// Horizon keys without an expiry (WithIdleTenantExpiry(0)), which a
+	// volatile policy never evicts: the eviction count alone must move the
+	// horizon. (One with an expiry may be evicted too, which moves it as well.)
+	s := newStore(t, c, prefix, redisstore.WithPolicy(p), clockOption(clock), redisstore.WithIdleTenantExpiry(0))
 	ctx := context.Background()
 	k := idempotency.Key{Tenant: "acme", AttemptID: startHorizon(t, s, clock, "acme"), Call: "0", Method: "/x.Y/Z"}
 	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})

@@ -38,6 +38,12 @@ local IN_PROGRESS, FENCED, ABANDONED = 2, 5, 6
 
 local function n(x) return string.format('%d', x) end
 
+-- IDLE is WithIdleTenantExpiry in ms (0: none), which each script sets from
+-- its last argument before it calls anything below, and LONGEST the longest
+-- a record of the script's policy lives (its ttl, keep and skew, and
+-- CLOCK_MARGIN: see expire), which it sets too.
+local IDLE, LONGEST = 0, 0
+
 -- CLOCK_MARGIN is clockMargin in ms: what New allows between Redis's clock
 -- and a server's beyond the skew.
 local CLOCK_MARGIN = 1000
@@ -92,7 +98,29 @@ local function horizon(hk, now, skew, readonly)
   local t = redis.call('TIME')
   local at = math.max(now, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + 1)
   redis.call('HSET', hk, 'at', n(at), 'id', id)
+  if IDLE > 0 then redis.call('PEXPIRE', hk, n(IDLE)) end
   return at
+end
+
+-- hold keeps the tenant's horizon key hk (Redis's clock) at least ms more,
+-- and, with IDLE set, IDLE more once it has less than 15/16 of IDLE left
+-- (so that a busy tenant does not write its key at every call): the key
+-- expires between 15/16 IDLE and IDLE after its tenant's last record write
+-- or lookup, and never before a record of its tenant, whatever IDLE the
+-- replica that wrote the record has. A key without an expiry, which a store
+-- with IDLE 0 or an older version wrote, and whose records did not hold it,
+-- gets at least LONGEST. hold never shortens a key's life, nor gives a key
+-- without an expiry one when IDLE is 0. A horizon key that expired moves
+-- the horizon as a flush does. It runs after a script's record write, never
+-- before: a script's first write is the one a full Redis refuses (see
+-- load), and this one it would not.
+local function hold(hk, ms)
+  local left = redis.call('PTTL', hk)
+  if left == -2 or (left == -1 and IDLE <= 0) then return end
+  local want = ms
+  if left == -1 then want = math.max(want, IDLE, LONGEST)
+  elseif IDLE > 0 and left < IDLE - math.floor(IDLE / 16) then want = math.max(want, IDLE) end
+  if left == -1 or left < want then redis.call('PEXPIRE', hk, n(want)) end
 end
 
 -- inside reports whether an attempt created at ts lies inside the horizon;
@@ -178,13 +206,15 @@ end
 -- skew + ttl) by theirs: Redis also keeps the record until floor by its own
 -- clock, plus keep, so that a writer whose clock was stepped forward after
 -- New (and wrote the record of an attempt created by such a clock) cannot
--- have it removed while a right clock still vouches for its absence. It
--- returns when, in the writer's clock, Redis removes the record.
-local function expire(rk, now, exp, keep, floor)
+-- have it removed while a right clock still vouches for its absence. The
+-- tenant's horizon key hk is kept a second longer than the record (hold).
+-- It returns when, in the writer's clock, Redis removes the record.
+local function expire(hk, rk, now, exp, keep, floor)
   local t = redis.call('TIME')
   local rnow = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   local life = math.max(exp - now, floor - rnow) + keep
   redis.call('PEXPIRE', rk, n(life))
+  hold(hk, life + 1000)
   return now + life
 end
 
@@ -210,7 +240,7 @@ end
 `
 
 // begin: KEYS horizon, record, index. ARGV now, skew, ttl, grace, ts, try,
-// fp, dl, tok, minted, cap, keep. keep is DefaultKeep (see expire); cap is WithMaxRecordsPerTenant's bound (0: none);
+// fp, dl, tok, minted, cap, keep, idle. keep is DefaultKeep (see expire); idle is IDLE; cap is WithMaxRecordsPerTenant's bound (0: none);
 // a tenant at it is answered {13} for a try that would add a record. minted is 1 for an attempt the server minted for the request
 // (idempotency.BeginRequest.Minted), which skips ts - skew >= horizon. An
 // attempt refused only for lying before horizon + skew is answered {7,
@@ -223,6 +253,7 @@ var beginScript = redis.NewScript(prelude + `
 local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ts, try, fp, dl, tok = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8]), ARGV[9]
 local minted, cap, keep = ARGV[10] == '1', tonumber(ARGV[11]), tonumber(ARGV[12])
+IDLE, LONGEST = tonumber(ARGV[13]), ttl + keep + skew + CLOCK_MARGIN
 if stale(now, keep, skew) then return {14} end
 local hz = horizon(KEYS[1], now, skew)
 if not inside(ts, hz, now, skew, minted) then
@@ -260,13 +291,13 @@ local exp = math.max(now + ttl, dl + skew + grace)
 redis.call('HSET', KEYS[2], 'st', IN_PROGRESS, 'fp', fp, 'try', n(try), 'fen', fen, 'code', '0', 'msg', '',
   'det', '', 'resp', '', 'ret', '0', 'units', units, 'sa', n(now), 'fa', '0', 'lease', n(dl + skew),
   'dl', n(dl), 'exp', n(exp), 'tok', tok, 'ftok', '')
-track(KEYS[3], KEYS[2], now, expire(KEYS[2], now, exp, keep, ts - skew + ttl), cap)
+track(KEYS[3], KEYS[2], now, expire(KEYS[1], KEYS[2], now, exp, keep, ts - skew + ttl), cap)
 return {0}
 `)
 
 // finish: KEYS horizon, record, index. ARGV now, skew, ttl, grace, ts, try,
 // fp, state, code, msg, det, resp, ret, units, ftok, btok, minted, cap,
-// keep. cap
+// keep, idle. cap
 // is WithMaxRecordsPerTenant's bound: a finish adds no record, and only
 // moves the record's expiry in the index. minted is the
 // try's Begin's, and skips ts - skew >= horizon as Begin did. ftok is random, one
@@ -292,6 +323,7 @@ var finishFullScript = redis.NewScript("#!lua flags=allow-oom\n" + prelude + "lo
 const finishBody = `
 local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ts, try, fp, st = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
+IDLE, LONGEST = tonumber(ARGV[20]), ttl + tonumber(ARGV[19]) + skew + CLOCK_MARGIN
 local hz = horizon(KEYS[1], now, skew, FULL)
 if not hz or not inside(ts, hz, now, skew, ARGV[17] == '1') then return {8} end
 local v = load(KEYS[2], now, ts - skew + ttl)
@@ -312,19 +344,22 @@ local units = tonumber(v[10]) + tonumber(ARGV[14])
 local exp = math.max(now + ttl, tonumber(v[14]) + skew + grace)
 redis.call('HSET', KEYS[2], 'st', n(st), 'fen', n(fen), 'code', ARGV[9], 'msg', ARGV[10], 'det', ARGV[11],
   'resp', ARGV[12], 'ret', ARGV[13], 'units', n(units), 'fa', n(now), 'exp', n(exp), 'ftok', ARGV[15])
-track(KEYS[3], KEYS[2], now, expire(KEYS[2], now, exp, tonumber(ARGV[19]), ts - skew + ttl), tonumber(ARGV[18]))
+track(KEYS[3], KEYS[2], now, expire(KEYS[1], KEYS[2], now, exp, tonumber(ARGV[19]), ts - skew + ttl), tonumber(ARGV[18]))
 return {12}
 `
 
-// get: KEYS horizon, record, index (unused). ARGV now, skew, ttl, ts, keep.
+// get: KEYS horizon, record, index (unused). ARGV now, skew, ttl, ts, keep,
+// idle.
 // It vouches for absences as begin and fence do, so it refuses a stale
 // reading as they do ({14}, writing nothing): a server clock stepped back
 // after New, further than the keep, would judge a record that Redis removed
 // a keep after its expiry as one that cannot have expired yet.
 var getScript = redis.NewScript(prelude + `
 local now, skew, ttl, ts, keep = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+IDLE, LONGEST = tonumber(ARGV[6]), ttl + keep + skew + CLOCK_MARGIN
 if stale(now, keep, skew) then return {14} end
 local hz = horizon(KEYS[1], now, skew)
+hold(KEYS[1], 0) -- a lookup keeps its tenant's horizon too; it writes nothing else
 if not inside(ts, hz, now, skew) then return {11} end
 local v = load(KEYS[2], now, ts - skew + ttl)
 if v then return reply(9, v, now) end
@@ -333,11 +368,12 @@ return {11}
 `)
 
 // fence: KEYS horizon, record, index. ARGV now, skew, ttl, grace, ts,
-// through, cap, keep. A tenant at cap (WithMaxRecordsPerTenant) is answered {13}
+// through, cap, keep, idle. A tenant at cap (WithMaxRecordsPerTenant) is answered {13}
 // for a tombstone that would add a record.
 var fenceScript = redis.NewScript(prelude + `
 local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ts, through, cap, keep = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+IDLE, LONGEST = tonumber(ARGV[9]), ttl + keep + skew + CLOCK_MARGIN
 if stale(now, keep, skew) then return {14} end
 local hz = horizon(KEYS[1], now, skew)
 if not inside(ts, hz, now, skew) then return {11} end
@@ -352,7 +388,7 @@ if v then
   end
   local exp = math.max(now + ttl, tonumber(v[14]) + skew + grace)
   redis.call('HSET', KEYS[2], 'fen', n(through), 'fa', n(now), 'exp', n(exp))
-  track(KEYS[3], KEYS[2], now, expire(KEYS[2], now, exp, keep, ts - skew + ttl), cap)
+  track(KEYS[3], KEYS[2], now, expire(KEYS[1], KEYS[2], now, exp, keep, ts - skew + ttl), cap)
 else
   if now >= ts - skew + ttl then return {11} end
   if not room(KEYS[3], now, cap) then return {13} end
@@ -360,7 +396,7 @@ else
   redis.call('HSET', KEYS[2], 'st', FENCED, 'fp', '', 'try', '0', 'fen', n(through), 'code', '0', 'msg', '',
     'det', '', 'resp', '', 'ret', '0', 'units', '0', 'sa', '0', 'fa', n(now), 'lease', '0', 'dl', '0', 'exp', n(exp),
     'tok', '', 'ftok', '')
-  track(KEYS[3], KEYS[2], now, expire(KEYS[2], now, exp, keep, ts - skew + ttl), cap)
+  track(KEYS[3], KEYS[2], now, expire(KEYS[1], KEYS[2], now, exp, keep, ts - skew + ttl), cap)
 end
 return reply(9, load(KEYS[2], now, ts - skew + ttl), now)
 `)
