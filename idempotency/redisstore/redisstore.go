@@ -398,7 +398,7 @@ func (s *Store) clock() (int64, time.Time) {
 func (s *Store) checkClock(ctx context.Context, c redis.UniversalClient, where string) (time.Duration, error) {
 	t, err := c.Time(ctx).Result()
 	if err != nil {
-		return 0, fmt.Errorf("%w: redisstore: reading Redis's clock%s: %w", idempotency.ErrStoreUnavailable, where, err)
+		return 0, checkErr("reading Redis's clock"+where, err)
 	}
 	d := t.Sub(s.now())
 	if d > s.policy.Skew+clockMargin || -d > s.policy.Skew+clockMargin {
@@ -463,8 +463,10 @@ func (e sentError) Unwrap() error { return e.error }
 // on every node) and refuses a timeout unless timeout + 1000/hz ms is at
 // most half the client's ReadTimeout (when it has one) and at most half the
 // keep (see WithReplicas). It returns an error
-// wrapping idempotency.ErrStoreUnavailable when Redis cannot be reached and
-// an error naming the problem for a wrong setting or option.
+// wrapping idempotency.ErrStoreUnavailable when Redis cannot be reached (or
+// answers that it cannot serve yet: LOADING, MASTERDOWN) and an error naming
+// the problem for a wrong setting or option, a command Redis refuses to the
+// store's user (NOPERM) or does not know (renamed away) included.
 //
 // A Cluster node that New did not know (one added later, given slots or
 // promoted) gets the same checks of its own, its hz at least the lowest
@@ -553,7 +555,7 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 	}
 	for _, sc := range []*redis.Script{beginScript, finishScript, getScript, fenceScript} {
 		if err := sc.Load(ctx, client).Err(); err != nil {
-			return nil, fmt.Errorf("%w: redisstore: loading scripts: %w", idempotency.ErrStoreUnavailable, err)
+			return nil, checkErr("loading scripts", err)
 		}
 	}
 	return s, nil
@@ -794,12 +796,26 @@ func (s *Store) check(ctx context.Context, c redis.UniversalClient, addr string,
 	close(run.done)
 }
 
+// checkErr is the error of a command of New's checks (what it did, and
+// where) that failed. Redis refusing the command to the store's user
+// (NOPERM) or not knowing it (a CONFIG renamed away: unknown command) is a
+// setting that waiting does not change, and the error says so; anything
+// else (no reply, LOADING, MASTERDOWN) wraps idempotency.ErrStoreUnavailable,
+// as Redis may answer later. (The checks after New refuse a node either
+// way: see ready.)
+func checkErr(what string, err error) error {
+	if redis.HasErrorPrefix(err, "NOPERM") || redis.HasErrorPrefix(err, "unknown command") || redis.HasErrorPrefix(err, "unknown subcommand") {
+		return fmt.Errorf("redisstore: %s: Redis refused the command: %w (the store's Redis user needs CONFIG GET, INFO, TIME, SCRIPT LOAD, EVALSHA and, with WithReplicas, WAIT)", what, err)
+	}
+	return fmt.Errorf("%w: redisstore: %s: %w", idempotency.ErrStoreUnavailable, what, err)
+}
+
 // checkNoEviction checks that Redis node c's maxmemory-policy is
 // noeviction.
 func checkNoEviction(ctx context.Context, c redis.UniversalClient, where string) error {
 	cfg, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
 	if err != nil {
-		return fmt.Errorf("%w: redisstore: reading maxmemory-policy%s: %w", idempotency.ErrStoreUnavailable, where, err)
+		return checkErr("reading maxmemory-policy"+where, err)
 	}
 	if p := cfg["maxmemory-policy"]; p != "noeviction" {
 		return fmt.Errorf("redisstore: Redis maxmemory-policy%s is %q; it must be noeviction, or Redis may evict records and a repeated try would run again", where, p)
@@ -821,7 +837,7 @@ func checkIdentity(ctx context.Context, c redis.UniversalClient, where string) e
 	for _, f := range identityFields {
 		info, err := c.Info(ctx, f.section).Result()
 		if err != nil {
-			return fmt.Errorf("%w: redisstore: reading INFO %s%s: %w", idempotency.ErrStoreUnavailable, f.section, where, err)
+			return checkErr("reading INFO "+f.section+where, err)
 		}
 		if !hasHexField(info, f.field) {
 			return fmt.Errorf("redisstore: Redis's INFO %s%s has no %s: the store tells a restart, a restore or a failover, which lose records, by run_id and master_replid, and without them would read a lost record as absent (a Redis-compatible server that hides them is not supported)",
@@ -867,7 +883,7 @@ func readHz(ctx context.Context, client redis.UniversalClient) (int, error) {
 func nodeHz(ctx context.Context, c redis.UniversalClient, where string) (int, error) {
 	cfg, err := c.ConfigGet(ctx, "hz").Result()
 	if err != nil {
-		return 0, fmt.Errorf("%w: redisstore: reading hz%s: %w", idempotency.ErrStoreUnavailable, where, err)
+		return 0, checkErr("reading hz"+where, err)
 	}
 	hz, err := strconv.Atoi(cfg["hz"])
 	if err != nil || hz <= 0 {
