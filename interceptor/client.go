@@ -75,9 +75,13 @@ type call struct {
 	// its InTrailer after the owner stopped waiting for it) never marks a
 	// later try's record.
 	tryBase deliveryCtx
-	// verifying is set while prepare readies a unary call's verifying try
-	// (owner.verifyTry).
-	verifying bool
+	// verifying is set while prepare readies a call's first verifying try
+	// (owner.verifyNext), unary or stream: answered from the record, it
+	// needs no unit at the origin (originRefuses). graced is set with it
+	// for a unary call, whose verifying try runs on the resolution's grace
+	// (owner.verifyContext: the context's deadline is the try's); a
+	// stream's runs on its caller's context, inside the attempt's deadline.
+	verifying, graced bool
 	// tgt is the call's target; marks is its count of recordless marks
 	// when the call began, and startRecordless whether one held then
 	// (owner.unvouched).
@@ -178,10 +182,10 @@ type try struct {
 func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy, now time.Time) (context.Context, *try, error) {
 	s, key := cl.s, cl.key
 	deadline := s.deadlineIn(ctx).Add(-c.cfg.hopMargin)
-	if cl.verifying {
-		// The verifying try after a resolution (owner.verifyTry): answered
-		// from the record, late or not, it may use the resolution's grace,
-		// which ctx's deadline is.
+	if cl.graced {
+		// A unary call's verifying try after a resolution (owner.run):
+		// answered from the record, late or not, it may use the
+		// resolution's grace, which ctx's deadline is.
 		deadline, _ = ctx.Deadline()
 	}
 	remaining := deadline.Sub(now)
@@ -618,6 +622,10 @@ type clientStream struct {
 	// way; that RecvMsg applies it if it returned a message instead.
 	unreadEnd tryEnd
 	counted   int // tries counted against the policy (fence jumps are not)
+	// verifyTry is set when the current try is the call's first verifying
+	// try (owner.verifyNext), for which no retry-budget token was withdrawn:
+	// none goes back if it was never sent.
+	verifyTry bool
 	// What the caller sent, for replay: clones of its messages, their size.
 	// overflow: replay is off for good (the limit was passed or a message
 	// could not be kept).

@@ -88,9 +88,10 @@ func TestMarkBeforeVerifyingTryIsHeeded(t *testing.T) {
 	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
 }
 
-// TestMarkBeforeVerifyingTryIsHeeded for a stream, whose verifying try
-// waits its backoff (proceed) like any repeat: a mark that comes during
-// that wait is heeded before the try is sent.
+// TestMarkBeforeVerifyingTryIsHeeded for a stream, whose verifying try is
+// sent at once as a unary call's is: a mark that comes after the query
+// answered (when the owner next reads its clock, as it prepares the try) is
+// heeded before the try is sent.
 func TestMarkBeforeStreamVerifyingTryIsHeeded(t *testing.T) {
 	var effects, tries atomic.Int64
 	m := &lateMark{}
@@ -326,20 +327,21 @@ func TestVerifyingTryAfterAStopPushbackIsAnsweredFromTheRecord(t *testing.T) {
 }
 
 // A review asked whether a stream's verifying try, which (unlike a unary
-// call's) goes through the origin's allowance checks as any repeat, may
-// report a wrong outcome once the allowance is spent. It does not: the
-// repeat is refused locally, nothing more runs, and the call ends UNKNOWN,
-// which is honest though less precise than the record (SUCCEEDED: the
-// stream would end COMMITTED). Left so: the unary exemption rests on the
-// verifying try's own context and grace, which a stream, whose context is
-// its caller's, does not have.
+// call's) then went through the origin's allowance checks as any repeat,
+// may report a wrong outcome once the allowance is spent. It did not: the
+// repeat was refused locally, nothing more ran, and the call ended UNKNOWN,
+// honest though less precise than the record. Since r15 (see
+// TestStreamVerifyingTryAgreesWithUnary) the stream's verifying try is sent
+// past a spent allowance, as a unary call's: it runs nothing below (the
+// store answers it from the record), and the stream ends COMMITTED, what
+// the record (SUCCEEDED) says.
 func TestStreamVerifyingTryAfterAllUnitsSpentStaysHonest(t *testing.T) {
 	runs, tries, err := chatWhoseVerifyingTryFindsNoUnit(t)
 	o := status.OutcomeOf(err)
 	t.Logf("tries %d, err %v", tries, err)
 	require.Equal(t, int64(1), runs, "the handler ran once")
-	// UNKNOWN today; COMMITTED, which the record would give, is honest too.
-	require.Contains(t, []status.Kind{status.KindUnknown, status.KindCommitted}, o.Kind, "%v", err)
+	require.EqualValues(t, 2, tries, "the verifying try was sent")
+	require.Equal(t, status.KindCommitted, o.Kind, "%v", err)
 	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
 }
 

@@ -150,8 +150,11 @@ type owner struct {
 	// explicitly past its fence without counting the refused try: later
 	// jumps count (decide).
 	jumped bool
-	// verifyNext is set when the next try is that first verifying try:
-	// a unary call sends it at once (verifyTry).
+	// verifyNext is set when the next try is that first verifying try.
+	// Unary calls and streams send it alike (run, and a stream's
+	// afterTryLocked): at once, with no backoff and no retry-budget token
+	// of its own (the resolution's covers it), and at the origin past a
+	// spent allowance (it runs nothing below, DESIGN.md §1, §3.3).
 	verifyNext bool
 	// verifies is set when the next try is a verifying try, the first or a
 	// later one: whether it may be sent is asked again just before it is
@@ -257,9 +260,9 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 			defer releaseCtx() // also if the try panics (once per call)
 		}
 		verifyTry := w.verifyNext
-		w.cl.verifying = verifyTry
+		w.cl.verifying, w.cl.graced = verifyTry, verifyTry
 		tctx, t, perr := c.prepare(pctx, w.cl, n, w.p, now)
-		w.cl.verifying, w.verifyNext = false, false
+		w.cl.verifying, w.cl.graced, w.verifyNext = false, false, false
 		if perr != nil {
 			releaseCtx()
 			if verifyTry {

@@ -2,6 +2,7 @@ package interceptor_test
 
 import (
 	"context"
+	"io"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -255,9 +256,9 @@ func TestVerifyingTryRefusedLocallyKeepsTheCalleesError(t *testing.T) {
 // chatWhoseVerifyingTryFindsNoUnit runs one Chat keyed "chat", in an
 // attempt of one unit, at a recorded server whose handler spends that unit
 // (spendOne) and whose first answer a proxy loses (loseFirstChatAnswer), so
-// that the stream owner's verifying try finds no unit left. It returns how
-// many times the handler ran, how many Chat tries reached the server, and
-// the stream's error (chatOnce).
+// that the stream owner's verifying try, at the origin, finds no unit left.
+// It returns how many times the handler ran, how many Chat tries reached the
+// server, and the stream's error (chatOnce).
 func chatWhoseVerifyingTryFindsNoUnit(t *testing.T) (runs int64, tries int32, err error) {
 	t.Helper()
 	var handlerRuns atomic.Int64
@@ -277,18 +278,57 @@ func chatWhoseVerifyingTryFindsNoUnit(t *testing.T) (runs int64, tries int32, er
 // A review found the defect this test guards against (fixed since; the
 // text below is the review's account of the code before the fix).
 //
-// The stream owner's verifying try is a repeat like any other (it waits
-// its backoff and, at the origin, needs a unit like any repeat). Refused
-// locally once the callee spent every unit, it ended the stream UNKNOWN
-// with the local refusal's code and message, the callee's error lost, as
-// the unary owner's did (see TestVerifyingTryRefusedLocallyKeepsTheCalleesError;
-// TestStreamVerifyingTryAfterAllUnitsSpentStaysHonest allows COMMITTED as
-// well, which the record would give).
+// A stream's verifying try refused locally for lack of a unit ended the
+// stream UNKNOWN with the local refusal's code and message, the callee's
+// error lost, as the unary owner's did (see
+// TestVerifyingTryRefusedLocallyKeepsTheCalleesError). The review met it at
+// the origin, which (since r15, TestStreamVerifyingTryAgreesWithUnary)
+// sends its verifying try past a spent allowance, as a unary call's; below
+// the origin the verifying try takes a unit as any RPC does, and is refused
+// locally when none is free: here a middle tier whose one unit its Chat's
+// first try took. The stream ends with the try in doubt's own outcome.
 func TestStreamVerifyingTryRefusedLocallyKeepsTheCalleesError(t *testing.T) {
-	runs, tries, err := chatWhoseVerifyingTryFindsNoUnit(t)
-	require.EqualValues(t, 1, runs, "the handler ran once")
-	require.EqualValues(t, 1, tries, "the verifying try was refused locally")
+	var runs atomic.Int64
+	var served atomic.Int32
+	leafSvc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+		runs.Add(1)
+		return drainChat(st)
+	}}
+	leaf := recordedServer(t, leafSvc, memoryStore(t), loseFirstChatAnswer(&served))
+	toLeaf := testingv1.NewTestServiceClient(leaf.DialT(t, interceptor.DialOptions(fastRetry(3), interceptor.WithoutRetryBudget())...))
+	leafErr := make(chan error, 1)
+	mid := &testsvc.Service{GetFunc: func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		leafErr <- chatFromHandler(interceptor.WithCallKey(ctx, "chat"), toLeaf)
+		return &testingv1.GetResponse{}, nil
+	}}
+	origin := fastClient(t, testsvc.StartT(t, testsvc.Bufconn, mid.Register, serverOpts()...), 1)
+	ctx, err := interceptor.StartAttempt(t.Context(), 1, 5*time.Second) // mid gets one unit: its Chat's first try's
+	require.NoError(t, err)
+	_, err = origin.Get(ctx, &testingv1.GetRequest{})
+	require.NoError(t, err)
+	err = <-leafErr
+	require.EqualValues(t, 1, runs.Load(), "the handler ran once")
+	require.EqualValues(t, 1, served.Load(), "the verifying try was refused locally")
 	requireCalleesError(t, err, "upstream connection reset")
+}
+
+// chatFromHandler is chatOnce for a handler's goroutine: it opens a Chat
+// under ctx, sends one message, closes its side and returns the error of
+// the first Recv, or of whatever failed before it (io.EOF from Send says
+// the stream ended: Recv returns how).
+func chatFromHandler(ctx context.Context, client testingv1.TestServiceClient) error {
+	st, err := client.Chat(ctx)
+	if err != nil {
+		return err
+	}
+	if err := st.Send(&testingv1.ChatRequest{}); err != nil && err != io.EOF {
+		return err
+	}
+	if err := st.CloseSend(); err != nil {
+		return err
+	}
+	_, err = st.Recv()
+	return err
 }
 
 // A review asked that the re-rooting checks cost ordinary calls nothing:

@@ -41,6 +41,12 @@ import (
 //     calls: NOT_ADMITTED and not final (a try never sent without a
 //     definite code included), or UNKNOWN resolved
 //     FENCED by the query (NO_SIDE_EFFECTS: freely);
+//   - a resolution that finds a finished record under a WithCallKey key, while
+//     the stream can still be repeated, is followed by one verifying try, as
+//     for unary calls: sent at once, on the resolution's retry-budget token,
+//     at the origin past a spent allowance (the store answers it from the
+//     record), but within the attempt's deadline (a unary call's may use the
+//     resolution's grace);
 //   - once committed, a failure is final for the stream: UNKNOWN is resolved
 //     with the query for a method with side effects and ends COMMITTED (the
 //     stored record cannot replay a stream), FAILED or UNKNOWN.
@@ -100,9 +106,33 @@ func (cs *clientStream) tryFromLocked(n uint32) bool {
 		cs.counted++
 		// A fresh call per try, so that a late stats event of an earlier
 		// try cannot mark this one's delivery record.
-		tcl := &call{s: w.cl.s, key: w.cl.key, method: w.cl.method, seen: w.cl.seen}
-		tctx, t, err := c.prepare(cs.ctx, tcl, n, &cs.p, c.cfg.now())
+		// A verifying try (owner.verifyNext) needs no unit at the origin,
+		// as a unary call's; it runs on the caller's context (no grace).
+		verifyTry := w.verifyNext
+		tcl := &call{s: w.cl.s, key: w.cl.key, method: w.cl.method, seen: w.cl.seen, verifying: verifyTry}
+		w.verifyNext = false
+		now := c.cfg.now()
+		if n > 1 {
+			// Asked just before the repeat is sent, as owner.run asks: a
+			// recordless mark that came since the resolution (another
+			// call's query) is heeded.
+			if result := w.unvouchedRepeat(w.spanTry(n-1), w.follows); result != nil {
+				if !verifyTry && w.tgt.budget != nil {
+					w.tgt.budget.Return() // proceed withdrew a token for a try not sent
+				}
+				w.retrying = false
+				cs.endLocked(w.spanTry(n), result)
+				return false
+			}
+		}
+		tctx, t, err := c.prepare(cs.ctx, tcl, n, &cs.p, now)
 		if err != nil {
+			if verifyTry {
+				// No token was withdrawn for it (the resolution's covers
+				// it): none goes back.
+				cs.endLocked(w.spanTry(n), w.refusedLocally(n, err, w.follows))
+				return false
+			}
 			cs.endLocked(w.spanTry(n), w.unprepared(n, err))
 			return false
 		}
@@ -110,7 +140,7 @@ func (cs *clientStream) tryFromLocked(n uint32) bool {
 		if n == 1 && w.tgt.budget != nil {
 			w.tgt.budget.Deposit()
 		}
-		cs.t, cs.n, cs.settled = t, n, false
+		cs.t, cs.n, cs.settled, cs.verifyTry = t, n, false, verifyTry
 		cs.gen++
 		st, err := cs.newTryStreamLocked(tctx)
 		if err == nil {
@@ -671,17 +701,25 @@ func (cs *clientStream) afterTryLocked(err error) (next uint32, result error, re
 	if n+1 > header.MaxTry { // a fence jumped past the last try the header can carry
 		return n, w.conclude(w.spanTry(n), err), false // naming the last try sent, not the fence
 	}
-	if result := w.proceed(cs.ctx, n, cs.counted, err); result != nil {
-		return n, result, false
-	}
-	if result := w.unvouchedRepeat(w.spanTry(n), err); result != nil {
-		if w.tgt.budget != nil {
-			w.tgt.budget.Return() // proceed withdrew a token for a try not sent
+	if w.verifyNext {
+		// The verifying try is answered from the record the resolution
+		// found, as a unary call's is (owner.run): sent at once, past the
+		// policy's backoff and, at the origin, past a spent allowance; the
+		// resolution's retry-budget token covers it. Below the origin it
+		// takes a unit as any RPC does. Only the caller's cancellation
+		// stops it here; a deadline that leaves it no time is prepare's
+		// to find (the call then ends with the try it follows).
+		if cancelled(cs.ctx) {
+			w.verifyNext = false
+			return n, w.conclude(w.spanTry(n), err), false
 		}
-		w.retrying = false
+		// Announced as any repeat is, once prepare lets it go.
+		w.retry, w.retrying = retryNote{reason: status.OutcomeOf(err).Reason}, true
+		w.follows = err
+	} else if result := w.proceed(cs.ctx, n, cs.counted, err); result != nil {
 		return n, result, false
 	}
-	return n + 1, nil, true
+	return n + 1, nil, true // tryFromLocked asks unvouchedRepeat just before sending it
 }
 
 // finishLocked settles the current try, which ended with err (nil: OK), as
@@ -712,7 +750,9 @@ func (cs *clientStream) finishTryLocked(err error, local bool) status.Outcome {
 	}
 	cs.settled = true
 	d := c.finish(w.cl.s, w.cl.key, cs.t, err, local)
-	w.unsent(cs.n, d) // every repeat of a stream waited in proceed
+	if !cs.verifyTry {
+		w.unsent(cs.n, d) // every other repeat of a stream waited in proceed, which withdrew a token
+	}
 	c.spent(cs.ctx, cs.span, w.cl.s, cs.t)
 	w.pushback = cs.t.delivery.pushback.Load()
 	if cs.t.loan != nil {
