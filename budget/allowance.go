@@ -74,8 +74,8 @@ func clamp(v, lo, hi int64) int64 {
 // Take takes one unit for an RPC about to be sent: free → spent. It returns
 // nil, or when no unit is free or the ledger is sealed a NOT_ADMITTED
 // ALLOWANCE_EXHAUSTED refusal (a *status.Error) that reports the units
-// remaining and is final only at the origin once spent units reach the
-// allowance.
+// remaining and is final only at the origin, once spent units reach the
+// allowance or the ledger is sealed (no unit can come back then).
 func (a *Allowance) Take() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -90,7 +90,7 @@ func (a *Allowance) Take() error {
 // Check reports whether a unit is free without taking one: nil, or the
 // refusal [Allowance.Take] would return. At the origin that refusal is final
 // once spent units reach the allowance, which for an allowance of 0 is at
-// once. (tollgate's client interceptor does not call it: it refuses a repeat
+// once, or the ledger is sealed. (tollgate's client interceptor does not call it: it refuses a repeat
 // of the origin's own, uncharged, tries only once a non-zero allowance is
 // all spent, or the ledger is sealed.)
 func (a *Allowance) Check() error {
@@ -103,7 +103,8 @@ func (a *Allowance) Check() error {
 }
 
 func (a *Allowance) refusalLocked() error {
-	f := status.Fields{Final: a.origin && a.spent >= a.total}
+	// As the interceptor's originFinal: a sealed ledger gets no unit back.
+	f := status.Fields{Final: a.origin && (a.spent >= a.total || a.sealed)}
 	if a.sealed {
 		f.Message = "budget: ledger sealed"
 	} else {

@@ -53,7 +53,8 @@
 // what it reports in tollgate-spent, and later takes are refused. A call that
 // finds no free unit is refused locally with NOT_ADMITTED
 // ALLOWANCE_EXHAUSTED; the refusal is final only at the origin, and only when
-// spent units reach the allowance (held or reserved units may still return).
+// spent units reach the allowance (held or reserved units may still return)
+// or the ledger is sealed (none can).
 //
 // A fan-out handler divides its free units among its next calls with [Split],
 // or sets one call's grant with [WithGrant]; the interceptor finds the
