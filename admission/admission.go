@@ -65,10 +65,11 @@ type Request struct {
 }
 
 // Permit is the right to run one admitted request. End it exactly once, when
-// the work ends: with [Permit.Release] when the work ran, with
-// [Permit.Abandon] when it did not (a replayed record, a refusal after
-// admission) or when its lifetime is not a service time (a stream). Whichever
-// comes first wins; further calls of either do nothing. A Permit is safe for
+// the work ends: with [Permit.Release] when the work ran (or
+// [Permit.ReleaseMissCounted] when its caller has counted its deadline miss
+// already), with [Permit.Abandon] when it did not (a replayed record, a
+// refusal after admission) or when its lifetime is not a service time (a
+// stream). Whichever comes first wins; further calls of any do nothing. A Permit is safe for
 // concurrent use; its zero value is not useful.
 type Permit struct {
 	c        *Controller
@@ -101,7 +102,32 @@ func (p *Permit) Release() {
 
 // ReleaseAt is [Permit.Release] at time now, for simulations that drive the
 // controller on a virtual clock (see [Controller.AdmitAt]).
-func (p *Permit) ReleaseAt(now time.Time) {
+func (p *Permit) ReleaseAt(now time.Time) { p.release(now, true) }
+
+// ReleaseMissCounted is [Permit.Release] for work whose deadline miss, if
+// it has one, its caller has already counted in tollgate.deadline.misses
+// under a stage of its own: it returns the slot, teaches the class its
+// service time and counts a late finish in the class's false accepts, as
+// Release does, but counts no miss of stage run, so that the request is
+// counted once. tollgate's server interceptor uses it for the lookup of a
+// try that came after its attempt's deadline and was refused for that
+// (stage arrival): the try's own deadline may pass while it is refused.
+// Like Release it ends the permit exactly once, and does nothing on a nil
+// Permit.
+func (p *Permit) ReleaseMissCounted() {
+	if p == nil || p.c == nil {
+		return
+	}
+	p.ReleaseMissCountedAt(p.c.cfg.now())
+}
+
+// ReleaseMissCountedAt is [Permit.ReleaseMissCounted] at time now (virtual
+// clocks).
+func (p *Permit) ReleaseMissCountedAt(now time.Time) { p.release(now, false) }
+
+// release is ReleaseAt, counting a late finish as a run miss when
+// countMiss is set.
+func (p *Permit) release(now time.Time, countMiss bool) {
 	if p == nil || p.c == nil || !p.released.CompareAndSwap(false, true) {
 		return
 	}
@@ -110,7 +136,7 @@ func (p *Permit) ReleaseAt(now time.Time) {
 	c.advance(now)
 	late := c.releaseLocked(p, now, true)
 	c.unlock()
-	if late {
+	if late && countMiss {
 		c.m.missRunAdd()
 	}
 	c.m.served(p.cs, now.Sub(p.start))
@@ -122,7 +148,8 @@ func (p *Permit) ReleaseAt(now time.Time) {
 // lifetime is not a service time, so that neither instant nor endless
 // permits distort the learned service time. Release and Abandon together
 // end a permit exactly once: whichever comes first wins, later calls do
-// nothing. Abandon on a nil Permit does nothing.
+// nothing (as does ReleaseMissCounted). Abandon on a nil Permit does
+// nothing.
 func (p *Permit) Abandon() {
 	if p == nil || p.c == nil {
 		return

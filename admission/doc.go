@@ -105,7 +105,9 @@
 // interceptor, which gives it the try's, makes a final DEADLINE_EXPIRED
 // repeatable when that deadline was only the try's own (a per-try timeout,
 // or the server's cap from the request's arrival). Each
-// permit ends exactly once, with [Permit.Release] after work that ran or
+// permit ends exactly once, with [Permit.Release] after work that ran
+// ([Permit.ReleaseMissCounted] when the caller counted the work's deadline
+// miss itself, which counts no run miss again) or
 // [Permit.Abandon] after work that did not run (a replay, a refusal after
 // admission) or a stream; the first call wins and extra calls do nothing. Each stage but the slot and
 // queue bound can be switched off with [WithStages].
@@ -114,7 +116,7 @@
 //
 // Each class learns its service time from completed work: an exponentially
 // weighted mean and a streaming p95, seeded by ExpectedServiceTime, from
-// permits ended with Release (never Abandon). Each sample is capped by
+// permits ended with Release or ReleaseMissCounted (never Abandon). Each sample is capped by
 // MaxServiceTime (default [DefaultMaxServiceTime]) and, after 20 samples, by
 // 4 × the learned p95, so one hung request cannot lock a class out. A class
 // that is idle (nothing of it running or waiting) admits a request whose
@@ -182,7 +184,7 @@
 //
 // The controller reads the wall clock on Admit and Release. Simulations
 // drive it on a virtual clock with [Controller.AdmitAt], [Permit.ReleaseAt],
-// [Permit.AbandonAt], [Controller.ModeAt], [Controller.StatsAt] and
+// [Permit.ReleaseMissCountedAt], [Permit.AbandonAt], [Controller.ModeAt], [Controller.StatsAt] and
 // [Controller.OverridesAt]; windows and overrides are evaluated lazily from
 // the times given, in time order: the windows that ended before an
 // override expired are judged with it in force, however late the next

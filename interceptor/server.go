@@ -82,8 +82,9 @@ type inbound struct {
 	expired bool
 	// missCounted is set once the interceptor has counted the try in
 	// tollgate.deadline.misses (lateRefusal, contextEnded): a late try's
-	// lookup permit is then abandoned when its context has ended, not
-	// released, so that admission does not count it again as a run miss.
+	// lookup permit is then abandoned when its context has ended, and
+	// otherwise released with ReleaseMissCounted, so that admission does
+	// not count it again as a run miss (endLookup).
 	missCounted bool
 	// detached is set for a recorded unary call: its handler runs on a
 	// context detached from the client's, until the attempt's deadline
@@ -604,15 +605,8 @@ func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 			return nil, err
 		}
 		started, resp, err := sv.beginTry(ctx, info.FullMethod, in, fp, false)
-		if in.expired && (ctx.Err() == nil || !in.missCounted) {
-			// The lookup was its work, as a query's is, and one its
-			// record answered after its context ended ran late: admission
-			// counts it as a run miss. One its context ended that was
-			// refused for it (contextEnded) or for its lateness
-			// (lateRefusal) is counted on arrival, not again as admission's
-			// run miss, and was no service time: it is abandoned (deferred
-			// above).
-			permit.Release()
+		if in.expired {
+			sv.endLookup(ctx, in, permit)
 		}
 		if !started {
 			sv.setTrailer(ctx, in, 0, err)
@@ -641,6 +635,25 @@ func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 		return nil, answer
 	}
 	return resp, nil
+}
+
+// endLookup ends the lookup permit of a late try (inbound.expired) once the
+// store has answered it. The lookup was its work, as a query's is, so its
+// time teaches admission's service estimate, and one its record answered
+// after its context ended ran late: admission counts it as a run miss
+// (Release). A try the interceptor has counted in tollgate.deadline.misses
+// (missCounted: refused for its lateness, lateRefusal, or for its context's
+// end, contextEnded) is counted nowhere again: while its context lives its
+// permit is released without a run miss (ReleaseMissCounted), since its
+// deadline may pass between this look and the release; once its context
+// has ended it is left to the caller's deferred Abandon, as no service time.
+func (sv *server) endLookup(ctx context.Context, in *inbound, permit *admission.Permit) {
+	switch {
+	case !in.missCounted:
+		permit.Release()
+	case ctx.Err() == nil:
+		permit.ReleaseMissCounted()
+	}
 }
 
 // setTrailer sets the call's trailer (see trailer), when it has anything to
@@ -853,8 +866,8 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 			return err
 		}
 		started, _, err := sv.beginTry(ctx, info.FullMethod, in, fp, true)
-		if in.expired && (ctx.Err() == nil || !in.missCounted) {
-			permit.Release() // the lookup was its work, as a query's is (admit, and unary)
+		if in.expired {
+			sv.endLookup(ctx, in, permit)
 		}
 		if !started {
 			sv.setStreamTrailer(ss, in, 0, err)

@@ -100,7 +100,9 @@ type serverTelemetry struct {
 	// tries that came in time and whose deadline passed while their record
 	// was begun (stage begin): the interceptor
 	// refuses the first before admission and the second after it, so the
-	// controller's own tollgate.deadline.misses never sees them.
+	// controller's own tollgate.deadline.misses never sees them (a late
+	// try's lookup permit is released with ReleaseMissCounted, or
+	// abandoned, once the try is counted here: endLookup).
 	late metric.Int64Counter
 }
 
