@@ -257,13 +257,19 @@ func (c *Controller) peekMode(now time.Time) Mode {
 	// Each expiry by now in turn, as advance does: the windows that end
 	// before it are closed under the overrides in force then, and the
 	// limits are then recomputed without it (on a list of the peek's own,
-	// never the live one's storage).
+	// never the live one's storage: copied once, at the first expiry, and
+	// filtered in place after, so that n expiries cost one allocation, not
+	// n lists).
+	var own []ActiveOverride
 	for len(c.ovr.list) > 0 && !now.Before(c.ovr.nextExpiry) {
 		e := c.ovr.nextExpiry
 		if c.deg.winEnd.Before(e) {
 			c.closeWindows(e.Add(-1))
 		}
-		var kept []ActiveOverride
+		if own == nil {
+			own = make([]ActiveOverride, 0, len(c.ovr.list))
+		}
+		kept := own[:0] // c.ovr.list is the live storage, or own's: written no faster than read
 		for _, a := range c.ovr.list {
 			if e.Before(a.Expires) {
 				kept = append(kept, a)
