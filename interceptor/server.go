@@ -593,7 +593,8 @@ func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 	// A permit whose handler never ran (a record answered, the store
 	// refused, a panic went up) is abandoned: its time is not a service time
 	// and must not teach admission's estimate. Release, below, wins when the
-	// handler ran.
+	// handler ran, as endLookup's release does for a late try's lookup, which
+	// was its work.
 	defer permit.Abandon()
 
 	var fp idempotency.Digest
