@@ -141,6 +141,11 @@ func FuzzBounded(f *testing.F) {
 			require.Equal(t, w.GetTry(), g.GetTry())
 			require.Equal(t, w.GetFencedThroughTry(), g.GetFencedThroughTry())
 			require.Equal(t, w.GetUnitsRemaining(), g.GetUnitsRemaining())
+			// Its strings as OutcomeOf reads them, which bounds them
+			// (TestR15OutcomeBoundsAPeersIdentifiers).
+			require.Equal(t, w.GetAttemptId(), g.GetAttemptId())
+			require.Equal(t, w.GetCall(), g.GetCall())
+			require.Equal(t, w.GetWorkloadClass(), g.GetWorkloadClass())
 			require.True(t, proto.Equal(w.GetRetryAfter(), g.GetRetryAfter()) || len(w.GetRetryAfter().ProtoReflect().GetUnknown()) > 0)
 		}
 		require.LessOrEqual(t, r14bDetailsWire(bounded), 3<<10)

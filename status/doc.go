@@ -51,7 +51,14 @@
 //     request was refused and ran nothing under that key; the detail's
 //     outcome tells what the existing record says); an outcome this build
 //     does not know is [KindUnknown]. Detail bytes that do not decode are
-//     ignored.
+//     ignored. The detail's strings are bounded as the tollgate header
+//     bounds them (DESIGN.md §2.1), whatever a peer sent, so that a
+//     hostile or broken peer's megabyte string is neither copied by every
+//     reading nor put on a span: an attempt ID over 64 bytes and a call
+//     key over 128 read as "…" (no identifier, and equal to none, as the
+//     long string was), a class over 256 bytes as "". [Fields] bounds an
+//     outcome's own the same way, so it reads the same on both sides of
+//     the wire.
 //  3. context.Canceled and context.DeadlineExceeded are [KindUnknown]:
 //     the caller stopped waiting, it does not know what happened.
 //  4. Otherwise the gRPC code decides: the definite codes INVALID_ARGUMENT,

@@ -45,9 +45,12 @@ type Error struct {
 // fields at once. Strings that are not valid UTF-8 are repaired (invalid bytes
 // become U+FFFD), because protobuf cannot carry them.
 type Fields struct {
-	// AttemptID is the attempt's identity.
+	// AttemptID is the attempt's identity. One longer than 64 bytes, which
+	// no tollgate peer sends (DESIGN.md §2.1), is replaced by "…", as a
+	// received detail's is (see [Outcome]).
 	AttemptID string
-	// Call is the call key of the refused or unresolved call.
+	// Call is the call key of the refused or unresolved call. One longer
+	// than 128 bytes (DESIGN.md §2.1) is replaced by "…", as AttemptID is.
 	Call string
 	// Try is the try number that was refused or left unresolved.
 	Try uint32
@@ -80,10 +83,10 @@ type Option interface{ apply(*Error) }
 
 func (f Fields) apply(e *Error) {
 	if f.AttemptID != "" {
-		e.f.AttemptID = validUTF8(f.AttemptID)
+		e.f.AttemptID = validUTF8(boundIdentifier(f.AttemptID, maxAttemptIDBytes))
 	}
 	if f.Call != "" {
-		e.f.Call = validUTF8(f.Call)
+		e.f.Call = validUTF8(boundIdentifier(f.Call, maxCallBytes))
 	}
 	if f.Try != 0 {
 		e.f.Try = f.Try
@@ -548,8 +551,9 @@ const (
 // suggests: the RetryInfo rebuilt by its delay alone when it carries more;
 // the OutcomeDetail, when larger than the 3 KiB less the RetryInfo, kept by
 // what it says (its outcome, reason, final flag, try, retry_after, units
-// and fence; its attempt ID, call and class when each is within 256 bytes),
-// rebuilt without unknown fields under the standard type URL.
+// and fence; its attempt ID, call and class as [Outcome]'s Detail reads
+// them, which bounds them), rebuilt without unknown fields under the
+// standard type URL.
 // Its code is kept (but a non-nil error whose status claims OK, which
 // OutcomeOf reads as UNKNOWN, is UNKNOWN once rebuilt, not a success). It
 // returns err itself when its status is within both bounds, and when err
@@ -658,32 +662,68 @@ func retryInfoOf(d *durationpb.Duration) *anypb.Any {
 	return a
 }
 
-// maxDetailString bounds each string of a deciding OutcomeDetail too large
-// for Bounded's bound (boundedOutcomeDetail), and the class an Error names
-// (Fields.Class): an attempt ID, call key or class name is far shorter.
+// maxDetailString bounds the class an OutcomeDetail names, as an Error
+// builds it (Fields.Class) and as a peer's is read (boundDetail): a class
+// name is far shorter.
 const maxDetailString = 256
+
+// maxAttemptIDBytes and maxCallBytes bound an attempt ID and a call key as
+// the tollgate header bounds them (DESIGN.md §2.1: 64 and 128 characters of
+// [A-Za-z0-9._:-]), in an OutcomeDetail an Error builds (Fields) or a peer
+// sent (boundDetail): no tollgate peer sends a longer one, and a hostile or
+// broken peer's megabyte string would otherwise be copied by every reading
+// of its error, and put on the client's span.
+const (
+	maxAttemptIDBytes = 64
+	maxCallBytes      = 128
+)
+
+// droppedIdentifier stands for an attempt ID or call key longer than its
+// bound (boundIdentifier). It is not an identifier (its one character is
+// outside the header's charset), so it names no attempt or call, and it
+// compares unequal to every identifier and to "" as the long string did:
+// whatever compares a detail's identifiers (does the refusal name the
+// call's own attempt? its call and try?) reads the same. A cut identifier
+// would name another.
+const droppedIdentifier = "…"
+
+// boundIdentifier is s, or droppedIdentifier when s is longer than limit
+// bytes.
+func boundIdentifier(s string, limit int) string {
+	if len(s) > limit {
+		return droppedIdentifier
+	}
+	return s
+}
+
+// boundDetail bounds the strings of d, a detail decoded from a status (a
+// peer's), in place: its attempt ID and call key by boundIdentifier, and
+// its class dropped when longer than maxDetailString, as Fields bounds an
+// Error's. It returns d.
+func boundDetail(d *tollgatev1.OutcomeDetail) *tollgatev1.OutcomeDetail {
+	d.AttemptId = boundIdentifier(d.GetAttemptId(), maxAttemptIDBytes)
+	d.Call = boundIdentifier(d.GetCall(), maxCallBytes)
+	if len(d.GetWorkloadClass()) > maxDetailString {
+		d.WorkloadClass = ""
+	}
+	return d
+}
 
 // boundedOutcomeDetail is d, a deciding OutcomeDetail larger than
 // maxCarriedBytes, less the RetryInfo Bounded keeps, as it was sent, rebuilt by what it says: its outcome,
 // reason, final flag, try, retry_after, units and fence kept, its strings
-// kept when within maxDetailString and cleared otherwise (a cut identifier
-// would name another), its unknown fields dropped, under the standard type
-// URL. It is well within the bound.
+// as OutcomeOf reads them (boundDetail: an attempt ID or call key beyond
+// the header's bound replaced by droppedIdentifier, since a cut identifier
+// would name another; a class beyond maxDetailString dropped), its unknown
+// fields dropped, under the standard type URL. It is well within the bound.
 func boundedOutcomeDetail(d *tollgatev1.OutcomeDetail) *anypb.Any {
 	m := &tollgatev1.OutcomeDetail{Outcome: d.GetOutcome(), Reason: d.GetReason(), Try: d.GetTry(),
-		UnitsRemaining: d.GetUnitsRemaining(), Final: d.GetFinal(), FencedThroughTry: d.GetFencedThroughTry()}
+		UnitsRemaining: d.GetUnitsRemaining(), Final: d.GetFinal(), FencedThroughTry: d.GetFencedThroughTry(),
+		AttemptId: d.GetAttemptId(), Call: d.GetCall(), WorkloadClass: d.GetWorkloadClass()}
 	if ra := d.GetRetryAfter(); ra != nil {
 		m.RetryAfter = &durationpb.Duration{Seconds: ra.GetSeconds(), Nanos: ra.GetNanos()}
 	}
-	for _, f := range []struct {
-		to   *string
-		from string
-	}{{&m.AttemptId, d.GetAttemptId()}, {&m.Call, d.GetCall()}, {&m.WorkloadClass, d.GetWorkloadClass()}} {
-		if len(f.from) <= maxDetailString {
-			*f.to = f.from
-		}
-	}
-	a, err := anypb.New(m)
+	a, err := anypb.New(boundDetail(m))
 	if err != nil { // cannot happen: the strings decoded as valid UTF-8
 		return &anypb.Any{TypeUrl: outcomeDetailURL}
 	}

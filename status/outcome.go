@@ -55,7 +55,13 @@ type Outcome struct {
 	// context error.
 	Code codes.Code
 	// Detail is the tollgate detail the error carries, or nil. It is the
-	// caller's to keep; it is not shared with the error.
+	// caller's to keep; it is not shared with the error. Its strings are
+	// bounded whatever a peer sent: an attempt ID longer than 64 bytes or a
+	// call key longer than 128 (the tollgate header's bounds, which no
+	// tollgate peer exceeds) reads as "…", which names no attempt or call
+	// (and, like the long string, equals no identifier and not ""), and a
+	// class longer than 256 bytes reads as "" (see the package doc,
+	// # Reading an error).
 	Detail *tollgatev1.OutcomeDetail
 }
 
@@ -231,7 +237,7 @@ func inspect(err error) inspection {
 		switch v := d.(type) {
 		case *tollgatev1.OutcomeDetail:
 			if x.detail == nil {
-				x.detail = v
+				x.detail = boundDetail(v) // decoded afresh: ours to change
 			}
 		case *errdetails.RetryInfo:
 			if rd := v.GetRetryDelay(); x.retryInfo == 0 && rd.IsValid() && rd.AsDuration() > 0 {
