@@ -83,10 +83,10 @@ type Option interface{ apply(*Error) }
 
 func (f Fields) apply(e *Error) {
 	if f.AttemptID != "" {
-		e.f.AttemptID = validUTF8(boundIdentifier(f.AttemptID, maxAttemptIDBytes))
+		e.f.AttemptID = boundIdentifier(f.AttemptID, maxAttemptIDBytes)
 	}
 	if f.Call != "" {
-		e.f.Call = validUTF8(boundIdentifier(f.Call, maxCallBytes))
+		e.f.Call = boundIdentifier(f.Call, maxCallBytes)
 	}
 	if f.Try != 0 {
 		e.f.Try = f.Try
@@ -687,10 +687,14 @@ const (
 // would name another.
 const droppedIdentifier = "…"
 
-// boundIdentifier is s, or droppedIdentifier when s is longer than limit
-// bytes.
+// boundIdentifier is s, repaired as validUTF8 repairs it, or
+// droppedIdentifier when s is longer than limit bytes, before or after the
+// repair (which may lengthen it: the reader sees the repaired string).
 func boundIdentifier(s string, limit int) string {
 	if len(s) > limit {
+		return droppedIdentifier
+	}
+	if s = validUTF8(s); len(s) > limit {
 		return droppedIdentifier
 	}
 	return s

@@ -106,4 +106,14 @@ func TestR15FieldsBoundIdentifiers(t *testing.T) {
 	d := status.OutcomeOf(status.NotAdmitted(status.ReasonQueueFull, status.WithAttempt(id, call, 1))).Detail
 	require.Equal(t, id, d.GetAttemptId(), "within the bound, kept")
 	require.Equal(t, call, d.GetCall())
+
+	// Within the bound, but not once invalid UTF-8 is repaired (each run of
+	// bad bytes becomes the 3 bytes of U+FFFD): bounded as the reader reads
+	// it.
+	bad := status.NotAdmitted(status.ReasonQueueFull, status.WithAttempt(strings.Repeat("\xffa", 32), strings.Repeat("\xfec", 64), 1))
+	local, wire := status.OutcomeOf(bad).Detail, status.OutcomeOf(grpcstatus.Convert(bad).Err()).Detail
+	require.Equal(t, "…", local.GetAttemptId())
+	require.Equal(t, "…", local.GetCall())
+	require.Equal(t, local.GetAttemptId(), wire.GetAttemptId())
+	require.Equal(t, local.GetCall(), wire.GetCall())
 }
