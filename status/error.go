@@ -59,7 +59,8 @@ type Fields struct {
 	// suggests none.
 	RetryAfter time.Duration
 	// Class is the admission class that refused the call. A name longer
-	// than 256 bytes is dropped: it would carry the detail past the bound
+	// than 256 bytes (once invalid UTF-8 is repaired, as a reader reads
+	// it) is dropped: it would carry the detail past the bound
 	// on what a status sends (a server passes on the class of a refusal
 	// its handler returns).
 	Class string
@@ -95,7 +96,9 @@ func (f Fields) apply(e *Error) {
 		e.f.RetryAfter = f.RetryAfter
 	}
 	if f.Class != "" && len(f.Class) <= maxDetailString {
-		e.f.Class = validUTF8(f.Class)
+		if c := validUTF8(f.Class); len(c) <= maxDetailString { // as a reader reads it (boundDetail)
+			e.f.Class = c
+		}
 	}
 	if f.UnitsRemaining != 0 {
 		e.f.UnitsRemaining = f.UnitsRemaining

@@ -116,4 +116,8 @@ func TestR15FieldsBoundIdentifiers(t *testing.T) {
 	require.Equal(t, "…", local.GetCall())
 	require.Equal(t, local.GetAttemptId(), wire.GetAttemptId())
 	require.Equal(t, local.GetCall(), wire.GetCall())
+	bad = status.NotAdmitted(status.ReasonQueueFull, status.WithClass(strings.Repeat("\xffk", 128)))
+	local, wire = status.OutcomeOf(bad).Detail, status.OutcomeOf(grpcstatus.Convert(bad).Err()).Detail
+	require.Empty(t, local.GetWorkloadClass(), "a class over 256 bytes once repaired is dropped")
+	require.Equal(t, local.GetWorkloadClass(), wire.GetWorkloadClass())
 }
