@@ -152,8 +152,9 @@
 // windows (default 3) make it Normal again, and an overloaded window while
 // Recovering returns it to Degraded for ExitAfter healthy windows, so an
 // oscillating load cannot make it flap. Operators may freeze a class, lower its limits or force a
-// mode with an [Override]: bounded, attributed, emitted as OpenTelemetry
-// events, and expiring by itself.
+// mode with an [Override]: bounded (at most [MaxOverrides] in force at
+// once), attributed, emitted as OpenTelemetry events, and expiring by
+// itself.
 //
 // # Early refusal and observability
 //

@@ -12,7 +12,8 @@ import (
 // Override is an operator's temporary change to admission: freeze a class,
 // lower its limits, or force a mode. Overrides are bounded: they can only
 // lower limits (never raise them past the configuration), never touch the
-// control class, and expire by themselves after TTL. Each carries who set it
+// control class, expire by themselves after TTL, and at most
+// [MaxOverrides] are in force at once. Each carries who set it
 // and why; setting, clearing and expiring one are emitted as OpenTelemetry
 // span events named "tollgate.admission.override".
 type Override struct {
@@ -57,15 +58,26 @@ type overrideState struct {
 }
 
 // ErrInvalidOverride is wrapped by the errors SetOverride returns for an
-// override that is out of bounds or incomplete.
+// override that is out of bounds or incomplete, or that would put more
+// than [MaxOverrides] in force.
 var ErrInvalidOverride = errors.New("admission: invalid override")
+
+// MaxOverrides is the most overrides a controller keeps in force at once:
+// SetOverride refuses another (wrapping [ErrInvalidOverride]) until one
+// expires or is cleared. Each expiry, and each metrics collection that
+// finds one due, recomputes the limits from every override in force under
+// the controller's lock, so n overrides expiring one after another cost
+// O(n²); the bound keeps that small. Operators need few: one per class and
+// action, and one forced mode, replacing rather than stacking.
+const MaxOverrides = 64
 
 // SetOverride puts o in force now and returns its ID. It returns an error
 // wrapping [ErrInvalidOverride] when o lacks an actor, reason or a positive
 // TTL within the maximum, names an unknown class or the control class,
 // would raise a limit, or sets nothing (an override whose limits equal the
-// configured ones is accepted, and changes nothing). The event is also added to the
-// span in ctx, if any. Safe for concurrent use.
+// configured ones is accepted, and changes nothing); or when [MaxOverrides]
+// are in force already (the expired ones are dropped first). The event is
+// also added to the span in ctx, if any. Safe for concurrent use.
 func (c *Controller) SetOverride(ctx context.Context, o Override) (uint64, error) {
 	return c.SetOverrideAt(ctx, o, c.cfg.now())
 }
@@ -77,6 +89,10 @@ func (c *Controller) SetOverrideAt(ctx context.Context, o Override, now time.Tim
 	}
 	c.mu.Lock()
 	c.advance(now)
+	if len(c.ovr.list) >= MaxOverrides {
+		c.unlock()
+		return 0, fmt.Errorf("%w: %d overrides in force, at most %d (MaxOverrides): clear one first", ErrInvalidOverride, len(c.ovr.list), MaxOverrides)
+	}
 	c.ovr.nextID++
 	a := ActiveOverride{Override: o, ID: c.ovr.nextID, Set: now, Expires: now.Add(o.TTL)}
 	c.ovr.list = append(c.ovr.list, a)

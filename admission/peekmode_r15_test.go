@@ -56,7 +56,7 @@ func peekAllocs(t *testing.T, n int) float64 {
 // O(n²) bytes and O(n log n) allocations. Doubling the overrides must at
 // most double its allocations.
 func TestR15PeekModeAllocationsGrowAtMostLinearly(t *testing.T) {
-	const n = 128
+	const n = MaxOverrides / 2 // 2n: as many as may be in force
 	one, two := peekAllocs(t, n), peekAllocs(t, 2*n)
 	t.Logf("peekMode allocations: %v for %d overrides, %v for %d", one, n, two, 2*n)
 	if two > 2*one+2 {
