@@ -1554,8 +1554,10 @@ func (p *Permit) remaining(mean, nowOff float64, guess bool) float64 {
 	return max(mean-age, mean*overdueShare)
 }
 
-// predictedWaitLocked is the wait of a request of cs that finds no free
-// slot: the work queued ahead plus what remains of the running work of the
+// predictedWaitLocked is the wait of a request of cs arriving now (one its
+// tenant's limits do not hold back): 0 when a slot it may take is free and
+// no waiter of the class can take it first (it starts at once); else, the
+// wait of one that finds no free slot: the work queued ahead plus what remains of the running work of the
 // class, spread over the class's slots. A running stream holds its slot for
 // its lifetime, which may end soon (at its deadline) or late: while one
 // holds a slot of the class, and while a lowered class runs more requests
@@ -1583,6 +1585,14 @@ func (p *Permit) remaining(mean, nowOff float64, guess bool) float64 {
 // over the class's running requests: a saturated tenant runs exactly its
 // limit, so each of its requests takes that share of its queued work out.
 func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Duration {
+	if cs.queue.n == cs.heldWaiters && c.acquire(cs, c.slots(cs)) != nil {
+		// A slot it may take is free (its own, or one lent), and no waiter
+		// of the class that could take it first: a request arriving now
+		// starts at once, as decideLocked would start it (which asks only
+		// when none is free). Spread over the slots, the running work
+		// would say a wait nobody has.
+		return 0
+	}
 	slots := max(c.slots(cs), 1)
 	// lowered: an override or Recovering's step holds the class below its
 	// slots, and it starts nothing while as many of its requests run,
@@ -1869,7 +1879,7 @@ const minRetryAfter = 10 * time.Millisecond
 
 // RetryAfter suggests a delay before a repeat of a request of the named
 // class, as the class's QUEUE_FULL refusal would now: its predicted wait
-// (its learned service time when nothing waits), jittered in [½, 1½) of
+// (its learned service time when a request would start at once), jittered in [½, 1½) of
 // itself and below the bound of [WithMaxRetryAfter]; for a name that is no
 // class, the floor of suggestions (10 ms), jittered. It is for refusals made
 // on the class's behalf outside the controller (tollgate's interceptor
@@ -1891,8 +1901,8 @@ func (c *Controller) RetryAfter(class string) time.Duration {
 }
 
 // retryAfterLocked suggests a delay that reflects the class's queue: the
-// predicted wait (or the learned service time when nothing waits; the
-// degradation window for SHED), jittered (see jitter).
+// predicted wait (or the learned service time when a request would start
+// at once; the degradation window for SHED), jittered (see jitter).
 func (c *Controller) retryAfterLocked(cs *classState, reason status.Reason, now time.Time) time.Duration {
 	return c.jitter(c.retryBaseLocked(cs, reason, now))
 }

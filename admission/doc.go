@@ -126,7 +126,9 @@
 // ExpectedServiceTime that has learned nothing yet predicts no service time:
 // until its first request is released, its deadline stage refuses only
 // deadlines that have passed or are reached and waits longer than the time
-// left, and admits a request with any time left, however little. The predicted wait of a request that finds no
+// left, and admits a request with any time left, however little. A request
+// that finds a slot free predicts no wait (Stats.PredictedWait is 0 then,
+// as its decision's wait is). The predicted wait of a request that finds no
 // slot is the learned work queued ahead plus the remaining work of the
 // class's running requests, spread over its slots (seed 004); each running
 // request counts the learned mean minus its elapsed time, but at least a

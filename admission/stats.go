@@ -110,10 +110,13 @@ type ClassStats struct {
 	OldestWait time.Duration
 	// ServiceMean and ServiceP95 are the learned service times.
 	ServiceMean, ServiceP95 time.Duration
-	// PredictedWait is the wait a request arriving now would be told of
-	// when no slot is free, at most half of time.Duration's range (about
-	// 146 years: a stream whose deadline is farther away frees its slot no
-	// sooner).
+	// PredictedWait is the wait of a request arriving now (one its
+	// tenant's limits do not hold back), as admission's deadline stage
+	// predicts it: 0 when a slot it may take is free (its class's, or one
+	// lent to it) and no waiter of the class can take it first, since it
+	// would start at once; else the wait it would be told of, at most half
+	// of time.Duration's range (about 146 years: a stream whose deadline is
+	// farther away frees its slot no sooner).
 	PredictedWait time.Duration
 	// Admitted counts requests that got a slot; Refused counts refusals by
 	// reason name ("QUEUE_FULL", ...), the tap's included.
