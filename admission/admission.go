@@ -1557,8 +1557,8 @@ func (p *Permit) remaining(mean, nowOff float64, guess bool) float64 {
 // predictedWaitLocked is the wait of a request of cs arriving now (one its
 // tenant's limits do not hold back): 0 when a slot it may take is free and
 // no waiter of the class can take it first (it starts at once); else, the
-// wait of one that finds no free slot: the work queued ahead plus what remains of the running work of the
-// class, spread over the class's slots. A running stream holds its slot for
+// wait of one that finds no free slot: the work queued ahead plus what
+// remains of the running work of the class, spread over the class's slots. A running stream holds its slot for
 // its lifetime, which may end soon (at its deadline) or late: while one
 // holds a slot of the class, and while a lowered class runs more requests
 // than its slots (none starts until enough end, which spreading their work
@@ -1879,8 +1879,8 @@ const minRetryAfter = 10 * time.Millisecond
 
 // RetryAfter suggests a delay before a repeat of a request of the named
 // class, as the class's QUEUE_FULL refusal would now: its predicted wait
-// (its learned service time when a request would start at once), jittered in [½, 1½) of
-// itself and below the bound of [WithMaxRetryAfter]; for a name that is no
+// (its learned service time when a request would start at once), jittered
+// in [½, 1½) of itself and below the bound of [WithMaxRetryAfter]; for a name that is no
 // class, the floor of suggestions (10 ms), jittered. It is for refusals made
 // on the class's behalf outside the controller (tollgate's interceptor
 // gives one to a try that admission dropped for the try's own deadline). It
