@@ -397,7 +397,7 @@ func (sv *server) tryDeadlineOnly(err error, in *inbound, deadline time.Time) er
 
 // queueDelay suggests a delay before a repeat into class, as admission's
 // own refusals do (admission.Controller.RetryAfter): the class's predicted
-// wait, or its learned service time when nothing waits, jittered and below
+// wait, or its learned service time when a request would start at once, jittered and below
 // admission's bound (admission.WithMaxRetryAfter). Without admission there
 // is no queue to reflect: none (the caller's backoff decides).
 func (sv *server) queueDelay(class string) time.Duration {
