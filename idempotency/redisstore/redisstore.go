@@ -805,10 +805,18 @@ func (s *Store) check(ctx context.Context, c redis.UniversalClient, addr string,
 // way: see ready.)
 func checkErr(what string, err error) error {
 	if redis.HasErrorPrefix(err, "NOPERM") || redis.HasErrorPrefix(err, "unknown command") || redis.HasErrorPrefix(err, "unknown subcommand") {
-		return fmt.Errorf("redisstore: %s: Redis refused the command: %w (the store's Redis user needs CONFIG GET, INFO, TIME, SCRIPT LOAD, EVALSHA and, with WithReplicas, WAIT)", what, err)
+		return fmt.Errorf("redisstore: %s: Redis refused the command: %w (%s)", what, err, needs)
 	}
 	return fmt.Errorf("%w: redisstore: %s: %w", idempotency.ErrStoreUnavailable, what, err)
 }
+
+// needs is what the store's Redis user needs: New's checks' commands, the
+// scripts' (EVAL sends one Redis lost, and the finish of a full Redis, which
+// is never loaded ahead), and the commands the scripts run, which Redis
+// checks against the user's ACL too.
+const needs = "the store's Redis user needs CONFIG GET, INFO, TIME, SCRIPT LOAD, EVALSHA, EVAL, " +
+	"and for its scripts HMGET, HSET, EXISTS, PEXPIRE, PTTL, ZADD, ZCOUNT, ZREMRANGEBYSCORE, " +
+	"on the keys under its prefix; with WithReplicas, WAIT; on a Cluster, CLUSTER SLOTS"
 
 // checkNoEviction checks that Redis node c's maxmemory-policy is
 // noeviction.
