@@ -236,8 +236,15 @@ const DefaultIdleTenantExpiry = 24 * time.Hour
 // version of this store before the option) is given at least the longest a
 // record lives (the TTL, the keep of DefaultKeep, twice the skew and a second,
 // and the skew and a second more) at its tenant's next call, as its records did not
-// keep it. Every replica should use the same. Default
-// DefaultIdleTenantExpiry.
+// keep it; a store with 0 that writes a record which may live longer (a
+// try's deadline further ahead than the policy's MaxAttemptDeadline, a
+// clock ahead of Redis's) notes in the key when that record is gone, and
+// the key is given at least until then. A version before the option notes
+// nothing and keeps no key alive: while any replica runs one (a rolling
+// deploy), run every other with 0, and set d only once none does, or a key
+// another replica gave an expiry may expire under such a replica's
+// records (its running tries' results lost, its attempts read UNKNOWN).
+// Every replica should use the same. Default DefaultIdleTenantExpiry.
 func WithIdleTenantExpiry(d time.Duration) Option {
 	return optionFunc(func(s *Store) { s.idle = d })
 }

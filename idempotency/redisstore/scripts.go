@@ -109,18 +109,38 @@ end
 -- or lookup, and never before a record of its tenant, whatever IDLE the
 -- replica that wrote the record has. A key without an expiry, which a store
 -- with IDLE 0 or an older version wrote, and whose records did not hold it,
--- gets at least LONGEST. hold never shortens a key's life, nor gives a key
--- without an expiry one when IDLE is 0. A horizon key that expired moves
--- the horizon as a flush does. It runs after a script's record write, never
--- before: a script's first write is the one a full Redis refuses (see
--- load), and this one it would not.
+-- gets at least LONGEST, and at least until its field last, Redis's time
+-- (ms) when the longest-lived record a store with IDLE 0 wrote there is
+-- gone, if that store found the record might outlive LONGEST (a try's
+-- deadline further ahead than the policy's MaxAttemptDeadline, a writer's
+-- clock ahead of Redis's: see expire). hold never shortens a key's life, nor
+-- gives a key without an expiry one when IDLE is 0. A horizon key that
+-- expired moves the horizon as a flush does. It runs after a script's record
+-- write, never before: a script's first write is the one a full Redis
+-- refuses (see load), and this one it would not.
 local function hold(hk, ms)
   local left = redis.call('PTTL', hk)
-  if left == -2 or (left == -1 and IDLE <= 0) then return end
+  if left == -2 then return end
+  if left == -1 then
+    local last = redis.call('HMGET', hk, 'last')[1]
+    if last then
+      last = #last <= 15 and string.match(last, '^[1-9]%d*$') and tonumber(last)
+      if not last then error('tollgate: the hash at ' .. hk .. ' is not a horizon: field last') end
+    end
+    local t = redis.call('TIME')
+    local rnow = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    if IDLE <= 0 then
+      if ms > LONGEST and (not last or last < rnow + ms) then redis.call('HSET', hk, 'last', n(rnow + ms)) end
+      return
+    end
+    local want = math.max(ms, IDLE, LONGEST)
+    if last then want = math.max(want, last - rnow) end
+    redis.call('PEXPIRE', hk, n(want))
+    return
+  end
   local want = ms
-  if left == -1 then want = math.max(want, IDLE, LONGEST)
-  elseif IDLE > 0 and left < IDLE - math.floor(IDLE / 16) then want = math.max(want, IDLE) end
-  if left == -1 or left < want then redis.call('PEXPIRE', hk, n(want)) end
+  if IDLE > 0 and left < IDLE - math.floor(IDLE / 16) then want = math.max(want, IDLE) end
+  if left < want then redis.call('PEXPIRE', hk, n(want)) end
 end
 
 -- inside reports whether an attempt created at ts lies inside the horizon;
