@@ -105,3 +105,32 @@ func TestR15NewNamesEveryCommandTheStoresUserNeeds(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, rec.GetState())
 }
+
+// Redis refusing the store's credentials (a wrong password: WRONGPASS; none
+// given to a Redis that asks for one: NOAUTH) is a setting as much as a
+// refused command: waiting does not heal it, and New must not report it as
+// an unreachable Redis (idempotency.ErrStoreUnavailable), which a caller
+// would retry for ever.
+func TestR15NewReportsRefusedCredentialsAsASetting(t *testing.T) {
+	addr, _ := ownRedis(t)
+	ctx := context.Background()
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = admin.Close() })
+	require.NoError(t, admin.ConfigSet(ctx, "requirepass", "pw").Err())
+	for _, o := range []*redis.Options{
+		{Addr: addr, Password: "wrong", ContextTimeoutEnabled: true},
+		{Addr: addr, ContextTimeoutEnabled: true},
+	} {
+		c := redis.NewClient(o)
+		_, err := redisstore.New(ctx, c, redisstore.WithPrefix("own:"))
+		_ = c.Close()
+		require.Error(t, err)
+		require.NotErrorIs(t, err, idempotency.ErrStoreUnavailable, "password %q", o.Password)
+		require.ErrorContains(t, err, "credentials")
+	}
+	c := redis.NewClient(&redis.Options{Addr: addr, Password: "pw", ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	s, err := redisstore.New(ctx, c, redisstore.WithPrefix("own:"))
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+}
