@@ -473,7 +473,8 @@ func (e sentError) Unwrap() error { return e.error }
 // wrapping idempotency.ErrStoreUnavailable when Redis cannot be reached (or
 // answers that it cannot serve yet: LOADING, MASTERDOWN) and an error naming
 // the problem for a wrong setting or option, a command Redis refuses to the
-// store's user (NOPERM) or does not know (renamed away) included.
+// store's user (NOPERM) or does not know (renamed away) and credentials it
+// refuses (WRONGPASS, NOAUTH) included.
 //
 // A Cluster node that New did not know (one added later, given slots or
 // promoted) gets the same checks of its own, its hz at least the lowest
@@ -804,13 +805,17 @@ func (s *Store) check(ctx context.Context, c redis.UniversalClient, addr string,
 }
 
 // checkErr is the error of a command of New's checks (what it did, and
-// where) that failed. Redis refusing the command to the store's user
-// (NOPERM) or not knowing it (a CONFIG renamed away: unknown command) is a
+// where) that failed. Redis refusing the client's credentials (WRONGPASS,
+// NOAUTH, Redis 5's invalid password), refusing the command to the store's
+// user (NOPERM) or not knowing it (a CONFIG renamed away: unknown command) is a
 // setting that waiting does not change, and the error says so; anything
 // else (no reply, LOADING, MASTERDOWN) wraps idempotency.ErrStoreUnavailable,
 // as Redis may answer later. (The checks after New refuse a node either
 // way: see ready.)
 func checkErr(what string, err error) error {
+	if redis.HasErrorPrefix(err, "WRONGPASS") || redis.HasErrorPrefix(err, "NOAUTH") || redis.HasErrorPrefix(err, "invalid password") {
+		return fmt.Errorf("redisstore: %s: Redis refused the client's credentials: %w", what, err)
+	}
 	if redis.HasErrorPrefix(err, "NOPERM") || redis.HasErrorPrefix(err, "unknown command") || redis.HasErrorPrefix(err, "unknown subcommand") {
 		return fmt.Errorf("redisstore: %s: Redis refused the command: %w (%s)", what, err, needs)
 	}
