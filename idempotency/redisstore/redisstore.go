@@ -241,9 +241,11 @@ const DefaultIdleTenantExpiry = 24 * time.Hour
 // clock ahead of Redis's) notes in the key when that record is gone, and
 // the key is given at least until then. A version before the option notes
 // nothing and keeps no key alive: while any replica runs one (a rolling
-// deploy), run every other with 0, and set d only once none does, or a key
-// another replica gave an expiry may expire under such a replica's
-// records (its running tries' results lost, its attempts read UNKNOWN).
+// deploy), run every other with 0, and set d only once none does (and
+// once the records it wrote for tries whose deadline lay further ahead than
+// MaxAttemptDeadline, if any, are gone), or a key may expire under such a
+// replica's records (its running tries' results lost, its attempts read
+// UNKNOWN).
 // Every replica should use the same. Default DefaultIdleTenantExpiry.
 func WithIdleTenantExpiry(d time.Duration) Option {
 	return optionFunc(func(s *Store) { s.idle = d })

@@ -122,6 +122,7 @@ local function hold(hk, ms)
   local left = redis.call('PTTL', hk)
   if left == -2 then return end
   if left == -1 then
+    if IDLE <= 0 and ms <= LONGEST then return end
     local last = redis.call('HMGET', hk, 'last')[1]
     if last then
       last = #last <= 15 and string.match(last, '^[1-9]%d*$') and tonumber(last)
@@ -130,7 +131,7 @@ local function hold(hk, ms)
     local t = redis.call('TIME')
     local rnow = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     if IDLE <= 0 then
-      if ms > LONGEST and (not last or last < rnow + ms) then redis.call('HSET', hk, 'last', n(rnow + ms)) end
+      if not last or last < rnow + ms then redis.call('HSET', hk, 'last', n(rnow + ms)) end
       return
     end
     local want = math.max(ms, IDLE, LONGEST)
