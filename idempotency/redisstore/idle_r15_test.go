@@ -20,19 +20,24 @@ import (
 // idle (WithIdleTenantExpiry), and never before a record of their tenant.
 
 // idlePolicy is a policy small enough for keys to expire within a test:
-// records live the TTL plus a keep of about a second (hooks.RedisKeep(0)
-// plus twice the skew and a second).
+// records live the TTL plus a keep of some 1.5 s (idleKeep plus twice the
+// skew and a second). A script must run within idleKeep + skew of its
+// call's reading of the clock (see redisstore.DefaultKeep): half a second,
+// for a loaded machine.
 func idlePolicy() idempotency.Policy {
-	return idempotency.Policy{Skew: 20 * time.Millisecond, MaxAttemptDeadline: 100 * time.Millisecond,
-		TTL: 200 * time.Millisecond, MaxResponseBytes: 1024}
+	return idempotency.Policy{Skew: 20 * time.Millisecond, MaxAttemptDeadline: 500 * time.Millisecond,
+		TTL: 600 * time.Millisecond, MaxResponseBytes: 1024}
 }
 
-const shortIdle = 300 * time.Millisecond
+const (
+	shortIdle = 700 * time.Millisecond
+	idleKeep  = 500 * time.Millisecond
+)
 
 func idleStore(t *testing.T, c redis.UniversalClient, prefix string, idle time.Duration) *redisstore.Store {
 	t.Helper()
 	return newStore(t, c, prefix, redisstore.WithPolicy(idlePolicy()), redisstore.WithIdleTenantExpiry(idle),
-		hooks.RedisKeep(0).(redisstore.Option))
+		hooks.RedisKeep(idleKeep).(redisstore.Option))
 }
 
 func lookUp(t *testing.T, s *redisstore.Store, tenant string) {
@@ -55,7 +60,7 @@ func succeedIdle(t *testing.T, s *redisstore.Store, prefix string) string {
 	t.Helper()
 	ctx := context.Background()
 	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}
-	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: time.Now().Add(50 * time.Millisecond)})
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: time.Now().Add(400 * time.Millisecond)})
 	require.NoError(t, err)
 	require.True(t, res.Started, "refused %v", res.Refusal)
 	require.NoError(t, s.Finish(ctx, idempotency.FinishRequest{Key: k, Try: 1,
@@ -130,7 +135,7 @@ func TestRedisIdleTenantExpiryReachesOlderKeys(t *testing.T) {
 	lookUp(t, idleStore(t, c, prefix, 0), "acme")
 	require.Equal(t, time.Duration(-1), pttl(t, c, hk))
 	lookUp(t, idleStore(t, c, prefix, shortIdle), "acme")
-	longest := p.TTL + 2*p.Skew + time.Second + p.Skew + time.Second
+	longest := p.TTL + idleKeep + 2*p.Skew + time.Second + p.Skew + time.Second
 	left := pttl(t, c, hk)
 	require.Greater(t, left, longest-200*time.Millisecond)
 	require.LessOrEqual(t, left, longest)
@@ -142,7 +147,7 @@ func TestRedisRefusedFirstCallLeavesAnExpiringKey(t *testing.T) {
 	c, prefix := newClient(t)
 	s := idleStore(t, c, prefix, shortIdle)
 	k := idempotency.Key{Tenant: "made-up", AttemptID: storetest.AttemptIDAt(time.Now().Add(-time.Minute)), Call: "0", Method: "/x.Y/Z"}
-	res, err := s.Begin(context.Background(), idempotency.BeginRequest{Key: k, Try: 1, Deadline: time.Now().Add(50 * time.Millisecond)})
+	res, err := s.Begin(context.Background(), idempotency.BeginRequest{Key: k, Try: 1, Deadline: time.Now().Add(400 * time.Millisecond)})
 	require.NoError(t, err)
 	require.False(t, res.Started)
 	require.NotNil(t, res.Refusal)

@@ -68,8 +68,9 @@
 // Times come from the calling server's clock; servers' clocks are assumed to
 // agree within the policy's skew. The horizon keys (one small hash, some 200
 // bytes, per tenant and prefix, written by a tenant's first call of any
-// kind, GetAttempt included) expire once their tenant made no call for a
-// day ([WithIdleTenantExpiry]), never before the tenant's last record. The
+// kind, GetAttempt included) expire once no record of their tenant was
+// written and none looked up for a day ([WithIdleTenantExpiry]), never
+// before the tenant's last record. The
 // set of tenant names seen in a day is therefore a memory bound: a trusted
 // peer naming made-up tenants in its header, or a tenant function fed by
 // caller-chosen names, adds a key per name for that long
@@ -219,9 +220,10 @@ func WithMaxRecordsPerTenant(n int) Option {
 const DefaultIdleTenantExpiry = 24 * time.Hour
 
 // WithIdleTenantExpiry has each tenant's horizon key (see the package
-// documentation) expire once its tenant made no call for d: between 15/16
+// documentation) expire once its tenant is idle for d: between 15/16
 // of d and d after the last call that wrote one of its records or looked
-// one up (a key is rewritten only when it has less than 15/16 of d left),
+// one up (a Begin answered from a record, which writes nothing, does not
+// count) (a key is rewritten only when it has less than 15/16 of d left),
 // and never before the last of its tenant's records, which Redis removes
 // first. The set of tenant names therefore bounds memory only among the
 // tenants of the last d. The key of a tenant whose next call comes later is
