@@ -158,7 +158,7 @@ type owner struct {
 	verifyNext bool
 	// verifies is set when the next try is a verifying try, the first or a
 	// later one: whether it may be sent is asked again just before it is
-	// (unvouchedRepeat). fenced is set once a resolution found a try
+	// (unvouchedRepeat), as it is for every later repeat once verified. fenced is set once a resolution found a try
 	// fenced, or a try was refused by a fence that covers it
 	// (ATTEMPT_FENCED): from then on every repeat is asked so, since the
 	// fence vouches for the tries it covers only where records are kept.
@@ -527,9 +527,13 @@ func (w *owner) verifying() bool {
 // vouches only for its own store). resolve asked when the query answered; a
 // mark that came since (another call's query, during a backoff) is heeded
 // here, just before the try is sent. It returns nil otherwise, and clears
-// verifies (fenced stays: a later repeat is asked too).
+// verifies (fenced and verified stay: a later repeat is asked too). Once a
+// resolution found a finished record (verified), every later try is a
+// verifying try in all but name, whether or not it counts: a repeat of a
+// verifying try refused without effect is answered from that record where
+// records are kept, and runs the handler again where none are.
 func (w *owner) unvouchedRepeat(n uint32, last error) error {
-	verifies := w.verifies
+	verifies := w.verifies || w.verified
 	w.verifies = false
 	if !verifies && !w.fenced || !w.unvouched() || !w.rerunHarms() {
 		return nil
