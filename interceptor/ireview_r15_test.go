@@ -210,3 +210,76 @@ func TestR15MarkBeforeRepeatOfVerifyingTryIsHeeded(t *testing.T) {
 		require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
 	})
 }
+
+// r15BudgetedLateMark dials end as lateMark.dial does, but with a retry
+// budget of max tokens that never refills, and a Get handler (probe) that
+// sheds each key's first try.
+func r15BudgetedLateMark(t *testing.T, m *lateMark, end *testsvc.Endpoint, max int) testingv1.TestServiceClient {
+	t.Helper()
+	clock := func() time.Time {
+		if m.armed.CompareAndSwap(true, false) {
+			_, werr := m.cli.Apply(context.Background(), &testingv1.ApplyRequest{Key: "warm"})
+			require.Equal(t, status.KindUnknown, status.OutcomeOf(werr).Kind, "precondition: %v", werr)
+		}
+		return time.Now()
+	}
+	m.cli = testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3), interceptor.WithClientClock(clock),
+		interceptor.WithRetryBudget(budget.WithRetryRatio(0), budget.WithMinRetriesPerSecond(0), budget.WithMaxRetryTokens(float64(max))))...))
+	return m.cli
+}
+
+// The stream's check moved from afterTryLocked to just before the try is
+// sent (tryFromLocked): a repeat after a fence it stops gives back the token
+// proceed withdrew for it, once; a verifying try it stops gives back none
+// (it withdrew none). Each call costs the budget its resolutions' tokens:
+// the stream's one and the warm-up call's one.
+func TestR15StreamRepeatStoppedBeforeSendingKeepsTokensExact(t *testing.T) {
+	for _, verify := range []bool{false, true} {
+		name := "after-fence"
+		if verify {
+			name = "verifying"
+		}
+		t.Run(name, func(t *testing.T) {
+			var effects, tries atomic.Int64
+			m := &lateMark{}
+			probe := &r15TokenProbe{}
+			unary := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+				switch info.FullMethod {
+				case "/tollgate.v1.AttemptService/FenceAttempt":
+					return m.fence(ctx, req, handler)
+				case testingv1.TestService_Apply_FullMethodName:
+					return nil, grpcstatus.Error(codes.Unavailable, "connection reset") // the warm-up call's try
+				}
+				return handler(ctx, req)
+			})
+			stream := grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+				if tries.Add(1) == 1 {
+					if verify {
+						_ = h(srv, ss) // the store backend runs and records it
+					} else {
+						effects.Add(1) // the store-less backend runs it
+					}
+					return grpcstatus.Error(codes.Internal, "proxy: upstream connection reset")
+				}
+				effects.Add(1)
+				return nil
+			})
+			svc := &testsvc.Service{GetFunc: probe.get, ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+				effects.Add(1)
+				return drainChat(st)
+			}}
+			cli := r15BudgetedLateMark(t, m, recordedServer(t, svc, memoryStore(t), unary, stream), 4)
+			ctx := t.Context()
+			if verify {
+				ctx = interceptor.WithCallKey(ctx, "chat")
+			}
+			err := chatOnce(t, ctx, cli)
+			t.Logf("queries %d, tries %d, err %v", m.queries.Load(), tries.Load(), err)
+			require.Equal(t, int64(2), m.queries.Load(), "precondition: the warm-up call marked the target")
+			require.Equal(t, int64(1), effects.Load(), "the handler ran once")
+			require.Equal(t, int64(1), tries.Load(), "no repeat was sent")
+			require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
+			r15RequireTokensLeft(t, cli, 2, "two resolutions' tokens are spent, and no other")
+		})
+	}
+}
