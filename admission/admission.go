@@ -1891,13 +1891,23 @@ func (c *Controller) RetryAfter(class string) time.Duration {
 		return c.jitter(0)
 	}
 	c.mu.Lock()
-	now := c.last
-	if !c.virtual {
-		now = maxTime(c.cfg.now(), c.last)
-	}
+	now := c.nowLocked()
 	base := c.retryBaseLocked(cs, status.ReasonQueueFull, now)
 	c.mu.Unlock()
 	return c.jitter(base)
+}
+
+// nowLocked is the time of a call that has no …At form, or that is the
+// plain form of one (Stats, Mode, Overrides, ClearOverride, RetryAfter):
+// the controller's clock (the real one, or WithClock's), never before the
+// latest time it saw; but while the controller is driven on a virtual
+// clock (its last admission an AdmitAt), the latest time the caller gave,
+// since the wall clock says nothing of the caller's time.
+func (c *Controller) nowLocked() time.Time {
+	if c.virtual {
+		return c.last
+	}
+	return maxTime(c.cfg.now(), c.last)
 }
 
 // retryAfterLocked suggests a delay that reflects the class's queue: the

@@ -126,12 +126,22 @@ func (c *Controller) shedding(cs *classState) bool {
 }
 
 // Mode returns the controller's effective mode now, closing elapsed windows
-// first. It is safe for concurrent use.
-func (c *Controller) Mode() Mode { return c.ModeAt(c.cfg.now()) }
+// first. Now is the controller's clock, or, while the controller is driven
+// on a virtual clock (its last admission an AdmitAt), the latest time the
+// caller gave. It is safe for concurrent use.
+func (c *Controller) Mode() Mode {
+	c.mu.Lock()
+	return c.modeLocked(c.nowLocked())
+}
 
 // ModeAt is [Controller.Mode] at time now (virtual clocks).
 func (c *Controller) ModeAt(now time.Time) Mode {
 	c.mu.Lock()
+	return c.modeLocked(now)
+}
+
+// modeLocked is ModeAt with the lock held; it unlocks.
+func (c *Controller) modeLocked(now time.Time) Mode {
 	c.advance(now)
 	m := c.mode()
 	c.unlock()

@@ -119,10 +119,7 @@ func newInstruments(c *Controller) (*instruments, error) {
 		// clock says nothing of, as of the latest time that caller gave.
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		now := c.last
-		if !c.virtual {
-			now = maxTime(c.cfg.now(), c.last)
-		}
+		now := c.nowLocked()
 		for _, cs := range c.classes {
 			o.ObserveFloat64(work, time.Duration(cs.queuedWork).Seconds(), cs.attrs.observe...)
 			var oldest time.Duration

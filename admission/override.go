@@ -108,12 +108,7 @@ func (c *Controller) SetOverrideAt(ctx context.Context, o Override, now time.Tim
 // AdmitAt), at the latest time the caller gave.
 func (c *Controller) ClearOverride(ctx context.Context, id uint64) bool {
 	c.mu.Lock()
-	now := c.last
-	if !c.virtual {
-		// On a virtual clock (the last admission an AdmitAt) the time is
-		// the caller's: the latest it gave, not the wall clock's.
-		now = maxTime(c.cfg.now(), c.last)
-	}
+	now := c.nowLocked()
 	c.advance(now)
 	found := false
 	for i, a := range c.ovr.list {
@@ -132,12 +127,22 @@ func (c *Controller) ClearOverride(ctx context.Context, id uint64) bool {
 }
 
 // Overrides returns the overrides in force now, oldest first; overrides
-// whose TTL has run out are expired first and not listed.
-func (c *Controller) Overrides() []ActiveOverride { return c.OverridesAt(c.cfg.now()) }
+// whose TTL has run out are expired first and not listed. Now is the
+// controller's clock, or, while the controller is driven on a virtual clock
+// (its last admission an AdmitAt), the latest time the caller gave.
+func (c *Controller) Overrides() []ActiveOverride {
+	c.mu.Lock()
+	return c.overridesLocked(c.nowLocked())
+}
 
 // OverridesAt is [Controller.Overrides] at time now (virtual clocks).
 func (c *Controller) OverridesAt(now time.Time) []ActiveOverride {
 	c.mu.Lock()
+	return c.overridesLocked(now)
+}
+
+// overridesLocked is OverridesAt with the lock held; it unlocks.
+func (c *Controller) overridesLocked(now time.Time) []ActiveOverride {
 	c.advance(now)
 	list := append([]ActiveOverride(nil), c.ovr.list...)
 	c.unlock()

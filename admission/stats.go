@@ -145,13 +145,24 @@ type TenantStats struct {
 	QueuedWork      time.Duration
 }
 
-// Stats returns a snapshot of the controller now. It takes the lock once and
-// allocates; it is meant for operators and tests, not for every request.
-func (c *Controller) Stats() Stats { return c.StatsAt(c.cfg.now()) }
+// Stats returns a snapshot of the controller now. Now is the controller's
+// clock, or, while the controller is driven on a virtual clock (its last
+// admission an AdmitAt), the latest time the caller gave. It takes the lock
+// once and allocates; it is meant for operators and tests, not for every
+// request.
+func (c *Controller) Stats() Stats {
+	c.mu.Lock()
+	return c.statsLocked(c.nowLocked())
+}
 
 // StatsAt is [Controller.Stats] at time now (virtual clocks).
 func (c *Controller) StatsAt(now time.Time) Stats {
 	c.mu.Lock()
+	return c.statsLocked(now)
+}
+
+// statsLocked is StatsAt with the lock held; it unlocks.
+func (c *Controller) statsLocked(now time.Time) Stats {
 	c.advance(now)
 	s := Stats{Mode: c.mode(), Transitions: c.deg.transitions, ObserverPanics: c.observerPanics.Load()}
 	for _, cs := range c.classes {
