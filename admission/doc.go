@@ -59,7 +59,9 @@
 // first waiter that cannot start yet; when a new request of its class
 // arrives (that passes the size and shed checks), or a [Permit.Release]
 // teaches its class's service estimate, every such waiter of the class is dropped, so it
-// never holds a place useful work could take. On the real clock (Admit and AdmitDecision, not the …At
+// never holds a place useful work could take; [Controller.Stats] drops
+// every class's such waiters, and starts what can start, before its
+// snapshot, as an arrival would before it predicts its wait. On the real clock (Admit and AdmitDecision, not the …At
 // methods of virtual clocks) a waiting request also gives up by a timer of
 // its own as soon as its deadline less the class's service estimate has
 // passed (the timer follows the estimate: a release that at least doubles
@@ -202,8 +204,11 @@
 // waiting Admit call with a deadline also keeps a give-up timer, in its
 // caller's goroutine. While its last admission was an AdmitAt (or
 // AdmitDecisionAt), whose clock is the caller's, the controller arms no
-// timer of its own, and its metrics observe it as of the latest time
-// given; an Admit returns it to the wall clock. Driving one controller on
+// timer of its own, its metrics observe it as of the latest time
+// given, and the calls without a time of their own ([Controller.Stats],
+// [Controller.Mode], [Controller.Overrides], [Controller.ClearOverride],
+// [Controller.RetryAfter]) act at that latest time, not the wall clock's;
+// an Admit returns it to the wall clock. Driving one controller on
 // both clocks at once is not supported: the waiters of one wait on the
 // other's calls.
 // [Controller.Close] stops the timer (a run already under way finishes),

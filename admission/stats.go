@@ -147,9 +147,14 @@ type TenantStats struct {
 
 // Stats returns a snapshot of the controller now. Now is the controller's
 // clock, or, while the controller is driven on a virtual clock (its last
-// admission an AdmitAt), the latest time the caller gave. It takes the lock
-// once and allocates; it is meant for operators and tests, not for every
-// request.
+// admission an AdmitAt), the latest time the caller gave. Like a request
+// arriving, it brings the controller up to date first: overrides that ran
+// out expire, degradation windows that ended close, the waiters that can
+// no longer finish by their deadlines are dropped (DEADLINE_EXPIRED, as the
+// dequeue stage drops them) and the waiters that can start start; so the
+// snapshot, and each class's PredictedWait, is what admission would see.
+// It takes the lock once and allocates; it is meant for operators and
+// tests, not for every request.
 func (c *Controller) Stats() Stats {
 	c.mu.Lock()
 	return c.statsLocked(c.nowLocked())
@@ -164,6 +169,18 @@ func (c *Controller) StatsAt(now time.Time) Stats {
 // statsLocked is StatsAt with the lock held; it unlocks.
 func (c *Controller) statsLocked(now time.Time) Stats {
 	c.advance(now)
+	// As decideLocked does before it predicts a wait: a waiter that can no
+	// longer finish holds no place a request arriving now could take, and
+	// what can start (a lending class's queue may have emptied since the
+	// last pump: a waiter that left on a virtual clock pumps nothing)
+	// starts before it. Every class's, since each class's PredictedWait is
+	// an arrival's there. Only what an arrival would do at now, which a
+	// give-up timer, a release or the next arrival would do anyway: the
+	// snapshot says how things are, not how they were at the last pump.
+	for _, cs := range c.classes {
+		c.dropExpiredLocked(cs, now)
+	}
+	c.pump(now)
 	s := Stats{Mode: c.mode(), Transitions: c.deg.transitions, ObserverPanics: c.observerPanics.Load()}
 	for _, cs := range c.classes {
 		st := ClassStats{
