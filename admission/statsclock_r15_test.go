@@ -217,3 +217,33 @@ func TestStatsStartsWhatCanStartFirst(t *testing.T) {
 		p.ReleaseAt(t0.Add(time.Second))
 	}
 }
+
+// SetOverride, the plain form of SetOverrideAt, set an override at the
+// wall clock's time on a controller driven by AdmitAt: in a simulation set
+// in 2020 a freeze for a minute lasted until the wall clock's time plus a
+// minute, years of virtual time, and setting it moved the controller to
+// the wall clock (closing every window in between). It is set at the
+// latest time the caller gave, as ClearOverride clears one.
+func TestSetOverrideDoesNotMoveAVirtualClock(t *testing.T) {
+	c, err := admission.New(admission.WithClasses(
+		admission.Class{Name: "work", Slots: 1, QueueItems: 4},
+		admission.Class{Name: "other", Slots: 1}),
+		admission.WithDefaultClass("work"), admission.WithMethods("other", "/demo.Other/"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	t0 := time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
+	ctx := context.Background()
+	p, err := c.AdmitAt(ctx, work("/demo.W/Do"), t0)
+	require.NoError(t, err)
+	p.ReleaseAt(t0)
+	_, err = c.SetOverride(ctx, admission.Override{Actor: "test", Reason: "freeze for a minute", Class: "other", Freeze: true, TTL: time.Minute})
+	require.NoError(t, err)
+	list := c.OverridesAt(t0)
+	require.Len(t, list, 1)
+	require.Equal(t, t0, list[0].Set, "set at the wall clock's time, not the caller's")
+	_, err = c.AdmitAt(ctx, work("/demo.Other/Do"), t0.Add(time.Second))
+	require.Equal(t, status.ReasonShed, status.OutcomeOf(err).Reason, "%v", err)
+	p, err = c.AdmitAt(ctx, work("/demo.Other/Do"), t0.Add(time.Minute))
+	require.NoError(t, err, "the freeze for a minute of virtual time outlived it")
+	p.ReleaseAt(t0.Add(time.Minute))
+}
