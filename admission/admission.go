@@ -1898,7 +1898,8 @@ func (c *Controller) RetryAfter(class string) time.Duration {
 }
 
 // nowLocked is the time of a call that has no …At form, or that is the
-// plain form of one (Stats, Mode, Overrides, ClearOverride, RetryAfter):
+// plain form of one (Stats, Mode, Overrides, SetOverride, ClearOverride,
+// RetryAfter):
 // the controller's clock (the real one, or WithClock's), never before the
 // latest time it saw; but while the controller is driven on a virtual
 // clock (its last admission an AdmitAt), the latest time the caller gave,

@@ -206,8 +206,9 @@
 // AdmitDecisionAt), whose clock is the caller's, the controller arms no
 // timer of its own, its metrics observe it as of the latest time
 // given, and the calls without a time of their own ([Controller.Stats],
-// [Controller.Mode], [Controller.Overrides], [Controller.ClearOverride],
-// [Controller.RetryAfter]) act at that latest time, not the wall clock's;
+// [Controller.Mode], [Controller.Overrides], [Controller.SetOverride],
+// [Controller.ClearOverride], [Controller.RetryAfter]) act at that latest
+// time, not the wall clock's;
 // an Admit returns it to the wall clock. Driving one controller on
 // both clocks at once is not supported: the waiters of one wait on the
 // other's calls.

@@ -77,17 +77,28 @@ const MaxOverrides = 64
 // would raise a limit, or sets nothing (an override whose limits equal the
 // configured ones is accepted, and changes nothing); or when [MaxOverrides]
 // are in force already (the expired ones are dropped first). The event is
-// also added to the span in ctx, if any. Safe for concurrent use.
+// also added to the span in ctx, if any. It acts now: on the controller's
+// clock, or, while the controller is driven on a virtual clock (its last
+// admission an AdmitAt), at the latest time the caller gave. Safe for
+// concurrent use.
 func (c *Controller) SetOverride(ctx context.Context, o Override) (uint64, error) {
-	return c.SetOverrideAt(ctx, o, c.cfg.now())
+	return c.setOverride(ctx, o, time.Time{}, false)
 }
 
 // SetOverrideAt is [Controller.SetOverride] at time now (virtual clocks).
 func (c *Controller) SetOverrideAt(ctx context.Context, o Override, now time.Time) (uint64, error) {
+	return c.setOverride(ctx, o, now, true)
+}
+
+// setOverride is SetOverrideAt at now when at, else at nowLocked's time.
+func (c *Controller) setOverride(ctx context.Context, o Override, now time.Time, at bool) (uint64, error) {
 	if err := c.validateOverride(o); err != nil {
 		return 0, err
 	}
 	c.mu.Lock()
+	if !at {
+		now = c.nowLocked()
+	}
 	c.advance(now)
 	if len(c.ovr.list) >= MaxOverrides {
 		c.unlock()
