@@ -205,7 +205,7 @@
 // caller's goroutine. While its last admission was an AdmitAt (or
 // AdmitDecisionAt), whose clock is the caller's, the controller arms no
 // timer of its own, its metrics observe it as of the latest time
-// given, and the calls without a time of their own ([Controller.Stats],
+// given, and these calls without a time of their own ([Controller.Stats],
 // [Controller.Mode], [Controller.Overrides], [Controller.SetOverride],
 // [Controller.ClearOverride], [Controller.RetryAfter]) act at that latest
 // time, not the wall clock's;
