@@ -92,6 +92,9 @@ func TestR15LastOfAnotherRedisIsNoError(t *testing.T) {
 			require.NoError(t, s.Finish(ctx, idempotency.FinishRequest{Key: k, Try: 1, Minted: true,
 				State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("ok")}))
 			lookUp(t, s, "acme")
+			last, err := c.HGet(ctx, hk, "last").Int64()
+			require.NoError(t, err, "the key of this Redis holds a last the store cannot have written")
+			require.Greater(t, last, time.Now().Add(-time.Minute).UnixMilli())
 			if idle == 0 {
 				require.Equal(t, time.Duration(-1), pttl(t, c, hk))
 			} else {

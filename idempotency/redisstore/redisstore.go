@@ -50,10 +50,13 @@
 //     itself (idempotency.BeginRequest.Minted: a caller without a tollgate
 //     header, or one the server does not trust) begins at once. A horizon
 //     key of this Redis whose time the store cannot have written (not
-//     digits, before 2024, or past the year 9999) is an error for every call of its
-//     tenant (ErrStoreUnavailable), as a record key holding a hash that is
-//     not a record is: the store cannot tell which absences are evidence.
-//     Deleting the key moves the horizon to now.
+//     digits, before 2024, or past the year 9999), or whose field last
+//     (when a record a store with WithIdleTenantExpiry(0) wrote is gone)
+//     is not one either (not digits, before 2024, over 15 digits), is an
+//     error for every call of its tenant (ErrStoreUnavailable), before it
+//     writes anything, as a record key holding a hash that is not a
+//     record is: the store cannot tell which absences are evidence, nor
+//     how long the key must live. Deleting the key moves the horizon to now.
 //   - Redis replicates asynchronously. Without [WithReplicas], a write that
 //     Redis acknowledged can be lost if the primary fails before a replica
 //     copied it; the horizon check then makes the loss visible (UNKNOWN)

@@ -83,21 +83,37 @@ end
 -- store existed, and no horizon it wrote lies before it (a Redis whose
 -- clock reads earlier cannot pass New's check against a server's clock
 -- that is right). MAX_AT is maxStampMs, the year 9999.
+--
+-- The key's field last (see hold), when there, is checked here too, before
+-- the script writes anything, whichever the store's IDLE: digits, from
+-- MIN_AT, 15 at most (a record's deadline is before the year 9000). A key
+-- of another Redis keeps a last this store could have written (it noted
+-- records of the horizon that moves, which need the key no more: keeping
+-- it only keeps the key longer), and has one it could not have replaced by
+-- the new horizon, as its at is.
 local MIN_AT, MAX_AT = 1704067200000, 253402300799999
+local function stamp(v, max)
+  local x = #v <= 15 and string.match(v, '^[1-9]%d*$') and tonumber(v)
+  return x and x >= MIN_AT and x <= max and x
+end
 local function horizon(hk, now, skew, readonly)
-  local h = redis.call('HMGET', hk, 'at', 'id')
+  local h = redis.call('HMGET', hk, 'at', 'id', 'last')
   local id = identity()
+  local badlast = h[3] and not stamp(h[3], math.huge)
   if h[1] and h[2] == id then
-    local at = #h[1] <= 15 and string.match(h[1], '^[1-9]%d*$') and tonumber(h[1])
-    if not at or at < MIN_AT or at > MAX_AT then
-      error('tollgate: the hash at ' .. hk .. ' is not a horizon: field at')
-    end
+    local at = stamp(h[1], MAX_AT)
+    if not at then error('tollgate: the hash at ' .. hk .. ' is not a horizon: field at') end
+    if badlast then error('tollgate: the hash at ' .. hk .. ' is not a horizon: field last') end
     return at
   end
   if readonly then return nil end
   local t = redis.call('TIME')
   local at = math.max(now, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + 1)
-  redis.call('HSET', hk, 'at', n(at), 'id', id)
+  if badlast then
+    redis.call('HSET', hk, 'at', n(at), 'id', id, 'last', n(at))
+  else
+    redis.call('HSET', hk, 'at', n(at), 'id', id)
+  end
   if IDLE > 0 then redis.call('PEXPIRE', hk, n(IDLE)) end
   return at
 end
@@ -124,10 +140,7 @@ local function hold(hk, ms)
   if left == -1 then
     if IDLE <= 0 and ms <= LONGEST then return end
     local last = redis.call('HMGET', hk, 'last')[1]
-    if last then
-      last = #last <= 15 and string.match(last, '^[1-9]%d*$') and tonumber(last)
-      if not last then error('tollgate: the hash at ' .. hk .. ' is not a horizon: field last') end
-    end
+    last = last and tonumber(last) -- horizon checked it
     local t = redis.call('TIME')
     local rnow = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     if IDLE <= 0 then
@@ -336,7 +349,9 @@ var finishScript = redis.NewScript(prelude + "local FULL = false\n" + finishBody
 // refuses new tries, never the end of one that runs. Store.finish sends it,
 // without the response, only after Redis refused finishScript for want of
 // memory, and does not load it ahead: Redis before 7 cannot read its flags.
-// It writes only the running try's record and index entry: a horizon it
+// It writes only the running try's record and index entry, and what hold
+// writes to keep the tenant's horizon key at least as long as the record
+// (its expiry; or, from a store with IDLE 0, its field last): a horizon it
 // would have to move means no such record, and it answers so, writing
 // nothing (FULL).
 var finishFullScript = redis.NewScript("#!lua flags=allow-oom\n" + prelude + "local FULL = true\n" + finishBody)
