@@ -134,3 +134,47 @@ func TestR15ForeverStoreHoldsAnExpiringKeyPastItsLongRecord(t *testing.T) {
 }
 
 func hooksKeep() redisstore.Option { return hooks.RedisKeep(idleKeep).(redisstore.Option) }
+
+// A full Redis (over maxmemory) refuses only a script's first write, and
+// only a deny-oom one (HSET; PEXPIRE is not). A lookup still answers and
+// still gives a key without an expiry one (hold writes no field for it),
+// and the end of a running try that a store with WithIdleTenantExpiry(0)
+// began with a deadline past MaxAttemptDeadline keeps what the key notes
+// (last), so that a store that expires keys gives the key at least that
+// long.
+func TestR15FullRedisKeepsHorizonKeysOfLongRecords(t *testing.T) {
+	c := privateRedis(t)
+	p := idlePolicy()
+	forever := newStore(t, c, "r15:", redisstore.WithPolicy(p), redisstore.WithIdleTenantExpiry(0), hooksKeep())
+	expiring := newStore(t, c, "r15:", redisstore.WithPolicy(p), redisstore.WithIdleTenantExpiry(shortIdle), hooksKeep())
+	hk := horizonKey("r15:", "acme")
+	ctx := context.Background()
+
+	lookUp(t, forever, "acme")
+	time.Sleep(p.Skew + 2*time.Millisecond)
+	k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}
+	res, err := forever.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: time.Now().Add(3 * time.Second)})
+	require.NoError(t, err)
+	require.True(t, res.Started, "refused %v", res.Refusal)
+	require.Equal(t, time.Duration(-1), pttl(t, c, hk))
+	begun, err := c.HGet(ctx, hk, "last").Int64()
+	require.NoError(t, err)
+
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "1").Err()) // Redis is full
+	time.Sleep(500 * time.Millisecond)
+	finishErr := forever.Finish(ctx, idempotency.FinishRequest{Key: k, Try: 1,
+		State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("ok")})
+	last, lastErr := c.HGet(ctx, hk, "last").Int64()
+	rec, getErr := expiring.Get(ctx, k)
+	left, rleft := pttl(t, c, hk), pttl(t, c, recordKey("r15:", k))
+	require.NoError(t, c.ConfigSet(ctx, "maxmemory", "0").Err())
+
+	require.NoError(t, finishErr)
+	require.NoError(t, lastErr)
+	require.GreaterOrEqual(t, last, begun)
+	require.NoError(t, getErr, "a full Redis refused a lookup")
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, rec.GetState())
+	require.False(t, rec.GetResponseRetained(), "the finish did not run as a full Redis's: this test needs it to")
+	require.Positive(t, left, "the lookup gave the key no expiry")
+	require.GreaterOrEqual(t, left, rleft)
+}
