@@ -225,8 +225,9 @@ const DefaultIdleTenantExpiry = 24 * time.Hour
 // WithIdleTenantExpiry has each tenant's horizon key (see the package
 // documentation) expire once its tenant is idle for d: between 15/16
 // of d and d after the last call that wrote one of its records or looked
-// one up (a Begin answered from a record, which writes nothing, does not
-// count) (a key is rewritten only when it has less than 15/16 of d left),
+// one up with Get (a Begin or Fence that writes no record, answered from
+// one or refused, does not count) (a key is rewritten only when it has
+// less than 15/16 of d left),
 // and never before the last of its tenant's records, which Redis removes
 // first. The set of tenant names therefore bounds memory only among the
 // tenants of the last d. The key of a tenant whose next call comes later is
