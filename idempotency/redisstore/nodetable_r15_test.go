@@ -106,6 +106,7 @@ func routedAddr(t *testing.T, ctx context.Context, client *redis.ClusterClient, 
 // slotsOwner returns the address CLUSTER SLOTS at n gives for every slot,
 // or "" unless one node owns them all.
 func slotsOwner(ctx context.Context, n *tableNode) string {
+	//lint:ignore SA1019 go-redis reads the Cluster's map with CLUSTER SLOTS: check what clients read.
 	slots, err := n.client.ClusterSlots(ctx).Result()
 	if err != nil || len(slots) != 1 || slots[0].Start != 0 || slots[0].End != 16383 || len(slots[0].Nodes) == 0 {
 		return ""
@@ -235,4 +236,47 @@ func TestNodeTableKeepsRunningChecksAndRefusals(t *testing.T) {
 	close(run.done)
 	tableEventually(5*time.Second, func() bool { return len(call()) == 1 })
 	require.Equal(t, []string{own}, tableAddrs(s), "once the refusal ended and the check did, both are forgotten")
+}
+
+// A call that loaded a node's entry just before prune dropped it starts no
+// check on the dropped entry, which the calls after it would not find: it
+// takes the table's new entry, which has the node checked again.
+func TestNodeTableCallOnDroppedEntryChecksAgain(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := startTableNode(t, 7434)
+	ownAllSlots(t, ctx, c)
+
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{c.addr}, ContextTimeoutEnabled: true})
+	defer func() { _ = client.Close() }()
+	s, err := New(ctx, client)
+	require.NoError(t, err)
+	defer func() { _ = s.Close() }()
+	key := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}
+	addr := routedAddr(t, ctx, client, s, key)
+
+	old := s.node(addr)
+	old.good.Store(0) // due for its check
+	old.mu.Lock()     // as prune holds it, deciding
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Get(ctx, key)
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // the call waits for old.mu
+	old.dropped = true
+	s.nodes.CompareAndDelete(addr, old)
+	old.mu.Unlock()
+	require.NoError(t, <-done)
+
+	old.mu.Lock()
+	require.Nil(t, old.running, "no check started on the dropped entry")
+	old.mu.Unlock()
+	require.Zero(t, old.good.Load(), "no check vouched for the dropped entry")
+	n := s.node(addr)
+	require.NotSame(t, old, n)
+	require.Greater(t, n.good.Load(), s.since(), "the call had the node checked again, on the table's new entry")
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	require.True(t, n.full, "a node dropped from the table gets every check again, as a new node does")
 }

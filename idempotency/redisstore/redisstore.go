@@ -295,9 +295,14 @@ type Store struct {
 	// recheckAfter is how long a node's passed check vouches for it
 	// (clockRecheckAfter, or a test's: hooks.RedisClockRecheckAfter).
 	recheckAfter time.Duration
-	// nodes holds a *nodeCheck for every Redis node the store checked or
-	// checks, by address on a Cluster, and "" for any other client.
+	// nodes holds a *nodeCheck for the Redis nodes the store checked or
+	// checks, by address on a Cluster, and "" for any other client. On a
+	// Cluster it is bounded: prune drops the entries of nodes no longer in
+	// the client's map (replaced under new addresses, as Kubernetes pods
+	// are), about once per recheckAfter.
 	nodes sync.Map
+	// pruneAt is when (since) prune may run next.
+	pruneAt atomic.Int64
 	// born is when New began: the node checks count their times on the
 	// monotonic clock from it (since).
 	born time.Time
@@ -498,7 +503,13 @@ func (e sentError) Unwrap() error { return e.error }
 // checks redone when the node failed a check since it last passed them,
 // or when its clock, against this server's, is found more than a second
 // behind where the last check saw it (a node restored or replaced behind
-// the same address shows that). One check of a node runs at a time, for
+// the same address shows that). On a Cluster the store forgets, about once
+// a minute (after a check, reading the client's map: one CLUSTER SLOTS),
+// what it knows of the nodes no longer in the client's map, but for a node
+// whose check runs or that it refuses: it keeps no entry for every address
+// it ever sent a call to (nodes replaced under new addresses, as
+// Kubernetes pods are), and a node that comes back gets every check
+// again, as a new one does. One check of a node runs at a time, for
 // every call that waits for it, in a goroutine of its own, detached from
 // their contexts and bounded by 5 s (Close ends it and waits for it); a
 // call whose context ends first fails, and the check goes on. A node found wrong by a check, or
@@ -525,6 +536,7 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 	if err := s.policy.Validate(); err != nil {
 		return nil, err
 	}
+	s.pruneAt.Store(int64(s.recheckAfter))
 	// The keep is counted in the reading's clock; a script judges it by
 	// Redis's, which may differ by the skew plus clockMargin either way (see
 	// DefaultKeep and checkClock): the scripts refuse a call DefaultKeep
@@ -650,6 +662,12 @@ type nodeCheck struct {
 	refusedAt int64
 	// running is the check that runs; nil when none does.
 	running *checkRun
+	// dropped is set once prune took the entry out of Store.nodes (its
+	// node had left the Cluster's map, and neither a check of it ran nor
+	// a refusal of it was in force): a caller that loaded it before takes
+	// the table's entry instead (node), a new one, which knows no check:
+	// a node that comes back is checked as a new node is.
+	dropped bool
 }
 
 // checkRun is one check of a node, which its callers wait for.
@@ -670,7 +688,9 @@ func (n *nodeCheck) passed(s *Store, off time.Duration) {
 // since returns the time since New began, on the monotonic clock.
 func (s *Store) since() int64 { return int64(time.Since(s.born)) }
 
-// node returns the nodeCheck of the node at addr (see Store.nodes).
+// node returns the nodeCheck of the node at addr (see Store.nodes): the
+// table's, or a new one, never checked, when it has none (the node is new,
+// or prune dropped its entry).
 func (s *Store) node(addr string) *nodeCheck {
 	if n, ok := s.nodes.Load(addr); ok {
 		return n.(*nodeCheck)
@@ -711,13 +731,22 @@ func where(addr string) string {
 // it again. One that could not reach the node (no reply: its error wraps
 // idempotency.ErrStoreUnavailable: a blip, a timeout) fails the calls that
 // waited for it and refuses nothing: the next call checks the node again,
-// as its script would have found out whether Redis answers.
+// as its script would have found out whether Redis answers. A caller that
+// finds the entry it loaded dropped (prune) takes the table's instead; the
+// goroutine of a check prunes the table (prune) once the check ended.
 func (s *Store) ready(ctx context.Context, c redis.UniversalClient, addr string) error {
 	n := s.node(addr)
 	if s.since() < n.good.Load() {
 		return nil
 	}
 	n.mu.Lock()
+	for n.dropped {
+		// prune took n out of the table since this call loaded it: no
+		// check may start on it, which the next caller would not find.
+		n.mu.Unlock()
+		n = s.node(addr)
+		n.mu.Lock()
+	}
 	now := s.since()
 	if now < n.good.Load() {
 		n.mu.Unlock()
@@ -731,7 +760,10 @@ func (s *Store) ready(ctx context.Context, c redis.UniversalClient, addr string)
 	run := n.running
 	if run == nil {
 		run = &checkRun{done: make(chan struct{})}
-		if !s.goCheck(func() { s.check(context.WithoutCancel(ctx), c, addr, n, run) }) {
+		if !s.goCheck(func() {
+			s.check(context.WithoutCancel(ctx), c, addr, n, run)
+			s.prune()
+		}) {
 			n.mu.Unlock()
 			return errClosed
 		}
@@ -810,6 +842,52 @@ func (s *Store) check(ctx context.Context, c redis.UniversalClient, addr string,
 	run.err = err
 	n.running = nil
 	close(run.done)
+}
+
+// prune drops from Store.nodes, on a Cluster, the entries of the nodes no
+// longer in the Cluster client's map (ForEachShard, which reads it again:
+// one CLUSTER SLOTS), so that a long-lived store on a Cluster whose nodes
+// are replaced under new addresses keeps no entry for every address it
+// ever sent a call to. It runs in a check's goroutine once the check
+// ended, at most once per recheckAfter, and does nothing when the map
+// cannot be read. It keeps an entry whose check runs, or whose refusal is
+// in force (the node is refused its second, even if the map names it
+// again); one it drops costs a call routed there (from an older map) a
+// check, as a node never checked does, and never spares it one.
+func (s *Store) prune() {
+	cluster, ok := s.client.(*redis.ClusterClient)
+	if !ok {
+		return
+	}
+	now, at := s.since(), s.pruneAt.Load()
+	if now < at || !s.pruneAt.CompareAndSwap(at, now+int64(s.recheckAfter)) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.stop, nodeCheckTimeout) // Close ends it
+	defer cancel()
+	var mu sync.Mutex
+	known := make(map[string]bool)
+	if err := cluster.ForEachShard(ctx, func(_ context.Context, node *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		known[node.Options().Addr] = true
+		return nil
+	}); err != nil {
+		return
+	}
+	s.nodes.Range(func(k, v any) bool {
+		addr, n := k.(string), v.(*nodeCheck)
+		if known[addr] {
+			return true
+		}
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		if n.running == nil && (n.refused == nil || s.since() >= n.refusedAt+int64(failedCheckRefusal)) {
+			n.dropped = true
+			s.nodes.CompareAndDelete(addr, n)
+		}
+		return true
+	})
 }
 
 // checkErr is the error of a command of New's checks (what it did, and
