@@ -186,8 +186,8 @@ func TestNodeTableForgetsNodeThatLeftCluster(t *testing.T) {
 }
 
 // The store forgets a node no longer in the Cluster client's map only once
-// no check of it runs and no refusal of it is in force; a node still in
-// the map keeps its entry.
+// no check of it runs, no refusal of it is in force and no passed check
+// vouches for it; a node still in the map keeps its entry.
 func TestNodeTableKeepsRunningChecksAndRefusals(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -200,12 +200,13 @@ func TestNodeTableKeepsRunningChecksAndRefusals(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = s.Close() }()
 
-	// Three nodes the client routed calls to once, which left the
-	// Cluster: one idle, one refused by a failed check (in force for an
-	// hour here), one whose check runs.
 	key := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}
 	own := routedAddr(t, ctx, client, s, key)
-	const idle, refused, running = "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"
+	// Four nodes the client routed calls to once, which left the
+	// Cluster: one idle, one refused by a failed check (in force for an
+	// hour here), one whose check runs, one a passed check vouches for
+	// (for an hour here).
+	const idle, refused, running, vouched = "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4"
 	s.node(idle)
 	rn := s.node(refused)
 	rn.mu.Lock()
@@ -216,7 +217,9 @@ func TestNodeTableKeepsRunningChecksAndRefusals(t *testing.T) {
 	un.mu.Lock()
 	un.running = run
 	un.mu.Unlock()
-	require.ElementsMatch(t, []string{own, idle, refused, running}, tableAddrs(s))
+	vn := s.node(vouched)
+	vn.good.Store(s.since() + int64(time.Hour))
+	require.ElementsMatch(t, []string{own, idle, refused, running, vouched}, tableAddrs(s))
 
 	call := func() []string {
 		_, err := s.Get(ctx, key)
@@ -224,8 +227,8 @@ func TestNodeTableKeepsRunningChecksAndRefusals(t *testing.T) {
 		return tableAddrs(s)
 	}
 	tableEventually(5*time.Second, func() bool { return !slices.Contains(call(), idle) })
-	require.ElementsMatch(t, []string{own, refused, running}, tableAddrs(s),
-		"the idle node that left is forgotten; the refused one, the one whose check runs and the Cluster's own are kept")
+	require.ElementsMatch(t, []string{own, refused, running, vouched}, tableAddrs(s),
+		"the idle node that left is forgotten; the refused one, the one whose check runs, the one a check vouches for and the Cluster's own are kept")
 
 	rn.mu.Lock()
 	rn.refusedAt = s.since() - int64(2*failedCheckRefusal)
@@ -234,8 +237,9 @@ func TestNodeTableKeepsRunningChecksAndRefusals(t *testing.T) {
 	un.running = nil
 	un.mu.Unlock()
 	close(run.done)
+	vn.good.Store(0)
 	tableEventually(5*time.Second, func() bool { return len(call()) == 1 })
-	require.Equal(t, []string{own}, tableAddrs(s), "once the refusal ended and the check did, both are forgotten")
+	require.Equal(t, []string{own}, tableAddrs(s), "once the refusal, the check and the vouching ended, they are forgotten")
 }
 
 // A call that loaded a node's entry just before prune dropped it starts no

@@ -301,8 +301,11 @@ type Store struct {
 	// the client's map (replaced under new addresses, as Kubernetes pods
 	// are), about once per recheckAfter.
 	nodes sync.Map
-	// pruneAt is when (since) prune may run next.
-	pruneAt atomic.Int64
+	// pruneAt is when (since) prune may run next; unpruned is set when an
+	// entry was added since prune last ran (node), or prune kept one of a
+	// node not in the map: only then does prune read the map.
+	pruneAt  atomic.Int64
+	unpruned atomic.Bool
 	// born is when New began: the node checks count their times on the
 	// monotonic clock from it (since).
 	born time.Time
@@ -503,13 +506,14 @@ func (e sentError) Unwrap() error { return e.error }
 // checks redone when the node failed a check since it last passed them,
 // or when its clock, against this server's, is found more than a second
 // behind where the last check saw it (a node restored or replaced behind
-// the same address shows that). On a Cluster the store forgets, about once
-// a minute (after a check, reading the client's map: one CLUSTER SLOTS),
-// what it knows of the nodes no longer in the client's map, but for a node
-// whose check runs or that it refuses: it keeps no entry for every address
-// it ever sent a call to (nodes replaced under new addresses, as
-// Kubernetes pods are), and a node that comes back gets every check
-// again, as a new one does. One check of a node runs at a time, for
+// the same address shows that). On a Cluster the store forgets, at most
+// once a minute, after a check and once it sent calls to a node it did not
+// know (reading the client's map: one CLUSTER SLOTS), what it knows of the
+// nodes no longer in the client's map (but for a node whose check runs,
+// that it refuses, or that a check still vouches for, which a later one
+// forgets): it keeps no entry for every address it ever sent a call to
+// (nodes replaced under new addresses, as Kubernetes pods are), and a node
+// that comes back gets every check again, as a new one does. One check of a node runs at a time, for
 // every call that waits for it, in a goroutine of its own, detached from
 // their contexts and bounded by 5 s (Close ends it and waits for it); a
 // call whose context ends first fails, and the check goes on. A node found wrong by a check, or
@@ -566,6 +570,7 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 	}); err != nil {
 		return nil, err
 	}
+	s.unpruned.Store(false) // New's entries are the client's map
 	if s.replicas > 0 {
 		hz, err := readHz(ctx, client)
 		if err != nil {
@@ -663,8 +668,8 @@ type nodeCheck struct {
 	// running is the check that runs; nil when none does.
 	running *checkRun
 	// dropped is set once prune took the entry out of Store.nodes (its
-	// node had left the Cluster's map, and neither a check of it ran nor
-	// a refusal of it was in force): a caller that loaded it before takes
+	// node had left the Cluster's map, no check of it ran, and neither a
+	// passed check vouched for it nor a refusal of it was in force): a caller that loaded it before takes
 	// the table's entry instead (node), a new one, which knows no check:
 	// a node that comes back is checked as a new node is.
 	dropped bool
@@ -695,7 +700,10 @@ func (s *Store) node(addr string) *nodeCheck {
 	if n, ok := s.nodes.Load(addr); ok {
 		return n.(*nodeCheck)
 	}
-	n, _ := s.nodes.LoadOrStore(addr, new(nodeCheck))
+	n, loaded := s.nodes.LoadOrStore(addr, new(nodeCheck))
+	if !loaded {
+		s.unpruned.Store(true)
+	}
 	return n.(*nodeCheck)
 }
 
@@ -846,23 +854,31 @@ func (s *Store) check(ctx context.Context, c redis.UniversalClient, addr string,
 
 // prune drops from Store.nodes, on a Cluster, the entries of the nodes no
 // longer in the Cluster client's map (ForEachShard, which reads it again:
-// one CLUSTER SLOTS), so that a long-lived store on a Cluster whose nodes
-// are replaced under new addresses keeps no entry for every address it
-// ever sent a call to. It runs in a check's goroutine once the check
-// ended, at most once per recheckAfter, and does nothing when the map
-// cannot be read. It keeps an entry whose check runs, or whose refusal is
-// in force (the node is refused its second, even if the map names it
-// again); one it drops costs a call routed there (from an older map) a
-// check, as a node never checked does, and never spares it one.
+// one CLUSTER SLOTS; the client's last map when that fails), so that a
+// long-lived store on a Cluster whose nodes are replaced under new
+// addresses keeps no entry for every address it ever sent a call to. It
+// runs in a check's goroutine once the check ended, at most once per
+// recheckAfter, and only when an entry was added since it last ran, or it
+// kept one then of a node not in the map: a store on a Cluster whose nodes
+// stay reads no map for it. It keeps an entry whose check runs, whose
+// refusal is in force (the node is refused its second, even if the map
+// names it again) or whose passed check still vouches for its node (a map
+// read from a node that lags behind a slot's move costs the node it moved
+// to no check), and drops it at a later prune; one it drops costs a call
+// routed there (from an older map) a check, as a node never checked does,
+// and never spares it one.
 func (s *Store) prune() {
 	cluster, ok := s.client.(*redis.ClusterClient)
 	if !ok {
 		return
 	}
 	now, at := s.since(), s.pruneAt.Load()
-	if now < at || !s.pruneAt.CompareAndSwap(at, now+int64(s.recheckAfter)) {
+	if !s.unpruned.Load() || now < at || !s.pruneAt.CompareAndSwap(at, now+int64(s.recheckAfter)) {
 		return
 	}
+	// Cleared before the map is read: an entry added from now on makes
+	// the next prune read it again.
+	s.unpruned.Store(false)
 	ctx, cancel := context.WithTimeout(s.stop, nodeCheckTimeout) // Close ends it
 	defer cancel()
 	var mu sync.Mutex
@@ -873,6 +889,7 @@ func (s *Store) prune() {
 		known[node.Options().Addr] = true
 		return nil
 	}); err != nil {
+		s.unpruned.Store(true)
 		return
 	}
 	s.nodes.Range(func(k, v any) bool {
@@ -882,9 +899,12 @@ func (s *Store) prune() {
 		}
 		n.mu.Lock()
 		defer n.mu.Unlock()
-		if n.running == nil && (n.refused == nil || s.since() >= n.refusedAt+int64(failedCheckRefusal)) {
+		now := s.since()
+		if n.running == nil && now >= n.good.Load() && (n.refused == nil || now >= n.refusedAt+int64(failedCheckRefusal)) {
 			n.dropped = true
 			s.nodes.CompareAndDelete(addr, n)
+		} else {
+			s.unpruned.Store(true) // kept: dropped at a later prune
 		}
 		return true
 	})
