@@ -299,7 +299,7 @@ type Store struct {
 	// checks, by address on a Cluster, and "" for any other client. On a
 	// Cluster it is bounded: prune drops the entries of nodes no longer in
 	// the client's map (replaced under new addresses, as Kubernetes pods
-	// are), about once per recheckAfter.
+	// are), at most once per recheckAfter.
 	nodes sync.Map
 	// pruneAt is when (since) prune may run next; unpruned is set when an
 	// entry was added since prune last ran (node), or prune kept one of a
