@@ -1794,7 +1794,9 @@ func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowO
 		free = playOutGates(run, rem, slots, borrowed+idle, gateBuf[:0])
 	} else {
 		// Slots no request holds are free now (Stats and retry-afters
-		// ask with a slot free; a decision asks only with none).
+		// ask with a slot free when the class is lowered, which
+		// predictedWaitLocked's early 0 leaves to this play-out; a
+		// decision asks only with none).
 		freeNow = max(slots-len(free), 0)
 	}
 	if len(free) == 0 {

@@ -114,8 +114,9 @@ func (c *Controller) setOverride(ctx context.Context, o Override, now time.Time,
 }
 
 // ClearOverride ends the override with the given ID before its expiry and
-// reports whether it was in force. It acts now: on the wall clock, or,
-// while the controller is driven on a virtual clock (its last admission an
+// reports whether it was in force. It acts now: on the controller's clock
+// (WithClock's, or the wall clock), or, while the controller is driven on a
+// virtual clock (its last admission an
 // AdmitAt), at the latest time the caller gave.
 func (c *Controller) ClearOverride(ctx context.Context, id uint64) bool {
 	c.mu.Lock()
