@@ -733,11 +733,11 @@ func (c *Controller) decideLocked(r Request, cs *classState, now time.Time) (*Pe
 		tenantWait = c.tenantStartWaitLocked(cs, r.Tenant, now)
 		wait = tenantWait
 	case !tenantMayRun:
-		classWait = c.predictedWaitLocked(cs, now)
+		classWait = c.slotWaitLocked(cs, now) // acquire found no slot (heldByTenant)
 		tenantWait = c.tenantStartWaitLocked(cs, r.Tenant, now)
 		wait = max(classWait, tenantWait)
 	default:
-		classWait = c.predictedWaitLocked(cs, now)
+		classWait = c.slotWaitLocked(cs, now) // acquire found no slot (owner)
 		wait = classWait
 	}
 	if c.cfg.stages&StageDeadline != 0 && !r.Deadline.IsZero() {
@@ -1556,8 +1556,22 @@ func (p *Permit) remaining(mean, nowOff float64, guess bool) float64 {
 
 // predictedWaitLocked is the wait of a request of cs arriving now (one its
 // tenant's limits do not hold back): 0 when a slot it may take is free and
-// no waiter of the class can take it first (it starts at once); else, the
-// wait of one that finds no free slot: the work queued ahead plus what
+// no waiter of the class can take it first (it starts at once); else
+// slotWaitLocked's. Stats and retry-afters ask it; a decision, which asks
+// only when no slot is free, asks slotWaitLocked.
+func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Duration {
+	if cs.queue.n == cs.heldWaiters && c.acquire(cs, c.slots(cs)) != nil {
+		// A slot it may take is free (its own, or one lent), and no waiter
+		// of the class that could take it first: a request arriving now
+		// starts at once, as decideLocked would start it. Spread over the
+		// slots, the running work would say a wait nobody has.
+		return 0
+	}
+	return c.slotWaitLocked(cs, now)
+}
+
+// slotWaitLocked is the wait of a request of cs that finds no free slot it
+// may take: the work queued ahead plus what
 // remains of the running work of the class, spread over the class's slots. A running stream holds its slot for
 // its lifetime, which may end soon (at its deadline) or late: while one
 // holds a slot of the class, and while a lowered class runs more requests
@@ -1584,15 +1598,7 @@ func (p *Permit) remaining(mean, nowOff float64, guess bool) float64 {
 // set), when the work of all is spread over all slots. It costs one pass
 // over the class's running requests: a saturated tenant runs exactly its
 // limit, so each of its requests takes that share of its queued work out.
-func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Duration {
-	if cs.queue.n == cs.heldWaiters && c.acquire(cs, c.slots(cs)) != nil {
-		// A slot it may take is free (its own, or one lent), and no waiter
-		// of the class that could take it first: a request arriving now
-		// starts at once, as decideLocked would start it (which asks only
-		// when none is free). Spread over the slots, the running work
-		// would say a wait nobody has.
-		return 0
-	}
+func (c *Controller) slotWaitLocked(cs *classState, now time.Time) time.Duration {
 	slots := max(c.slots(cs), 1)
 	// lowered: an override or Recovering's step holds the class below its
 	// slots, and it starts nothing while as many of its requests run,
@@ -1699,7 +1705,7 @@ func (cs *classState) saturated(tenant string) (tenantCount, bool) {
 // the first slot free; the request starts on the first free after them. A
 // lowered class that borrows has two gates (playOutGates): its own
 // requests' ends, and slots freed on its own or borrowed slots or lent idle.
-// As in predictedWaitLocked, a tenant at its running limit with requests
+// As in slotWaitLocked, a tenant at its running limit with requests
 // waiting (saturated) keeps its slots and its waiters to itself, unless
 // such tenants hold every slot. It allocates nothing for up to 16 running
 // requests, and costs a pass over them and a search over the slots.
@@ -1795,7 +1801,7 @@ func (c *Controller) playOutLocked(cs *classState, slots int, lowered bool, nowO
 	} else {
 		// Slots no request holds are free now (Stats and retry-afters
 		// ask with a slot free when the class is lowered, which
-		// predictedWaitLocked's early 0 leaves to this play-out; a
+		// predictedWaitLocked leaves to slotWaitLocked's play-out; a
 		// decision asks only with none).
 		freeNow = max(slots-len(free), 0)
 	}
@@ -1840,7 +1846,7 @@ func playOutGates(run, rem []float64, slots, borrowed int, dst []float64) []floa
 
 // tenantNextLocked is how long until a tenant over its limits in cs is
 // likely to have room again: until the first of its running requests ends
-// (its remainder clamped as in predictedWaitLocked; a stream's end guessed
+// (its remainder clamped as in slotWaitLocked; a stream's end guessed
 // only when streams are all it runs: Permit.remaining), which lets its next
 // request run or its first waiter start; 0 when none of its requests runs
 // (the class's predicted wait covers it).
