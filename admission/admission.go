@@ -883,9 +883,8 @@ func (c *Controller) ctxEnded(ctx context.Context, w *waiter) (*Permit, error) {
 		c.mu.Unlock()
 		return c.woken(ctx, w)
 	}
-	now := c.last
+	now := c.nowLocked()
 	if !c.virtual {
-		now = maxTime(c.cfg.now(), c.last)
 		// Close the windows that ended while w waited first, as the give-up
 		// timer does: each sees w still waiting (oldestWait), and its wait
 		// counts in the window it leaves in, not clamped to the end of the
@@ -1907,7 +1906,7 @@ func (c *Controller) RetryAfter(class string) time.Duration {
 
 // nowLocked is the time of a call that has no …At form, or that is the
 // plain form of one (Stats, Mode, Overrides, SetOverride, ClearOverride,
-// RetryAfter):
+// RetryAfter, and a waiter's cancellation: ctxEnded):
 // the controller's clock (the real one, or WithClock's), never before the
 // latest time it saw; but while the controller is driven on a virtual
 // clock (its last admission an AdmitAt), the latest time the caller gave,
