@@ -82,23 +82,25 @@ const MaxOverrides = 64
 // admission an AdmitAt), at the latest time the caller gave. Safe for
 // concurrent use.
 func (c *Controller) SetOverride(ctx context.Context, o Override) (uint64, error) {
-	return c.setOverride(ctx, o, time.Time{}, false)
-}
-
-// SetOverrideAt is [Controller.SetOverride] at time now (virtual clocks).
-func (c *Controller) SetOverrideAt(ctx context.Context, o Override, now time.Time) (uint64, error) {
-	return c.setOverride(ctx, o, now, true)
-}
-
-// setOverride is SetOverrideAt at now when at, else at nowLocked's time.
-func (c *Controller) setOverride(ctx context.Context, o Override, now time.Time, at bool) (uint64, error) {
 	if err := c.validateOverride(o); err != nil {
 		return 0, err
 	}
 	c.mu.Lock()
-	if !at {
-		now = c.nowLocked()
+	return c.setOverrideLocked(ctx, o, c.nowLocked())
+}
+
+// SetOverrideAt is [Controller.SetOverride] at time now (virtual clocks).
+func (c *Controller) SetOverrideAt(ctx context.Context, o Override, now time.Time) (uint64, error) {
+	if err := c.validateOverride(o); err != nil {
+		return 0, err
 	}
+	c.mu.Lock()
+	return c.setOverrideLocked(ctx, o, now)
+}
+
+// setOverrideLocked is SetOverrideAt, for a valid o, with the lock held;
+// it unlocks.
+func (c *Controller) setOverrideLocked(ctx context.Context, o Override, now time.Time) (uint64, error) {
 	c.advance(now)
 	if len(c.ovr.list) >= MaxOverrides {
 		c.unlock()
