@@ -26,18 +26,9 @@ func TestStatsModeOverridesDoNotMoveAVirtualClock(t *testing.T) {
 		{"Overrides", func(c *admission.Controller) { _ = c.Overrides() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := admission.New(admission.WithClasses(
-				admission.Class{Name: "work", Slots: 1, QueueItems: 4},
-				admission.Class{Name: "other", Slots: 1}),
-				admission.WithDefaultClass("work"), admission.WithMethods("other", "/demo.Other/"))
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = c.Close() })
-			t0 := time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
+			c, t0 := virtualCtl(t)
 			ctx := context.Background()
-			p, err := c.AdmitAt(ctx, work("/demo.W/Do"), t0)
-			require.NoError(t, err)
-			p.ReleaseAt(t0)
-			_, err = c.SetOverrideAt(ctx, admission.Override{Actor: "test", Reason: "freeze for an hour", Class: "other", Freeze: true, TTL: time.Hour}, t0)
+			_, err := c.SetOverrideAt(ctx, admission.Override{Actor: "test", Reason: "freeze for an hour", Class: "other", Freeze: true, TTL: time.Hour}, t0)
 			require.NoError(t, err)
 			_, err = c.SetOverrideAt(ctx, admission.Override{Actor: "test", Reason: "degraded for an hour", Mode: admission.ModeDegraded, TTL: time.Hour}, t0)
 			require.NoError(t, err)
@@ -119,22 +110,29 @@ func TestStatsLeavesOutWaitersThatCannotFinish(t *testing.T) {
 				require.True(t, ok)
 				return st
 			}
+			// queue has a request with the given deadline wait (its Admit
+			// at at), until Stats at at lists it queued; its Admit's error
+			// comes on the channel (a permit it gets is abandoned).
+			queue := func(deadline, at time.Time) <-chan error {
+				done := make(chan error, 1)
+				go func() {
+					r := work("/demo.W/Do")
+					r.Deadline = deadline
+					p, err := admit(ctx, r, at)
+					if p != nil {
+						p.Abandon()
+					}
+					done <- err
+				}()
+				for stats(at).Queued != 1 {
+					time.Sleep(time.Millisecond)
+				}
+				return done
+			}
 			p1, err := admit(ctx, work("/demo.W/Do"), t0)
 			require.NoError(t, err)
 			// A waiter that fits exactly: 1 s of wait, 1 s of service.
-			first := make(chan error, 1)
-			go func() {
-				r := work("/demo.W/Do")
-				r.Deadline = t0.Add(2 * time.Second)
-				p, err := admit(ctx, r, t0)
-				if p != nil {
-					p.Abandon()
-				}
-				first <- err
-			}()
-			for stats(t0).Queued != 1 {
-				time.Sleep(time.Millisecond)
-			}
+			first := queue(t0.Add(2*time.Second), t0)
 			// At t0 + 1.5 s it can no longer finish (1 s of service left,
 			// 0.5 s to its deadline); p1 is overdue (a tenth of the mean
 			// left: 100 ms).
@@ -147,19 +145,7 @@ func TestStatsLeavesOutWaitersThatCannotFinish(t *testing.T) {
 			require.Equal(t, status.ReasonDeadlineExpired, status.OutcomeOf(<-first).Reason)
 
 			// Admission agrees: a request that can wait just that is queued.
-			second := make(chan error, 1)
-			go func() {
-				r := work("/demo.W/Do")
-				r.Deadline = now.Add(1100 * time.Millisecond)
-				p, err := admit(ctx, r, now)
-				if p != nil {
-					p.Abandon()
-				}
-				second <- err
-			}()
-			for stats(now).Queued != 1 {
-				time.Sleep(time.Millisecond)
-			}
+			second := queue(now.Add(1100*time.Millisecond), now)
 			cancel()
 			require.Error(t, <-second)
 			p1.ReleaseAt(now)
@@ -225,25 +211,16 @@ func TestStatsStartsWhatCanStartFirst(t *testing.T) {
 // the wall clock (closing every window in between). It is set at the
 // latest time the caller gave, as ClearOverride clears one.
 func TestSetOverrideDoesNotMoveAVirtualClock(t *testing.T) {
-	c, err := admission.New(admission.WithClasses(
-		admission.Class{Name: "work", Slots: 1, QueueItems: 4},
-		admission.Class{Name: "other", Slots: 1}),
-		admission.WithDefaultClass("work"), admission.WithMethods("other", "/demo.Other/"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close() })
-	t0 := time.Date(2020, 1, 1, 0, 0, 0, 0, time.UTC)
+	c, t0 := virtualCtl(t)
 	ctx := context.Background()
-	p, err := c.AdmitAt(ctx, work("/demo.W/Do"), t0)
-	require.NoError(t, err)
-	p.ReleaseAt(t0)
-	_, err = c.SetOverride(ctx, admission.Override{Actor: "test", Reason: "freeze for a minute", Class: "other", Freeze: true, TTL: time.Minute})
+	_, err := c.SetOverride(ctx, admission.Override{Actor: "test", Reason: "freeze for a minute", Class: "other", Freeze: true, TTL: time.Minute})
 	require.NoError(t, err)
 	list := c.OverridesAt(t0)
 	require.Len(t, list, 1)
 	require.Equal(t, t0, list[0].Set, "set at the wall clock's time, not the caller's")
 	_, err = c.AdmitAt(ctx, work("/demo.Other/Do"), t0.Add(time.Second))
 	require.Equal(t, status.ReasonShed, status.OutcomeOf(err).Reason, "%v", err)
-	p, err = c.AdmitAt(ctx, work("/demo.Other/Do"), t0.Add(time.Minute))
+	p, err := c.AdmitAt(ctx, work("/demo.Other/Do"), t0.Add(time.Minute))
 	require.NoError(t, err, "the freeze for a minute of virtual time outlived it")
 	p.ReleaseAt(t0.Add(time.Minute))
 }
