@@ -84,10 +84,10 @@ type Option interface{ apply(*Error) }
 
 func (f Fields) apply(e *Error) {
 	if f.AttemptID != "" {
-		e.f.AttemptID = boundIdentifier(f.AttemptID, maxAttemptIDBytes)
+		e.f.AttemptID = bound(f.AttemptID, maxAttemptIDBytes, droppedIdentifier)
 	}
 	if f.Call != "" {
-		e.f.Call = boundIdentifier(f.Call, maxCallBytes)
+		e.f.Call = bound(f.Call, maxCallBytes, droppedIdentifier)
 	}
 	if f.Try != 0 {
 		e.f.Try = f.Try
@@ -95,10 +95,8 @@ func (f Fields) apply(e *Error) {
 	if f.RetryAfter > 0 {
 		e.f.RetryAfter = f.RetryAfter
 	}
-	if f.Class != "" && len(f.Class) <= maxDetailString {
-		if c := validUTF8(f.Class); len(c) <= maxDetailString { // as a reader reads it (boundDetail)
-			e.f.Class = c
-		}
+	if c := bound(f.Class, maxDetailString, ""); c != "" { // as a reader reads it (boundDetail)
+		e.f.Class = c
 	}
 	if f.UnitsRemaining != 0 {
 		e.f.UnitsRemaining = f.UnitsRemaining
@@ -682,7 +680,7 @@ const (
 )
 
 // droppedIdentifier stands for an attempt ID or call key longer than its
-// bound (boundIdentifier). It is not an identifier (its one character is
+// bound (bound). It is not an identifier (its one character is
 // outside the header's charset), so it names no attempt or call, and it
 // compares unequal to every identifier and to "" as the long string did:
 // whatever compares a detail's identifiers (does the refusal name the
@@ -690,26 +688,27 @@ const (
 // would name another.
 const droppedIdentifier = "…"
 
-// boundIdentifier is s, repaired as validUTF8 repairs it, or
-// droppedIdentifier when s is longer than limit bytes, before or after the
-// repair (which may lengthen it: the reader sees the repaired string).
-func boundIdentifier(s string, limit int) string {
+// bound is s, repaired as validUTF8 repairs it, or dropped when s is
+// longer than limit bytes, before or after the repair (which may lengthen
+// it: the reader sees the repaired string): droppedIdentifier for an
+// attempt ID or call key, "" for a class.
+func bound(s string, limit int, dropped string) string {
 	if len(s) > limit {
-		return droppedIdentifier
+		return dropped
 	}
 	if s = validUTF8(s); len(s) > limit {
-		return droppedIdentifier
+		return dropped
 	}
 	return s
 }
 
 // boundDetail bounds the strings of d, a detail decoded from a status (a
-// peer's), in place: its attempt ID and call key by boundIdentifier, and
+// peer's), in place: its attempt ID and call key by bound, and
 // its class dropped when longer than maxDetailString, as Fields bounds an
 // Error's. It returns d.
 func boundDetail(d *tollgatev1.OutcomeDetail) *tollgatev1.OutcomeDetail {
-	d.AttemptId = boundIdentifier(d.GetAttemptId(), maxAttemptIDBytes)
-	d.Call = boundIdentifier(d.GetCall(), maxCallBytes)
+	d.AttemptId = bound(d.GetAttemptId(), maxAttemptIDBytes, droppedIdentifier)
+	d.Call = bound(d.GetCall(), maxCallBytes, droppedIdentifier)
 	if len(d.GetWorkloadClass()) > maxDetailString {
 		d.WorkloadClass = ""
 	}
