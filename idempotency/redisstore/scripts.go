@@ -395,7 +395,9 @@ local now, skew, ttl, ts, keep = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(
 IDLE, LONGEST = tonumber(ARGV[6]), ttl + keep + skew + CLOCK_MARGIN
 if stale(now, keep, skew) then return {14} end
 local hz = horizon(KEYS[1], now, skew)
-hold(KEYS[1], 0) -- a lookup keeps its tenant's horizon too; it writes nothing else
+-- A lookup keeps its tenant's horizon too (it writes nothing else); with
+-- IDLE 0 hold would keep it no longer (ms 0), and its PTTL is spared.
+if IDLE > 0 then hold(KEYS[1], 0) end
 if not inside(ts, hz, now, skew) then return {11} end
 local v = load(KEYS[2], now, ts - skew + ttl)
 if v then return reply(9, v, now) end
