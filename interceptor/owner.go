@@ -247,11 +247,7 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 			now = c.cfg.now()
 		}
 		first = false
-		if result := w.unvouchedRepeat(w.spanTry(n-1), err); result != nil {
-			if !w.verifyNext && w.tgt.budget != nil {
-				w.tgt.budget.Return() // proceed withdrew a token for a try not sent
-			}
-			w.retrying = false
+		if result := w.refuseRepeat(n, err, w.verifyNext); result != nil {
 			return w.spanTry(n), result
 		}
 		pctx, releaseCtx := ctx, func() {}
@@ -265,12 +261,7 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		w.cl.verifying, w.cl.graced, w.verifyNext = false, false, false
 		if perr != nil {
 			releaseCtx()
-			if verifyTry {
-				// No token was withdrawn for it (the resolution's covers
-				// it): none goes back.
-				return w.spanTry(n), w.refusedLocally(n, perr, w.follows)
-			}
-			return w.spanTry(n), w.unprepared(n, perr)
+			return w.spanTry(n), w.unprepared(n, perr, verifyTry)
 		}
 		w.prepared(ctx, n)
 		if n == 1 && w.tgt.budget != nil {
@@ -278,9 +269,7 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		}
 		err = w.invoke(tctx, t, verifyTry, req, reply, opts)
 		d := c.finish(s, key, t, err, false)
-		if !verifyTry {
-			w.unsent(n, d)
-		}
+		w.unsent(n, d, verifyTry)
 		releaseCtx()
 		c.spent(ctx, trace.SpanFromContext(ctx), s, t)
 		w.pushback = t.delivery.pushback.Load()
@@ -344,9 +333,7 @@ func (w *owner) invoke(tctx context.Context, t *try, verifyTry bool, req, reply 
 	defer func() {
 		if !settled {
 			d := w.c.finish(w.cl.s, w.cl.key, t, errPanicBelow, false)
-			if !verifyTry {
-				w.unsent(t.n, d)
-			}
+			w.unsent(t.n, d, verifyTry)
 			w.c.spent(tctx, trace.SpanFromContext(tctx), w.cl.s, t)
 			w.c.record(tctx, status.OutcomeOfCall(errPanicBelow, d), d)
 		}
@@ -376,26 +363,29 @@ func (w *owner) verifyContext(ctx context.Context) (context.Context, func()) {
 var errPanicBelow = status.OutcomeUnknown(errors.New("interceptor: a panic below the interceptor"))
 
 // unsent gives back the retry-budget token proceed withdrew for repeat n
-// (n > 1: every repeat but a first verifying try, which has none) when it
-// never left the client (d NotSent): the budget bounds repeats sent.
-func (w *owner) unsent(n uint32, d status.Delivery) {
-	if n > 1 && d == status.NotSent && w.tgt.budget != nil {
+// (n > 1: every repeat but the call's first verifying try, verify, which
+// has none) when it never left the client (d NotSent): the budget bounds
+// repeats sent.
+func (w *owner) unsent(n uint32, d status.Delivery, verify bool) {
+	if n > 1 && !verify && d == status.NotSent && w.tgt.budget != nil {
 		w.tgt.budget.Return()
 	}
 }
 
 // unprepared is the result of a call whose try n prepare refused (perr):
 // nothing was sent, so a repeat gives back the retry-budget token proceed
-// withdrew for it (the budget bounds retries sent). A repeat refused for
+// withdrew for it (the budget bounds retries sent); the call's first
+// verifying try (verify), for which none was withdrawn (the resolution's
+// covers it), gives none back. A repeat refused for
 // lack of time (DEADLINE_UNREACHABLE: its backoff fitted the deadline when
 // proceed checked, but the wait ran late), or while the call is in doubt,
 // ends the call with the failure it followed (refusedLocally), as when
 // proceed finds that no try fits: the last try's own outcome says what
 // happened, and a local refusal of a try never sent in its place would
 // hide it (a callee's error in doubt, or its refusal's delay and final
-// flag).
-func (w *owner) unprepared(n uint32, perr error) error {
-	if n > 1 && w.tgt.budget != nil {
+// flag). Unary calls and streams alike.
+func (w *owner) unprepared(n uint32, perr error, verify bool) error {
+	if n > 1 && !verify && w.tgt.budget != nil {
 		w.tgt.budget.Return()
 	}
 	return w.refusedLocally(n, perr, w.follows)
@@ -515,6 +505,22 @@ func (w *owner) verifying() bool {
 	w.verify = false
 	w.verifyNext = uncounted
 	return uncounted
+}
+
+// refuseRepeat is unvouchedRepeat's answer for try n, asked just before it
+// is sent after last (unary calls and streams alike); when it refuses the
+// try, the retry-budget token proceed withdrew for it goes back (none was
+// for the call's first verifying try: verify) and no repeat is announced.
+func (w *owner) refuseRepeat(n uint32, last error, verify bool) error {
+	result := w.unvouchedRepeat(w.spanTry(n-1), last)
+	if result == nil {
+		return nil
+	}
+	if !verify && w.tgt.budget != nil {
+		w.tgt.budget.Return() // proceed withdrew a token for a try not sent
+	}
+	w.retrying = false
+	return result
 }
 
 // unvouchedRepeat returns the result of a call whose next try (after try

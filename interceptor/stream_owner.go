@@ -116,24 +116,14 @@ func (cs *clientStream) tryFromLocked(n uint32) bool {
 			// Asked just before the repeat is sent, as owner.run asks: a
 			// recordless mark that came since the resolution (another
 			// call's query) is heeded.
-			if result := w.unvouchedRepeat(w.spanTry(n-1), w.follows); result != nil {
-				if !verifyTry && w.tgt.budget != nil {
-					w.tgt.budget.Return() // proceed withdrew a token for a try not sent
-				}
-				w.retrying = false
+			if result := w.refuseRepeat(n, w.follows, verifyTry); result != nil {
 				cs.endLocked(w.spanTry(n), result)
 				return false
 			}
 		}
 		tctx, t, err := c.prepare(cs.ctx, tcl, n, &cs.p, now)
 		if err != nil {
-			if verifyTry {
-				// No token was withdrawn for it (the resolution's covers
-				// it): none goes back.
-				cs.endLocked(w.spanTry(n), w.refusedLocally(n, err, w.follows))
-				return false
-			}
-			cs.endLocked(w.spanTry(n), w.unprepared(n, err))
+			cs.endLocked(w.spanTry(n), w.unprepared(n, err, verifyTry))
 			return false
 		}
 		w.prepared(cs.ctx, n)
@@ -750,9 +740,7 @@ func (cs *clientStream) finishTryLocked(err error, local bool) status.Outcome {
 	}
 	cs.settled = true
 	d := c.finish(w.cl.s, w.cl.key, cs.t, err, local)
-	if !cs.verifyTry {
-		w.unsent(cs.n, d) // every other repeat of a stream waited in proceed, which withdrew a token
-	}
+	w.unsent(cs.n, d, cs.verifyTry) // every other repeat of a stream waited in proceed, which withdrew a token
 	c.spent(cs.ctx, cs.span, w.cl.s, cs.t)
 	w.pushback = cs.t.delivery.pushback.Load()
 	if cs.t.loan != nil {
