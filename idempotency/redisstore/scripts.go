@@ -38,6 +38,12 @@ local IN_PROGRESS, FENCED, ABANDONED = 2, 5, 6
 
 local function n(x) return string.format('%d', x) end
 
+-- rtime is Redis's clock (TIME) in ms.
+local function rtime()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
 -- IDLE is WithIdleTenantExpiry in ms (0: none), which each script sets from
 -- its last argument before it calls anything below, and LONGEST the longest
 -- a record of the script's policy lives (its ttl, keep and skew, and
@@ -107,8 +113,7 @@ local function horizon(hk, now, skew, readonly)
     return at
   end
   if readonly then return nil end
-  local t = redis.call('TIME')
-  local at = math.max(now, tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + 1)
+  local at = math.max(now, rtime() + 1)
   if badlast then
     redis.call('HSET', hk, 'at', n(at), 'id', id, 'last', n(at))
   else
@@ -141,8 +146,7 @@ local function hold(hk, ms)
     if IDLE <= 0 and ms <= LONGEST then return end
     local last = redis.call('HMGET', hk, 'last')[1]
     last = last and tonumber(last) -- horizon checked it
-    local t = redis.call('TIME')
-    local rnow = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local rnow = rtime()
     if IDLE <= 0 then
       if not last or last < rnow + ms then redis.call('HSET', hk, 'last', n(rnow + ms)) end
       return
@@ -230,8 +234,7 @@ end
 -- absence judged by now is no evidence (see DefaultKeep). Redis's clock is
 -- assumed within the skew of the servers'.
 local function stale(now, keep, skew)
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - now > keep - skew - CLOCK_MARGIN
+  return rtime() - now > keep - skew - CLOCK_MARGIN
 end
 
 -- expire has Redis remove record rk keep ms after its expiry exp (see
@@ -244,8 +247,7 @@ end
 -- tenant's horizon key hk is kept a second longer than the record (hold).
 -- It returns when, in the writer's clock, Redis removes the record.
 local function expire(hk, rk, now, exp, keep, floor)
-  local t = redis.call('TIME')
-  local rnow = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local rnow = rtime()
   local life = math.max(exp - now, floor - rnow) + keep
   redis.call('PEXPIRE', rk, n(life))
   hold(hk, life + 1000)
