@@ -80,8 +80,12 @@ type Permit struct {
 	startOff float64 // ns since the controller's epoch
 	// endOff is its deadline in ns since the epoch, 0 for none: a stream
 	// holds its slot no longer (its handler's context ends there).
-	endOff   float64
-	stream   bool // Request.Stream
+	endOff float64
+	stream bool // Request.Stream
+	// virtual is set when start is a time a caller gave (the controller
+	// was driven on a virtual clock when the permit started): a plain
+	// Release, which has no time of its own, then teaches no service time.
+	virtual  bool
 	deadline time.Time
 	ahead    int // requests of its class waiting ahead of it when decided
 	released atomic.Bool
@@ -93,18 +97,32 @@ type Permit struct {
 // that can still finish in time, and teaches the class its service time.
 // Calling it more than once does nothing. It never blocks for long: it takes
 // the controller's lock once.
+//
+// It acts at the controller's clock (the real one, or WithClock's), never
+// before the latest time it saw; but while the controller is driven on a
+// virtual clock (its last admission an AdmitAt), at the latest time the
+// caller gave, as [Controller.Stats] and the other forms without a time
+// do, so that it does not move the caller's time to the wall clock. That
+// time is only the earliest the work can have ended: when either the
+// release or the permit's start was a caller's time, Release teaches no
+// service time (nor records one in tollgate.task.service_time), since
+// the one measured would be a lower bound (zero right after the
+// admission) or span two clocks; it still counts a finish after the
+// deadline, which the time it acts at proves. [Permit.ReleaseAt] gives the
+// end time and teaches.
 func (p *Permit) Release() {
 	if p == nil || p.c == nil {
 		return
 	}
-	p.ReleaseAt(p.c.cfg.now())
+	p.releaseNow(true)
 }
 
 // ReleaseAt is [Permit.Release] at time now, for simulations that drive the
 // controller on a virtual clock (see [Controller.AdmitAt]).
 func (p *Permit) ReleaseAt(now time.Time) { p.release(now, true) }
 
-// ReleaseMissCounted is [Permit.Release] for work whose deadline miss, if
+// ReleaseMissCounted is [Permit.Release] (at the time Release acts at, and
+// teaching what Release teaches) for work whose deadline miss, if
 // it has one, its caller has already counted in tollgate.deadline.misses
 // under a stage of its own: it returns the slot, teaches the class its
 // service time and counts a late finish in the class's false accepts, as
@@ -118,7 +136,7 @@ func (p *Permit) ReleaseMissCounted() {
 	if p == nil || p.c == nil {
 		return
 	}
-	p.ReleaseMissCountedAt(p.c.cfg.now())
+	p.releaseNow(false)
 }
 
 // ReleaseMissCountedAt is [Permit.ReleaseMissCounted] at time now (virtual
@@ -134,12 +152,34 @@ func (p *Permit) release(now time.Time, countMiss bool) {
 	c := p.c
 	c.mu.Lock()
 	c.advance(now)
-	late := c.releaseLocked(p, now, true)
+	late := c.releaseLocked(p, now, true, true)
 	c.unlock()
 	if late && countMiss {
 		c.m.missRunAdd()
 	}
 	c.m.served(p.cs, now.Sub(p.start))
+}
+
+// releaseNow is Release (ReleaseMissCounted without countMiss): release at
+// nowLocked, teaching the service time only when both the permit's start
+// and the release are on the controller's own clock.
+func (p *Permit) releaseNow(countMiss bool) {
+	if !p.released.CompareAndSwap(false, true) {
+		return
+	}
+	c := p.c
+	c.mu.Lock()
+	now := c.nowLocked()
+	teach := !p.virtual && !c.virtual
+	c.advance(now)
+	late := c.releaseLocked(p, now, teach, true)
+	c.unlock()
+	if late && countMiss {
+		c.m.missRunAdd()
+	}
+	if teach {
+		c.m.served(p.cs, now.Sub(p.start))
+	}
 }
 
 // Abandon returns the permit's slot exactly like [Permit.Release] but
@@ -149,12 +189,15 @@ func (p *Permit) release(now time.Time, countMiss bool) {
 // permits distort the learned service time. Release and Abandon together
 // end a permit exactly once: whichever comes first wins, later calls do
 // nothing (as does ReleaseMissCounted). Abandon on a nil Permit does
-// nothing.
+// nothing. It acts at the time [Permit.Release] acts at: while the
+// controller is driven on a virtual clock, the latest time the caller gave.
 func (p *Permit) Abandon() {
-	if p == nil || p.c == nil {
+	if p == nil || p.c == nil || !p.released.CompareAndSwap(false, true) {
 		return
 	}
-	p.AbandonAt(p.c.cfg.now())
+	c := p.c
+	c.mu.Lock()
+	p.abandonLocked(c.nowLocked())
 }
 
 // AbandonAt is [Permit.Abandon] at time now (virtual clocks).
@@ -162,10 +205,15 @@ func (p *Permit) AbandonAt(now time.Time) {
 	if p == nil || p.c == nil || !p.released.CompareAndSwap(false, true) {
 		return
 	}
+	p.c.mu.Lock()
+	p.abandonLocked(now)
+}
+
+// abandonLocked ends p, abandoned, at now with the lock held; it unlocks.
+func (p *Permit) abandonLocked(now time.Time) {
 	c := p.c
-	c.mu.Lock()
 	c.advance(now)
-	c.releaseLocked(p, now, false)
+	c.releaseLocked(p, now, false, false)
 	c.unlock()
 }
 
@@ -243,7 +291,8 @@ type Controller struct {
 	// its own: by the last admission's kind, AdmitAt or AdmitDecisionAt
 	// (set) or Admit and AdmitDecision (cleared). While it is set
 	// the time is the caller's to give, so wake is not armed (it reads the
-	// wall clock) and the metrics callback observes at last; an Admit
+	// wall clock), and the metrics callback, the tap and the calls without
+	// a time (nowLocked) act at last; an Admit
 	// clears it and arms wake again for its waiters.
 	virtual bool
 	closed  bool
@@ -263,6 +312,12 @@ type Controller struct {
 	// 0: never. Past it the tap lets requests through to Admit, which
 	// brings the state up to date.
 	due atomic.Int64
+	// tapVirtual and tapLast mirror virtual and last (Unix nanoseconds)
+	// for the tap, which takes no lock to let a request through: while
+	// the controller is driven on a virtual clock, the tap's time is the
+	// latest the caller gave, as nowLocked's is, not the wall clock's.
+	tapVirtual atomic.Bool
+	tapLast    atomic.Int64
 	// wake brings the state up to date at due (real clock only) while
 	// requests wait: an override's end or Recovering's next step may let
 	// a waiter start, and no other call may come to start it. wakeAt is
@@ -1127,7 +1182,7 @@ func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn,
 		c.deg.started(cs, now.Sub(maxTime(arrived, cs.unsteppedAt)))
 	}
 	c.judgeRejects(cs, arrived, now)
-	p := &Permit{c: c, cs: cs, owner: owner, tenant: tenant, start: now, startOff: off, deadline: deadline, ahead: ahead, stream: stream}
+	p := &Permit{c: c, cs: cs, owner: owner, tenant: tenant, start: now, startOff: off, deadline: deadline, ahead: ahead, stream: stream, virtual: c.virtual}
 	if !deadline.IsZero() {
 		p.endOff = float64(deadline.Sub(c.epoch))
 	}
@@ -1142,10 +1197,17 @@ func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn,
 // releaseLocked returns p's slot and starts waiters that can run. observe
 // is false when the permit was abandoned: the request never ran or its
 // lifetime is no service time, so the estimator learns nothing and no false
-// accept is counted. It reports whether the request finished after its
-// deadline.
-func (c *Controller) releaseLocked(p *Permit, now time.Time, observe bool) (late bool) {
+// accept is counted. judge is set when it ran: a finish after its deadline
+// is a false accept; observe then also teaches the class its service time,
+// now less the start (unset by a plain Release whose time, or start, was
+// not on the controller's own clock: see Release). It reports whether the
+// request finished after its deadline.
+func (c *Controller) releaseLocked(p *Permit, now time.Time, observe, judge bool) (late bool) {
 	cs := p.cs
+	if judge && !p.deadline.IsZero() && now.After(p.deadline) {
+		cs.falseAccepts++
+		late = true
+	}
 	if observe {
 		cs.est.observe(now.Sub(p.start))
 		switch svc := cs.est.service(); {
@@ -1157,10 +1219,6 @@ func (c *Controller) releaseLocked(p *Permit, now time.Time, observe bool) (late
 			cs.roseAt = svc
 		case svc < cs.roseAt:
 			cs.roseAt = svc
-		}
-		if !p.deadline.IsZero() && now.After(p.deadline) {
-			cs.falseAccepts++
-			late = true
 		}
 	}
 	if c.cfg.stages&StageTenant != 0 {
@@ -1906,7 +1964,8 @@ func (c *Controller) RetryAfter(class string) time.Duration {
 
 // nowLocked is the time of a call that has no …At form, or that is the
 // plain form of one (Stats, Mode, Overrides, SetOverride, ClearOverride,
-// RetryAfter, and a waiter's cancellation: ctxEnded):
+// RetryAfter, Release, ReleaseMissCounted, Abandon, the tap (tapNow), and a
+// waiter's cancellation: ctxEnded):
 // the controller's clock (the real one, or WithClock's), never before the
 // latest time it saw; but while the controller is driven on a virtual
 // clock (its last admission an AdmitAt), the latest time the caller gave,
@@ -2011,6 +2070,14 @@ func (c *Controller) unlock() {
 	}
 	if due != c.due.Load() {
 		c.due.Store(due)
+	}
+	if c.virtual {
+		if l := c.last.UnixNano(); l != c.tapLast.Load() {
+			c.tapLast.Store(l)
+		}
+	}
+	if c.virtual != c.tapVirtual.Load() {
+		c.tapVirtual.Store(c.virtual)
 	}
 	if c.cfg.realClock && !c.virtual && !c.closed && due != 0 && (c.wakeAt == 0 || due < c.wakeAt) && c.waiting() {
 		c.wakeAt = due

@@ -207,9 +207,14 @@
 // timer of its own, its metrics observe it as of the latest time
 // given, and these calls without a time of their own ([Controller.Stats],
 // [Controller.Mode], [Controller.Overrides], [Controller.SetOverride],
-// [Controller.ClearOverride], [Controller.RetryAfter]) act at that latest
-// time, not the wall clock's;
-// an Admit returns it to the wall clock. Driving one controller on
+// [Controller.ClearOverride], [Controller.RetryAfter], [Permit.Release],
+// [Permit.ReleaseMissCounted], [Permit.Abandon], and the tap,
+// [Controller.TapHandle]) act at that latest time, not the wall clock's;
+// an Admit returns it to the wall clock. That latest time is only the
+// earliest a plain Release's work can have ended, so a Release whose time,
+// or whose permit's start, was a caller's teaches no service time (it
+// still counts a finish after the deadline that its time proves);
+// [Permit.ReleaseAt] gives the end, and teaches. Driving one controller on
 // both clocks at once is not supported: the waiters of one wait on the
 // other's calls.
 // [Controller.Close] stops the timer (a run already under way finishes),

@@ -24,7 +24,9 @@ var _ tap.ServerInHandle = (*Controller)(nil).TapHandle
 // call after an override in force may have expired, or after a degradation
 // window ended while the controller is not Normal or a class is flagged,
 // takes the controller's lock once to bring the state up to date before it
-// reads the flag. It also lets requests through
+// reads the flag. Its time is the controller's clock, or, while the
+// controller is driven on a virtual clock (its last admission an AdmitAt),
+// the latest time the caller gave, as for [Controller.Stats]. It also lets requests through
 // once a waiter of the full queue may no longer be able to finish (the
 // queue's earliest deadline less the service estimate), so that Admit
 // drops that waiter before it judges the queue. grpc-go allows one tap per server: compose it with your
@@ -50,20 +52,20 @@ func (c *Controller) TapHandle(ctx context.Context, info *tap.Info) (context.Con
 		return ctx, nil
 	}
 	if due := c.due.Load(); due != 0 {
-		if now := c.cfg.now(); now.UnixNano() >= due {
+		if c.tapNow() >= due {
 			// An override may have expired or a window ended since the
 			// flag was set: bring the state up to date (once: the next
 			// due is later), so that the tap's refusals count in the
 			// window they were made in, then read the flag again.
 			c.mu.Lock()
-			c.advance(now)
+			c.advance(c.nowLocked())
 			c.unlock()
 			if r = cs.full.Load(); r == 0 {
 				return ctx, nil
 			}
 		}
 	}
-	if h := cs.hopeless.Load(); h != 0 && c.cfg.now().UnixNano() > h {
+	if h := cs.hopeless.Load(); h != 0 && c.tapNow() > h {
 		// A waiter of the full queue may no longer be able to finish:
 		// Admit drops it before it judges the queue, and may queue this.
 		return ctx, nil
@@ -81,6 +83,18 @@ func (c *Controller) TapHandle(ctx context.Context, info *tap.Info) (context.Con
 	}
 	c.m.tapRefused(ctx, cs, reason)
 	return ctx, refusal(cs, reason, ra, false)
+}
+
+// tapNow is the tap's time in Unix nanoseconds: the controller's clock (the
+// real one, or WithClock's); but while the controller is driven on a
+// virtual clock (its last admission an AdmitAt), the latest time the caller
+// gave, as for the calls without a time of their own (nowLocked), since the
+// due and hopeless times it is compared with are the caller's.
+func (c *Controller) tapNow() int64 {
+	if c.tapVirtual.Load() {
+		return c.tapLast.Load()
+	}
+	return c.cfg.now().UnixNano()
 }
 
 // tapReasons are the reasons the tap refuses with.
