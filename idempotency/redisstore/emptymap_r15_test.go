@@ -68,7 +68,7 @@ func TestRedisNewRefusesAClusterClientThatKnowsNoNode(t *testing.T) {
 
 	t.Run("a seed that serves no slots", func(t *testing.T) {
 		addr, node := emptyMapRedis(t, 7441, 7442)
-		slots, err := node.ClusterSlots(ctx).Result()
+		slots, err := node.Do(ctx, "CLUSTER", "SLOTS").Slice()
 		require.NoError(t, err)
 		require.Empty(t, slots, "the node joined no Cluster")
 
@@ -123,13 +123,24 @@ func TestRedisNewRefusesAClusterClientThatKnowsNoNode(t *testing.T) {
 		require.ErrorIs(t, err, idempotency.ErrStoreUnavailable, "Redis cannot be reached")
 	})
 
-	t.Run("a plain client", func(t *testing.T) {
+	t.Run("a plain client, and a Cluster client of a Redis without Cluster mode", func(t *testing.T) {
 		addr, _ := emptyMapRedis(t, 7443, 0)
 		c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = c.Close() })
 		s, err := redisstore.New(ctx, c)
 		require.NoError(t, err)
 		require.NoError(t, s.Close())
+
+		// A setting: waiting does not make the Redis a Cluster.
+		cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{addr}, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = cc.Close() })
+		s, err = redisstore.New(ctx, cc)
+		if err == nil {
+			_ = s.Close()
+		}
+		require.Error(t, err)
+		require.NotErrorIs(t, err, idempotency.ErrStoreUnavailable)
+		require.ErrorContains(t, err, "not a Cluster")
 	})
 
 	t.Run("the shared Cluster", func(t *testing.T) {

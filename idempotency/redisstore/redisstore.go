@@ -8,7 +8,12 @@
 // time - skew + TTL (until which a reader vouches for a record's absence,
 // whatever the writer's clock read). All keys live under a configurable prefix and
 // carry the tenant as a hash tag ("{t:tenant}"), so a record and its
-// tenant's horizon key always share a Redis Cluster slot.
+// tenant's horizon key always share a Redis Cluster slot. On a Cluster,
+// go-redis finds the nodes only through the addresses it knows: it reads
+// the Cluster's map from the nodes of its last map, and from its seeds
+// (ClusterOptions.Addrs) only once none of those answers, so seed it with
+// stable addresses (a Kubernetes Service name), not only with pods that
+// may all be replaced.
 //
 // # What Redis can lose, and how the store stays honest
 //
@@ -487,10 +492,13 @@ func (e sentError) Unwrap() error { return e.error }
 // most half the client's ReadTimeout (when it has one) and at most half the
 // keep (see WithReplicas). It returns an error
 // wrapping idempotency.ErrStoreUnavailable when Redis cannot be reached (or
-// answers that it cannot serve yet: LOADING, MASTERDOWN) and an error naming
-// the problem for a wrong setting or option, a command Redis refuses to the
-// store's user (NOPERM) or does not know (renamed away) and credentials it
-// refuses (WRONGPASS, NOAUTH) included.
+// answers that it cannot serve yet: LOADING, MASTERDOWN; on a Cluster, also
+// when the map the client reads names no node, as its seeds answer before
+// the Cluster's slots are assigned: New would check no node) and an error
+// naming the problem for a wrong setting or option, a command Redis refuses
+// to the store's user (NOPERM) or does not know (renamed away), credentials
+// it refuses (WRONGPASS, NOAUTH) and a ClusterClient of a Redis without
+// Cluster mode included.
 //
 // A Cluster node that New did not know (one added later, given slots or
 // promoted) gets the same checks of its own, its hz at least the lowest
@@ -599,13 +607,62 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 // failover), concurrently; where names the node for f's errors. A
 // ClusterClient would send a command without keys, as CONFIG GET is, to one
 // primary only.
+//
+// On a Cluster it reads the client's map again (ForEachShard: one CLUSTER
+// SLOTS), and fails when that fails (checkErr: ErrStoreUnavailable but for
+// a refused command or credentials), or when the map names no node: its
+// seeds answered, but serve no slots (they joined no Cluster, or its slots
+// are not assigned yet; a ClusterSlots function that names none reads the
+// same). That is ErrStoreUnavailable, as Redis's own CLUSTERDOWN is: a
+// Cluster being created serves no slots until they are assigned, and a
+// server started with it waits; a seed that never joins looks the same, and
+// the error names the seeds. Without it New would check no node at all.
 func eachNode(ctx context.Context, client redis.UniversalClient, f func(ctx context.Context, c redis.UniversalClient, where string) error) error {
-	if cluster, ok := client.(*redis.ClusterClient); ok {
-		return cluster.ForEachShard(ctx, func(ctx context.Context, node *redis.Client) error {
-			return f(ctx, node, " at "+node.Options().Addr)
-		})
+	cluster, ok := client.(*redis.ClusterClient)
+	if !ok {
+		return f(ctx, client, "")
 	}
-	return f(ctx, client, "")
+	var (
+		mu     sync.Mutex
+		nodes  int
+		failed bool // f failed: ForEachShard's error is f's
+	)
+	err := cluster.ForEachShard(ctx, func(ctx context.Context, node *redis.Client) error {
+		mu.Lock()
+		nodes++
+		mu.Unlock()
+		err := f(ctx, node, " at "+node.Options().Addr)
+		if err != nil {
+			mu.Lock()
+			failed = true
+			mu.Unlock()
+		}
+		return err
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	switch {
+	case err != nil && failed:
+		return err
+	case err != nil && redis.HasErrorPrefix(err, "This instance has cluster support disabled"):
+		// Redis answered CLUSTER SLOTS that it runs without Cluster mode:
+		// a *redis.Client is the client for it.
+		return fmt.Errorf("redisstore: reading the Redis Cluster's map (CLUSTER SLOTS; seeds %s): the Redis is not a Cluster, use a *redis.Client: %w", seeds(cluster), err)
+	case err != nil:
+		return checkErr("reading the Redis Cluster's map (CLUSTER SLOTS; seeds "+seeds(cluster)+")", err)
+	case nodes == 0:
+		return fmt.Errorf("%w: redisstore: the Redis Cluster client knows no node serving slots: the map it read (seeds %s) names none (they joined no Cluster, or its slots are not assigned yet), so the store could check no node",
+			idempotency.ErrStoreUnavailable, seeds(cluster))
+	}
+	return nil
+}
+
+// seeds names where a Cluster client reads its map from, for errors.
+func seeds(cluster *redis.ClusterClient) string {
+	if o := cluster.Options(); o.ClusterSlots == nil {
+		return strings.Join(o.Addrs, ", ")
+	}
+	return "its ClusterSlots function"
 }
 
 // checkNode makes New's checks of one Redis node c (where names it for the
