@@ -480,7 +480,10 @@ type sentError struct{ error }
 func (e sentError) Unwrap() error { return e.error }
 
 // New returns a store that keeps its records in the Redis behind client
-// (a *redis.Client or a *redis.ClusterClient). The client must be built with
+// (a *redis.Client or a *redis.ClusterClient; New refuses any other, a
+// *redis.Ring included, whose Redis servers it could not check each: it
+// would check the one server a command without keys goes to). The client
+// must be built with
 // ContextTimeoutEnabled: true and must not disable socket deadlines
 // (ReadTimeout or WriteTimeout -2), so that a context's deadline bounds
 // every store call (go-redis ignores deadlines otherwise). New checks that,
@@ -533,8 +536,15 @@ func (e sentError) Unwrap() error { return e.error }
 // whose slot it serves (every call, off a Cluster) fails with an error
 // wrapping idempotency.ErrStoreUnavailable, and changes nothing.
 func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*Store, error) {
-	if client == nil {
+	switch client.(type) {
+	case nil:
 		return nil, errors.New("redisstore: New needs a Redis client")
+	case *redis.Client, *redis.ClusterClient:
+	default:
+		// eachNode, ready and WAIT's routing know the nodes of these two
+		// only; another client (a Ring's shards) would have New's checks
+		// run on whichever server it sends a command without keys to.
+		return nil, fmt.Errorf("redisstore: New needs a *redis.Client or a *redis.ClusterClient, not a %T: the store checks each Redis node of those before it sends them scripts, and cannot check each server behind another client", client)
 	}
 	if err := honoursDeadlines(client); err != nil {
 		return nil, err
@@ -1084,7 +1094,7 @@ func nodeHz(ctx context.Context, c redis.UniversalClient, where string) (int, er
 func honoursDeadlines(c redis.UniversalClient) error {
 	enabled, rt, wt, known := timeouts(c)
 	if !known {
-		return nil // other clients: the caller's responsibility
+		return nil // no other client gets here: New refuses them
 	}
 	if !enabled {
 		return errors.New("redisstore: the Redis client must be built with ContextTimeoutEnabled: true, or a try's deadline would not bound its store calls")
