@@ -657,20 +657,22 @@ func eachNode(ctx context.Context, client redis.UniversalClient, f func(ctx cont
 	case err != nil && redis.HasErrorPrefix(err, "This instance has cluster support disabled"):
 		// Redis answered CLUSTER SLOTS that it runs without Cluster mode:
 		// a *redis.Client is the client for it.
-		return fmt.Errorf("redisstore: reading the Redis Cluster's map (CLUSTER SLOTS; seeds %s): the Redis is not a Cluster, use a *redis.Client: %w", seeds(cluster), err)
+		return fmt.Errorf("redisstore: reading the Redis Cluster's map (CLUSTER SLOTS from %s): the Redis is not a Cluster, use a *redis.Client: %w", seeds(cluster), err)
 	case err != nil:
-		return checkErr("reading the Redis Cluster's map (CLUSTER SLOTS; seeds "+seeds(cluster)+")", err)
+		return checkErr("reading the Redis Cluster's map (CLUSTER SLOTS from "+seeds(cluster)+")", err)
 	case nodes == 0:
-		return fmt.Errorf("%w: redisstore: the Redis Cluster client knows no node serving slots: the map it read (seeds %s) names none (they joined no Cluster, or its slots are not assigned yet), so the store could check no node",
+		return fmt.Errorf("%w: redisstore: the Redis Cluster client knows no node serving slots: the map it read (from %s) names none (they joined no Cluster, or its slots are not assigned yet), so the store could check no node",
 			idempotency.ErrStoreUnavailable, seeds(cluster))
 	}
 	return nil
 }
 
-// seeds names where a Cluster client reads its map from, for errors.
+// seeds names where a Cluster client reads its map from, for errors: its
+// seeds (it reads from the nodes of its last map once it has one), or its
+// ClusterSlots function.
 func seeds(cluster *redis.ClusterClient) string {
 	if o := cluster.Options(); o.ClusterSlots == nil {
-		return strings.Join(o.Addrs, ", ")
+		return "its seeds " + strings.Join(o.Addrs, ", ")
 	}
 	return "its ClusterSlots function"
 }
