@@ -231,7 +231,9 @@
 // tollgate.retry_budget.exhausted, tollgate.metadata.malformed{trusted},
 // tollgate.deadline.misses{stage=arrival} (tries refused DEADLINE_EXPIRED
 // for coming after their attempt's deadline: by the server's clock, before
-// admission, or by the store's when it begins the try),
+// admission, or by the store's when it begins the try; and server-streaming
+// tries, whose one request is received before admission, that a deadline
+// ended before their request came),
 // tollgate.deadline.misses{stage=begin} (recorded tries whose deadline
 // passed while the store began them, before their handler ran), and the
 // admission package's. No tenant or attempt ID is a metric label.

@@ -273,6 +273,31 @@ func (sv *server) lateRefusal(ctx context.Context, in *inbound) error {
 	return status.With(sv.tryDeadlineOnly(sv.expired(ctx, s), in, s.Deadline.Add(sv.cfg.skew)), status.WithAttempt(s.ID, s.Call, s.Try))
 }
 
+// noRequest counts in tollgate.deadline.misses{stage=arrival} a stream
+// received first (stream) whose request had not come when its context
+// ended, if a deadline ended it: the context's own (its error or cause is
+// context.DeadlineExceeded, or it was canceled once its deadline had
+// passed, as a client's RST_STREAM at its deadline can come before the
+// server's timer), or the attempt's deadline plus the skew, which had
+// passed by then; as contextEnded decides. The try came in time, but its
+// request did not: it is counted as a request received after the
+// attempt's deadline is (lateRefusal), before admission, so it holds no
+// permit and no other stage counts it. A stream whose context is live (its
+// client half-closed without a request) or was canceled before any
+// deadline missed none.
+func (sv *server) noRequest(ctx context.Context, in *inbound) {
+	if ctx.Err() == nil {
+		return
+	}
+	dl, hasDeadline := ctx.Deadline()
+	byOwn := errors.Is(ctx.Err(), context.DeadlineExceeded) || errors.Is(context.Cause(ctx), context.DeadlineExceeded) ||
+		(hasDeadline && !time.Now().Before(dl))
+	if byOwn || !sv.cfg.now().Before(in.s.Deadline.Add(sv.cfg.skew)) {
+		sv.tel.late.Add(ctx, 1, arrivalStage)
+		in.missCounted = true
+	}
+}
+
 // admit asks the admission controller, if any, for a permit, and records
 // the decision as a tollgate.admission event on the request's span (when a
 // server span is recording, e.g. with otelgrpc): decision, class, and the
@@ -793,7 +818,9 @@ const streamFinishTimeout = 5 * time.Second
 // ATTEMPT_REQUEST_MISMATCH), and handed to the handler's first RecvMsg
 // (preReceived). A first receive that fails (the client half-closed without
 // a request, or went away) returns its error, as grpc-go's generated handler
-// would, and nothing is begun or run. Other streams — client-streaming and
+// would, and nothing is begun or run; one that a deadline ended (the
+// request had not come by it) is counted in
+// tollgate.deadline.misses{stage=arrival} (noRequest). Other streams — client-streaming and
 // bidi ones, whose requests arrive while their handler runs, and
 // server-streaming ones of a method the registry does not know — are
 // admitted before their handler and, when recorded, begun with a
@@ -829,7 +856,11 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 			// error without calling the method. Nothing ran and nothing
 			// is recorded. grpc-go has sent its own status already when
 			// the error is its own, so the trailer goes only where a
-			// wrapping stream failed the receive.
+			// wrapping stream failed the receive. A try whose deadline
+			// ended it while it waited missed that deadline before it
+			// began, as one whose request came late did: it is counted on
+			// arrival (noRequest).
+			sv.noRequest(ctx, in)
 			sv.setStreamTrailer(ss, in, 0, err)
 			return err
 		}

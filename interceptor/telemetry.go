@@ -96,7 +96,9 @@ type serverTelemetry struct {
 	// late counts the tries refused DEADLINE_EXPIRED because they came
 	// after their attempt's deadline (plus the skew) with no record to
 	// answer them, or whose context ended while the record that could
-	// have answered them was looked up (stage arrival), and the recorded
+	// have answered them was looked up, or (a stream received first) whose
+	// request had not come when a deadline ended them (stage arrival:
+	// noRequest), and the recorded
 	// tries that came in time and whose deadline passed while their record
 	// was begun (stage begin): the interceptor
 	// refuses the first before admission and the second after it, so the
@@ -125,7 +127,7 @@ func newServerTelemetry(c *serverConfig) (*serverTelemetry, error) {
 	// the description and unit are the same, so that an exporter that
 	// merges the two by name finds no conflict.
 	late, err := m.Int64Counter("tollgate.deadline.misses",
-		metric.WithDescription("Deadlines missed, by stage: arrival (a try that came after its attempt's deadline, refused by the server interceptor before admission), begin (a recorded try whose deadline passed while the server interceptor began its record, before its handler ran), admission (arrived expired), dequeue (expired while waiting, dropped unrun), run (finished late)."),
+		metric.WithDescription("Deadlines missed, by stage: arrival (a try that came after its attempt's deadline, or a stream whose request had not come by its deadline, refused by the server interceptor before admission), begin (a recorded try whose deadline passed while the server interceptor began its record, before its handler ran), admission (arrived expired), dequeue (expired while waiting, dropped unrun), run (finished late)."),
 		metric.WithUnit("{request}"))
 	if err != nil {
 		return nil, err
