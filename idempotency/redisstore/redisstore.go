@@ -480,7 +480,9 @@ type sentError struct{ error }
 func (e sentError) Unwrap() error { return e.error }
 
 // New returns a store that keeps its records in the Redis behind client
-// (a *redis.Client or a *redis.ClusterClient; New refuses any other, a
+// (a *redis.Client or a *redis.ClusterClient, as redis.NewUniversalClient
+// returns in each mode and redis.NewFailoverClient returns for a
+// Sentinel-managed Redis; New refuses any other, a
 // *redis.Ring included, whose Redis servers it could not check each: it
 // would check the one server a command without keys goes to). The client
 // must be built with
