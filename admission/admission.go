@@ -108,8 +108,11 @@ type Permit struct {
 // service time (nor records one in tollgate.task.service_time), since
 // the one measured would be a lower bound (zero right after the
 // admission) or span two clocks; it still counts a finish after the
-// deadline, which the time it acts at proves. [Permit.ReleaseAt] gives the
-// end time and teaches.
+// deadline, which the time it acts at proves when the permit started on
+// the same kind of clock (a permit started by AdmitAt and released after
+// an Admit returned the controller to the wall clock, or the reverse, is
+// judged against no deadline). [Permit.ReleaseAt] gives the end time and
+// teaches.
 func (p *Permit) Release() {
 	if p == nil || p.c == nil {
 		return
@@ -162,7 +165,10 @@ func (p *Permit) release(now time.Time, countMiss bool) {
 
 // releaseNow is Release (ReleaseMissCounted without countMiss): release at
 // nowLocked, teaching the service time only when both the permit's start
-// and the release are on the controller's own clock.
+// and the release are on the controller's own clock, and judging its
+// deadline only when both are on the same kind of clock (a deadline of the
+// caller's clock says nothing against the wall clock's time, nor the
+// reverse).
 func (p *Permit) releaseNow(countMiss bool) {
 	if !p.released.CompareAndSwap(false, true) {
 		return
@@ -171,8 +177,9 @@ func (p *Permit) releaseNow(countMiss bool) {
 	c.mu.Lock()
 	now := c.nowLocked()
 	teach := !p.virtual && !c.virtual
+	judge := p.virtual == c.virtual
 	c.advance(now)
-	late := c.releaseLocked(p, now, teach, true)
+	late := c.releaseLocked(p, now, teach, judge)
 	c.unlock()
 	if late && countMiss {
 		c.m.missRunAdd()
@@ -1198,10 +1205,11 @@ func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn,
 // is false when the permit was abandoned: the request never ran or its
 // lifetime is no service time, so the estimator learns nothing and no false
 // accept is counted. judge is set when it ran: a finish after its deadline
-// is a false accept; observe then also teaches the class its service time,
-// now less the start (unset by a plain Release whose time, or start, was
-// not on the controller's own clock: see Release). It reports whether the
-// request finished after its deadline.
+// is a false accept (unset as well by a plain Release whose start and
+// time are on different clocks); observe then also teaches the class its
+// service time, now less the start (unset by a plain Release whose time,
+// or start, was not on the controller's own clock: see Release). It
+// reports whether the request finished after its deadline.
 func (c *Controller) releaseLocked(p *Permit, now time.Time, observe, judge bool) (late bool) {
 	cs := p.cs
 	if judge && !p.deadline.IsZero() && now.After(p.deadline) {

@@ -213,7 +213,8 @@
 // an Admit returns it to the wall clock. That latest time is only the
 // earliest a plain Release's work can have ended, so a Release whose time,
 // or whose permit's start, was a caller's teaches no service time (it
-// still counts a finish after the deadline that its time proves);
+// still counts a finish after the deadline that its time proves, when the
+// permit started on the same kind of clock);
 // [Permit.ReleaseAt] gives the end, and teaches. Driving one controller on
 // both clocks at once is not supported: the waiters of one wait on the
 // other's calls.
