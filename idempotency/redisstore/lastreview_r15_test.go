@@ -126,3 +126,14 @@ func TestRedisNewTakesSentinelClients(t *testing.T) {
 		newStoreOK(t, ctx, c)
 	})
 }
+
+// New refused a nil client with an error, but panicked on a nil
+// *redis.Client or *redis.ClusterClient in the interface (reading its
+// options): the same mistake, refused the same way.
+func TestNewRefusesATypedNilClient(t *testing.T) {
+	for _, c := range []redis.UniversalClient{(*redis.Client)(nil), (*redis.ClusterClient)(nil)} {
+		var err error
+		require.NotPanics(t, func() { _, err = redisstore.New(context.Background(), c) }, "%T", c)
+		require.ErrorContains(t, err, "New needs a Redis client")
+	}
+}
