@@ -538,10 +538,17 @@ func (e sentError) Unwrap() error { return e.error }
 // whose slot it serves (every call, off a Cluster) fails with an error
 // wrapping idempotency.ErrStoreUnavailable, and changes nothing.
 func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*Store, error) {
-	switch client.(type) {
+	switch c := client.(type) {
 	case nil:
 		return nil, errors.New("redisstore: New needs a Redis client")
-	case *redis.Client, *redis.ClusterClient:
+	case *redis.Client:
+		if c == nil { // a nil pointer in the interface: no client either
+			return nil, errors.New("redisstore: New needs a Redis client, not a nil *redis.Client")
+		}
+	case *redis.ClusterClient:
+		if c == nil {
+			return nil, errors.New("redisstore: New needs a Redis client, not a nil *redis.ClusterClient")
+		}
 	default:
 		// eachNode, ready and WAIT's routing know the nodes of these two
 		// only; another client (a Ring's shards) would have New's checks
