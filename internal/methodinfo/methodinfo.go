@@ -43,7 +43,8 @@ type Info struct {
 // finite set, and cached; but a server whose stream interceptor runs for an
 // UnknownServiceHandler (a proxy) sees any name a peer cares to send, and
 // caching those without a bound would let a peer grow the process's memory.
-// Beyond the bound, unknown names are looked up on every call.
+// Beyond the bound, unknown names are looked up on every call, without the
+// writers' lock: the registry's own lookups take only a read lock.
 const maxUnknown = 256
 
 // cache maps full method names to their Info: a map that is never modified
@@ -54,6 +55,9 @@ var cache struct {
 	mu      sync.Mutex
 	m       atomic.Pointer[map[string]Info]
 	unknown int // names cached that the registry does not know; guarded by mu
+	// full is set, under mu, once unknown reaches maxUnknown: a name the
+	// registry does not know is then answered without taking mu.
+	full atomic.Bool
 }
 
 // Of returns the Info of fullMethod ("/pkg.Service/Method"). Safe for
@@ -66,6 +70,9 @@ func Of(fullMethod string) Info {
 		}
 	}
 	info, known := lookup(fullMethod)
+	if !known && cache.full.Load() {
+		return info
+	}
 	cache.mu.Lock()
 	defer cache.mu.Unlock()
 	if !known && cache.unknown >= maxUnknown {
@@ -84,6 +91,7 @@ func Of(fullMethod string) Info {
 	cache.m.Store(&next)
 	if !known {
 		cache.unknown++
+		cache.full.Store(cache.unknown >= maxUnknown)
 	}
 	return info
 }
