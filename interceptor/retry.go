@@ -18,7 +18,11 @@ import (
 // the package documentation).
 type RetryPolicy struct {
 	// MaxTries is the most tries of one call, the first included: 1 means no
-	// repeats. Default DefaultMaxTries (3); at most MaxTriesCap (10).
+	// repeats. Default DefaultMaxTries (3); at most MaxTriesCap (10). A
+	// verifying try, sent once the callee's AttemptService found a finished
+	// record of a try in doubt, to have the record answer it, does not count
+	// (it is sent with MaxTries 1 too): its server answers it from that
+	// record and runs nothing.
 	MaxTries int
 	// InitialBackoff is the upper bound of the first repeat's jittered wait.
 	// Default 20 ms, or MaxBackoff when that is set lower.
