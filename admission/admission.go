@@ -578,7 +578,8 @@ func (c *Controller) classifyMethod(m string) *classState {
 // context.DeadlineExceeded holds): DEADLINE_EXPIRED when a deadline passed
 // (ctx's, or the request's, or ctx's cause is context.DeadlineExceeded),
 // UNSPECIFIED otherwise (a request whose context was canceled is counted as
-// cancelled, not as a refusal). Such a DEADLINE_EXPIRED is final, with no
+// cancelled, not as a refusal, also when another call finds it in the queue
+// unable to finish before this one has seen its context end). Such a DEADLINE_EXPIRED is final, with no
 // retry-after, when the request's own Deadline has passed, as the deadline
 // stages' refusals are; otherwise (ctx ended by an earlier deadline of its
 // own) it is not final and carries a retry-after.
@@ -660,6 +661,9 @@ func (c *Controller) admit(ctx context.Context, r Request, now time.Time, timed 
 	c.virtual = !timed
 	c.advance(now)
 	p, w, reason, ra, ahead := c.decideLocked(r, cs, now)
+	if w != nil {
+		w.ctx = ctx // before any other call can find it in the queue
+	}
 	c.unlock()
 	d.QueuedAhead = ahead
 	switch {
@@ -962,9 +966,33 @@ func (c *Controller) ctxEnded(ctx context.Context, w *waiter) (*Permit, error) {
 			return c.woken(ctx, w)
 		}
 	}
+	reason, final, ra := c.leaveLocked(ctx, w, now)
+	// Leaving the queue may free a lender's idle slot for another class's
+	// waiter: start what can start, on the controller's own clock (the
+	// real one, or WithClock's), whichever path ended the wait. A virtual
+	// clock's time is the caller's to give (AdmitAt, ReleaseAt): its pumps
+	// wait for the caller's next call.
+	if !c.virtual {
+		c.pump(now)
+	}
+	c.unlock()
+	if reason == status.ReasonDeadlineExpired {
+		c.m.missDequeueAdd(ctx) // expired while waiting
+		c.m.refused(ctx, w.cs, reason)
+	} else {
+		c.m.cancelled(ctx, w.cs)
+	}
+	return nil, waitEnded(reason, w.cs, ctx.Err(), ra, final)
+}
+
+// leaveLocked takes waiter w, whose context ctx has ended, out of its
+// queue at now, as its context's ending says, and counts it: DEADLINE_EXPIRED
+// when a deadline passed (deadlineEnded), with whether that refusal is final
+// and the delay it suggests; UNSPECIFIED when its caller went away (counted
+// cancelled). It pumps nothing: its caller does, when it may.
+func (c *Controller) leaveLocked(ctx context.Context, w *waiter, now time.Time) (reason status.Reason, final bool, ra time.Duration) {
 	c.noteLeftWaitLocked(w, now)
-	reason := status.ReasonUnspecified
-	final, ra := false, time.Duration(0)
+	reason = status.ReasonUnspecified
 	if deadlineEnded(ctx, w.deadline, now) {
 		// Its caller's deadline passed while it waited: the queue held it
 		// too long, a refusal like the dequeue stage's, and counted as it
@@ -982,22 +1010,26 @@ func (c *Controller) ctxEnded(ctx context.Context, w *waiter) (*Permit, error) {
 		final, ra = c.expiredRefusalLocked(w.cs, w.deadline, now) // the queue it leaves
 	}
 	c.emitLocked(Event{Kind: EventDropped, Class: w.cs.cfg.Name, Tenant: w.tenant, Reason: reason, At: w.enq})
-	// Leaving the queue may free a lender's idle slot for another class's
-	// waiter: start what can start, on the controller's own clock (the
-	// real one, or WithClock's), whichever path ended the wait. A virtual
-	// clock's time is the caller's to give (AdmitAt, ReleaseAt): its pumps
-	// wait for the caller's next call.
-	if !c.virtual {
-		c.pump(now)
+	return reason, final, ra
+}
+
+// expireLocked drops waiter w of cs, which can no longer finish by its
+// deadline at now (expiredLocked), unrun with DEADLINE_EXPIRED — unless its
+// context has ended: its caller's then, it leaves as its context's ending
+// says (leaveLocked), as it would had its own goroutine run ctxEnded first,
+// so that a caller that went away is counted and told cancelled, not a
+// deadline drop, whichever call finds it (a release, an arrival, Stats).
+// Its goroutine, woken, reports what was decided.
+func (c *Controller) expireLocked(w *waiter, now time.Time) {
+	if w.ctx == nil || w.ctx.Err() == nil {
+		c.dropWaiter(w, status.ReasonDeadlineExpired, 0, now)
+		return
 	}
-	c.unlock()
-	if reason == status.ReasonDeadlineExpired {
-		c.m.missDequeueAdd(ctx) // expired while waiting
-		c.m.refused(ctx, w.cs, reason)
-	} else {
-		c.m.cancelled(ctx, w.cs)
-	}
-	return nil, waitEnded(reason, w.cs, ctx.Err(), ra, final)
+	reason, final, ra := c.leaveLocked(w.ctx, w, now)
+	w.reason, w.cancelled = reason, reason == status.ReasonUnspecified
+	w.err = waitEnded(reason, w.cs, w.ctx.Err(), ra, final)
+	w.decided = true
+	close(w.ready)
 }
 
 // expiredRefusalLocked returns whether the DEADLINE_EXPIRED refusal of a
@@ -1054,6 +1086,10 @@ func deadlineEnded(ctx context.Context, deadline, now time.Time) bool {
 // woken turns a decided waiter into Admit's result.
 func (c *Controller) woken(ctx context.Context, w *waiter) (*Permit, error) {
 	if w.err != nil {
+		if w.cancelled {
+			c.m.cancelled(ctx, w.cs) // its caller went away (expireLocked)
+			return nil, w.err
+		}
 		reason := w.reason
 		if reason == status.ReasonDeadlineExpired {
 			c.m.missDequeueAdd(ctx)
@@ -1319,8 +1355,9 @@ func (c *Controller) pumpPass(now time.Time) (lenderEmptied bool) {
 			if w != c.leaving && c.expiredLocked(cs, w, now) {
 				// (A leaving waiter's caller has gone: ctxEnded refuses
 				// it as its context's ending says, not as the queue's
-				// give-up.)
-				c.dropWaiter(w, status.ReasonDeadlineExpired, 0, now)
+				// give-up; expireLocked does so for one whose context
+				// ended before its goroutine got here.)
+				c.expireLocked(w, now)
 				w = next
 				continue
 			}
@@ -1396,7 +1433,7 @@ func (c *Controller) dropExpiredLocked(cs *classState, now time.Time) {
 	for w := cs.queue.head; w != nil; {
 		next := w.next
 		if c.expiredLocked(cs, w, now) {
-			c.dropWaiter(w, status.ReasonDeadlineExpired, 0, now)
+			c.expireLocked(w, now)
 		} else {
 			soonest = sooner(soonest, w.deadline)
 		}

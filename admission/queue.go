@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"context"
 	"time"
 
 	"github.com/tollgate-go/tollgate/status"
@@ -8,7 +9,7 @@ import (
 
 // waiter is a request waiting in its class's queue. The controller's lock
 // guards every field but ready, which is closed once, under the lock, when
-// decided becomes true.
+// decided becomes true, and ctx.
 type waiter struct {
 	prev, next *waiter
 	cs         *classState
@@ -20,12 +21,19 @@ type waiter struct {
 	enq        time.Time
 	predicted  time.Duration // the wait predicted when it was queued
 	ahead      int           // requests of its class queued ahead of it when it joined
+	// ctx is the waiting Admit call's context, set when it joins the queue
+	// and never changed: a call that would drop the waiter as unable to
+	// finish looks at it first (expireLocked), since a waiter whose caller
+	// has gone leaves as its context's ending says, whichever goroutine
+	// finds it. It lives only as long as that Admit call waits.
+	ctx context.Context
 
-	ready   chan struct{}
-	decided bool
-	permit  *Permit
-	err     error
-	reason  status.Reason
+	ready     chan struct{}
+	decided   bool
+	permit    *Permit
+	err       error
+	reason    status.Reason
+	cancelled bool // decided as its caller's cancellation (counted cancelled, not refused)
 }
 
 // sooner returns the earlier of a and b, a zero time standing for none.
