@@ -579,9 +579,9 @@ func (c *Controller) classifyMethod(m string) *classState {
 // (ctx's, or the request's, or ctx's cause is context.DeadlineExceeded),
 // UNSPECIFIED otherwise (a request whose context was canceled is counted as
 // cancelled, not as a refusal, also when another call finds it in the queue
-// unable to finish before this one has seen its context end). Such a DEADLINE_EXPIRED is final, with no
-// retry-after, when the request's own Deadline has passed, as the deadline
-// stages' refusals are; otherwise (ctx ended by an earlier deadline of its
+// unable to finish before this one has seen its context end). Such a
+// DEADLINE_EXPIRED is final, with no retry-after, when the request's own
+// Deadline has passed, as the deadline stages' refusals are; otherwise (ctx ended by an earlier deadline of its
 // own) it is not final and carries a retry-after.
 func (c *Controller) Admit(ctx context.Context, r Request) (*Permit, error) {
 	p, _, err := c.admit(ctx, r, c.cfg.now(), true)
@@ -1013,7 +1013,7 @@ func (c *Controller) leaveLocked(ctx context.Context, w *waiter, now time.Time) 
 	return reason, final, ra
 }
 
-// expireLocked drops waiter w of cs, which can no longer finish by its
+// expireLocked drops waiter w, which can no longer finish by its
 // deadline at now (expiredLocked), unrun with DEADLINE_EXPIRED — unless its
 // context has ended: its caller's then, it leaves as its context's ending
 // says (leaveLocked), as it would had its own goroutine run ctxEnded first,

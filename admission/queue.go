@@ -9,7 +9,7 @@ import (
 
 // waiter is a request waiting in its class's queue. The controller's lock
 // guards every field but ready, which is closed once, under the lock, when
-// decided becomes true, and ctx.
+// decided becomes true.
 type waiter struct {
 	prev, next *waiter
 	cs         *classState
