@@ -578,8 +578,9 @@ func (c *Controller) classifyMethod(m string) *classState {
 // context.DeadlineExceeded holds): DEADLINE_EXPIRED when a deadline passed
 // (ctx's, or the request's, or ctx's cause is context.DeadlineExceeded),
 // UNSPECIFIED otherwise (a request whose context was canceled is counted as
-// cancelled, not as a refusal, also when another call finds it in the queue
-// unable to finish before this one has seen its context end). Such a
+// cancelled, not as a refusal, also when another call finds it in the queue,
+// to start it or drop it as unable to finish, before this one has seen its
+// context end: a waiter whose context has ended is never started). Such a
 // DEADLINE_EXPIRED is final, with no retry-after, when the request's own
 // Deadline has passed, as the deadline stages' refusals are; otherwise (ctx ended by an earlier deadline of its
 // own) it is not final and carries a retry-after.
@@ -1021,10 +1022,24 @@ func (c *Controller) leaveLocked(ctx context.Context, w *waiter, now time.Time) 
 // deadline drop, whichever call finds it (a release, an arrival, Stats).
 // Its goroutine, woken, reports what was decided.
 func (c *Controller) expireLocked(w *waiter, now time.Time) {
-	if w.ctx == nil || w.ctx.Err() == nil {
+	if !goneLocked(w) {
 		c.dropWaiter(w, status.ReasonDeadlineExpired, 0, now)
 		return
 	}
+	c.decideGoneLocked(w, now)
+}
+
+// goneLocked reports whether waiter w's context has ended: its caller's,
+// which its own goroutine may not have seen yet.
+func goneLocked(w *waiter) bool {
+	return w.ctx != nil && w.ctx.Err() != nil
+}
+
+// decideGoneLocked decides waiter w, whose context has ended (goneLocked),
+// at now as its own goroutine's ctxEnded would have: it leaves its queue as
+// its context's ending says (leaveLocked), counted there once; its
+// goroutine, woken, reports it (and counts its metrics).
+func (c *Controller) decideGoneLocked(w *waiter, now time.Time) {
 	reason, final, ra := c.leaveLocked(w.ctx, w, now)
 	w.reason, w.cancelled = reason, reason == status.ReasonUnspecified
 	w.err = waitEnded(reason, w.cs, w.ctx.Err(), ra, final)
@@ -1320,9 +1335,10 @@ func (c *Controller) putTenant(cs *classState, tenant string, tc tenantCount) {
 }
 
 // pump starts waiting requests while slots allow, in class order, FIFO
-// within a class, skipping requests whose tenant is at its running limit
-// and dropping, with DEADLINE_EXPIRED, those that can no longer finish by
-// their deadline.
+// within a class, skipping requests whose tenant is at its running limit,
+// dropping, with DEADLINE_EXPIRED, those that can no longer finish by
+// their deadline, and taking out, as their contexts' endings say
+// (decideGoneLocked), those it would start whose callers have gone.
 func (c *Controller) pump(now time.Time) {
 	// A lending class whose queue empties during a pass starts lending its
 	// idle slots, which a class met earlier in the pass may be waiting for:
@@ -1365,6 +1381,15 @@ func (c *Controller) pumpPass(now time.Time) (lenderEmptied bool) {
 				// Leaving (its context ended: ctxEnded), or held by its
 				// tenant's running limit: those behind it may start.
 				soonest = sooner(soonest, w.deadline)
+				w = next
+				continue
+			}
+			if goneLocked(w) {
+				// Its caller has gone, though its goroutine has not yet
+				// seen it: a slot for it would be no one's, and the
+				// decision would stand. It leaves as its context says,
+				// and those behind it may start.
+				c.decideGoneLocked(w, now)
 				w = next
 				continue
 			}

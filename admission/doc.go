@@ -94,10 +94,11 @@
 // (tollgate.admission.decisions{decision=cancelled},
 // [ClassStats.Cancelled]), and in no window's decisions, neither an
 // overload refusal nor a healthy one. Its context decides this whichever
-// call finds it: a release, an arrival or Stats that would drop, as unable
-// to finish, a waiter whose context has already ended (before its own
-// goroutine has seen it) takes it out as its context's ending says, so a
-// caller that went away is never counted or told as the queue's dequeue
+// call finds it: a release, an arrival or Stats that would start, or drop
+// as unable to finish, a waiter whose context has already ended (before
+// its own goroutine has seen it) takes it out as its context's ending
+// says, and the slot goes to the next waiter, so a caller that went away
+// is never started, nor counted or told as the queue's dequeue
 // DEADLINE_EXPIRED. A request whose context had ended
 // before Admit looked at it is counted alike, in its class, but in no
 // window (as an arrival after its deadline: the caller's doing). So a

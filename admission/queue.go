@@ -22,10 +22,11 @@ type waiter struct {
 	predicted  time.Duration // the wait predicted when it was queued
 	ahead      int           // requests of its class queued ahead of it when it joined
 	// ctx is the waiting Admit call's context, set when it joins the queue
-	// and never changed: a call that would drop the waiter as unable to
-	// finish looks at it first (expireLocked), since a waiter whose caller
-	// has gone leaves as its context's ending says, whichever goroutine
-	// finds it. It lives only as long as that Admit call waits.
+	// and never changed: a call that would start the waiter (pumpPass) or
+	// drop it as unable to finish (expireLocked) looks at it first, since
+	// a waiter whose caller has gone leaves as its context's ending says,
+	// whichever goroutine finds it (goneLocked, decideGoneLocked). It lives
+	// only as long as that Admit call waits.
 	ctx context.Context
 
 	ready     chan struct{}
