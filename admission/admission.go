@@ -467,8 +467,9 @@ func New(opts ...Option) (*Controller, error) {
 }
 
 // Close unregisters the controller's metric callbacks, refuses every waiting
-// request with DRAINING and makes later Admit calls refuse the same way,
-// except in the control class, which stays open while the server drains:
+// request with DRAINING (one whose context has ended leaves as its
+// context's ending says: see Admit) and makes later Admit calls refuse the
+// same way, except in the control class, which stays open while the server drains:
 // callers resolve there the tries it ran (DESIGN.md §3.12), until the
 // server itself stops.
 // Permits already granted stay valid and may still be released. Close is
@@ -579,8 +580,10 @@ func (c *Controller) classifyMethod(m string) *classState {
 // (ctx's, or the request's, or ctx's cause is context.DeadlineExceeded),
 // UNSPECIFIED otherwise (a request whose context was canceled is counted as
 // cancelled, not as a refusal, also when another call finds it in the queue,
-// to start it or drop it as unable to finish, before this one has seen its
-// context end: a waiter whose context has ended is never started). Such a
+// to start it, drop it as unable to finish or refuse it, SHED, QUEUE_FULL
+// or DRAINING, before this one has seen its context end: a waiter whose
+// context has ended is never started, nor refused for another reason).
+// Such a
 // DEADLINE_EXPIRED is final, with no retry-after, when the request's own
 // Deadline has passed, as the deadline stages' refusals are; otherwise (ctx ended by an earlier deadline of its
 // own) it is not final and carries a retry-after.
@@ -955,10 +958,11 @@ func (c *Controller) ctxEnded(ctx context.Context, w *waiter) (*Permit, error) {
 		// Close the windows that ended while w waited first, as the give-up
 		// timer does: each sees w still waiting (oldestWait), and its wait
 		// counts in the window it leaves in, not clamped to the end of the
-		// oldest one still open. Time-driven state may refuse w (shed,
-		// trimmed), but never start it, nor drop it as unable to finish:
-		// its client is gone, its refusal is its context's (below), and
-		// the slot is the next waiter's (pumpPass skips it).
+		// oldest one still open. Time-driven state may take w out (a shed,
+		// a trim: as its context says, dropWaiterCounted), but never start
+		// it, nor drop it as unable to finish: its client is gone, its
+		// refusal is its context's (below), and the slot is the next
+		// waiter's (pumpPass skips it).
 		c.leaving = w
 		c.advance(now)
 		c.leaving = nil
@@ -1588,8 +1592,17 @@ func (c *Controller) countDropLocked(cs *classState, reason status.Reason, overl
 }
 
 // dropWaiterCounted is dropWaiter; overload says whether the refusal counts
-// in the degradation window (false: an operator's doing, not load).
+// in the degradation window (false: an operator's doing, not load). A
+// waiter whose context has ended (goneLocked) is refused nothing, whatever
+// the reason: its caller has gone, and it leaves as its context's ending
+// says (decideGoneLocked), as its own goroutine's ctxEnded would have it —
+// a shed, a trim or Close does not count or tell a client's going away as
+// its refusal.
 func (c *Controller) dropWaiterCounted(w *waiter, reason status.Reason, ra time.Duration, now time.Time, overload bool) {
+	if goneLocked(w) {
+		c.decideGoneLocked(w, now)
+		return
+	}
 	c.removeWaiter(w)
 	if overload && reason == status.ReasonDeadlineExpired && expiredUnderStep(w) {
 		overload = false

@@ -96,10 +96,12 @@
 // overload refusal nor a healthy one. Its context decides this whichever
 // call finds it: a release, an arrival or Stats that would start, or drop
 // as unable to finish, a waiter whose context has already ended (before
-// its own goroutine has seen it) takes it out as its context's ending
-// says, and the slot goes to the next waiter, so a caller that went away
-// is never started, nor counted or told as the queue's dequeue
-// DEADLINE_EXPIRED. A request whose context had ended
+// its own goroutine has seen it), and a shed, an override's trim or Close
+// that would refuse it (SHED, QUEUE_FULL, DRAINING), takes it out as its
+// context's ending says — a trim before any live waiter — and the slot
+// goes to the next waiter, so a caller that went away is never started,
+// nor counted or told as the queue's dequeue DEADLINE_EXPIRED or as
+// another refusal. A request whose context had ended
 // before Admit looked at it is counted alike, in its class, but in no
 // window (as an arrival after its deadline: the caller's doing). So a
 // DEADLINE_EXPIRED refusal, whichever stage says it, is final (no repeat
@@ -225,8 +227,9 @@
 // both clocks at once is not supported: the waiters of one wait on the
 // other's calls.
 // [Controller.Close] stops the timer (a run already under way finishes),
-// unregisters the metric callbacks and refuses waiting and later requests
-// with DRAINING, but for the control class, which stays open so that
+// unregisters the metric callbacks and refuses waiting (but for those whose
+// context has ended, which leave as it says) and later requests with
+// DRAINING, but for the control class, which stays open so that
 // callers can still resolve the tries the server ran; permits already
 // granted stay valid. Collecting metrics is
 // an observation only: it changes no state (the mode gauge is the mode that

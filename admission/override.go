@@ -34,7 +34,8 @@ type Override struct {
 	Slots int
 	// QueueItems, when positive, lowers Class's queue bound to it (at most
 	// the configured bound; use Freeze to refuse everything). The newest
-	// waiters beyond the lowered bound are refused with QUEUE_FULL.
+	// waiters beyond the lowered bound are refused with QUEUE_FULL, once
+	// those whose context has ended have left (as their contexts say).
 	QueueItems int
 	// Mode, when set, forces the controller's mode. The state machine keeps
 	// observing underneath and takes over again when the override ends.
@@ -262,9 +263,18 @@ func (c *Controller) actOnLimits(now time.Time) {
 // whose queue holds more than the bound in force (an override lowered it).
 // They never held a permit, so permits still balance. The refusals count in
 // the class's stats, not in the degradation window: the operator, not the
-// load, made them.
+// load, made them. Waiters whose callers have gone (goneLocked) leave
+// first, as their contexts' endings say: they hold no place a live waiter
+// should lose.
 func (c *Controller) trimQueues(now time.Time) {
 	for _, cs := range c.classes {
+		for w := cs.queue.head; w != nil && cs.queue.n > cs.queueCap; {
+			next := w.next
+			if goneLocked(w) {
+				c.decideGoneLocked(w, now)
+			}
+			w = next
+		}
 		for cs.queue.n > cs.queueCap {
 			c.dropWaiterCounted(cs.queue.tail, status.ReasonQueueFull, c.retryAfterLocked(cs, status.ReasonQueueFull, now), now, false)
 		}

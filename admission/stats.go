@@ -125,9 +125,10 @@ type ClassStats struct {
 	// Cancelled counts requests whose context was canceled (their caller
 	// went away) before they started, while they waited or before Admit
 	// looked at them: no refusal, and in no degradation window — also when
-	// another call (a release, an arrival, Stats) finds such a waiter,
-	// to start it or drop it as unable to finish, before its own goroutine
-	// has seen its context end.
+	// another call (a release, an arrival, Stats, a shed, an override's
+	// trim, Close) finds such a waiter, to start it, drop it as unable to
+	// finish or refuse it, before its own goroutine has seen its context
+	// end.
 	// One whose context's deadline, or the request's, had passed is
 	// refused DEADLINE_EXPIRED instead.
 	Cancelled uint64
