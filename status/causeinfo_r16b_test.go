@@ -164,3 +164,40 @@ func FuzzR16bBoundedKeepsTheCause(f *testing.F) {
 		require.Equal(t, r16bCause(t, err), r16bCause(t, bounded))
 	})
 }
+
+// Looking for the ErrorInfo an outcome reads keeps Bounded's work linear
+// in the details (as TestR15BoundedWorkIsLinear guards it): many
+// ErrorInfos that give no cause_ entries (tollgate's own, with metadata to
+// sort), or that do not decode, are each looked at once.
+func TestR16bBoundedWorkIsLinearWithErrorInfos(t *testing.T) {
+	md := map[string]string{}
+	for i := range 20 {
+		md[fmt.Sprintf("k%02d", i)] = "v"
+	}
+	own, err := anypb.New(&errdetails.ErrorInfo{Domain: status.Domain, Reason: "QUEUE_FULL", Metadata: md})
+	require.NoError(t, err)
+	info, err := anypb.New(&errdetails.ErrorInfo{Domain: "example.com", Reason: "R", Metadata: md})
+	require.NoError(t, err)
+	for name, d := range map[string]*anypb.Any{
+		"tollgate ErrorInfos": own,
+		"undecodable":         {TypeUrl: own.GetTypeUrl(), Value: []byte{0xff}},
+		"ErrorInfos read":     info,
+	} {
+		t.Run(name, func(t *testing.T) {
+			work := func(n int) uint64 {
+				p := &spb.Status{Code: int32(codes.FailedPrecondition), Message: "m"}
+				for range n {
+					p.Details = append(p.Details, d)
+				}
+				err := grpcstatus.FromProto(p).Err()
+				return r15Allocated(func() {
+					bounded := status.Bounded(err)
+					_ = r14bDetailsWire(bounded)
+				})
+			}
+			small, large := work(5000), work(10000)
+			t.Logf("%d bytes for n, %d for 2n", small, large)
+			require.LessOrEqual(t, large, 2*small+small/2+64<<10, "the work is linear in the input")
+		})
+	}
+}

@@ -171,7 +171,10 @@
 // RetryAfter reads are kept before any other, so the bound never changes
 // what the error reads as or the delay it suggests; a RetryInfo that
 // carries more is kept by its delay, and an OutcomeDetail that leaves it no
-// room by what it says), so that it reaches a
+// room by what it says; then the ErrorInfo an outcome rebuilt from the
+// error takes its cause_ entries from, so that they survive the bound,
+// one too large for what those leave kept by the entries it gives), so
+// that it reaches a
 // caller with an 8 KiB header list limit and a record's query answer fits
 // what an owner receives. The server bounds a definite error it replays
 // from a record the same way, whatever wrote the record.

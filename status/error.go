@@ -554,7 +554,14 @@ const (
 // what it says (its outcome, reason, final flag, try, retry_after, units
 // and fence; its attempt ID, call and class as [Outcome]'s Detail reads
 // them, which bounds them), rebuilt without unknown fields under the
-// standard type URL.
+// standard type URL. The google.rpc.ErrorInfo whose domain, reason and
+// metadata an outcome rebuilt from err carries as its own ErrorInfo's
+// cause_ entries (the first that decodes and gives some; see # Details of
+// another error) is counted next and kept while it fits in what those
+// leave, so that the bound does not lose why err failed on its way up: as
+// it is, or, when larger, by what gives those entries (its domain and
+// reason, and the metadata entries taken), rebuilt under the standard type
+// URL; any other ErrorInfo is one more detail.
 // Its code is kept (but a non-nil error whose status claims OK, which
 // OutcomeOf reads as UNKNOWN, is UNKNOWN once rebuilt, not a success). It
 // returns err itself when its status is within both bounds, and when err
@@ -594,12 +601,29 @@ func Bounded(err error) error {
 		}
 		room = max(room-detailSize(kept), 0)
 	}
+	info, ei, cause := causeDetail(p.GetDetails())
+	var keptInfo *anypb.Any
+	if info >= 0 {
+		keptInfo = p.GetDetails()[info]
+		if detailSize(keptInfo) > room {
+			keptInfo = causeInfoOf(ei, cause)
+		}
+		if size := detailSize(keptInfo); size <= room {
+			room -= size
+		} else {
+			keptInfo = nil
+		}
+	}
 	for i, d := range p.GetDetails() {
 		switch {
 		case i == deciding:
 			details = append(details, kept)
 		case i == retry:
 			details = append(details, keptRetry)
+		case i == info:
+			if keptInfo != nil {
+				details = append(details, keptInfo)
+			}
 		default:
 			if size := detailSize(d); size <= room {
 				room -= size
@@ -650,6 +674,52 @@ func retryDetail(details []*anypb.Any) (int, *durationpb.Duration) {
 		}
 	}
 	return -1, nil
+}
+
+// causeDetail is the index of the google.rpc.ErrorInfo of a status that an
+// outcome rebuilt from it takes its cause_ entries from (carriedDetails: the
+// first that decodes and gives entries), that ErrorInfo decoded and its
+// entries, or -1 when there is none.
+func causeDetail(details []*anypb.Any) (int, *errdetails.ErrorInfo, map[string]string) {
+	for i, d := range details {
+		if typeURLPrefix+string(d.MessageName()) != errorInfoURL {
+			continue
+		}
+		ei := new(errdetails.ErrorInfo)
+		if proto.Unmarshal(d.GetValue(), ei) != nil {
+			continue
+		}
+		if cause := causeOf(ei); cause != nil {
+			return i, ei, cause
+		}
+	}
+	return -1, nil, nil
+}
+
+// causeInfoOf is ei, an ErrorInfo whose entries (causeOf) are cause, rebuilt
+// by what an outcome reads of it, under the standard type URL: its domain
+// and reason, and the metadata entries that gave cause, so that causeOf
+// gives the same entries from it (each entry it took from ei it takes
+// again, with as much room left as when it did; those it skipped are gone).
+// What Bounded keeps of one too large for the room it has.
+func causeInfoOf(ei *errdetails.ErrorInfo, cause map[string]string) *anypb.Any {
+	md := make(map[string]string, len(cause))
+	for k, v := range cause {
+		if ei.GetDomain() != Domain {
+			// Another domain's: cause_domain and cause_reason are its domain
+			// and reason, cause_md_ entries its metadata.
+			var ok bool
+			if k, ok = strings.CutPrefix(k, causeMetadataKey); !ok {
+				continue
+			}
+		}
+		md[k] = v
+	}
+	a, err := anypb.New(&errdetails.ErrorInfo{Domain: ei.GetDomain(), Reason: ei.GetReason(), Metadata: md})
+	if err != nil { // cannot happen: an ErrorInfo always marshals
+		return &anypb.Any{TypeUrl: errorInfoURL}
+	}
+	return a
 }
 
 // retryInfoOf is a RetryInfo of delay d alone, under the standard type URL:
