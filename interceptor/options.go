@@ -422,7 +422,10 @@ func WithAttemptStore(store idempotency.Store) ServerOption {
 // controller's tap handle. grpc-go allows one tap per server: a server with a
 // tap of its own calls AdmissionTap, given the same options, from it. A
 // server with no admission tap at all loses the tap's early refusals and its
-// bound on streams whose client sends nothing (see AdmissionTap).
+// bound on streams whose client sends nothing (see AdmissionTap); the
+// interceptor still bounds its own wait for a server-streaming call's
+// request, when it receives it first (see WithoutStreamRequestFirst), by
+// the deadline the handler would have.
 func WithoutAdmissionTap() ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.admissionTap = false })
 }

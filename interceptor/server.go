@@ -275,7 +275,8 @@ func (sv *server) lateRefusal(ctx context.Context, in *inbound) error {
 
 // noRequest counts in tollgate.deadline.misses{stage=arrival} a stream
 // received first (stream) whose request had not come when its context
-// ended, if a deadline ended it: the context's own (its error or cause is
+// (the stream's, or receiveFirst's bound on it) ended, if a deadline
+// ended it: the context's own (its error or cause is
 // context.DeadlineExceeded, or it was canceled once its deadline had
 // passed, as a client's RST_STREAM at its deadline can come before the
 // server's timer), or the attempt's deadline plus the skew, which had
@@ -296,6 +297,104 @@ func (sv *server) noRequest(ctx context.Context, in *inbound) {
 		sv.tel.late.Add(ctx, 1, arrivalStage)
 		in.missCounted = true
 	}
+}
+
+// receiveFirst receives a server-streaming call's one request into m
+// (stream), waiting for it no longer than its handler would run: until
+// in.until, the attempt's deadline plus the skew (the server's maximum
+// from this request's arrival when the caller set none), or the request's
+// own deadline if earlier. A try that came after its attempt's deadline
+// (in.expired), which only its record may answer, is waited for no longer
+// than streamFinishTimeout. The stream's own context bounds grpc-go's
+// RecvMsg, which nothing else can cancel: a grpc-timeout, or the admission
+// tap's bound, which is the same deadline (bounded). Without either, or
+// with a later one (a grpc-timeout past the header's d plus the skew), the
+// receive runs on a goroutine of its own and the wait ends at the bound;
+// the interceptor then returns, grpc-go ends the stream with its answer,
+// and the receive, failed by that end, returns, and the goroutine with it:
+// grpc-go's transport cancels the stream's context when it writes the
+// status, which ends a blocked RecvMsg, whose own status then finds the
+// stream done and sends nothing (checked on grpc-go v1.85). A wait the
+// bound ended is answered by unreceived. A failed receive is counted by
+// noRequest, with the stream's context.
+func (sv *server) receiveFirst(ctx context.Context, ss grpc.ServerStream, in *inbound, m proto.Message, recorded bool) error {
+	until := in.until
+	if in.expired {
+		until = time.Now().Add(streamFinishTimeout)
+	}
+	if dl, ok := ctx.Deadline(); ok && !dl.After(until) {
+		err := ss.RecvMsg(m)
+		if err != nil {
+			sv.noRequest(ctx, in)
+		}
+		return err
+	}
+	bctx, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
+	got := make(chan receipt, 1)
+	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				// A receive of a stream wrapped outside tollgate's
+				// panicked: the panic goes on on the handler's goroutine,
+				// as it would have without the bound, if that still waits.
+				got <- receipt{panicked: true, panic: r}
+			}
+		}()
+		got <- receipt{err: ss.RecvMsg(m)}
+	}()
+	var r receipt
+	select {
+	case r = <-got:
+	case <-bctx.Done():
+		select {
+		case r = <-got: // it came as the wait ended
+		default:
+			if ctx.Err() == nil {
+				return sv.unreceived(bctx, in, recorded)
+			}
+			r = <-got // the stream's own context ended: its receive returns at once
+		}
+	}
+	if r.panicked {
+		panic(r.panic)
+	}
+	if r.err != nil {
+		sv.noRequest(ctx, in)
+	}
+	return r.err
+}
+
+// receipt is what a receive receiveFirst runs on a goroutine returned.
+type receipt struct {
+	err      error
+	panicked bool
+	panic    any
+}
+
+// unreceived answers a stream received first whose request had not come
+// when receiveFirst's bound (bctx, ended) ended the wait, and counts it
+// once in tollgate.deadline.misses{stage=arrival}, as a request received
+// after that deadline is: with the refusal such a request gets
+// (lateRefusal: DEADLINE_EXPIRED, not final when only the server's cap
+// from this arrival passed, with the tollgate-spent a strict caller needs)
+// when no record could answer it (the call keeps none, or its attempt was
+// minted here) or the refusal is not final (a repeat is answered by the
+// record); otherwise, as a stream a grpc-timeout ended is, DEADLINE_EXCEEDED
+// without a tollgate detail: only the call's record could answer a try of a
+// caller's attempt that comes late (DESIGN.md §3.7), and without its
+// request there is nothing to look it up with, so a tollgate client reads
+// the answer as UNKNOWN and resolves it from the record.
+func (sv *server) unreceived(bctx context.Context, in *inbound, recorded bool) error {
+	if !in.expired {
+		err := sv.lateRefusal(bctx, in)
+		if !recorded || in.s.Origin || !status.OutcomeOf(err).Final() {
+			return err
+		}
+	} else {
+		sv.noRequest(bctx, in)
+	}
+	return grpcstatus.FromContextError(bctx.Err()).Err()
 }
 
 // admit asks the admission controller, if any, for a permit, and records
@@ -820,7 +919,16 @@ const streamFinishTimeout = 5 * time.Second
 // a request, or went away) returns its error, as grpc-go's generated handler
 // would, and nothing is begun or run; one that a deadline ended (the
 // request had not come by it) is counted in
-// tollgate.deadline.misses{stage=arrival} (noRequest). Other streams — client-streaming and
+// tollgate.deadline.misses{stage=arrival} (noRequest). The wait for the
+// request lasts no longer than the handler would run (receiveFirst): the
+// attempt's deadline plus the skew (the server's maximum when the caller
+// set none), or the request's own deadline if earlier; where neither the
+// admission tap's bound nor a grpc-timeout ends it by then (no tap, and a
+// client that sent no grpc-timeout or a later one), the interceptor ends
+// it there, with the refusal a request coming after it would get when no
+// record could answer that request, else DEADLINE_EXCEEDED, as a
+// grpc-timeout would (unreceived), and its trailer.
+// Other streams — client-streaming and
 // bidi ones, whose requests arrive while their handler runs, and
 // server-streaming ones of a method the registry does not know — are
 // admitted before their handler and, when recorded, begun with a
@@ -851,16 +959,16 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	if input := in.info.Input; input != nil && info.IsServerStream && !info.IsClientStream &&
 		sv.cfg.streamRequestFirst && (recorded || sv.cfg.admission != nil) {
 		m := input.New().Interface()
-		if err := ss.RecvMsg(m); err != nil {
+		if err := sv.receiveFirst(ctx, ss, in, m, recorded); err != nil {
 			// No request: grpc-go's generated handler would return this
 			// error without calling the method. Nothing ran and nothing
 			// is recorded. grpc-go has sent its own status already when
 			// the error is its own, so the trailer goes only where a
-			// wrapping stream failed the receive. A try whose deadline
+			// wrapping stream failed the receive, or the handler's
+			// deadline ended the wait (receiveFirst). A try whose deadline
 			// ended it while it waited missed that deadline before it
-			// began, as one whose request came late did: it is counted on
-			// arrival (noRequest).
-			sv.noRequest(ctx, in)
+			// began, as one whose request came late did: receiveFirst
+			// counts it on arrival (noRequest).
 			sv.setStreamTrailer(ss, in, 0, err)
 			return err
 		}
