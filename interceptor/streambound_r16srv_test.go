@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
 	grpcstatus "google.golang.org/grpc/status"
 )
@@ -88,7 +89,7 @@ func TestR16SrvStreamRequestWaitIsBoundedByTheHandlersDeadline(t *testing.T) {
 			c := newConsumer()
 			end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) { testingv1.RegisterTestServiceServer(s, c) },
 				serverOpts(extra...)...)
-			conn := end.DialT(t)
+			conn := r16Ready(t, end.DialT(t))
 
 			ctx := t.Context()
 			if tc.header {
@@ -200,4 +201,15 @@ func TestR16SrvLateStreamRequestWaitIsBounded(t *testing.T) {
 	require.Equal(t, map[string]int64{"arrival": 1}, misses())
 	require.Zero(t, c.runs.Load())
 	require.Zero(t, store.Len())
+}
+
+// r16Ready returns conn once it is connected, so that a stream opened on it
+// under a short deadline does not spend it connecting.
+func r16Ready(t *testing.T, conn *grpc.ClientConn) *grpc.ClientConn {
+	t.Helper()
+	conn.Connect()
+	for st := conn.GetState(); st != connectivity.Ready; st = conn.GetState() {
+		require.True(t, conn.WaitForStateChange(t.Context(), st), "the connection never became ready")
+	}
+	return conn
 }
