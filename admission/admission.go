@@ -68,8 +68,9 @@ type Request struct {
 // the work ends: with [Permit.Release] when the work ran (or
 // [Permit.ReleaseMissCounted] when its caller has counted its deadline miss
 // already), with [Permit.Abandon] when it did not (a replayed record, a
-// refusal after admission) or when its lifetime is not a service time (a
-// stream). Whichever comes first wins; further calls of any do nothing. A Permit is safe for
+// refusal after admission), or with [Permit.EndStream] when it ran but its
+// lifetime is not a service time (a stream). Whichever comes first wins;
+// further calls of any do nothing. A Permit is safe for
 // concurrent use; its zero value is not useful.
 type Permit struct {
 	c        *Controller
@@ -205,6 +206,30 @@ func (p *Permit) Abandon() {
 	c := p.c
 	c.mu.Lock()
 	p.abandonLocked(c.nowLocked())
+}
+
+// EndStream is [Permit.Abandon] for a stream, whose lifetime is not a
+// service time but whose deadline still holds: it returns the slot and
+// teaches the class nothing, as Abandon does, and judges the permit's
+// deadline as [Permit.Release] does, so that a stream that ends after it
+// (its handler's context ran out while it ran) counts as a false accept
+// and as a miss of stage run in tollgate.deadline.misses, as a unary
+// request that finishes late does. It ends the permit exactly once with
+// the others, acts at the time Release acts at, and does nothing on a nil
+// Permit.
+func (p *Permit) EndStream() {
+	if p == nil || p.c == nil || !p.released.CompareAndSwap(false, true) {
+		return
+	}
+	c := p.c
+	c.mu.Lock()
+	now := c.nowLocked()
+	c.advance(now)
+	late := c.releaseLocked(p, now, false, p.virtual == c.virtual)
+	c.unlock()
+	if late {
+		c.m.missRunAdd()
+	}
 }
 
 // AbandonAt is [Permit.Abandon] at time now (virtual clocks).

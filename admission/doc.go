@@ -117,16 +117,19 @@
 // or the server's cap from the request's arrival). Each
 // permit ends exactly once, with [Permit.Release] after work that ran
 // ([Permit.ReleaseMissCounted] when the caller counted the work's deadline
-// miss itself, which counts no run miss again) or
+// miss itself, which counts no run miss again),
 // [Permit.Abandon] after work that did not run (a replay, a refusal after
-// admission) or a stream; the first call wins and extra calls do nothing. Each stage but the slot and
+// admission), or [Permit.EndStream] after a stream, which teaches nothing
+// but counts an end after its deadline as Release does (a run miss, a
+// false accept); the first call wins and extra calls do nothing. Each stage but the slot and
 // queue bound can be switched off with [WithStages].
 //
 // # Learning and prediction
 //
 // Each class learns its service time from completed work: an exponentially
 // weighted mean and a streaming p95, seeded by ExpectedServiceTime, from
-// permits ended with Release or ReleaseMissCounted (never Abandon). Each sample is capped by
+// permits ended with Release or ReleaseMissCounted (never Abandon or
+// EndStream). Each sample is capped by
 // MaxServiceTime (default [DefaultMaxServiceTime]) and, after 20 samples, by
 // 4 × the learned p95, so one hung request cannot lock a class out. A class
 // that is idle (nothing of it running or waiting) admits a request whose
@@ -216,7 +219,8 @@
 // given, and these calls without a time of their own ([Controller.Stats],
 // [Controller.Mode], [Controller.Overrides], [Controller.SetOverride],
 // [Controller.ClearOverride], [Controller.RetryAfter], [Permit.Release],
-// [Permit.ReleaseMissCounted], [Permit.Abandon], and the tap,
+// [Permit.ReleaseMissCounted], [Permit.Abandon], [Permit.EndStream], and
+// the tap,
 // [Controller.TapHandle]) act at that latest time, not the wall clock's;
 // an Admit returns it to the wall clock. That latest time is only the
 // earliest a plain Release's work can have ended, so a Release whose time,

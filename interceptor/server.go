@@ -896,7 +896,10 @@ const streamFinishTimeout = 5 * time.Second
 
 // stream is the stream server interceptor. A stream holds its admission
 // permit for its handler's lifetime (given back before its record is
-// finished, as a unary call's is); its ledger is sealed and tollgate-spent set when
+// finished, as a unary call's is), and one whose handler ends after the
+// deadline it was admitted under is counted by admission in
+// tollgate.deadline.misses{stage=run}, as a unary call that finishes late is
+// (Permit.EndStream; without admission neither is counted); its ledger is sealed and tollgate-spent set when
 // the handler returns. With a store, a stream keeps a record like a unary
 // call, and a finished record answers a later try with COMMITTED or its
 // error; its handler keeps the client's cancellation. Its try is begun
@@ -991,7 +994,9 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 		return err
 	}
 	// A stream holds its slot for its lifetime, which is not a service time:
-	// it gives the slot back without teaching admission's estimate.
+	// it gives the slot back without teaching admission's estimate. A
+	// permit whose handler never ran is abandoned; one whose handler ran
+	// is ended below (EndStream), as a unary call's is released.
 	defer permit.Abandon()
 	hctx, cancel := sv.handlerContext(ctx, in)
 	defer cancel()
@@ -1025,8 +1030,15 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	// The slot was the handler's: it is given back before the record is
 	// finished, as a unary call's is, so that a store slow to finish
 	// records does not keep the class full of streams whose handlers have
-	// ended.
-	permit.Abandon()
+	// ended. Its lifetime teaches admission nothing, but its deadline is
+	// judged as a unary call's is when its permit is released: a handler
+	// that ended after it (its context ran out while it ran) is a run miss
+	// (EndStream), unless the try was counted already (missCounted).
+	if in.missCounted {
+		permit.Abandon()
+	} else {
+		permit.EndStream()
+	}
 	spent := in.s.ledger.Seal()
 	answer := sv.answer(in, herr)
 	if recorded {
