@@ -47,7 +47,13 @@
 // reused with another request is refused ATTEMPT_REQUEST_MISMATCH, and the
 // handler's first RecvMsg gets a copy of it (a later one io.EOF, as from
 // grpc-go). A call whose request never comes
-// ends with the receive's error, runs nothing and keeps no record.
+// ends with the receive's error, runs nothing and keeps no record; the
+// interceptor waits for it no longer than the handler would run (the
+// attempt's deadline plus the skew), even without the admission tap or a
+// grpc-timeout, and a request that has not come by then is counted in
+// tollgate.deadline.misses{stage=arrival} and answered as one that came
+// after that deadline, or DEADLINE_EXCEEDED where only its record could
+// answer it.
 // Client-streaming and bidi streams, whose requests arrive while the handler
 // runs, and server-streaming methods the registry does not know are
 // fingerprinted by the method alone.
