@@ -292,7 +292,16 @@ func (h timeSeen) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 func (h timeSeen) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds { // a node check sends its TIME in a pipeline
+			if strings.EqualFold(cmd.Name(), "time") {
+				h.mu.Lock()
+				h.seen[h.addr] = true
+				h.mu.Unlock()
+			}
+		}
+		return next(ctx, cmds)
+	}
 }
 
 // A review found that New's clock check, which exists so that a Redis whose clock

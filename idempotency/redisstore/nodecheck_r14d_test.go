@@ -29,7 +29,14 @@ func (h *configCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 func (h *configCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds { // a full check sends its commands in one pipeline
+			if cmd.Name() == "config" {
+				h.n.Add(1)
+			}
+		}
+		return next(ctx, cmds)
+	}
 }
 
 // A review found the defect this test guards against (fixed since; the text

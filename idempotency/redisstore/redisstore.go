@@ -25,8 +25,12 @@
 //     evicting records. New reads the policy once (scripts cannot read the
 //     configuration; on a Cluster, every node it knows, and a node that
 //     joins later before the store first sends it a script, as for every
-//     check of New, and a node whose check is redone: see New), so a
-//     policy changed afterwards is not seen, but its
+//     check of New, and a node whose check is redone; and any other Redis
+//     the client comes to reach at a checked address — a Sentinel
+//     failover, a restart, a DNS name or VIP that moved — before the store
+//     writes there: every script carries the run_id its node's check read,
+//     and runs on no Redis of another: see New), so a policy changed
+//     afterwards (CONFIG SET) is not seen, but its
 //     evictions are: once Redis has evicted keys (INFO stats evicted_keys),
 //     their count is part of its identity (below), and each eviction moves
 //     every tenant's horizon as a restart does. CONFIG RESETSTAT zeroes that
@@ -350,8 +354,9 @@ var errClosed error = refusal{fmt.Errorf("%w: redisstore: the store is closed", 
 
 // refusal is the error of a call the store refused before sending anything,
 // for what it knows already (it is closed, or a check found the node
-// wrong): the call says nothing of where the Cluster's slots are, and reads
-// no map (reloadAfter).
+// wrong), or whose script refused to run on a Redis the store did not check
+// (Store.run): the call says nothing of where the Cluster's slots are, and
+// reads no map (reloadAfter).
 type refusal struct{ error }
 
 func (r refusal) Unwrap() error { return r.error }
@@ -397,7 +402,8 @@ func (s *Store) goCheck(f func()) bool {
 //
 // This assumes Redis's clock within the skew of the servers': New refuses a
 // node whose clock differs by more than the skew plus a second (a Cluster
-// node that joins later is checked before its first script), and the store
+// node that joins later is checked before its first script, as is any other
+// Redis the client comes to reach), and the store
 // reads every node's clock again about once a minute, at its first call
 // after (see New): a clock stepped after a check is seen by the next, and
 // until then the scripts compare the server's with it as it reads. A Finish that ran late may still
@@ -412,7 +418,7 @@ func (s *Store) clock() (int64, time.Time) {
 	return s.now().UnixMilli(), time.Now()
 }
 
-// checkClock refuses a Redis node c whose clock differs from this
+// checkClock refuses a Redis node whose clock differs from this
 // server's by more than the skew plus clockMargin, either way (New checks
 // every node, replicas included: they are promoted in a failover). The
 // scripts compare the two clocks: a Redis far ahead would make them refuse
@@ -423,8 +429,9 @@ func (s *Store) clock() (int64, time.Time) {
 //
 // It returns by how much Redis's clock is ahead of this server's (behind,
 // when negative).
-func (s *Store) checkClock(ctx context.Context, c redis.UniversalClient, where string) (time.Duration, error) {
-	t, err := c.Time(ctx).Result()
+// It reads the reply of cmd, a TIME sent to the node.
+func (s *Store) checkClock(cmd *redis.TimeCmd, where string) (time.Duration, error) {
+	t, err := cmd.Result()
 	if err != nil {
 		return 0, checkErr("reading Redis's clock"+where, err)
 	}
@@ -507,19 +514,38 @@ func (e sentError) Unwrap() error { return e.error }
 //
 // A Cluster node that New did not know (one added later, given slots or
 // promoted) gets the same checks of its own, its hz at least the lowest
-// New read, before the store first sends it a script. (A call that the
-// Cluster client follows from a MOVED or ASK reply runs on the node it is
-// sent to without that node's check, be it one the client did not know
-// yet, one the store refuses or one due for its check: the calls after it
-// are checked.)
+// New read, before the store first sends it a script.
+//
+// A check reads the node's run_id (INFO server), on the connection it sends
+// its other commands on, and every script the store sends the node carries
+// it: a script that runs on a Redis of another run_id (the client's address
+// now reaches another Redis: a Sentinel failover, a restart, perhaps with
+// another configuration, a DNS name or VIP that moved; off a Cluster the
+// store keeps one check for the Redis behind the client) answers so before
+// it reads or writes anything. The call that sent it fails with an error
+// wrapping idempotency.ErrStoreUnavailable, having changed nothing there (a
+// Begin then fences, as after any failure once it sent its script, the try
+// an earlier run of its script, resent by go-redis, may have begun, on
+// a context of its own bounded by 100 ms: that fence is the next call, and
+// has the node checked), and the node's check no longer vouches for it: the
+// next call waits for all of the checks of New on the Redis it now reaches,
+// and is refused, as every call until it passes, when it fails them
+// (maxmemory-policy not noeviction included). So no script runs on a Redis
+// the store did not check, and one call per change of Redis fails. (On a
+// Cluster, a call that the client follows from a MOVED or ASK reply reaches
+// another node with the first's run_id: when a passed check of that node
+// vouches for its run_id, the script is sent once more, with it; otherwise
+// the call fails as above, and the calls after it are routed by the map
+// go-redis reads again.)
 //
 // A node's check, New's included, vouches for it for a minute: the first
-// call to the node after that has its clock read again (one TIME; the
-// calls within the minute cost no round trip of their own), and all of the
-// checks redone when the node failed a check since it last passed them,
-// or when its clock, against this server's, is found more than a second
-// behind where the last check saw it (a node restored or replaced behind
-// the same address shows that). On a Cluster the store forgets, at most
+// call to the node after that has its clock and run_id read again (TIME
+// and INFO server, on one connection; the calls within the minute cost no
+// round trip of their own), and all of the checks redone when the node
+// failed a check since it last passed them, when its run_id is another
+// (another Redis behind the address, as above), or when its clock, against
+// this server's, is found more than a second behind where the last check
+// saw it (a node restored behind the same address shows that). On a Cluster the store forgets, at most
 // once a minute, after a check and once it sent calls to a node it did not
 // know (reading the client's map: one CLUSTER SLOTS), what it knows of the
 // nodes no longer in the client's map (but for a node whose check runs,
@@ -588,11 +614,11 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 		return nil, fmt.Errorf("redisstore: WithReplicas(%d, %v) needs n ≥ 0 and, for n > 0, a timeout of at least 1 ms", s.replicas, s.waitTimeout)
 	}
 	if err := eachNode(ctx, client, func(ctx context.Context, c redis.UniversalClient, where string) error {
-		off, err := s.checkNode(ctx, c, where)
+		off, id, err := s.checkNode(ctx, c, where)
 		if err != nil {
 			return err
 		}
-		s.node(s.addr(c)).passed(s, off)
+		s.node(s.addr(c)).passed(s, off, id)
 		return nil
 	}); err != nil {
 		return nil, err
@@ -690,28 +716,84 @@ func seeds(cluster *redis.ClusterClient) string {
 // errors): its maxmemory-policy, its clock and its identity, and, once New
 // read the Cluster's hz (the store waits for replicas), that its tick is no
 // longer than the one the store counts with. It returns checkClock's
-// offset.
-func (s *Store) checkNode(ctx context.Context, c redis.UniversalClient, where string) (time.Duration, error) {
-	if err := checkNoEviction(ctx, c, where); err != nil {
-		return 0, err
+// offset and the node's run_id. It sends them all in one pipeline, on one
+// connection, so that they read one server even when the client's pool
+// holds connections to two (an address that moved to another Redis, whose
+// old connections still reach the first); go-redis runs the client's
+// pipeline hooks for them, not its per-command ones.
+func (s *Store) checkNode(ctx context.Context, c redis.UniversalClient, where string) (time.Duration, string, error) {
+	pipe := c.Pipeline()
+	policy := pipe.ConfigGet(ctx, "maxmemory-policy")
+	clock := pipe.Time(ctx)
+	infos := make([]*redis.StringCmd, len(identityFields))
+	for i, f := range identityFields {
+		infos[i] = pipe.Info(ctx, f.section)
 	}
-	off, err := s.checkClock(ctx, c, where)
-	if err != nil {
-		return 0, err
-	}
-	if err := checkIdentity(ctx, c, where); err != nil {
-		return 0, err
-	}
+	var hzCmd *redis.MapStringStringCmd
 	if s.tick > 0 {
-		hz, err := nodeHz(ctx, c, where)
+		hzCmd = pipe.ConfigGet(ctx, "hz")
+	}
+	execAll(ctx, pipe) // each command's reply is read below
+	if err := checkNoEviction(policy, where); err != nil {
+		return 0, "", err
+	}
+	off, err := s.checkClock(clock, where)
+	if err != nil {
+		return 0, "", err
+	}
+	id, err := checkIdentity(infos, where)
+	if err != nil {
+		return 0, "", err
+	}
+	if hzCmd != nil {
+		hz, err := checkHz(hzCmd, where)
 		if err != nil {
-			return 0, err
+			return 0, "", err
 		}
 		if tick := time.Second / time.Duration(hz); tick > s.tick {
-			return 0, fmt.Errorf("redisstore: Redis hz%s is %d: its tick %v is longer than the %v the store's waits for replicas allow for", where, hz, tick, s.tick)
+			return 0, "", fmt.Errorf("redisstore: Redis hz%s is %d: its tick %v is longer than the %v the store's waits for replicas allow for", where, hz, tick, s.tick)
 		}
 	}
-	return off, nil
+	return off, id, nil
+}
+
+// execAll sends the commands of pipe. When the pipeline failed as a whole
+// before any command had its reply (a dial, or credentials Redis refused:
+// go-redis then leaves each command without an error), it gives that error
+// to every command, so that each reads as failed.
+func execAll(ctx context.Context, pipe redis.Pipeliner) {
+	cmds, err := pipe.Exec(ctx)
+	if err == nil {
+		return
+	}
+	for _, c := range cmds {
+		if c.Err() != nil {
+			return
+		}
+	}
+	for _, c := range cmds {
+		c.SetErr(err)
+	}
+}
+
+// checkClockAndID is the check of a node that passed checkNode and failed
+// nothing since: its clock (checkClock) and its run_id, in one pipeline
+// (one round trip, one connection).
+func (s *Store) checkClockAndID(ctx context.Context, c redis.UniversalClient, where string) (time.Duration, string, error) {
+	pipe := c.Pipeline()
+	clock := pipe.Time(ctx)
+	info := pipe.Info(ctx, identityFields[0].section)
+	execAll(ctx, pipe) // each command's reply is read below
+	off, err := s.checkClock(clock, where)
+	if err != nil {
+		return 0, "", err
+	}
+	id, err := info.Result()
+	if err != nil {
+		return 0, "", checkErr("reading INFO "+identityFields[0].section+where, err)
+	}
+	id, _ = hexField(id, identityFields[0].field) // "" reads as another Redis: checkNode refuses it
+	return off, id, nil
 }
 
 // The node checks after New: how long a passed check vouches for its node
@@ -737,6 +819,10 @@ type nodeCheck struct {
 	full bool
 	// offset is checkClock's at the last passed check.
 	offset time.Duration
+	// id is the node's run_id that the last passed check read (set
+	// before good): every script the store sends the node carries it,
+	// and refuses to run on a Redis of another (see Store.run).
+	id atomic.Pointer[string]
 	// refused is the last check's verdict against the node (it answered,
 	// and was found wrong or answered with an error), at refusedAt
 	// (since); nil after a passed check. A check that could not reach the
@@ -759,13 +845,23 @@ type checkRun struct {
 	err  error         // its failure, set before done is closed
 }
 
-// passed notes that the node passed a check whose clock check read offset
-// off (and, full, checkNode).
-func (n *nodeCheck) passed(s *Store, off time.Duration) {
+// passed notes that the node, whose run_id is id, passed a check (full or
+// clock and identity) whose clock check read offset off.
+func (n *nodeCheck) passed(s *Store, off time.Duration, id string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.full, n.offset, n.refused = true, off, nil
+	n.id.Store(&id)
 	n.good.Store(s.since() + int64(s.recheckAfter))
+}
+
+// runID returns the run_id the node's last passed check read; "" before
+// one passed.
+func (n *nodeCheck) runID() string {
+	if id := n.id.Load(); id != nil {
+		return *id
+	}
+	return ""
 }
 
 // since returns the time since New began, on the monotonic clock.
@@ -804,8 +900,9 @@ func where(addr string) string {
 	return " at " + addr
 }
 
-// ready returns nil when a check vouches for Redis node c (at addr, see
-// Store.nodes), which a call may then send its script: for
+// ready returns the run_id of Redis node c (at addr, see Store.nodes) that
+// the last passed check read, and no error, when a check vouches for the
+// node, which a call may then send its script (carrying that run_id): for
 // recheckAfter after a passed check, at no cost but a map lookup.
 // Otherwise it has the node checked (check), once for every caller that
 // finds it so: the first starts the check in a goroutine of its own,
@@ -820,10 +917,10 @@ func where(addr string) string {
 // as its script would have found out whether Redis answers. A caller that
 // finds the entry it loaded dropped (prune) takes the table's instead; the
 // goroutine of a check prunes the table (prune) once the check ended.
-func (s *Store) ready(ctx context.Context, c redis.UniversalClient, addr string) error {
+func (s *Store) ready(ctx context.Context, c redis.UniversalClient, addr string) (string, error) {
 	n := s.node(addr)
 	if s.since() < n.good.Load() {
-		return nil
+		return n.runID(), nil
 	}
 	n.mu.Lock()
 	for n.dropped {
@@ -836,12 +933,12 @@ func (s *Store) ready(ctx context.Context, c redis.UniversalClient, addr string)
 	now := s.since()
 	if now < n.good.Load() {
 		n.mu.Unlock()
-		return nil
+		return n.runID(), nil
 	}
 	if n.refused != nil && now < n.refusedAt+int64(failedCheckRefusal) {
 		err := n.refused
 		n.mu.Unlock()
-		return err
+		return "", err
 	}
 	run := n.running
 	if run == nil {
@@ -851,7 +948,7 @@ func (s *Store) ready(ctx context.Context, c redis.UniversalClient, addr string)
 			s.prune()
 		}) {
 			n.mu.Unlock()
-			return errClosed
+			return "", errClosed
 		}
 		n.running = run
 	}
@@ -860,21 +957,28 @@ func (s *Store) ready(ctx context.Context, c redis.UniversalClient, addr string)
 	case <-run.done:
 		// The check this call waited for vouches for the node, or not,
 		// even if a later one is due already (a test's recheckAfter).
-		return run.err
+		if run.err != nil {
+			return "", run.err
+		}
+		return n.runID(), nil
 	case <-ctx.Done():
-		return fmt.Errorf("%w: redisstore: waiting for the check of Redis node%s: %w", idempotency.ErrStoreUnavailable, where(addr), ctx.Err())
+		return "", fmt.Errorf("%w: redisstore: waiting for the check of Redis node%s: %w", idempotency.ErrStoreUnavailable, where(addr), ctx.Err())
 	}
 }
 
 // check checks Redis node c, for ready, on ctx bounded by
 // nodeCheckTimeout, and ends run: with every check of New (checkNode) a
-// node that never passed them (a Cluster node that joined after New) or
-// that failed a check since; otherwise its clock, the only check that a
-// node which passed them may fail without a change of configuration (an
-// NTP step, a VM resumed on another host), and then every check again when
-// its clock, against this server's, is found more than clockMargin behind
-// where the last check saw it: a node restored or replaced behind the same
-// address shows that, and the earlier check no longer vouches for it.
+// node that never passed them (a Cluster node that joined after New), that
+// failed a check since, or whose script found it another Redis (Store.run);
+// otherwise its clock, the only check that a node which passed them may
+// fail without a change of configuration (an NTP step, a VM resumed on
+// another host), and its run_id (checkClockAndID), and then every check
+// again when the run_id is not the one the last check read (another Redis
+// behind the address: a restart, a Sentinel failover, a DNS name or VIP
+// moved) or its clock, against this server's, is found more than
+// clockMargin behind where the last check saw it (a node restored or
+// replaced behind the same address shows that too): the earlier check no
+// longer vouches for it.
 func (s *Store) check(ctx context.Context, c redis.UniversalClient, addr string, n *nodeCheck, run *checkRun) {
 	ctx, cancel := context.WithTimeout(ctx, nodeCheckTimeout)
 	defer cancel()
@@ -884,25 +988,29 @@ func (s *Store) check(ctx context.Context, c redis.UniversalClient, addr string,
 	n.mu.Unlock()
 	var (
 		off time.Duration
+		id  string
 		err error
 	)
 	if clockOnly {
-		off, err = s.checkClock(ctx, c, where(addr))
-		clockOnly = err == nil && before-off <= clockMargin // else stepped back: check it all
+		off, id, err = s.checkClockAndID(ctx, c, where(addr))
+		// Else another Redis, or a clock stepped back: check it all.
+		clockOnly = err == nil && id == n.runID() && before-off <= clockMargin
 	}
 	if !clockOnly && err == nil {
-		off, err = s.checkNode(ctx, c, where(addr))
+		off, id, err = s.checkNode(ctx, c, where(addr))
 	}
 	if err == nil {
-		n.passed(s, off)
+		n.passed(s, off, id)
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err != nil {
 		n.full = false
-		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) || ctx.Err() != nil {
 			// The check's own bound (or Close) ended it, not a caller's
-			// context: its callers must not read it as theirs.
+			// context: its callers must not read it as theirs. (go-redis
+			// reports a pipeline cut by its context's deadline as the
+			// socket's i/o timeout.)
 			err = fmt.Errorf("%w: redisstore: the check ran out of its %v (or the store was closed): %v",
 				idempotency.ErrStoreUnavailable, nodeCheckTimeout, err)
 		}
@@ -1014,10 +1122,10 @@ const needs = "the store's Redis user needs CONFIG GET, INFO, TIME, SCRIPT LOAD,
 	"and for its scripts HMGET, HSET, EXISTS, PEXPIRE, PTTL, ZADD, ZCOUNT, ZREMRANGEBYSCORE, " +
 	"on the keys under its prefix; with WithReplicas, WAIT; on a Cluster, CLUSTER SLOTS"
 
-// checkNoEviction checks that Redis node c's maxmemory-policy is
-// noeviction.
-func checkNoEviction(ctx context.Context, c redis.UniversalClient, where string) error {
-	cfg, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+// checkNoEviction checks that a Redis node's maxmemory-policy, its reply to
+// cmd (CONFIG GET maxmemory-policy), is noeviction.
+func checkNoEviction(cmd *redis.MapStringStringCmd, where string) error {
+	cfg, err := cmd.Result()
 	if err != nil {
 		return checkErr("reading maxmemory-policy"+where, err)
 	}
@@ -1031,36 +1139,43 @@ func checkNoEviction(ctx context.Context, c redis.UniversalClient, where string)
 // section and the field, whose value must be hex digits.
 var identityFields = []struct{ section, field string }{{"server", "run_id"}, {"replication", "master_replid"}}
 
-// checkIdentity checks that Redis node c tells its identity in INFO, as
-// the scripts read it (run_id in the server section, master_replid in the
-// replication one). A Redis-compatible server that leaves them out would
-// give every script the same identity, so that a restart, a restore or a
-// failover would not move the horizon, and a record it lost would read as
-// absent.
-func checkIdentity(ctx context.Context, c redis.UniversalClient, where string) error {
-	for _, f := range identityFields {
-		info, err := c.Info(ctx, f.section).Result()
+// checkIdentity checks that a Redis node tells its identity in INFO (its
+// replies to infos, one INFO per identityFields), as the scripts read it
+// (run_id in the server section, master_replid in the replication one),
+// and returns its run_id. A Redis-compatible server that leaves them out
+// would give every script the same identity, so that a restart, a restore
+// or a failover would not move the horizon, and a record it lost would
+// read as absent.
+func checkIdentity(infos []*redis.StringCmd, where string) (string, error) {
+	var runID string
+	for i, f := range identityFields {
+		info, err := infos[i].Result()
 		if err != nil {
-			return checkErr("reading INFO "+f.section+where, err)
+			return "", checkErr("reading INFO "+f.section+where, err)
 		}
-		if !hasHexField(info, f.field) {
-			return fmt.Errorf("redisstore: Redis's INFO %s%s has no %s: the store tells a restart, a restore or a failover, which lose records, by run_id and master_replid, and without them would read a lost record as absent (a Redis-compatible server that hides them is not supported)",
+		v, ok := hexField(info, f.field)
+		if !ok {
+			return "", fmt.Errorf("redisstore: Redis's INFO %s%s has no %s: the store tells a restart, a restore or a failover, which lose records, by run_id and master_replid, and without them would read a lost record as absent (a Redis-compatible server that hides them is not supported)",
 				f.section, where, f.field)
 		}
+		if i == 0 {
+			runID = v
+		}
 	}
-	return nil
+	return runID, nil
 }
 
-// hasHexField reports whether info has a line "field:" followed by hex
-// digits, as the scripts' pattern field:(%x+) finds.
-func hasHexField(info, field string) bool {
+// hexField returns the value of info's line "field:" when hex digits
+// follow, as the scripts' pattern field:(%x+) finds, and whether there was
+// one.
+func hexField(info, field string) (string, bool) {
 	for line := range strings.Lines(info) {
 		v, ok := strings.CutPrefix(strings.TrimRight(line, "\r\n"), field+":")
 		if ok && v != "" && strings.Trim(v, "0123456789abcdefABCDEF") == "" {
-			return true
+			return v, true
 		}
 	}
-	return false
+	return "", false
 }
 
 // readHz returns Redis's hz: the lowest of every node's (eachNode), whose
@@ -1085,7 +1200,12 @@ func readHz(ctx context.Context, client redis.UniversalClient) (int, error) {
 
 // nodeHz returns Redis node c's hz.
 func nodeHz(ctx context.Context, c redis.UniversalClient, where string) (int, error) {
-	cfg, err := c.ConfigGet(ctx, "hz").Result()
+	return checkHz(c.ConfigGet(ctx, "hz"), where)
+}
+
+// checkHz returns the hz a Redis node answered to cmd (CONFIG GET hz).
+func checkHz(cmd *redis.MapStringStringCmd, where string) (int, error) {
+	cfg, err := cmd.Result()
 	if err != nil {
 		return 0, checkErr("reading hz"+where, err)
 	}
@@ -1161,10 +1281,24 @@ func attemptMillis(id string) int64 {
 	return t.UnixMilli()
 }
 
-// run runs sc; when wait is set and the store waits for replicas, it
+// run runs sc on the Redis node of keys, once a check vouches for it
+// (ready); when wait is set and the store waits for replicas, it
 // pipelines WAIT on the same connection (WAIT covers only the writes of the
 // connection that sends it) and reports how many replicas acknowledged, and
 // -1 otherwise.
+//
+// The script is sent with the node's run_id as its last argument, as the
+// check that vouches for it read it, and runs only on a Redis of that
+// run_id: another (the client's address now reaches another Redis: a
+// restart, a Sentinel failover, a DNS name or VIP moved) answers {15,
+// its run_id}, having written nothing, for it was never checked. Then the
+// node's entry no longer vouches for it (the next call checks it in full,
+// as a node never checked), and the call fails with an error wrapping
+// idempotency.ErrStoreUnavailable (a sentError: an earlier run of the
+// script, which go-redis may have sent before on a connection to the
+// first Redis, may have written). On a Cluster, a Redis the client was
+// redirected to (MOVED, ASK) whose run_id a passed check of another node
+// vouches for gets the script once more, with that run_id.
 func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []string, args ...any) (v []any, acked int, err error) {
 	defer func() {
 		if err != nil {
@@ -1173,16 +1307,67 @@ func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []str
 	}()
 	cluster, _ := s.client.(*redis.ClusterClient)
 	var node *redis.Client
+	c, addr := s.client, ""
 	if cluster != nil {
 		if node, err = cluster.MasterForKey(ctx, keys[0]); err != nil {
 			return nil, -1, storeErr(err) // nothing sent
 		}
-		if err := s.ready(ctx, node, node.Options().Addr); err != nil {
-			return nil, -1, err // nothing sent
-		}
-	} else if err := s.ready(ctx, s.client, ""); err != nil {
+		c, addr = node, node.Options().Addr
+	}
+	want, err := s.ready(ctx, c, addr)
+	if err != nil {
 		return nil, -1, err // nothing sent
 	}
+	for resent := false; ; resent = true {
+		v, acked, err = s.send(ctx, wait, sc, cluster, node, keys, append(args[:len(args):len(args)], want))
+		if resent && err != nil && !errors.As(err, new(sentError)) {
+			err = sentError{err} // the first send was sent
+		}
+		if err != nil || len(v) != 2 || num(v[0]) != kindOtherRedis {
+			return v, acked, err
+		}
+		ran := str(v[1])
+		if !resent && s.vouchedElsewhere(addr, ran) {
+			want = ran
+			continue
+		}
+		return nil, -1, sentError{refusal{s.otherRedis(addr, want, ran)}}
+	}
+}
+
+// vouchedElsewhere reports whether a passed check of a node other than the
+// one at addr (on a Cluster) read run_id id and still vouches for it.
+func (s *Store) vouchedElsewhere(addr, id string) bool {
+	found := false
+	now := s.since()
+	s.nodes.Range(func(k, v any) bool {
+		n := v.(*nodeCheck)
+		found = k.(string) != addr && now < n.good.Load() && n.runID() == id
+		return !found
+	})
+	return found
+}
+
+// otherRedis makes the entry of the node at addr, whose script found that
+// it runs on a Redis of run_id ran rather than want, no longer vouch for
+// the node (unless a check since read another run_id), and returns the
+// call's error.
+func (s *Store) otherRedis(addr, want, ran string) error {
+	n := s.node(addr)
+	n.mu.Lock()
+	if n.runID() == want {
+		n.full = false
+		n.good.Store(0)
+	}
+	n.mu.Unlock()
+	return fmt.Errorf("%w: redisstore: the client reached another Redis%s (run_id %s) than the one the store checked (run_id %s): a failover, a restart or an address that moved; the script wrote nothing, and the store checks the new Redis (maxmemory-policy, clock, identity) before it next sends it one",
+		idempotency.ErrStoreUnavailable, where(addr), ran, want)
+}
+
+// send sends sc, with args, for run: through the client, or, when wait is
+// set and the store waits for replicas, pipelined with WAIT through the
+// client of the keys' node (node, on a Cluster).
+func (s *Store) send(ctx context.Context, wait bool, sc *redis.Script, cluster *redis.ClusterClient, node *redis.Client, keys []string, args []any) ([]any, int, error) {
 	if s.replicas == 0 || !wait {
 		v, err := sc.Run(ctx, s.client, keys, args...).Slice()
 		if err != nil {

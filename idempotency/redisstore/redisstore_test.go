@@ -248,20 +248,33 @@ func (h stripInfo) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h stripInfo) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if sc, ok := cmd.(*redis.StringCmd); ok && cmd.Name() == "info" && err == nil {
-			var kept []string
-			for line := range strings.Lines(sc.Val()) {
-				if !strings.HasPrefix(line, h.field+":") {
-					kept = append(kept, line)
-				}
-			}
-			sc.SetVal(strings.Join(kept, ""))
+		h.strip(cmd)
+		return err
+	}
+}
+
+// ProcessPipelineHook strips the INFO replies of pipelines too: the store's
+// node checks send their commands in one.
+func (h stripInfo) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			h.strip(cmd)
 		}
 		return err
 	}
 }
-func (h stripInfo) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+
+func (h stripInfo) strip(cmd redis.Cmder) {
+	if sc, ok := cmd.(*redis.StringCmd); ok && cmd.Name() == "info" && cmd.Err() == nil {
+		var kept []string
+		for line := range strings.Lines(sc.Val()) {
+			if !strings.HasPrefix(line, h.field+":") {
+				kept = append(kept, line)
+			}
+		}
+		sc.SetVal(strings.Join(kept, ""))
+	}
 }
 
 // New refuses a Redis that may evict keys. It runs on a Redis of its own:

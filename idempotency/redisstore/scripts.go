@@ -3,7 +3,9 @@ package redisstore
 import "github.com/redis/go-redis/v9"
 
 // Every state change is one of these scripts: one atomic step, one round
-// trip. Each first compares the tenant's horizon key with Redis's identity
+// trip. Each takes, as its last argument (after those listed below), the
+// run_id of the Redis the store checked (Store.run), and first answers {15,
+// run_id}, writing nothing, when it runs on another (unchecked). Each then compares the tenant's horizon key with Redis's identity
 // (run_id and master_replid, and evicted_keys once not 0, read with INFO
 // inside the script): when the key is missing (flushed, deleted) or the
 // identity differs (restart, restore, failover, eviction), the horizon moves
@@ -30,6 +32,7 @@ const (
 	kindOK           = 12
 	kindTenantFull   = 13
 	kindStale        = 14 // the script ran too long after its call read the clock (stale): it wrote nothing
+	kindOtherRedis   = 15 // {15, run_id}: the script runs on a Redis the store did not check (Store.run): it wrote nothing
 )
 
 const prelude = `
@@ -58,14 +61,32 @@ local CLOCK_MARGIN = 1000
 -- once it has evicted keys (a maxmemory-policy changed from noeviction after
 -- New), how many: each eviction may have removed a record, so it moves every
 -- horizon as a restart does. Under noeviction the count stays 0 and is left
--- out (horizon keys written before it was counted stay this Redis's).
+-- out (horizon keys written before it was counted stay this Redis's). It
+-- reads INFO once per script, and sets RUN_ID.
+local ID, RUN_ID
 local function identity()
+  if ID then return ID end
   local s = redis.call('INFO', 'server')
   local r = redis.call('INFO', 'replication')
-  local id = (string.match(s, 'run_id:(%x+)') or '?') .. '/' .. (string.match(r, 'master_replid:(%x+)') or '?')
+  RUN_ID = string.match(s, 'run_id:(%x+)') or '?'
+  local id = RUN_ID .. '/' .. (string.match(r, 'master_replid:(%x+)') or '?')
   local e = string.match(redis.call('INFO', 'stats'), 'evicted_keys:(%d+)')
   if e and e ~= '0' then id = id .. '/evicted:' .. e end
+  ID = id
   return id
+end
+
+-- unchecked returns {15, run_id} when the running Redis is not the one
+-- whose check vouches for the node the store sent the script to: its
+-- run_id, the last argument of every script, is another (the address
+-- reaches another Redis: a restart, a failover, a DNS name or VIP moved).
+-- Every script calls it before anything else, and then writes nothing: the
+-- store has that Redis checked (maxmemory-policy noeviction first) before
+-- it relies on it.
+local function unchecked()
+  identity()
+  if RUN_ID ~= ARGV[#ARGV] then return {15, RUN_ID} end
+  return nil
 end
 
 -- horizon returns the tenant's horizon, moving it to now when its key is
@@ -290,6 +311,8 @@ local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARG
 local ts, try, fp, dl, tok = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8]), ARGV[9]
 local minted, cap, keep = ARGV[10] == '1', tonumber(ARGV[11]), tonumber(ARGV[12])
 IDLE, LONGEST = tonumber(ARGV[13]), ttl + keep + skew + CLOCK_MARGIN
+local other = unchecked()
+if other then return other end
 if stale(now, keep, skew) then return {14} end
 local hz = horizon(KEYS[1], now, skew)
 if not inside(ts, hz, now, skew, minted) then
@@ -362,6 +385,8 @@ const finishBody = `
 local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ts, try, fp, st = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], tonumber(ARGV[8])
 IDLE, LONGEST = tonumber(ARGV[20]), ttl + tonumber(ARGV[19]) + skew + CLOCK_MARGIN
+local other = unchecked()
+if other then return other end
 local hz = horizon(KEYS[1], now, skew, FULL)
 if not hz or not inside(ts, hz, now, skew, ARGV[17] == '1') then return {8} end
 local v = load(KEYS[2], now, ts - skew + ttl)
@@ -395,6 +420,8 @@ return {12}
 var getScript = redis.NewScript(prelude + `
 local now, skew, ttl, ts, keep = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 IDLE, LONGEST = tonumber(ARGV[6]), ttl + keep + skew + CLOCK_MARGIN
+local other = unchecked()
+if other then return other end
 if stale(now, keep, skew) then return {14} end
 local hz = horizon(KEYS[1], now, skew)
 -- A lookup keeps its tenant's horizon too (it writes nothing else); with
@@ -414,6 +441,8 @@ var fenceScript = redis.NewScript(prelude + `
 local now, skew, ttl, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ts, through, cap, keep = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
 IDLE, LONGEST = tonumber(ARGV[9]), ttl + keep + skew + CLOCK_MARGIN
+local other = unchecked()
+if other then return other end
 if stale(now, keep, skew) then return {14} end
 local hz = horizon(KEYS[1], now, skew)
 if not inside(ts, hz, now, skew) then return {11} end
