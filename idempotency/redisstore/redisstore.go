@@ -510,7 +510,13 @@ func (e sentError) Unwrap() error { return e.error }
 // naming the problem for a wrong setting or option, a command Redis refuses
 // to the store's user (NOPERM) or does not know (renamed away), credentials
 // it refuses (WRONGPASS, NOAUTH) and a ClusterClient of a Redis without
-// Cluster mode included.
+// Cluster mode included. After New, a call whose command Redis refuses to
+// the store's user (an ACL changed since, a command renamed away) fails
+// with an error wrapping idempotency.ErrStoreUnavailable, as every fault of
+// the store does (see idempotency.Store: a server refuses the try
+// NOT_ADMITTED STORE_UNAVAILABLE, and it does not run), which says that
+// Redis refused the command and what the store's user needs; calls work
+// again once Redis grants it.
 //
 // A Cluster node that New did not know (one added later, given slots or
 // promoted) gets the same checks of its own, its hz at least the lowest
@@ -1108,10 +1114,25 @@ func checkErr(what string, err error) error {
 	if redis.HasErrorPrefix(err, "WRONGPASS") || redis.HasErrorPrefix(err, "NOAUTH") || redis.HasErrorPrefix(err, "invalid password") {
 		return fmt.Errorf("redisstore: %s: Redis refused the client's credentials: %w", what, err)
 	}
-	if redis.HasErrorPrefix(err, "NOPERM") || redis.HasErrorPrefix(err, "unknown command") || redis.HasErrorPrefix(err, "unknown subcommand") {
+	if refusedCommand(err) {
 		return fmt.Errorf("redisstore: %s: Redis refused the command: %w (%s)", what, err, needs)
 	}
 	return fmt.Errorf("%w: redisstore: %s: %w", idempotency.ErrStoreUnavailable, what, err)
+}
+
+// refusedCommand reports whether err is Redis refusing a command to the
+// store's user (NOPERM; a command a script runs: "The user executing the
+// script can't run this command" on Redis 7.0, "ACL failure in script"
+// later) or not knowing it (renamed away).
+func refusedCommand(err error) bool {
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		return false
+	}
+	msg := reply.Error()
+	return redis.HasErrorPrefix(reply, "NOPERM") || redis.HasErrorPrefix(reply, "unknown command") || redis.HasErrorPrefix(reply, "unknown subcommand") ||
+		strings.Contains(msg, "can't run this command") || strings.Contains(msg, "ACL failure in script") ||
+		strings.Contains(msg, "Unknown Redis command called from script")
 }
 
 // needs is what the store's Redis user needs: New's checks' commands, the
@@ -1434,9 +1455,21 @@ func (s *Store) send(ctx context.Context, wait bool, sc *redis.Script, cluster *
 	}
 }
 
+// storeErr is the error of a store call's command that failed: it wraps
+// idempotency.ErrStoreUnavailable, as every fault of the store does
+// (idempotency.Store), and ErrStoreFull when Redis is out of memory. A
+// command Redis refuses to the store's user after New (its ACL changed, a
+// command was renamed away) is such a fault too, which the server answers
+// NOT_ADMITTED STORE_UNAVAILABLE, the try unrun, until the user is granted
+// the command again; the error says so, and what the user needs, as New's
+// (checkErr).
 func storeErr(err error) error {
 	if redis.HasErrorPrefix(err, "OOM") {
 		return fmt.Errorf("%w: %w: redisstore: %w", idempotency.ErrStoreUnavailable, idempotency.ErrStoreFull, err)
+	}
+	if refusedCommand(err) {
+		return fmt.Errorf("%w: redisstore: Redis refused a command of the store to its user (its ACL changed since New, or a command was renamed away): %w (%s)",
+			idempotency.ErrStoreUnavailable, err, needs)
 	}
 	return fmt.Errorf("%w: redisstore: %w", idempotency.ErrStoreUnavailable, err)
 }
