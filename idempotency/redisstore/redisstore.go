@@ -820,8 +820,9 @@ type nodeCheck struct {
 
 	mu sync.Mutex
 	// full is set once the node passed checkNode, and cleared by a
-	// failed check: only a node that passed it and failed nothing since
-	// has its clock alone checked again.
+	// failed check or a script that found another Redis (otherRedis): only
+	// a node that passed it and failed nothing since has its clock and
+	// run_id alone checked again.
 	full bool
 	// offset is checkClock's at the last passed check.
 	offset time.Duration
