@@ -164,6 +164,11 @@ func TestNodeTableForgetsNodeThatLeftCluster(t *testing.T) {
 			}
 			return nil
 		})
+		if n == a && err != nil && strings.Contains(err.Error(), "SETSLOT only with masters") {
+			// a heard of b's claim first and turned into b's replica,
+			// as it would have after the moves: the map is b's already.
+			continue
+		}
 		require.NoError(t, err, "moving every slot to b, at %s", n.addr)
 	}
 	require.True(t, tableEventually(10*time.Second, func() bool {
