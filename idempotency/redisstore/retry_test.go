@@ -347,9 +347,11 @@ func TestRedisReplicatedBeginReplyLost(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			_, _, prefix := newReplicatedClients(t)
 			c, d := newLossyClient(t, replicatedAddr(), mode)
-			// A replica acknowledges at once; the timeout, plus Redis's tick
-			// of 100 ms at the default hz, fits in half the ReadTimeout.
-			beginLostReply(t, newLossyStore(t, c, d, prefix, redisstore.WithReplicas(1, 100*time.Millisecond)))
+			// A replica acknowledges at once, but a machine busy with the
+			// other packages' race tests may delay it past 100 ms; the
+			// timeout, plus Redis's tick of 100 ms at the default hz, fits
+			// in half the ReadTimeout.
+			beginLostReply(t, newLossyStore(t, c, d, prefix, redisstore.WithReplicas(1, 500*time.Millisecond)))
 		})
 	}
 }
@@ -397,7 +399,7 @@ func TestRedisBeginReplyLostAtDeadlineFencesTheTry(t *testing.T) {
 			if replicated {
 				_, _, prefix = newReplicatedClients(t)
 				c, d = newLossyClient(t, replicatedAddr(), lossTimeout)
-				opts = append(opts, redisstore.WithReplicas(1, 100*time.Millisecond))
+				opts = append(opts, redisstore.WithReplicas(1, 500*time.Millisecond)) // as in TestRedisReplicatedBeginReplyLost
 			} else {
 				_, prefix = newClient(t)
 				c, d = newLossyClient(t, redisAddr(), lossTimeout)
