@@ -1,0 +1,59 @@
+package status_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// A review found that when Bounded cannot keep the google.rpc.ErrorInfo an
+// outcome reads its cause_ entries from (even rebuilt, it does not fit in
+// what the tollgate detail and the RetryInfo leave), it still keeps a later
+// ErrorInfo that gives entries as one more detail: an outcome rebuilt from
+// the bounded error then reads that one, and carries up a cause the error
+// never had (another domain, another reason). Bounding may lose the cause;
+// it must not swap it for another.
+func TestR16revBoundedNeverSwapsTheCause(t *testing.T) {
+	mk := func(m *errdetails.ErrorInfo) *anypb.Any {
+		a, err := anypb.New(m)
+		require.NoError(t, err)
+		return a
+	}
+	md := map[string]string{}
+	for _, k := range []string{"a", "b", "c"} {
+		md[k] = strings.Repeat("v", 150)
+	}
+	od, err := anypb.New(&tollgatev1.OutcomeDetail{Outcome: tollgatev1.Outcome_OUTCOME_NOT_ADMITTED,
+		Reason: tollgatev1.Reason_REASON_SHED, WorkloadClass: strings.Repeat("c", 2800)})
+	require.NoError(t, err)
+	later := mk(&errdetails.ErrorInfo{Domain: "other.example", Reason: "NOT_THE_CAUSE"})
+	for name, details := range map[string][]*anypb.Any{
+		// The first ErrorInfo's domain is too long to be read (cause_domain
+		// is skipped), but its reason and metadata give the cause; rebuilt,
+		// it keeps the domain and exceeds the bound.
+		"huge domain": {mk(&errdetails.ErrorInfo{Domain: strings.Repeat("d", 4<<10), Reason: "STOCK_EXHAUSTED", Metadata: map[string]string{"sku": "A-17"}}), later},
+		// A large tollgate detail that fits leaves too little room for it.
+		"large tollgate detail": {od, mk(&errdetails.ErrorInfo{Domain: "example.com", Reason: "STOCK_EXHAUSTED", Metadata: md}), later},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := grpcstatus.ErrorProto(&spb.Status{Code: int32(codes.FailedPrecondition), Message: "m", Details: details})
+			want := r16bCause(t, err)
+			require.Equal(t, "STOCK_EXHAUSTED", want["cause_reason"])
+
+			bounded := status.Bounded(err)
+			require.LessOrEqual(t, r14bDetailsWire(bounded), 3<<10, "the details are bounded")
+			got := r16bCause(t, bounded)
+			if len(got) > 0 {
+				require.Equal(t, want, got, "the cause read from the bounded error is the error's, or none")
+			}
+		})
+	}
+}
