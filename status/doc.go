@@ -173,8 +173,9 @@
 // carries more is kept by its delay, and an OutcomeDetail that leaves it no
 // room by what it says; then the ErrorInfo an outcome rebuilt from the
 // error takes its cause_ entries from, so that they survive the bound,
-// one too large for what those leave kept by the entries it gives), so
-// that it reaches a
+// one too large for what those leave kept by the entries it gives, and,
+// when even that does not fit, no later ErrorInfo kept to be read in its
+// place), so that it reaches a
 // caller with an 8 KiB header list limit and a record's query answer fits
 // what an owner receives. The server bounds a definite error it replays
 // from a record the same way, whatever wrote the record.

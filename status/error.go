@@ -561,7 +561,9 @@ const (
 // leave, so that the bound does not lose why err failed on its way up: as
 // it is, or, when larger, by what gives those entries (its domain and
 // reason, and the metadata entries taken), rebuilt under the standard type
-// URL; any other ErrorInfo is one more detail.
+// URL; any other ErrorInfo is one more detail (but, when that one is not
+// kept, a later one that gives cause_ entries is dropped, since an outcome
+// would read it in its place: the bound may lose the cause, never swap it).
 // Its code is kept (but a non-nil error whose status claims OK, which
 // OutcomeOf reads as UNKNOWN, is UNKNOWN once rebuilt, not a success). It
 // returns err itself when its status is within both bounds, and when err
@@ -624,6 +626,10 @@ func Bounded(err error) error {
 			if keptInfo != nil {
 				details = append(details, keptInfo)
 			}
+		case info >= 0 && keptInfo == nil && i > info && givesCause(d):
+			// The ErrorInfo read for the cause did not fit: a later one
+			// that gives entries would be read in its place, a cause err
+			// never had. The bound may lose the cause, never swap it.
 		default:
 			if size := detailSize(d); size <= room {
 				room -= size
@@ -694,6 +700,17 @@ func causeDetail(details []*anypb.Any) (int, *errdetails.ErrorInfo, map[string]s
 		}
 	}
 	return -1, nil, nil
+}
+
+// givesCause reports whether detail d is a google.rpc.ErrorInfo that
+// decodes and gives cause_ entries (causeOf): one carriedDetails would read
+// if none before it did.
+func givesCause(d *anypb.Any) bool {
+	if typeURLPrefix+string(d.MessageName()) != errorInfoURL {
+		return false
+	}
+	var ei errdetails.ErrorInfo
+	return proto.Unmarshal(d.GetValue(), &ei) == nil && causeOf(&ei) != nil
 }
 
 // causeInfoOf is ei, an ErrorInfo whose entries (causeOf) are cause, rebuilt
