@@ -11,6 +11,7 @@ import (
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -56,4 +57,36 @@ func TestR16revBoundedNeverSwapsTheCause(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzR16revBoundedCauseIsTheErrorsOrNone bounds arbitrary google.rpc.Status
+// bytes and checks, whatever fits, that an outcome rebuilt from the bounded
+// error carries the error's cause_ entries or none, never others; and that
+// the details stay within the bound.
+func FuzzR16revBoundedCauseIsTheErrorsOrNone(f *testing.F) {
+	for _, ei := range []*errdetails.ErrorInfo{
+		{Domain: strings.Repeat("d", 4<<10), Reason: "R", Metadata: map[string]string{"sku": "A"}},
+		{Domain: "example.com", Reason: "R", Metadata: map[string]string{"a": strings.Repeat("v", 400)}},
+		{Domain: status.Domain, Reason: strings.Repeat("r", 4<<10), Metadata: map[string]string{"cause_reason": "X"}},
+	} {
+		a, err := anypb.New(ei)
+		require.NoError(f, err)
+		later, err := anypb.New(&errdetails.ErrorInfo{Domain: "b", Reason: "B"})
+		require.NoError(f, err)
+		b, err := proto.Marshal(&spb.Status{Code: 9, Message: "m", Details: []*anypb.Any{r14bFiller(f, 2900), a, later}})
+		require.NoError(f, err)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var p spb.Status
+		if proto.Unmarshal(b, &p) != nil || p.GetCode() == 0 {
+			t.Skip()
+		}
+		err := grpcstatus.FromProto(&p).Err()
+		bounded := status.Bounded(err)
+		require.LessOrEqual(t, r14bDetailsWire(bounded), 3<<10)
+		if got := r16bCause(t, bounded); len(got) > 0 {
+			require.Equal(t, r16bCause(t, err), got)
+		}
+	})
 }
