@@ -509,13 +509,18 @@ func (c *Controller) Close() error {
 	if c.wake != nil {
 		c.wake.Stop()
 	}
+	// The controller's now, as the waiters' own goroutines (ctxEnded) read
+	// it: a waiter whose caller has gone leaves as its context's ending
+	// says at that instant (its request's deadline may have passed since
+	// the last call showed the controller a time).
+	now := c.nowLocked()
 	for _, cs := range c.classes {
 		if cs == c.control {
 			continue // it stays open (decideLocked)
 		}
 		for w := cs.queue.head; w != nil; {
 			next := w.next
-			c.dropWaiter(w, status.ReasonDraining, 0, c.last)
+			c.dropWaiter(w, status.ReasonDraining, 0, now)
 			w = next
 		}
 	}
