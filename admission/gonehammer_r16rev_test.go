@@ -1,0 +1,183 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/status"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+)
+
+// Hammered on the real clock while waiters' callers go away just as
+// releases, overrides (trims, freezes, a forced Degraded mode), Stats and
+// finally Close find them, every Admit is decided exactly once: one
+// decision in tollgate.admission.decisions and one in the classes' stats
+// per call, a cancelled one only for a caller whose context ended, one
+// deadline miss per DEADLINE_EXPIRED; every permit is released, the
+// invariants hold at every change, and the controller ends empty.
+func TestR16revGoneWaitersHammeredAreDecidedOnce(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	var vmu sync.Mutex
+	var viol error
+	c, err := New(WithClasses(
+		Class{Name: "a", Slots: 2, QueueItems: 6, LendIdle: true, TenantRunning: 1, ExpectedServiceTime: 3 * time.Millisecond},
+		Class{Name: "b", Slots: 1, QueueItems: 6, Optional: true, ExpectedServiceTime: 4 * time.Millisecond},
+	),
+		WithClassifier(func(_ context.Context, r Request) string { return r.Method }),
+		WithMeterProvider(mp),
+		WithDegradation(Degradation{Window: 15 * time.Millisecond, MinDecisions: 2, MaxRefusalRatio: 0.3, MaxQueueAge: 8 * time.Millisecond}),
+		WithInvariantCheck(func(err error) {
+			if err != nil {
+				vmu.Lock()
+				if viol == nil {
+					viol = err
+				}
+				vmu.Unlock()
+			}
+		}))
+	require.NoError(t, err)
+	stop := make(chan struct{})
+	var hammer sync.WaitGroup
+	hammer.Add(1)
+	go func() {
+		defer hammer.Done()
+		rng := rand.New(rand.NewPCG(1, 16))
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_ = c.Stats()
+			o := Override{Actor: "r16rev", Reason: "hammer", TTL: time.Duration(1+rng.IntN(4)) * time.Millisecond}
+			switch rng.IntN(3) {
+			case 0:
+				o.Class, o.QueueItems = []string{"a", "b"}[rng.IntN(2)], 1+rng.IntN(2)
+			case 1:
+				o.Class, o.Freeze = "b", true
+			default:
+				o.Mode = ModeDegraded
+			}
+			if id, err := c.SetOverride(context.Background(), o); err == nil && rng.IntN(2) == 0 {
+				c.ClearOverride(context.Background(), id)
+			}
+			time.Sleep(time.Duration(rng.IntN(500)) * time.Microsecond)
+		}
+	}()
+	const n = 800
+	var wg sync.WaitGroup
+	var expired, cancelledSeen atomic.Int64
+	closeAt := n * 3 / 4 // Close finds waiters, some of them gone
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(i), 16))
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if rng.IntN(3) == 0 {
+				var cause context.CancelCauseFunc
+				ctx, cause = context.WithCancelCause(ctx)
+				after := time.Duration(rng.IntN(3000)) * time.Microsecond
+				byDeadline := rng.IntN(4) == 0
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					time.Sleep(after)
+					if byDeadline {
+						cause(context.DeadlineExceeded)
+					} else {
+						cause(nil)
+					}
+				}()
+			}
+			r := Request{Method: []string{"a", "b"}[rng.IntN(2)], Tenant: []string{"t1", "t2", ""}[rng.IntN(3)]}
+			if rng.IntN(3) != 0 {
+				r.Deadline = time.Now().Add(time.Duration(2+rng.IntN(30)) * time.Millisecond)
+			}
+			p, err := c.Admit(ctx, r)
+			if err != nil {
+				require.Nil(t, p)
+				o := status.OutcomeOf(err)
+				switch o.Reason {
+				case status.ReasonDeadlineExpired:
+					expired.Add(1)
+				case status.ReasonUnspecified:
+					cancelledSeen.Add(1)
+					require.True(t, errors.Is(err, context.Canceled), "cancelled only for a caller that went away: %v", err)
+				}
+				return
+			}
+			time.Sleep(time.Duration(rng.IntN(4000)) * time.Microsecond)
+			if rng.IntN(2) == 0 {
+				p.Release()
+			} else {
+				p.Abandon()
+			}
+		}()
+		if i == closeAt {
+			require.NoError(t, c.Close())
+		}
+		if i%40 == 39 {
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	wg.Wait()
+	close(stop)
+	hammer.Wait()
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	var decisions, misses, cancelled int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			d, ok := m.Data.(metricdata.Sum[int64])
+			if !ok {
+				continue
+			}
+			for _, dp := range d.DataPoints {
+				switch m.Name {
+				case "tollgate.admission.decisions":
+					decisions += dp.Value
+					if v, _ := dp.Attributes.Value("decision"); v.AsString() == "cancelled" {
+						cancelled += dp.Value
+					}
+				case "tollgate.deadline.misses":
+					if v, _ := dp.Attributes.Value("stage"); v.AsString() != "run" {
+						misses += dp.Value
+					}
+				}
+			}
+		}
+	}
+	_ = decisions // the metric callbacks are unregistered by Close: counters still count
+	st := c.Stats()
+	var total, statsCancelled uint64
+	for _, cl := range st.Classes {
+		require.Zero(t, cl.Running, cl.Name)
+		require.Zero(t, cl.Queued, cl.Name)
+		require.Zero(t, cl.UsedSlots, cl.Name)
+		total += cl.Admitted + cl.Cancelled
+		statsCancelled += cl.Cancelled
+		for _, k := range cl.Refused {
+			total += k
+		}
+	}
+	require.EqualValues(t, n, total, "one decision per Admit in the stats")
+	require.EqualValues(t, n, decisions, "one decision per Admit in the metric")
+	require.EqualValues(t, cancelledSeen.Load(), statsCancelled)
+	require.EqualValues(t, cancelledSeen.Load(), cancelled)
+	require.Equal(t, expired.Load(), misses, "one miss per DEADLINE_EXPIRED refusal")
+	vmu.Lock()
+	defer vmu.Unlock()
+	require.NoError(t, viol)
+}
