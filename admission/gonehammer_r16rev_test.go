@@ -181,3 +181,169 @@ func TestR16revGoneWaitersHammeredAreDecidedOnce(t *testing.T) {
 	defer vmu.Unlock()
 	require.NoError(t, viol)
 }
+
+// The same on a virtual clock (AdmitAt, ReleaseAt, AbandonAt, StatsAt,
+// SetOverrideAt), its time moved on by every call: every AdmitAt is decided
+// exactly once, in the stats and the metric, and the controller ends
+// empty once a last StatsAt has started what can start.
+func TestR16revGoneWaitersVirtualAreDecidedOnce(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	var vmu sync.Mutex
+	var viol error
+	c, err := New(WithClasses(
+		Class{Name: "a", Slots: 2, QueueItems: 6, LendIdle: true, TenantRunning: 1, ExpectedServiceTime: 3 * time.Millisecond},
+		Class{Name: "b", Slots: 1, QueueItems: 6, Optional: true, ExpectedServiceTime: 4 * time.Millisecond},
+	),
+		WithClassifier(func(_ context.Context, r Request) string { return r.Method }),
+		WithMeterProvider(mp),
+		WithDegradation(Degradation{Window: 15 * time.Millisecond, MinDecisions: 2, MaxRefusalRatio: 0.3, MaxQueueAge: 8 * time.Millisecond}),
+		WithInvariantCheck(func(err error) {
+			if err != nil {
+				vmu.Lock()
+				if viol == nil {
+					viol = err
+				}
+				vmu.Unlock()
+			}
+		}))
+	require.NoError(t, err)
+	var clk atomic.Int64 // virtual nanoseconds since epoch0
+	epoch0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	now := func() time.Time { return epoch0.Add(time.Duration(clk.Add(int64(50 * time.Microsecond)))) }
+	var tmu sync.Mutex // one caller at a time gives the controller its time, in order
+	at := func(f func(time.Time)) {
+		tmu.Lock()
+		defer tmu.Unlock()
+		f(now())
+	}
+	stop := make(chan struct{})
+	var hammer sync.WaitGroup
+	hammer.Add(1)
+	go func() {
+		defer hammer.Done()
+		rng := rand.New(rand.NewPCG(2, 16))
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			at(func(n time.Time) { _ = c.StatsAt(n) })
+			o := Override{Actor: "r16rev", Reason: "hammer", TTL: time.Duration(1+rng.IntN(4)) * time.Millisecond}
+			switch rng.IntN(3) {
+			case 0:
+				o.Class, o.QueueItems = []string{"a", "b"}[rng.IntN(2)], 1+rng.IntN(2)
+			case 1:
+				o.Class, o.Freeze = "b", true
+			default:
+				o.Mode = ModeDegraded
+			}
+			at(func(n time.Time) { _, _ = c.SetOverrideAt(context.Background(), o, n) })
+			time.Sleep(time.Duration(rng.IntN(300)) * time.Microsecond)
+		}
+	}()
+	const n = 600
+	var wg sync.WaitGroup
+	var cancelledSeen atomic.Int64
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(i), 17))
+			ctx, cancel := context.WithCancelCause(context.Background())
+			defer cancel(nil)
+			after := time.Duration(rng.IntN(2000)) * time.Microsecond
+			byDeadline := rng.IntN(4) == 0
+			if rng.IntN(3) == 0 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					time.Sleep(after)
+					if byDeadline {
+						cancel(context.DeadlineExceeded)
+					} else {
+						cancel(nil)
+					}
+				}()
+			}
+			r := Request{Method: []string{"a", "b"}[rng.IntN(2)], Tenant: []string{"t1", "t2", ""}[rng.IntN(3)]}
+			var p *Permit
+			var err error
+			tmu.Lock()
+			t0 := now()
+			if rng.IntN(3) != 0 {
+				r.Deadline = t0.Add(time.Duration(2+rng.IntN(30)) * time.Millisecond)
+			}
+			tmu.Unlock()
+			// (AdmitAt waits outside tmu: a waiter must not hold the clock.)
+			p, err = c.AdmitAt(ctx, r, t0)
+			if err != nil {
+				if status.OutcomeOf(err).Reason == status.ReasonUnspecified {
+					cancelledSeen.Add(1)
+					require.True(t, errors.Is(err, context.Canceled), "%v", err)
+				}
+				return
+			}
+			time.Sleep(time.Duration(rng.IntN(1000)) * time.Microsecond)
+			if rng.IntN(2) == 0 {
+				at(p.ReleaseAt)
+			} else {
+				at(p.AbandonAt)
+			}
+		}()
+		if i%40 == 39 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	// Waiters that nothing else will start or drop: later times let the
+	// queues drain (deadlines pass, waiters start as permits end).
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	for drained := false; !drained; {
+		select {
+		case <-done:
+			drained = true
+		default:
+			at(func(n time.Time) { _ = c.StatsAt(n.Add(time.Second)) })
+			clk.Add(int64(time.Second))
+			time.Sleep(time.Millisecond)
+		}
+	}
+	close(stop)
+	hammer.Wait()
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	var decisions int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if d, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "tollgate.admission.decisions" {
+				for _, dp := range d.DataPoints {
+					decisions += dp.Value
+				}
+			}
+		}
+	}
+	var st Stats
+	at(func(n time.Time) { st = c.StatsAt(n) })
+	var total, statsCancelled uint64
+	for _, cl := range st.Classes {
+		require.Zero(t, cl.Running, cl.Name)
+		require.Zero(t, cl.Queued, cl.Name)
+		require.Zero(t, cl.UsedSlots, cl.Name)
+		total += cl.Admitted + cl.Cancelled
+		statsCancelled += cl.Cancelled
+		for _, k := range cl.Refused {
+			total += k
+		}
+	}
+	require.EqualValues(t, n, total, "one decision per AdmitAt in the stats")
+	require.EqualValues(t, n, decisions, "one decision per AdmitAt in the metric")
+	require.EqualValues(t, cancelledSeen.Load(), statsCancelled)
+	require.NoError(t, c.Close())
+	vmu.Lock()
+	defer vmu.Unlock()
+	require.NoError(t, viol)
+}
