@@ -22,8 +22,9 @@ type waiter struct {
 	predicted  time.Duration // the wait predicted when it was queued
 	ahead      int           // requests of its class queued ahead of it when it joined
 	// ctx is the waiting Admit call's context, set when it joins the queue
-	// and never changed: a call that would start the waiter (pumpPass) or
-	// drop it as unable to finish (expireLocked) looks at it first, since
+	// and never changed: a call that would start the waiter (pumpPass),
+	// drop it as unable to finish (expireLocked) or refuse it (a shed, a
+	// trim, Close: dropWaiterCounted, trimQueues) looks at it first, since
 	// a waiter whose caller has gone leaves as its context's ending says,
 	// whichever goroutine finds it (goneLocked, decideGoneLocked). It lives
 	// only as long as that Admit call waits.
