@@ -27,7 +27,10 @@ type waiter struct {
 	// trim, Close: dropWaiterCounted, trimQueues) looks at it first, since
 	// a waiter whose caller has gone leaves as its context's ending says,
 	// whichever goroutine finds it (goneLocked, decideGoneLocked). It lives
-	// only as long as that Admit call waits.
+	// only as long as that Admit call waits, and is only read (its error,
+	// cause and deadline), never waited on or passed on: the one departure from
+	// CONVENTIONS' "context never stored", as a waiter is that call's own
+	// state (net/http's Request holds its context the same way).
 	ctx context.Context
 
 	ready     chan struct{}
