@@ -524,6 +524,10 @@ func (c *Controller) Close() error {
 			w = next
 		}
 	}
+	// A lending class whose queue was emptied above lends its idle slots
+	// now: the control class's waiters may start on them, as after any
+	// other call that empties a lender's queue.
+	c.pump(now)
 	c.unlock()
 	return c.m.close()
 }
