@@ -537,7 +537,10 @@ func (e sentError) Unwrap() error { return e.error }
 // next call waits for all of the checks of New on the Redis it now reaches,
 // and is refused, as every call until it passes, when it fails them
 // (maxmemory-policy not noeviction included). So no script runs on a Redis
-// the store did not check, and one call per change of Redis fails. (On a
+// the store did not check, and the calls sent with the former run_id fail
+// (but for a Finish: its try's handler ran, and the record, restored or
+// replicated, may be there to end; it waits for that check, as the next
+// call does, and is sent once more, with the new run_id). (On a
 // Cluster, a call that the client follows from a MOVED or ASK reply reaches
 // another node with the first's run_id: when a passed check of that node
 // vouches for its run_id, the script is sent once more, with it; otherwise
@@ -1318,7 +1321,8 @@ func attemptMillis(id string) int64 {
 // as a node never checked), and the call fails with an error wrapping
 // idempotency.ErrStoreUnavailable (a sentError: an earlier run of the
 // script, which go-redis may have sent before on a connection to the
-// first Redis, may have written). On a Cluster, a Redis the client was
+// first Redis, may have written; an anotherRedis, which Store.finish sends
+// once more). On a Cluster, a Redis the client was
 // redirected to (MOVED, ASK) whose run_id a passed check of another node
 // vouches for gets the script once more, with that run_id.
 func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []string, args ...any) (v []any, acked int, err error) {
@@ -1353,9 +1357,16 @@ func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []str
 			want = ran
 			continue
 		}
-		return nil, -1, sentError{refusal{s.otherRedis(addr, want, ran)}}
+		return nil, -1, sentError{refusal{anotherRedis{s.otherRedis(addr, want, ran)}}}
 	}
 }
+
+// anotherRedis is the error of a call whose script found that it ran on a
+// Redis of another run_id than its node's check read (Store.run), and
+// wrote nothing.
+type anotherRedis struct{ error }
+
+func (e anotherRedis) Unwrap() error { return e.error }
 
 // vouchedElsewhere reports whether a passed check of a node other than the
 // one at addr (on a Cluster) read run_id id and still vouches for it.
@@ -1633,6 +1644,16 @@ func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest, begin
 		req.Try, fingerprint(req.Fingerprint), int(req.State), code, msg, det, resp, retained, req.UnitsSpent, callToken(), beginTok, req.Minted, s.perTenant,
 		s.ms(s.keep), s.ms(s.idle)}
 	v, _, err := s.run(ctx, false, finishScript, s.keys(req.Key), args...)
+	if errors.As(err, new(anotherRedis)) {
+		// The script found another Redis behind the node's address (a
+		// restart, a failover) and wrote nothing there. The try's handler
+		// ran: its outcome must not be lost for that (the record may be
+		// there, restored or replicated). Send it once more, once the new
+		// Redis passed its check (run waits for it, and fails when it does
+		// not pass), with its run_id: the same call (ftok), so that a run
+		// go-redis sent before counts once.
+		v, _, err = s.run(ctx, false, finishScript, s.keys(req.Key), args...)
+	}
 	if errors.Is(err, idempotency.ErrStoreFull) {
 		// Redis is out of memory and refused the finish's write (a script
 		// stops at its first refused write, before the record's). A full
