@@ -513,8 +513,9 @@ func (e sentError) Unwrap() error { return e.error }
 // Cluster mode included. After New, a call whose command Redis refuses to
 // the store's user (an ACL changed since, a command renamed away) fails
 // with an error wrapping idempotency.ErrStoreUnavailable, as every fault of
-// the store does (see idempotency.Store: a server refuses the try
-// NOT_ADMITTED STORE_UNAVAILABLE, and it does not run), which says that
+// the store does (see idempotency.Store: a server refuses the try of a
+// failed Begin NOT_ADMITTED STORE_UNAVAILABLE, and it does not run; a try
+// whose Finish failed ran, and is answered UNKNOWN), which says that
 // Redis refused the command and what the store's user needs; calls work
 // again once Redis grants it.
 //
@@ -1472,9 +1473,9 @@ func (s *Store) send(ctx context.Context, wait bool, sc *redis.Script, cluster *
 // (idempotency.Store), and ErrStoreFull when Redis is out of memory. A
 // command Redis refuses to the store's user after New (its ACL changed, a
 // command was renamed away) is such a fault too, which the server answers
-// NOT_ADMITTED STORE_UNAVAILABLE, the try unrun, until the user is granted
-// the command again; the error says so, and what the user needs, as New's
-// (checkErr).
+// NOT_ADMITTED STORE_UNAVAILABLE for a Begin, the try unrun (UNKNOWN for a
+// Finish, whose try ran), until the user is granted the command again; the
+// error says so, and what the user needs, as New's (checkErr).
 func storeErr(err error) error {
 	if redis.HasErrorPrefix(err, "OOM") {
 		return fmt.Errorf("%w: %w: redisstore: %w", idempotency.ErrStoreUnavailable, idempotency.ErrStoreFull, err)
