@@ -510,8 +510,10 @@ func (e sentError) Unwrap() error { return e.error }
 // naming the problem for a wrong setting or option, a command Redis refuses
 // to the store's user (NOPERM) or does not know (renamed away), credentials
 // it refuses (WRONGPASS, NOAUTH) and a ClusterClient of a Redis without
-// Cluster mode included. After New, a call whose command Redis refuses to
-// the store's user (an ACL changed since, a command renamed away) fails
+// Cluster mode included (New runs no script: a command only the scripts
+// run, HSET say, that Redis refuses is found by the first call). After New,
+// a call whose command Redis refuses to the store's user (an ACL changed
+// since, a command renamed away, a command only the scripts run) fails
 // with an error wrapping idempotency.ErrStoreUnavailable, as every fault of
 // the store does (see idempotency.Store: a server refuses the try of a
 // failed Begin NOT_ADMITTED STORE_UNAVAILABLE, and it does not run; a try
@@ -1472,7 +1474,8 @@ func (s *Store) send(ctx context.Context, wait bool, sc *redis.Script, cluster *
 // idempotency.ErrStoreUnavailable, as every fault of the store does
 // (idempotency.Store), and ErrStoreFull when Redis is out of memory. A
 // command Redis refuses to the store's user after New (its ACL changed, a
-// command was renamed away) is such a fault too, which the server answers
+// command was renamed away, or one only the scripts run, which New does not
+// try) is such a fault too, which the server answers
 // NOT_ADMITTED STORE_UNAVAILABLE for a Begin, the try unrun (UNKNOWN for a
 // Finish, whose try ran), until the user is granted the command again; the
 // error says so, and what the user needs, as New's (checkErr).
@@ -1481,7 +1484,7 @@ func storeErr(err error) error {
 		return fmt.Errorf("%w: %w: redisstore: %w", idempotency.ErrStoreUnavailable, idempotency.ErrStoreFull, err)
 	}
 	if refusedCommand(err) {
-		return fmt.Errorf("%w: redisstore: Redis refused a command of the store to its user (its ACL changed since New, or a command was renamed away): %w (%s)",
+		return fmt.Errorf("%w: redisstore: Redis refused a command of the store to its user (its ACL changed since New, a command was renamed away, or it is a command only the store's scripts run, which New does not try): %w (%s)",
 			idempotency.ErrStoreUnavailable, err, needs)
 	}
 	return fmt.Errorf("%w: redisstore: %w", idempotency.ErrStoreUnavailable, err)
