@@ -1,0 +1,106 @@
+package redisstore
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tollgate-go/tollgate/idempotency"
+	"github.com/tollgate-go/tollgate/idempotency/internal/hooks"
+	"github.com/tollgate-go/tollgate/idempotency/storetest"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+)
+
+// A review found that a Finish whose slot moved, with its keys, to a node
+// whose check no longer vouched for it (no call reached it for a minute)
+// failed, although the node was one New checked: go-redis followed the
+// MOVED reply there with the first node's run_id, the store had no passed
+// check in force for the node's, and the Finish, sent once more, went by
+// the client's map, which go-redis reloads in the background, to the first
+// node again: the try, whose handler ran, read ABANDONED and its caller got
+// UNKNOWN. A Finish sent once more on a Cluster now has the client read the
+// map first (and waits for it). It runs a Cluster of its own on ports 7477-7478.
+func TestRedisStoreFinishesATryWhoseSlotMoved_r16rev(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a, b := startTableNode(t, 7477), startTableNode(t, 7478)
+	require.NoError(t, a.client.Do(ctx, "CLUSTER", "SET-CONFIG-EPOCH", 1).Err())
+	require.NoError(t, b.client.Do(ctx, "CLUSTER", "SET-CONFIG-EPOCH", 2).Err())
+	require.NoError(t, a.client.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16382).Err())
+	require.NoError(t, b.client.Do(ctx, "CLUSTER", "ADDSLOTS", 16383).Err())
+	require.NoError(t, b.client.ClusterMeet(ctx, "127.0.0.1", "7477").Err())
+	require.True(t, tableEventually(15*time.Second, func() bool {
+		for _, n := range []*tableNode{a, b} {
+			//lint:ignore SA1019 go-redis reads the Cluster's map with CLUSTER SLOTS: check what clients read.
+			slots, err := n.client.ClusterSlots(ctx).Result()
+			if err != nil || len(slots) != 2 || !strings.Contains(n.client.ClusterInfo(ctx).Val(), "cluster_state:ok") {
+				return false
+			}
+		}
+		return true
+	}), "a and b serving their slots, as each sees it")
+
+	// The client reads the Cluster's map from b (CLUSTER SLOTS), as slowly
+	// as a loaded node may answer once slow is set: go-redis's reload after
+	// a MOVED reply, in the background, then comes after the Finish's
+	// second send, as it may in production.
+	var slow atomic.Bool
+	client := redis.NewClusterClient(&redis.ClusterOptions{ContextTimeoutEnabled: true,
+		ClusterSlots: func(ctx context.Context) ([]redis.ClusterSlot, error) {
+			if slow.Load() {
+				select {
+				case <-time.After(300 * time.Millisecond):
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+			//lint:ignore SA1019 go-redis reads the Cluster's map with CLUSTER SLOTS: give it what a node answers.
+			return b.client.ClusterSlots(ctx).Result()
+		}})
+	defer func() { _ = client.Close() }()
+	const recheck = 300 * time.Millisecond
+	s, err := New(ctx, client, WithPrefix("r16rev-movedfinish:"), hooks.RedisClockRecheckAfter(recheck).(Option))
+	require.NoError(t, err)
+	defer func() { _ = s.Close() }()
+	key := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}
+	keys := s.keys(key)
+	slot, err := a.client.ClusterKeySlot(ctx, keys[0]).Result()
+	require.NoError(t, err)
+	require.NotEqual(t, int64(16383), slot)
+	aAddr := routedAddr(t, ctx, client, s, key)
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: key, Try: 1, Deadline: time.Now().Add(20 * time.Second), Minted: true})
+	require.NoError(t, err)
+	require.True(t, res.Started)
+
+	// The handler runs; meanwhile the tenant's slot moves, with its keys,
+	// to b, and no call reaches b for longer than its check vouches.
+	require.NoError(t, b.client.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", a.id).Err())
+	require.NoError(t, a.client.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", b.id).Err())
+	var present []any
+	for _, k := range keys {
+		if a.client.Exists(ctx, k).Val() == 1 {
+			present = append(present, k)
+		}
+	}
+	require.Len(t, present, 2, "the horizon and the record")
+	require.NoError(t, a.client.Do(ctx, append([]any{"MIGRATE", "127.0.0.1", 7478, "", 0, 5000, "KEYS"}, present...)...).Err())
+	require.NoError(t, b.client.Do(ctx, "CLUSTER", "BUMPEPOCH").Err())
+	for _, n := range []*tableNode{b, a} {
+		require.NoError(t, n.client.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", b.id).Err())
+	}
+	time.Sleep(2 * recheck)
+	require.Equal(t, aAddr, routedAddr(t, ctx, client, s, key), "the client read the new map already")
+
+	slow.Store(true)
+	err = s.Finish(ctx, idempotency.FinishRequest{Key: key, Try: 1, Minted: true,
+		State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("done")})
+	require.NoError(t, err, "the handler's outcome was lost")
+	st, err := b.client.HGet(ctx, keys[1], "st").Result()
+	require.NoError(t, err)
+	require.Equal(t, "3", st, "the record on b is not SUCCEEDED")
+}
