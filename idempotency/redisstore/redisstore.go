@@ -548,7 +548,8 @@ func (e sentError) Unwrap() error { return e.error }
 // another node with the first's run_id: when a passed check of that node
 // vouches for its run_id, the script is sent once more, with it; otherwise
 // the call fails as above, and the calls after it are routed by the map
-// go-redis reads again.)
+// go-redis reads again; a Finish reads it first, one CLUSTER SLOTS, before
+// it is sent once more.)
 //
 // A node's check, New's included, vouches for it for a minute: the first
 // call to the node after that has its clock and run_id read again (TIME
@@ -1655,7 +1656,13 @@ func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest, begin
 		// there, restored or replicated). Send it once more, once the new
 		// Redis passed its check (run waits for it, and fails when it does
 		// not pass), with its run_id: the same call (ftok), so that a run
-		// go-redis sent before counts once.
+		// go-redis sent before counts once. On a Cluster the slot may have
+		// moved (go-redis followed MOVED to a node whose check no longer
+		// vouches for it, and reloads its map in the background): read the
+		// map first (one CLUSTER SLOTS), so that it goes to that node, checked.
+		if cluster, ok := s.client.(*redis.ClusterClient); ok {
+			_ = cluster.ForEachShard(ctx, func(context.Context, *redis.Client) error { return nil })
+		}
 		v, _, err = s.run(ctx, false, finishScript, s.keys(req.Key), args...)
 	}
 	if errors.Is(err, idempotency.ErrStoreFull) {
