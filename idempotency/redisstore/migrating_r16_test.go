@@ -1,0 +1,63 @@
+package redisstore
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tollgate-go/tollgate/idempotency"
+	"github.com/tollgate-go/tollgate/idempotency/storetest"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
+)
+
+// A review found the defect this test guards against.
+//
+// While a Cluster migrates a tenant's slot (MIGRATING at its source), a
+// script naming keys of which only some are at the source is refused
+// TRYAGAIN. Every script named the tenant's index key, which exists only
+// under WithMaxRecordsPerTenant: without the bound, every call of a
+// tenant whose horizon and record were at the source was refused for as
+// long as the migration ran, a Finish included (go-redis resends TRYAGAIN
+// a few times, then fails the call), and a try that ran lost its outcome.
+// Without the bound, a script names only the keys it uses. The test runs
+// its own two-node Cluster on ports 7435 and 7436.
+func TestR16CallsOfAMigratingSlotRunWhileTheirKeysAreAtTheSource(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a, b := startTableNode(t, 7435), startTableNode(t, 7436)
+	ownAllSlots(t, ctx, a)
+	require.NoError(t, b.client.ClusterMeet(ctx, "127.0.0.1", "7435").Err())
+	require.True(t, tableEventually(10*time.Second, func() bool {
+		return strings.Contains(a.client.ClusterInfo(ctx).Val(), "cluster_known_nodes:2") &&
+			strings.Contains(b.client.ClusterInfo(ctx).Val(), "cluster_known_nodes:2") &&
+			slotsOwner(ctx, b) != ""
+	}), "a and b knowing each other")
+
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.addr}, ContextTimeoutEnabled: true})
+	defer func() { _ = client.Close() }()
+	s, err := New(ctx, client)
+	require.NoError(t, err)
+	defer func() { _ = s.Close() }()
+	key := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}
+	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: key, Try: 1, Deadline: time.Now().Add(20 * time.Second), Minted: true})
+	require.NoError(t, err)
+	require.True(t, res.Started)
+
+	// The handler runs; meanwhile the tenant's slot starts to migrate to
+	// b, none of its keys moved yet.
+	slot, err := a.client.ClusterKeySlot(ctx, s.keys(key)[0]).Result()
+	require.NoError(t, err)
+	require.NoError(t, b.client.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", a.id).Err())
+	require.NoError(t, a.client.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", b.id).Err())
+
+	err = s.Finish(ctx, idempotency.FinishRequest{Key: key, Try: 1, Minted: true,
+		State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("done")})
+	require.NoError(t, err, "the handler's outcome was lost to the migration")
+	rec, err := s.Get(ctx, key)
+	require.NoError(t, err)
+	require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, rec.State)
+}
