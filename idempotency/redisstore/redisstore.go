@@ -222,6 +222,12 @@ func WithReplicas(n int, timeout time.Duration) Option {
 // status messages and details), and by Redis's maxmemory. The bound counts
 // a record until Redis removes it, DefaultKeep plus twice the skew and a
 // second after its expiry.
+// While a Cluster migrates a slot, Redis refuses (TRYAGAIN, which go-redis
+// resends a few times before the call fails unavailable) a script whose
+// keys are split between the slot's source and its target: a call names
+// the tenant's horizon and the record, and under the bound the index too,
+// so a tenant's calls may be refused between the moves of those keys.
+// Without the bound a call never names the index, which then never exists.
 // Default 0: no bound, no index; it must not be negative.
 func WithMaxRecordsPerTenant(n int) Option {
 	return optionFunc(func(s *Store) { s.perTenant = n })
@@ -1290,8 +1296,18 @@ func readTimeout(c redis.UniversalClient) time.Duration {
 // keys returns the keys every script is given: the tenant's horizon, the
 // record of k and the tenant's index of records (WithMaxRecordsPerTenant),
 // all under the tenant's hash tag.
+//
+// The tenant's index (its third key) is named only under
+// WithMaxRecordsPerTenant, the only time the scripts use it: while a
+// Cluster migrates the tenant's slot, Redis refuses (TRYAGAIN) a script
+// naming keys of which only some are at the slot's source, and an index
+// that never exists would have every call of the slot refused for as long
+// as the migration runs.
 func (s *Store) keys(k idempotency.Key) []string {
 	tag := s.prefix + "{t:" + k.Tenant + "}:"
+	if s.perTenant <= 0 {
+		return []string{tag + "h", tag + "r|" + k.AttemptID + "|" + k.Call + "|" + k.Method}
+	}
 	return []string{tag + "h", tag + "r|" + k.AttemptID + "|" + k.Call + "|" + k.Method, tag + "n"}
 }
 
