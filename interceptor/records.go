@@ -214,6 +214,23 @@ func (sv *server) repeatLeft(in *inbound, now time.Time) time.Duration {
 // time is no deadline miss (admission counts a cancelled waiter as
 // cancelled), and is not counted there.
 func (sv *server) contextEnded(ctx context.Context, in *inbound) error {
+	missed, err := sv.endedRefusal(ctx, in, true)
+	if missed {
+		stage := beginStage
+		if in.expired {
+			stage = arrivalStage // it came late: no begin miss (see above)
+		}
+		sv.tel.late.Add(ctx, 1, stage)
+		in.missCounted = true
+	}
+	return err
+}
+
+// endedRefusal is contextEnded's refusal of a try whose context ended
+// before its record was begun (begun set), or before its request came
+// (receiveFirst), uncounted: missed reports whether a deadline ended it,
+// which its caller counts in tollgate.deadline.misses.
+func (sv *server) endedRefusal(ctx context.Context, in *inbound, begun bool) (missed bool, err error) {
 	s := in.s
 	now := sv.cfg.now()
 	dl, hasDeadline := ctx.Deadline()
@@ -228,18 +245,19 @@ func (sv *server) contextEnded(ctx context.Context, in *inbound) error {
 			// the server's cap, see tryDeadlineOnly).
 			dl = now
 		}
-		stage := beginStage
-		if in.expired {
-			stage = arrivalStage // it came late: no begin miss (see above)
+		msg := "interceptor: the try's context ended, by its deadline, before its record was begun"
+		if !begun {
+			msg = "interceptor: the try's context ended, by its deadline, before its request came"
 		}
-		sv.tel.late.Add(ctx, 1, stage)
-		in.missCounted = true
-		err := status.NotAdmitted(status.ReasonDeadlineExpired, status.Fields{Final: true,
-			Message: "interceptor: the try's context ended, by its deadline, before its record was begun"})
-		return status.With(sv.tryDeadlineOnly(err, in, dl), id)
+		err := status.NotAdmitted(status.ReasonDeadlineExpired, status.Fields{Final: true, Message: msg})
+		return true, status.With(sv.tryDeadlineOnly(err, in, dl), id)
 	}
-	return status.NotAdmitted(status.ReasonUnspecified, status.Fields{AttemptID: s.ID, Call: s.Call, Try: s.Try,
-		Message: "interceptor: the try's context was canceled before its record was begun"})
+	msg := "interceptor: the try's context was canceled before its record was begun"
+	if !begun {
+		msg = "interceptor: the try's context was canceled before its request came"
+	}
+	return false, status.NotAdmitted(status.ReasonUnspecified, status.Fields{AttemptID: s.ID, Call: s.Call, Try: s.Try,
+		Message: msg})
 }
 
 // beforeHorizon is the refusal of a try of a caller's attempt created before

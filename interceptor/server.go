@@ -306,23 +306,32 @@ func (sv *server) noRequest(ctx context.Context, in *inbound) {
 // own deadline if earlier. A try that came after its attempt's deadline
 // (in.expired), which only its record may answer, is waited for no longer
 // than streamFinishTimeout. The stream's own context bounds grpc-go's
-// RecvMsg, which nothing else can cancel: a grpc-timeout, or the admission
-// tap's bound, which is the same deadline (bounded). Without either, or
-// with a later one (a grpc-timeout past the header's d plus the skew), the
-// receive runs on a goroutine of its own and the wait ends at the bound;
-// the interceptor then returns, grpc-go ends the stream with its answer,
-// and the receive, failed by that end, returns, and the goroutine with it:
-// grpc-go's transport cancels the stream's context when it writes the
-// status, which ends a blocked RecvMsg, whose own status then finds the
-// stream done and sends nothing (checked on grpc-go v1.85). A wait the
-// bound ended is answered by unreceived. A failed receive is counted by
-// noRequest, with the stream's context.
+// RecvMsg, which nothing else can cancel, when it is the transport's
+// (recvWatches): a grpc-timeout, or the admission tap's bound, which is the
+// same deadline (bounded). Without either, with a later one (a grpc-timeout
+// past the header's d plus the skew), or when the context is one an
+// interceptor chained outside tollgate's gave the stream (a timeout of its
+// own, a cancellation when the server drains), which RecvMsg does not
+// watch, the receive runs on a goroutine of its own and the wait ends at
+// the bound, or when that context ends; the interceptor then returns,
+// grpc-go ends the stream with its answer, and the receive, failed by that
+// end, returns, and the goroutine with it: grpc-go's transport cancels the
+// stream's context when it writes the status, which ends a blocked
+// RecvMsg, whose own status then finds the stream done and sends nothing
+// (checked on grpc-go v1.85). A wait the bound ended is answered by
+// unreceived; one the outer context ended is refused as a try whose
+// context ended before its record was begun (endedRefusal: nothing was
+// begun or run) and counted as a receive that context ended would be. A
+// failed receive is counted by noRequest, with the stream's context.
 func (sv *server) receiveFirst(ctx context.Context, ss grpc.ServerStream, in *inbound, m proto.Message, recorded bool) error {
 	until := in.until
 	if in.expired {
 		until = time.Now().Add(streamFinishTimeout)
 	}
-	if dl, ok := ctx.Deadline(); ok && !dl.After(until) {
+	dl, ok := ctx.Deadline()
+	ownBound := ok && !dl.After(until) // the context's own deadline ends the wait
+	watched := recvWatches(ctx)
+	if ownBound && watched {
 		err := ss.RecvMsg(m)
 		if err != nil {
 			sv.noRequest(ctx, in)
@@ -350,8 +359,18 @@ func (sv *server) receiveFirst(ctx context.Context, ss grpc.ServerStream, in *in
 		select {
 		case r = <-got: // it came as the wait ended
 		default:
-			if ctx.Err() == nil {
+			switch {
+			case ctx.Err() == nil && !ownBound:
 				return sv.unreceived(bctx, in, recorded)
+			case !watched:
+				// An outer interceptor's context ended the wait (or its
+				// deadline, which is bctx's, ends it now): RecvMsg does not
+				// watch it. Nothing was begun or run: the try is refused as
+				// one whose context ended before its record was begun
+				// (contextEnded), counted as a receive it ended would be.
+				sv.noRequest(bctx, in)
+				_, err := sv.endedRefusal(bctx, in, false)
+				return err
 			}
 			r = <-got // the stream's own context ended: its receive returns at once
 		}
@@ -363,6 +382,20 @@ func (sv *server) receiveFirst(ctx context.Context, ss grpc.ServerStream, in *in
 		sv.noRequest(ctx, in)
 	}
 	return r.err
+}
+
+// recvWatches reports whether grpc-go's RecvMsg on the stream of ctx, the
+// context the stream interceptor was given, ends when ctx ends: when ctx
+// ends as the transport's stream context does (it only adds values to it,
+// as grpc-go's own and stats handlers' do), not when it is a context an
+// interceptor chained outside tollgate's gave the stream, with a deadline
+// or a cancellation of its own, which RecvMsg does not watch. Without the
+// transport's stream in ctx (no grpc-go server, or one that no longer gives
+// its stream's context) it reports false: the wait then runs on a
+// goroutine, which costs more but ends with ctx.
+func recvWatches(ctx context.Context) bool {
+	ts, ok := grpc.ServerTransportStreamFromContext(ctx).(interface{ Context() context.Context })
+	return ok && ts.Context().Done() == ctx.Done()
 }
 
 // receipt is what a receive receiveFirst runs on a goroutine returned.
@@ -968,7 +1001,9 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 			// is recorded. grpc-go has sent its own status already when
 			// the error is its own, so the trailer goes only where a
 			// wrapping stream failed the receive, or the handler's
-			// deadline ended the wait (receiveFirst). A try whose deadline
+			// deadline, or the context an interceptor chained outside
+			// this one gave the stream, ended the wait (receiveFirst), and
+			// grpc-go's RecvMsg has failed nothing yet. A try whose deadline
 			// ended it while it waited missed that deadline before it
 			// began, as one whose request came late did: receiveFirst
 			// counts it on arrival (noRequest).
