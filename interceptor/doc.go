@@ -51,9 +51,13 @@
 // interceptor waits for it no longer than the handler would run (the
 // attempt's deadline plus the skew), even without the admission tap or a
 // grpc-timeout, and a request that has not come by then is counted in
-// tollgate.deadline.misses{stage=arrival} and answered as one that came
-// after that deadline, or DEADLINE_EXCEEDED where only its record could
-// answer it.
+// tollgate.deadline.misses{stage=arrival}: where the stream's own deadline
+// ended the wait (the admission tap's bound, or a grpc-timeout), grpc-go
+// answers the failed receive itself, DEADLINE_EXCEEDED; otherwise it is
+// answered as one that came after that deadline, or DEADLINE_EXCEEDED where
+// only its record could answer it. A wait that the context an interceptor
+// chained outside tollgate's gave the stream ended is refused as a try
+// whose context ended before its record was begun.
 // Client-streaming and bidi streams, whose requests arrive while the handler
 // runs, and server-streaming methods the registry does not know are
 // fingerprinted by the method alone.
