@@ -51,7 +51,8 @@ type Request struct {
 	// deadline never) — or, only while streams hold every slot (nothing
 	// else could free one), each stream living as long again as it has
 	// lived (at least the class's mean, no later than its deadline). End
-	// its permit with Abandon, which teaches nothing.
+	// its permit with EndStream, which teaches nothing but judges its
+	// deadline (Abandon when it never ran).
 	Stream bool
 	// Control marks control-path work whatever its Method: it is admitted
 	// in the control class, as the control methods are, under its Tenant
@@ -191,10 +192,11 @@ func (p *Permit) releaseNow(countMiss bool) {
 }
 
 // Abandon returns the permit's slot exactly like [Permit.Release] but
-// teaches the class nothing: use it for work that never ran (a try answered
-// from its record, a refusal after admission) and for streams, whose
-// lifetime is not a service time, so that neither instant nor endless
-// permits distort the learned service time. Release and Abandon together
+// teaches the class nothing, and judges no deadline: use it for work that
+// never ran (a try answered from its record, a refusal after admission,
+// a stream refused before its handler) so that instant permits do not
+// distort the learned service time; end a stream that ran with
+// [Permit.EndStream]. Release and Abandon together
 // end a permit exactly once: whichever comes first wins, later calls do
 // nothing (as does ReleaseMissCounted). Abandon on a nil Permit does
 // nothing. It acts at the time [Permit.Release] acts at: while the
