@@ -555,7 +555,10 @@ func (e sentError) Unwrap() error { return e.error }
 // vouches for its run_id, the script is sent once more, with it; otherwise
 // the call fails as above, and the calls after it are routed by the map
 // go-redis reads again; a Finish reads it first, one CLUSTER SLOTS, before
-// it is sent once more.)
+// it is sent once more, and, while the Redis it reaches is one the map
+// does not name yet, a node a slot migrates to that holds its keys (ASK),
+// again after a pause, until the migration ends and the map names the
+// node, or its context, at most five seconds, ends.)
 //
 // A node's check, New's included, vouches for it for a minute: the first
 // call to the node after that has its clock and run_id read again (TIME
@@ -1665,21 +1668,46 @@ func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest, begin
 		req.Try, fingerprint(req.Fingerprint), int(req.State), code, msg, det, resp, retained, req.UnitsSpent, callToken(), beginTok, req.Minted, s.perTenant,
 		s.ms(s.keep), s.ms(s.idle)}
 	v, _, err := s.run(ctx, false, finishScript, s.keys(req.Key), args...)
-	if errors.As(err, new(anotherRedis)) {
+	cluster, _ := s.client.(*redis.ClusterClient)
+	for pause, until := 10*time.Millisecond, time.Now().Add(nodeCheckTimeout); errors.As(err, new(anotherRedis)); pause = min(2*pause, time.Second) {
 		// The script found another Redis behind the node's address (a
 		// restart, a failover) and wrote nothing there. The try's handler
 		// ran: its outcome must not be lost for that (the record may be
 		// there, restored or replicated). Send it once more, once the new
 		// Redis passed its check (run waits for it, and fails when it does
 		// not pass), with its run_id: the same call (ftok), so that a run
-		// go-redis sent before counts once. On a Cluster the slot may have
-		// moved (go-redis followed MOVED to a node whose check no longer
-		// vouches for it, and reloads its map in the background): read the
-		// map first (one CLUSTER SLOTS), so that it goes to that node, checked.
-		if cluster, ok := s.client.(*redis.ClusterClient); ok {
+		// go-redis sent before counts once, and the time it is sent at (the
+		// lease is judged then). On a Cluster the slot may have moved
+		// (go-redis followed MOVED to a node whose check no longer vouches
+		// for it, and reloads its map in the background): read the map
+		// first (one CLUSTER SLOTS), so that it goes to that node, checked.
+		if cluster != nil {
 			_ = cluster.ForEachShard(ctx, func(context.Context, *redis.Client) error { return nil })
 		}
+		args[0] = s.now().UnixMilli()
 		v, _, err = s.run(ctx, false, finishScript, s.keys(req.Key), args...)
+		if cluster == nil || !errors.As(err, new(anotherRedis)) {
+			break
+		}
+		// On a Cluster, a Redis the map does not name yet: a node the
+		// slot migrates to holds the keys, which go-redis reaches
+		// following ASK, and the store, which checks the nodes of the
+		// map, cannot check it until the migration ends. Send it again
+		// after a pause, until the map names the node (then checked) or
+		// the context, at most nodeCheckTimeout, ends.
+		if !time.Now().Add(pause).Before(until) {
+			break
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		case <-s.stop.Done():
+		}
+		t.Stop()
+		if ctx.Err() != nil || s.stop.Err() != nil {
+			break
+		}
 	}
 	if errors.Is(err, idempotency.ErrStoreFull) {
 		// Redis is out of memory and refused the finish's write (a script
