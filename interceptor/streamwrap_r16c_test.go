@@ -1,0 +1,109 @@
+package interceptor_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/interceptor"
+	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
+	"github.com/tollgate-go/tollgate/internal/testsvc"
+	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/stats"
+)
+
+// A review found the defect this test guards against.
+//
+// receiveFirst receives a server-streaming call's request on the handler's
+// goroutine when the stream's context has its own deadline before the
+// wait's bound and recvWatches says grpc-go's RecvMsg ends with that
+// context. recvWatches compares the context's Done channel with that of the
+// transport stream's Context(); but grpc-go v1.85 replaces the transport
+// stream's context (SetContext) with the one its stats handler's TagRPC
+// returned, after the transport's reader was set up on the earlier one:
+// a TagRPC that gives the RPC a deadline (or a cancellation) of its own
+// makes recvWatches say yes, while RecvMsg watches only the context the
+// transport made. A client that opened the stream and sent nothing then
+// held it past that deadline, for as long as it kept the stream open.
+func TestR16cStreamRequestWaitHonoursAStatsHandlersContext(t *testing.T) {
+	store := memoryStore(t)
+	sh := &r16cTimeoutTagger{d: 300 * time.Millisecond}
+	c := newConsumer()
+	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) { testingv1.RegisterTestServiceServer(s, c) },
+		append([]grpc.ServerOption{grpc.StatsHandler(sh)},
+			serverOpts(interceptor.WithAttemptStore(store), interceptor.WithMaxAttemptTime(time.Minute))...)...)
+	conn := r16Ready(t, end.DialT(t))
+
+	// A trusted peer's attempt a minute long; the client sends no
+	// grpc-timeout and no request, and does not cancel.
+	id, _ := uuid.NewV7()
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "tollgate",
+		fmt.Sprintf("a=%s;c=0;t=1;d=%d", id, time.Now().Add(time.Minute).UnixMilli()))
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, testingv1.TestService_Consume_FullMethodName)
+	require.NoError(t, err)
+	ended := make(chan error, 1)
+	go func() { ended <- s.RecvMsg(new(testingv1.ConsumeResponse)) }()
+	select {
+	case err = <-ended:
+	case <-time.After(10 * time.Second): // a guard against the hang, not a timing assertion
+		cancel()
+		<-ended
+		t.Fatal("the server kept waiting for the request after the deadline its stats handler gave the RPC")
+	}
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
+	require.Equal(t, status.ReasonDeadlineExpired, o.Reason, "%v", err)
+	require.Zero(t, c.runs.Load(), "nothing ran")
+	require.Zero(t, store.Len(), "nothing was begun")
+}
+
+// r16cTimeoutTagger is a server stats handler whose TagRPC gives each RPC a
+// deadline of its own, released when the RPC ends.
+type r16cTimeoutTagger struct {
+	d       time.Duration
+	mu      sync.Mutex
+	cancels map[context.Context]context.CancelFunc
+}
+
+type r16cTagKey struct{}
+
+func (h *r16cTimeoutTagger) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
+	ctx, cancel := context.WithTimeout(ctx, h.d)
+	key := new(int)
+	ctx = context.WithValue(ctx, r16cTagKey{}, key)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.cancels == nil {
+		h.cancels = map[context.Context]context.CancelFunc{}
+	}
+	h.cancels[ctx] = cancel
+	return ctx
+}
+
+func (h *r16cTimeoutTagger) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	if _, ok := s.(*stats.End); !ok {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for k, cancel := range h.cancels {
+		if k.Value(r16cTagKey{}) == ctx.Value(r16cTagKey{}) {
+			cancel()
+			delete(h.cancels, k)
+		}
+	}
+}
+
+func (*r16cTimeoutTagger) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return ctx
+}
+
+func (*r16cTimeoutTagger) HandleConn(context.Context, stats.ConnStats) {}
