@@ -306,14 +306,14 @@ func (sv *server) noRequest(ctx context.Context, in *inbound) {
 // own deadline if earlier. A try that came after its attempt's deadline
 // (in.expired), which only its record may answer, is waited for no longer
 // than streamFinishTimeout. The stream's own context bounds grpc-go's
-// RecvMsg, which nothing else can cancel, when it is the transport's
-// (recvWatches): a grpc-timeout, or the admission tap's bound, which is the
-// same deadline (bounded). Without either, with a later one (a grpc-timeout
-// past the header's d plus the skew), or when the context is one an
-// interceptor chained outside tollgate's gave the stream (a timeout of its
-// own, a cancellation when the server drains), which RecvMsg does not
-// watch, the receive runs on a goroutine of its own and the wait ends at
-// the bound, or when that context ends; the interceptor then returns,
+// RecvMsg, which nothing else can cancel, when it is the one the transport
+// set its reader up on and tollgate's admission tap bounded, which is the
+// same deadline (bounded, recvWatches). Otherwise (no such bound: a
+// grpc-timeout came first, or no tap; or a context a stats handler's TagRPC
+// or an interceptor chained outside tollgate's gave the RPC, with a timeout
+// of its own or a cancellation when the server drains, which RecvMsg does
+// not watch), the receive runs on a goroutine of its own and the wait ends
+// at the bound, or when that context ends; the interceptor then returns,
 // grpc-go ends the stream with its answer, and the receive, failed by that
 // end, returns, and the goroutine with it: grpc-go's transport cancels the
 // stream's context when it writes the status, which ends a blocked
@@ -362,12 +362,16 @@ func (sv *server) receiveFirst(ctx context.Context, ss grpc.ServerStream, in *in
 			switch {
 			case ctx.Err() == nil && !ownBound:
 				return sv.unreceived(bctx, in, recorded)
-			case !watched:
-				// An outer interceptor's context ended the wait (or its
-				// deadline, which is bctx's, ends it now): RecvMsg does not
-				// watch it. Nothing was begun or run: the try is refused as
-				// one whose context ended before its record was begun
-				// (contextEnded), counted as a receive it ended would be.
+			case !watched && !(errors.Is(ctx.Err(), context.Canceled) && streamContext(ctx)):
+				// A deadline RecvMsg may not watch (a grpc-timeout, a stats
+				// handler's or an outer interceptor's, which is bctx's,
+				// ends it now), or an outer interceptor's cancellation,
+				// ended the wait. Nothing was begun or run: the try is
+				// refused as one whose context ended before its record
+				// was begun (contextEnded), counted as a receive it ended
+				// would be. The transport stream's context canceled (its
+				// client went away) ends the receive at once, which
+				// answers as it would on the handler's goroutine.
 				sv.noRequest(bctx, in)
 				_, err := sv.endedRefusal(bctx, in, false)
 				return err
@@ -385,15 +389,30 @@ func (sv *server) receiveFirst(ctx context.Context, ss grpc.ServerStream, in *in
 }
 
 // recvWatches reports whether grpc-go's RecvMsg on the stream of ctx, the
-// context the stream interceptor was given, ends when ctx ends: when ctx
-// ends as the transport's stream context does (it only adds values to it,
-// as grpc-go's own and stats handlers' do), not when it is a context an
-// interceptor chained outside tollgate's gave the stream, with a deadline
-// or a cancellation of its own, which RecvMsg does not watch. Without the
-// transport's stream in ctx (no grpc-go server, or one that no longer gives
-// its stream's context) it reports false: the wait then runs on a
-// goroutine, which costs more but ends with ctx.
+// context the stream interceptor was given, ends when ctx ends: only when
+// ctx ends as the context tollgate's admission tap returned for the request
+// (tapBound) does, which grpc-go's transport set its reader up on (the
+// request's values added to it, as grpc-go's own are, change nothing). The
+// transport stream's Context() is no evidence: grpc-go v1.85 replaces it
+// (SetContext) with the context its stats handler's TagRPC returned, after
+// the reader was set up, so a TagRPC that gives the RPC a deadline or a
+// cancellation of its own would look watched. Nor is a context an
+// interceptor chained outside tollgate's gave the stream, or a tap the user
+// composed outside tollgate's, watched. Without that evidence (no bound
+// from tollgate's tap: none installed, or the request's own deadline came
+// first) it reports false: the wait then runs on a goroutine, which costs
+// more but ends with ctx.
 func recvWatches(ctx context.Context) bool {
+	b, ok := ctx.Value(tapBoundKey{}).(*tapBound)
+	return ok && b.Done() == ctx.Done()
+}
+
+// streamContext reports whether ctx ends as the transport stream's
+// Context() does: the transport's context, with values added, or the one a
+// stats handler's TagRPC returned, which grpc-go gives the stream in its
+// place (see recvWatches); not a context an interceptor chained outside
+// tollgate's gave the stream.
+func streamContext(ctx context.Context) bool {
 	ts, ok := grpc.ServerTransportStreamFromContext(ctx).(interface{ Context() context.Context })
 	return ok && ts.Context().Done() == ctx.Done()
 }
