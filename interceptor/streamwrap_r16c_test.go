@@ -13,6 +13,7 @@ import (
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
 	"github.com/tollgate-go/tollgate/status"
+	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/stats"
@@ -39,6 +40,7 @@ func TestR16cStreamRequestWaitHonoursAStatsHandlersContext(t *testing.T) {
 		append([]grpc.ServerOption{grpc.StatsHandler(sh)},
 			serverOpts(interceptor.WithAttemptStore(store), interceptor.WithMaxAttemptTime(time.Minute))...)...)
 	conn := r16Ready(t, end.DialT(t))
+	leaks := goleak.IgnoreCurrent()
 
 	// A trusted peer's attempt a minute long; the client sends no
 	// grpc-timeout and no request, and does not cancel.
@@ -63,6 +65,8 @@ func TestR16cStreamRequestWaitHonoursAStatsHandlersContext(t *testing.T) {
 	require.Equal(t, status.ReasonDeadlineExpired, o.Reason, "%v", err)
 	require.Zero(t, c.runs.Load(), "nothing ran")
 	require.Zero(t, store.Len(), "nothing was begun")
+	cancel()
+	require.NoError(t, goleak.Find(leaks), "the receive's goroutine ends with the stream")
 }
 
 // r16cTimeoutTagger is a server stats handler whose TagRPC gives each RPC a
