@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
@@ -32,13 +33,29 @@ import (
 // makes recvWatches say yes, while RecvMsg watches only the context the
 // transport made. A client that opened the stream and sent nothing then
 // held it past that deadline, for as long as it kept the stream open.
+//
+// With tollgate's admission tap, whose bound RecvMsg does watch, the
+// stats handler's earlier deadline must end the wait all the same.
 func TestR16cStreamRequestWaitHonoursAStatsHandlersContext(t *testing.T) {
+	for _, tap := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tap=%v", tap), func(t *testing.T) { r16cStatsHandlerDeadline(t, tap) })
+	}
+}
+
+func r16cStatsHandlerDeadline(t *testing.T, tap bool) {
 	store := memoryStore(t)
+	extra := []interceptor.ServerOption{interceptor.WithAttemptStore(store), interceptor.WithMaxAttemptTime(time.Minute)}
+	if tap {
+		ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 4, QueueItems: 4}),
+			admission.WithDefaultClass("work"))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = ctrl.Close() })
+		extra = append(extra, interceptor.WithAdmission(ctrl))
+	}
 	sh := &r16cTimeoutTagger{d: 300 * time.Millisecond}
 	c := newConsumer()
 	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) { testingv1.RegisterTestServiceServer(s, c) },
-		append([]grpc.ServerOption{grpc.StatsHandler(sh)},
-			serverOpts(interceptor.WithAttemptStore(store), interceptor.WithMaxAttemptTime(time.Minute))...)...)
+		append([]grpc.ServerOption{grpc.StatsHandler(sh)}, serverOpts(extra...)...)...)
 	conn := r16Ready(t, end.DialT(t))
 	leaks := goleak.IgnoreCurrent()
 
