@@ -55,8 +55,9 @@
 // ended the wait (the admission tap's bound, or a grpc-timeout), grpc-go
 // answers the failed receive itself, DEADLINE_EXCEEDED; otherwise it is
 // answered as one that came after that deadline, or DEADLINE_EXCEEDED where
-// only its record could answer it. A wait that the context an interceptor
-// chained outside tollgate's gave the stream ended is refused as a try
+// only its record could answer it. A wait that the context a stats
+// handler's TagRPC or an interceptor chained outside tollgate's gave the
+// RPC ended (which grpc-go's receive does not watch) is refused as a try
 // whose context ended before its record was begun.
 // Client-streaming and bidi streams, whose requests arrive while the handler
 // runs, and server-streaming methods the registry does not know are
