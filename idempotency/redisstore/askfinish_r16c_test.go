@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -29,15 +28,7 @@ import (
 func TestR16cFinishesATryWhoseKeysMovedToAnImportingNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	a, b := startTableNode(t, 7481), startTableNode(t, 7482)
-	ownAllSlots(t, ctx, a)
-	require.NoError(t, b.client.ClusterMeet(ctx, "127.0.0.1", "7481").Err())
-	require.True(t, tableEventually(10*time.Second, func() bool {
-		return strings.Contains(a.client.ClusterInfo(ctx).Val(), "cluster_known_nodes:2") &&
-			strings.Contains(b.client.ClusterInfo(ctx).Val(), "cluster_known_nodes:2") &&
-			strings.Contains(b.client.ClusterInfo(ctx).Val(), "cluster_state:ok") &&
-			slotsOwner(ctx, b) != ""
-	}), "a and b knowing each other")
+	a, b := joinedPair(t, ctx, 7481, 7482)
 
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.addr}, ContextTimeoutEnabled: true})
 	defer func() { _ = client.Close() }()

@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -21,22 +20,7 @@ import (
 func TestRedisStoreResendsAfterMovedToACheckedNode_r16rev(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	a, b := startTableNode(t, 7473), startTableNode(t, 7474)
-	require.NoError(t, a.client.Do(ctx, "CLUSTER", "SET-CONFIG-EPOCH", 1).Err())
-	require.NoError(t, b.client.Do(ctx, "CLUSTER", "SET-CONFIG-EPOCH", 2).Err())
-	require.NoError(t, a.client.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16382).Err())
-	require.NoError(t, b.client.Do(ctx, "CLUSTER", "ADDSLOTS", 16383).Err())
-	require.NoError(t, b.client.ClusterMeet(ctx, "127.0.0.1", "7473").Err())
-	require.True(t, tableEventually(15*time.Second, func() bool {
-		for _, n := range []*tableNode{a, b} {
-			//lint:ignore SA1019 go-redis reads the Cluster's map with CLUSTER SLOTS: check what clients read.
-			slots, err := n.client.ClusterSlots(ctx).Result()
-			if err != nil || len(slots) != 2 || !strings.Contains(n.client.ClusterInfo(ctx).Val(), "cluster_state:ok") {
-				return false
-			}
-		}
-		return true
-	}), "a and b serving their slots, as each sees it")
+	a, b := splitPair(t, ctx, 7473, 7474)
 
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.addr, b.addr}, ContextTimeoutEnabled: true})
 	defer func() { _ = client.Close() }()

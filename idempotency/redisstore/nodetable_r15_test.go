@@ -130,15 +130,7 @@ func ownAllSlots(t *testing.T, ctx context.Context, n *tableNode) {
 func TestNodeTableForgetsNodeThatLeftCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	a, b := startTableNode(t, 7431), startTableNode(t, 7432)
-	ownAllSlots(t, ctx, a)
-	// b joins the Cluster, serving no slot yet.
-	require.NoError(t, b.client.ClusterMeet(ctx, "127.0.0.1", "7431").Err())
-	require.True(t, tableEventually(10*time.Second, func() bool {
-		return strings.Contains(a.client.ClusterInfo(ctx).Val(), "cluster_known_nodes:2") &&
-			strings.Contains(b.client.ClusterInfo(ctx).Val(), "cluster_known_nodes:2") &&
-			slotsOwner(ctx, b) != ""
-	}), "a and b knowing each other")
+	a, b := joinedPair(t, ctx, 7431, 7432)
 
 	// The client is seeded with b too (as a Kubernetes service name would
 	// lead to the new pod): it reads the map from the seeds, and CLUSTER

@@ -1,0 +1,50 @@
+package redisstore
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// joinedPair starts a Cluster of the test's own on ports pa and pb: a
+// serves every slot, and b has joined it, serving none, known to a and
+// knowing a's map.
+func joinedPair(t *testing.T, ctx context.Context, pa, pb int) (a, b *tableNode) {
+	t.Helper()
+	a, b = startTableNode(t, pa), startTableNode(t, pb)
+	ownAllSlots(t, ctx, a)
+	require.NoError(t, b.client.ClusterMeet(ctx, "127.0.0.1", a.addr[strings.LastIndexByte(a.addr, ':')+1:]).Err())
+	require.True(t, tableEventually(10*time.Second, func() bool {
+		return strings.Contains(a.client.ClusterInfo(ctx).Val(), "cluster_known_nodes:2") &&
+			strings.Contains(b.client.ClusterInfo(ctx).Val(), "cluster_known_nodes:2") &&
+			strings.Contains(b.client.ClusterInfo(ctx).Val(), "cluster_state:ok") &&
+			slotsOwner(ctx, b) != ""
+	}), "a and b knowing each other")
+	return a, b
+}
+
+// splitPair starts a Cluster of the test's own on ports pa and pb: a
+// serves slots 0-16382 and b slot 16383, as each of them sees it.
+func splitPair(t *testing.T, ctx context.Context, pa, pb int) (a, b *tableNode) {
+	t.Helper()
+	a, b = startTableNode(t, pa), startTableNode(t, pb)
+	require.NoError(t, a.client.Do(ctx, "CLUSTER", "SET-CONFIG-EPOCH", 1).Err())
+	require.NoError(t, b.client.Do(ctx, "CLUSTER", "SET-CONFIG-EPOCH", 2).Err())
+	require.NoError(t, a.client.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16382).Err())
+	require.NoError(t, b.client.Do(ctx, "CLUSTER", "ADDSLOTS", 16383).Err())
+	require.NoError(t, b.client.ClusterMeet(ctx, "127.0.0.1", a.addr[strings.LastIndexByte(a.addr, ':')+1:]).Err())
+	require.True(t, tableEventually(15*time.Second, func() bool {
+		for _, n := range []*tableNode{a, b} {
+			//lint:ignore SA1019 go-redis reads the Cluster's map with CLUSTER SLOTS: check what clients read.
+			slots, err := n.client.ClusterSlots(ctx).Result()
+			if err != nil || len(slots) != 2 || !strings.Contains(n.client.ClusterInfo(ctx).Val(), "cluster_state:ok") {
+				return false
+			}
+		}
+		return true
+	}), "a and b serving their slots, as each sees it")
+	return a, b
+}
