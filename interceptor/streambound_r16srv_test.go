@@ -213,3 +213,32 @@ func r16Ready(t *testing.T, conn *grpc.ClientConn) *grpc.ClientConn {
 	}
 	return conn
 }
+
+// r16SilentStream opens, on conn, a server-streaming Consume of a trusted
+// peer's attempt a minute long, and sends neither a grpc-timeout nor a
+// request, nor cancels: only the server can end it. It returns the
+// attempt's ID and the error the stream ended with, failing the test with
+// hang (what the server should not have kept waiting for) when the server
+// has not ended it within 10 s (a guard against the hang, not a timing
+// assertion). cancel cancels the stream's context (also done when the test
+// ends).
+func r16SilentStream(t *testing.T, conn *grpc.ClientConn, hang string) (id uuid.UUID, cancel context.CancelFunc, err error) {
+	t.Helper()
+	id, _ = uuid.NewV7()
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "tollgate",
+		fmt.Sprintf("a=%s;c=0;t=1;d=%d", id, time.Now().Add(time.Minute).UnixMilli()))
+	ctx, cancel = context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	s, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, testingv1.TestService_Consume_FullMethodName)
+	require.NoError(t, err)
+	ended := make(chan error, 1)
+	go func() { ended <- s.RecvMsg(new(testingv1.ConsumeResponse)) }()
+	select {
+	case err = <-ended:
+	case <-time.After(10 * time.Second):
+		cancel()
+		<-ended
+		t.Fatal(hang)
+	}
+	return id, cancel, err
+}

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/interceptor"
@@ -16,7 +15,6 @@ import (
 	"github.com/tollgate-go/tollgate/status"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/stats"
 )
 
@@ -59,24 +57,7 @@ func r16cStatsHandlerDeadline(t *testing.T, tap bool) {
 	conn := r16Ready(t, end.DialT(t))
 	leaks := goleak.IgnoreCurrent()
 
-	// A trusted peer's attempt a minute long; the client sends no
-	// grpc-timeout and no request, and does not cancel.
-	id, _ := uuid.NewV7()
-	ctx := metadata.AppendToOutgoingContext(t.Context(), "tollgate",
-		fmt.Sprintf("a=%s;c=0;t=1;d=%d", id, time.Now().Add(time.Minute).UnixMilli()))
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	s, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, testingv1.TestService_Consume_FullMethodName)
-	require.NoError(t, err)
-	ended := make(chan error, 1)
-	go func() { ended <- s.RecvMsg(new(testingv1.ConsumeResponse)) }()
-	select {
-	case err = <-ended:
-	case <-time.After(10 * time.Second): // a guard against the hang, not a timing assertion
-		cancel()
-		<-ended
-		t.Fatal("the server kept waiting for the request after the deadline its stats handler gave the RPC")
-	}
+	_, cancel, err := r16SilentStream(t, conn, "the server kept waiting for the request after the deadline its stats handler gave the RPC")
 	o := status.OutcomeOf(err)
 	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
 	require.Equal(t, status.ReasonDeadlineExpired, o.Reason, "%v", err)

@@ -2,11 +2,9 @@ package interceptor_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
@@ -14,7 +12,6 @@ import (
 	"github.com/tollgate-go/tollgate/status"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/metadata"
 )
 
 // A review found the defect this test guards against.
@@ -68,24 +65,7 @@ func TestR16RevStreamRequestWaitHonoursAnOuterInterceptorsContext(t *testing.T) 
 						interceptor.WithMaxAttemptTime(time.Minute))...)...)
 			conn := r16Ready(t, end.DialT(t))
 
-			// A trusted peer's attempt a minute long; the client sends no
-			// grpc-timeout and no request, and does not cancel.
-			id, _ := uuid.NewV7()
-			ctx := metadata.AppendToOutgoingContext(t.Context(), "tollgate",
-				fmt.Sprintf("a=%s;c=0;t=1;d=%d", id, time.Now().Add(time.Minute).UnixMilli()))
-			ctx, cancel := context.WithCancel(ctx)
-			defer cancel()
-			s, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, testingv1.TestService_Consume_FullMethodName)
-			require.NoError(t, err)
-			ended := make(chan error, 1)
-			go func() { ended <- s.RecvMsg(new(testingv1.ConsumeResponse)) }()
-			select {
-			case err = <-ended:
-			case <-time.After(10 * time.Second): // a guard against the hang, not a timing assertion
-				cancel()
-				<-ended
-				t.Fatal("the server kept waiting for the request after the outer interceptor's context ended")
-			}
+			id, _, err := r16SilentStream(t, conn, "the server kept waiting for the request after the outer interceptor's context ended")
 			o := status.OutcomeOf(err)
 			require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
 			require.Equal(t, tc.wantWhy, o.Reason, "%v", err)
