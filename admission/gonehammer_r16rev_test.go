@@ -23,28 +23,7 @@ import (
 // deadline miss per DEADLINE_EXPIRED; every permit is released, the
 // invariants hold at every change, and the controller ends empty.
 func TestR16revGoneWaitersHammeredAreDecidedOnce(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	var vmu sync.Mutex
-	var viol error
-	c, err := New(WithClasses(
-		Class{Name: "a", Slots: 2, QueueItems: 6, LendIdle: true, TenantRunning: 1, ExpectedServiceTime: 3 * time.Millisecond},
-		Class{Name: "b", Slots: 1, QueueItems: 6, Optional: true, ExpectedServiceTime: 4 * time.Millisecond},
-	),
-		WithClassifier(func(_ context.Context, r Request) string { return r.Method }),
-		WithMeterProvider(mp),
-		WithDegradation(Degradation{Window: 15 * time.Millisecond, MinDecisions: 2, MaxRefusalRatio: 0.3, MaxQueueAge: 8 * time.Millisecond}),
-		WithInvariantCheck(func(err error) {
-			if err != nil {
-				vmu.Lock()
-				if viol == nil {
-					viol = err
-				}
-				vmu.Unlock()
-			}
-		}))
-	require.NoError(t, err)
+	c, reader, violation := r16revHammered(t)
 	stop := make(chan struct{})
 	var hammer sync.WaitGroup
 	hammer.Add(1)
@@ -177,9 +156,7 @@ func TestR16revGoneWaitersHammeredAreDecidedOnce(t *testing.T) {
 	require.EqualValues(t, cancelledSeen.Load(), statsCancelled)
 	require.EqualValues(t, cancelledSeen.Load(), cancelled)
 	require.Equal(t, expired.Load(), misses, "one miss per DEADLINE_EXPIRED refusal")
-	vmu.Lock()
-	defer vmu.Unlock()
-	require.NoError(t, viol)
+	require.NoError(t, violation())
 }
 
 // The same on a virtual clock (AdmitAt, ReleaseAt, AbandonAt, StatsAt,
@@ -187,28 +164,7 @@ func TestR16revGoneWaitersHammeredAreDecidedOnce(t *testing.T) {
 // exactly once, in the stats and the metric, and the controller ends
 // empty once a last StatsAt has started what can start.
 func TestR16revGoneWaitersVirtualAreDecidedOnce(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	var vmu sync.Mutex
-	var viol error
-	c, err := New(WithClasses(
-		Class{Name: "a", Slots: 2, QueueItems: 6, LendIdle: true, TenantRunning: 1, ExpectedServiceTime: 3 * time.Millisecond},
-		Class{Name: "b", Slots: 1, QueueItems: 6, Optional: true, ExpectedServiceTime: 4 * time.Millisecond},
-	),
-		WithClassifier(func(_ context.Context, r Request) string { return r.Method }),
-		WithMeterProvider(mp),
-		WithDegradation(Degradation{Window: 15 * time.Millisecond, MinDecisions: 2, MaxRefusalRatio: 0.3, MaxQueueAge: 8 * time.Millisecond}),
-		WithInvariantCheck(func(err error) {
-			if err != nil {
-				vmu.Lock()
-				if viol == nil {
-					viol = err
-				}
-				vmu.Unlock()
-			}
-		}))
-	require.NoError(t, err)
+	c, reader, violation := r16revHammered(t)
 	var clk atomic.Int64 // virtual nanoseconds since epoch0
 	epoch0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	now := func() time.Time { return epoch0.Add(time.Duration(clk.Add(int64(50 * time.Microsecond)))) }
@@ -343,7 +299,40 @@ func TestR16revGoneWaitersVirtualAreDecidedOnce(t *testing.T) {
 	require.EqualValues(t, n, decisions, "one decision per AdmitAt in the metric")
 	require.EqualValues(t, cancelledSeen.Load(), statsCancelled)
 	require.NoError(t, c.Close())
-	vmu.Lock()
-	defer vmu.Unlock()
-	require.NoError(t, viol)
+	require.NoError(t, violation())
+}
+
+// r16revHammered is the controller both hammer tests drive: a lending
+// class with a tenant limit and an optional class, with degradation, its
+// decisions counted by reader. violation returns the first invariant
+// violation the controller reported, or nil.
+func r16revHammered(t *testing.T) (c *Controller, reader *sdkmetric.ManualReader, violation func() error) {
+	t.Helper()
+	reader = sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	var vmu sync.Mutex
+	var viol error
+	c, err := New(WithClasses(
+		Class{Name: "a", Slots: 2, QueueItems: 6, LendIdle: true, TenantRunning: 1, ExpectedServiceTime: 3 * time.Millisecond},
+		Class{Name: "b", Slots: 1, QueueItems: 6, Optional: true, ExpectedServiceTime: 4 * time.Millisecond},
+	),
+		WithClassifier(func(_ context.Context, r Request) string { return r.Method }),
+		WithMeterProvider(mp),
+		WithDegradation(Degradation{Window: 15 * time.Millisecond, MinDecisions: 2, MaxRefusalRatio: 0.3, MaxQueueAge: 8 * time.Millisecond}),
+		WithInvariantCheck(func(err error) {
+			if err != nil {
+				vmu.Lock()
+				if viol == nil {
+					viol = err
+				}
+				vmu.Unlock()
+			}
+		}))
+	require.NoError(t, err)
+	return c, reader, func() error {
+		vmu.Lock()
+		defer vmu.Unlock()
+		return viol
+	}
 }
