@@ -1681,8 +1681,16 @@ func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest, begin
 		// (go-redis followed MOVED to a node whose check no longer vouches
 		// for it, and reloads its map in the background): read the map
 		// first (one CLUSTER SLOTS), so that it goes to that node, checked.
+		// And have every master the map names checked whose check no
+		// longer vouches for it (the others cost a map lookup): a node a
+		// slot migrates to (ASK) that the map names, but that no call
+		// reached for a minute, is vouched for then, and the script
+		// sent there with its run_id (see run).
 		if cluster != nil {
-			_ = cluster.ForEachShard(ctx, func(context.Context, *redis.Client) error { return nil })
+			_ = cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+				_, _ = s.ready(ctx, node, node.Options().Addr)
+				return nil
+			})
 		}
 		args[0] = s.now().UnixMilli()
 		v, _, err = s.run(ctx, false, finishScript, s.keys(req.Key), args...)
