@@ -554,8 +554,9 @@ func (e sentError) Unwrap() error { return e.error }
 // another node with the first's run_id: when a passed check of that node
 // vouches for its run_id, the script is sent once more, with it; otherwise
 // the call fails as above, and the calls after it are routed by the map
-// go-redis reads again; a Finish reads it first, one CLUSTER SLOTS, before
-// it is sent once more, and, while the Redis it reaches is one the map
+// go-redis reads again; a Finish reads it first, one CLUSTER SLOTS, and
+// has the masters it names checked whose check lapsed, before it is sent
+// once more, and, while the Redis it reaches is one the map
 // does not name yet, a node a slot migrates to that holds its keys (ASK),
 // again after a pause, until the migration ends and the map names the
 // node, or its context, at most five seconds, ends.)
