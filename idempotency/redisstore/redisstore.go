@@ -1686,10 +1686,15 @@ func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest, begin
 		// longer vouches for it (the others cost a map lookup): a node a
 		// slot migrates to (ASK) that the map names, but that no call
 		// reached for a minute, is vouched for then, and the script
-		// sent there with its run_id (see run).
+		// sent there with its run_id (see run). The resend waits for
+		// those checks no longer than its pause: a master that does not
+		// answer, which may serve no key of this call, must not hold it
+		// (the check goes on, and the next resend finds its result).
 		if cluster != nil {
 			_ = cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-				_, _ = s.ready(ctx, node, node.Options().Addr)
+				cctx, cancel := context.WithTimeout(ctx, pause)
+				defer cancel()
+				_, _ = s.ready(cctx, node, node.Options().Addr)
 				return nil
 			})
 		}
