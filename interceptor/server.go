@@ -362,16 +362,19 @@ func (sv *server) receiveFirst(ctx context.Context, ss grpc.ServerStream, in *in
 			switch {
 			case ctx.Err() == nil && !ownBound:
 				return sv.unreceived(bctx, in, recorded)
-			case !watched && !(errors.Is(ctx.Err(), context.Canceled) && streamContext(ctx)):
+			case !watched && !(errors.Is(ctx.Err(), context.Canceled) && readerEnded(ctx)):
 				// A deadline RecvMsg may not watch (a grpc-timeout, a stats
 				// handler's or an outer interceptor's, which is bctx's,
-				// ends it now), or an outer interceptor's cancellation,
-				// ended the wait. Nothing was begun or run: the try is
-				// refused as one whose context ended before its record
-				// was begun (contextEnded), counted as a receive it ended
-				// would be. The transport stream's context canceled (its
-				// client went away) ends the receive at once, which
-				// answers as it would on the handler's goroutine.
+				// ends it now), or a cancellation it may not watch (a
+				// stats handler's or an outer interceptor's), ended the
+				// wait. Nothing was begun or run: the try is refused as
+				// one whose context ended before its record was begun
+				// (contextEnded), counted as a receive it ended would be.
+				// A cancellation of the context the transport's reader
+				// watches (its client went away), which shows where
+				// tollgate's tap bounded it (readerEnded), ends the
+				// receive at once, which answers as it would on the
+				// handler's goroutine.
 				sv.noRequest(bctx, in)
 				_, err := sv.endedRefusal(bctx, in, false)
 				return err
@@ -407,14 +410,17 @@ func recvWatches(ctx context.Context) bool {
 	return ok && b.Done() == ctx.Done()
 }
 
-// streamContext reports whether ctx ends as the transport stream's
-// Context() does: the transport's context, with values added, or the one a
-// stats handler's TagRPC returned, which grpc-go gives the stream in its
-// place (see recvWatches); not a context an interceptor chained outside
-// tollgate's gave the stream.
-func streamContext(ctx context.Context) bool {
-	ts, ok := grpc.ServerTransportStreamFromContext(ctx).(interface{ Context() context.Context })
-	return ok && ts.Context().Done() == ctx.Done()
+// readerEnded reports whether the context grpc-go's transport set its
+// reader up on has ended, so that a receive on it returns at once: the
+// context tollgate's admission tap returned for the request (tapBound),
+// which the reader watches, or which the context a tap composed around
+// tollgate's returned derives from. The transport stream's Context() is no
+// evidence (see recvWatches): a stats handler's TagRPC context, canceled,
+// would pass for it while the reader waits on. Without the tap's bound it
+// reports false.
+func readerEnded(ctx context.Context) bool {
+	b, ok := ctx.Value(tapBoundKey{}).(*tapBound)
+	return ok && b.Err() != nil
 }
 
 // receipt is what a receive receiveFirst runs on a goroutine returned.
