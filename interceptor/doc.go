@@ -57,8 +57,11 @@
 // answered as one that came after that deadline, or DEADLINE_EXCEEDED where
 // only its record could answer it. A wait that the context a stats
 // handler's TagRPC or an interceptor chained outside tollgate's gave the
-// RPC ended (which grpc-go's receive does not watch) is refused as a try
-// whose context ended before its record was begun.
+// RPC ended, by a deadline or a cancellation (which grpc-go's receive does
+// not watch), is refused as a try whose context ended before its record
+// was begun; without the admission tap's bound, which tells a client's
+// going away from such a cancellation, so may be a wait whose client went
+// away (no one receives that answer).
 // Client-streaming and bidi streams, whose requests arrive while the handler
 // runs, and server-streaming methods the registry does not know are
 // fingerprinted by the method alone.
