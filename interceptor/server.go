@@ -362,7 +362,7 @@ func (sv *server) receiveFirst(ctx context.Context, ss grpc.ServerStream, in *in
 			switch {
 			case ctx.Err() == nil && !ownBound:
 				return sv.unreceived(bctx, in, recorded)
-			case !watched && !(errors.Is(ctx.Err(), context.Canceled) && readerEnded(ctx)):
+			case !watched && !readerEnded(ctx):
 				// A deadline RecvMsg may not watch (a grpc-timeout, a stats
 				// handler's or an outer interceptor's, which is bctx's,
 				// ends it now), or a cancellation it may not watch (a
@@ -370,11 +370,11 @@ func (sv *server) receiveFirst(ctx context.Context, ss grpc.ServerStream, in *in
 				// wait. Nothing was begun or run: the try is refused as
 				// one whose context ended before its record was begun
 				// (contextEnded), counted as a receive it ended would be.
-				// A cancellation of the context the transport's reader
-				// watches (its client went away), which shows where
-				// tollgate's tap bounded it (readerEnded), ends the
-				// receive at once, which answers as it would on the
-				// handler's goroutine.
+				// The end of the context the transport's reader watches,
+				// which shows where tollgate's tap bounded it
+				// (readerEnded: the tap's bound passed, or its client went
+				// away), ends the receive at once, which answers as it
+				// would on the handler's goroutine.
 				sv.noRequest(bctx, in)
 				_, err := sv.endedRefusal(bctx, in, false)
 				return err
@@ -411,16 +411,18 @@ func recvWatches(ctx context.Context) bool {
 }
 
 // readerEnded reports whether the context grpc-go's transport set its
-// reader up on has ended, so that a receive on it returns at once: the
-// context tollgate's admission tap returned for the request (tapBound),
-// which the reader watches, or which the context a tap composed around
-// tollgate's returned derives from. The transport stream's Context() is no
-// evidence (see recvWatches): a stats handler's TagRPC context, canceled,
-// would pass for it while the reader waits on. Without the tap's bound it
-// reports false.
+// reader up on has ended, or its deadline has passed (its timer ends it
+// at once), so that a receive on it returns at once: the context
+// tollgate's admission tap returned for the request (tapBound), which the
+// reader watches, or which the context a tap composed around tollgate's
+// returned derives from. The transport stream's Context() is no evidence
+// (see recvWatches): a stats handler's TagRPC context, canceled, would pass
+// for it while the reader waits on; nor is the context's error, which is
+// the bound's too when the bound ended a context a stats handler derived
+// from it. Without the tap's bound it reports false.
 func readerEnded(ctx context.Context) bool {
 	b, ok := ctx.Value(tapBoundKey{}).(*tapBound)
-	return ok && b.Err() != nil
+	return ok && (b.Err() != nil || !time.Now().Before(b.limit))
 }
 
 // receipt is what a receive receiveFirst runs on a goroutine returned.
