@@ -362,7 +362,7 @@ func (sv *server) receiveFirst(ctx context.Context, ss grpc.ServerStream, in *in
 			switch {
 			case ctx.Err() == nil && !ownBound:
 				return sv.unreceived(bctx, in, recorded)
-			case !watched && !readerEnded(ctx):
+			case !watched && !readerEnded(ctx) && !untold(ctx):
 				// A deadline RecvMsg may not watch (a grpc-timeout, a stats
 				// handler's or an outer interceptor's, which is bctx's,
 				// ends it now), or a cancellation it may not watch (a
@@ -375,11 +375,24 @@ func (sv *server) receiveFirst(ctx context.Context, ss grpc.ServerStream, in *in
 				// (readerEnded: the tap's bound passed, or its client went
 				// away), ends the receive at once, which answers as it
 				// would on the handler's goroutine.
-				sv.noRequest(bctx, in)
-				_, err := sv.endedRefusal(bctx, in, false)
-				return err
+				return sv.receiveEnded(bctx, in)
+			case !watched && !readerEnded(ctx):
+				// Without the tap's bound, a cancellation of the transport
+				// stream's context (untold) is its client's going away,
+				// which ends the receive at once, or one a stats handler's
+				// TagRPC context, which replaced it, made, which the
+				// receive does not watch: the receive is waited for no
+				// longer than the bound.
+				t := time.NewTimer(time.Until(until))
+				defer t.Stop()
+				select {
+				case r = <-got:
+				case <-t.C:
+					return sv.receiveEnded(bctx, in)
+				}
+			default:
+				r = <-got // the stream's own context ended: its receive returns at once
 			}
-			r = <-got // the stream's own context ended: its receive returns at once
 		}
 	}
 	if r.panicked {
@@ -389,6 +402,28 @@ func (sv *server) receiveFirst(ctx context.Context, ss grpc.ServerStream, in *in
 		sv.noRequest(ctx, in)
 	}
 	return r.err
+}
+
+// receiveEnded refuses a try whose wait for its request (receiveFirst) a
+// context grpc-go's receive does not watch ended (bctx, ended): nothing was
+// begun or run, and it is counted as a receive that context ended would be.
+func (sv *server) receiveEnded(bctx context.Context, in *inbound) error {
+	sv.noRequest(bctx, in)
+	_, err := sv.endedRefusal(bctx, in, false)
+	return err
+}
+
+// untold reports whether ctx, canceled without the admission tap's bound,
+// ends as the transport stream's Context() does: its client went away,
+// which ends grpc-go's receive at once, or a stats handler's TagRPC
+// context, which grpc-go gives the stream in its place (see recvWatches),
+// was canceled, which the receive does not watch; nothing tells which.
+func untold(ctx context.Context) bool {
+	if _, tapped := ctx.Value(tapBoundKey{}).(*tapBound); tapped || !errors.Is(ctx.Err(), context.Canceled) {
+		return false
+	}
+	ts, ok := grpc.ServerTransportStreamFromContext(ctx).(interface{ Context() context.Context })
+	return ok && ts.Context().Done() == ctx.Done()
 }
 
 // recvWatches reports whether grpc-go's RecvMsg on the stream of ctx, the

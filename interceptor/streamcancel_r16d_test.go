@@ -33,8 +33,12 @@ import (
 // (shedding, draining) passes streamContext while RecvMsg does not watch
 // it, and a client that opened the stream and sent nothing held it, and the
 // goroutine serving it, for as long as it kept the stream open (with the
-// admission tap, until the tap's bound). Such a wait must be refused as one
-// whose context ended before its request came, as the package doc says.
+// admission tap, until the tap's bound). With the tap, whose bound the
+// reader watches, such a wait is refused at once as one whose context
+// ended before its request came, as the package doc says; without it,
+// where nothing tells that cancellation from the client's going away, it
+// is waited out no longer than the handler would run (the attempt's
+// deadline plus the skew), and refused then.
 func TestR16dStreamRequestWaitHonoursAStatsHandlersCancellation(t *testing.T) {
 	for _, tap := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tap=%v", tap), func(t *testing.T) { r16dStatsHandlerCancel(t, tap) })
@@ -58,11 +62,15 @@ func r16dStatsHandlerCancel(t *testing.T, tap bool) {
 	conn := r16Ready(t, end.DialT(t))
 	leaks := goleak.IgnoreCurrent()
 
-	// A trusted peer's attempt a minute long; the client sends no
-	// grpc-timeout and no request, and does not cancel.
+	// A trusted peer's attempt a minute long (without the tap, 300 ms);
+	// the client sends no grpc-timeout and no request, and does not cancel.
+	d := time.Minute
+	if !tap {
+		d = 300 * time.Millisecond
+	}
 	id, _ := uuid.NewV7()
 	ctx := metadata.AppendToOutgoingContext(t.Context(), "tollgate",
-		fmt.Sprintf("a=%s;c=0;t=1;d=%d", id, time.Now().Add(time.Minute).UnixMilli()))
+		fmt.Sprintf("a=%s;c=0;t=1;d=%d", id, time.Now().Add(d).UnixMilli()))
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, testingv1.TestService_Consume_FullMethodName)
