@@ -60,8 +60,9 @@
 // RPC ended, by a deadline or a cancellation (which grpc-go's receive does
 // not watch), is refused as a try whose context ended before its record
 // was begun; without the admission tap's bound, which tells a client's
-// going away from such a cancellation, so may be a wait whose client went
-// away (no one receives that answer).
+// going away from such a cancellation, a cancellation is refused only when
+// the handler's deadline passes, while a client's going away ends the wait
+// with the receive's error.
 // Client-streaming and bidi streams, whose requests arrive while the handler
 // runs, and server-streaming methods the registry does not know are
 // fingerprinted by the method alone.

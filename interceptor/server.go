@@ -321,8 +321,11 @@ func (sv *server) noRequest(ctx context.Context, in *inbound) {
 // (checked on grpc-go v1.85). A wait the bound ended is answered by
 // unreceived; one the outer context ended is refused as a try whose
 // context ended before its record was begun (endedRefusal: nothing was
-// begun or run) and counted as a receive that context ended would be. A
-// failed receive is counted by noRequest, with the stream's context.
+// begun or run) and counted as a receive that context ended would be;
+// without the tap's bound, a cancellation of the transport stream's
+// context, which may be its client's going away (untold), waits for the
+// receive until the bound. A failed receive is counted by noRequest, with
+// the stream's context.
 func (sv *server) receiveFirst(ctx context.Context, ss grpc.ServerStream, in *inbound, m proto.Message, recorded bool) error {
 	until := in.until
 	if in.expired {
