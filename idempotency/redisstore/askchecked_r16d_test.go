@@ -48,16 +48,8 @@ func TestR16dFinishesATryWhoseKeysMovedToAMappedNodeWhoseCheckLapsed(t *testing.
 
 	// The handler runs; meanwhile the tenant's slot starts to migrate to
 	// b, its keys are moved already, and b's check (New's) lapses.
-	require.NoError(t, b.client.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", a.id).Err())
-	require.NoError(t, a.client.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", b.id).Err())
-	var present []any
-	for _, k := range keys {
-		if a.client.Exists(ctx, k).Val() == 1 {
-			present = append(present, k)
-		}
-	}
-	require.Len(t, present, 2, "the horizon and the record")
-	require.NoError(t, a.client.Do(ctx, append([]any{"MIGRATE", "127.0.0.1", 7492, "", 0, 5000, "KEYS"}, present...)...).Err())
+	startMigrating(t, ctx, a, b, slot)
+	moveKeys(t, ctx, a, b, keys)
 	time.Sleep(recheck + recheck/2)
 
 	err = s.Finish(ctx, idempotency.FinishRequest{Key: key, Try: 1, Minted: true,

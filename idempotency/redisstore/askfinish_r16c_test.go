@@ -47,16 +47,8 @@ func TestR16cFinishesATryWhoseKeysMovedToAnImportingNode(t *testing.T) {
 	// b, and its keys are moved already.
 	slot, err := a.client.ClusterKeySlot(ctx, keys[0]).Result()
 	require.NoError(t, err)
-	require.NoError(t, b.client.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", a.id).Err())
-	require.NoError(t, a.client.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", b.id).Err())
-	var present []any
-	for _, k := range keys {
-		if a.client.Exists(ctx, k).Val() == 1 {
-			present = append(present, k)
-		}
-	}
-	require.Len(t, present, 2, "the horizon and the record")
-	require.NoError(t, a.client.Do(ctx, append([]any{"MIGRATE", "127.0.0.1", 7482, "", 0, 5000, "KEYS"}, present...)...).Err())
+	startMigrating(t, ctx, a, b, slot)
+	moveKeys(t, ctx, a, b, keys)
 
 	moved := make(chan error, 1)
 	go func() {

@@ -43,10 +43,8 @@ func TestR16dAResendAfterTheLeaseEndedIsRefused(t *testing.T) {
 
 	slot, err := a.client.ClusterKeySlot(ctx, keys[0]).Result()
 	require.NoError(t, err)
-	require.NoError(t, b.client.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", a.id).Err())
-	require.NoError(t, a.client.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", b.id).Err())
-	present := []any{keys[0], keys[1]}
-	require.NoError(t, a.client.Do(ctx, append([]any{"MIGRATE", "127.0.0.1", 7494, "", 0, 5000, "KEYS"}, present...)...).Err())
+	startMigrating(t, ctx, a, b, slot)
+	moveKeys(t, ctx, a, b, keys)
 
 	moved := make(chan error, 1)
 	go func() {

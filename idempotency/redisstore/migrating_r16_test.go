@@ -43,8 +43,7 @@ func TestR16CallsOfAMigratingSlotRunWhileTheirKeysAreAtTheSource(t *testing.T) {
 	// b, none of its keys moved yet.
 	slot, err := a.client.ClusterKeySlot(ctx, s.keys(key)[0]).Result()
 	require.NoError(t, err)
-	require.NoError(t, b.client.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", a.id).Err())
-	require.NoError(t, a.client.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", b.id).Err())
+	startMigrating(t, ctx, a, b, slot)
 
 	err = s.Finish(ctx, idempotency.FinishRequest{Key: key, Try: 1, Minted: true,
 		State: tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, Response: []byte("done")})

@@ -63,16 +63,8 @@ func TestRedisStoreFinishesATryWhoseSlotMoved_r16rev(t *testing.T) {
 
 	// The handler runs; meanwhile the tenant's slot moves, with its keys,
 	// to b, and no call reaches b for longer than its check vouches.
-	require.NoError(t, b.client.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", a.id).Err())
-	require.NoError(t, a.client.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", b.id).Err())
-	var present []any
-	for _, k := range keys {
-		if a.client.Exists(ctx, k).Val() == 1 {
-			present = append(present, k)
-		}
-	}
-	require.Len(t, present, 2, "the horizon and the record")
-	require.NoError(t, a.client.Do(ctx, append([]any{"MIGRATE", "127.0.0.1", 7478, "", 0, 5000, "KEYS"}, present...)...).Err())
+	startMigrating(t, ctx, a, b, slot)
+	moveKeys(t, ctx, a, b, keys)
 	require.NoError(t, b.client.Do(ctx, "CLUSTER", "BUMPEPOCH").Err())
 	for _, n := range []*tableNode{b, a} {
 		require.NoError(t, n.client.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", b.id).Err())

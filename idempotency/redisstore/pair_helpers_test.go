@@ -48,3 +48,26 @@ func splitPair(t *testing.T, ctx context.Context, pa, pb int) (a, b *tableNode) 
 	}), "a and b serving their slots, as each sees it")
 	return a, b
 }
+
+// startMigrating starts moving slot from a to b: b imports it, a
+// migrates it; no key moves yet.
+func startMigrating(t *testing.T, ctx context.Context, a, b *tableNode, slot int64) {
+	t.Helper()
+	require.NoError(t, b.client.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", a.id).Err())
+	require.NoError(t, a.client.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", b.id).Err())
+}
+
+// moveKeys moves to b, with MIGRATE, those of keys that are at a, which
+// must be two: the tenant's horizon and the call's record.
+func moveKeys(t *testing.T, ctx context.Context, a, b *tableNode, keys []string) {
+	t.Helper()
+	var present []any
+	for _, k := range keys {
+		if a.client.Exists(ctx, k).Val() == 1 {
+			present = append(present, k)
+		}
+	}
+	require.Len(t, present, 2, "the horizon and the record")
+	port := b.addr[strings.LastIndexByte(b.addr, ':')+1:]
+	require.NoError(t, a.client.Do(ctx, append([]any{"MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS"}, present...)...).Err())
+}
