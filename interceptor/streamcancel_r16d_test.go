@@ -9,10 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
-	"github.com/tollgate-go/tollgate/admission"
-	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
-	"github.com/tollgate-go/tollgate/internal/testsvc"
 	"github.com/tollgate-go/tollgate/status"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
@@ -46,20 +43,8 @@ func TestR16dStreamRequestWaitHonoursAStatsHandlersCancellation(t *testing.T) {
 }
 
 func r16dStatsHandlerCancel(t *testing.T, tap bool) {
-	store := memoryStore(t)
-	extra := []interceptor.ServerOption{interceptor.WithAttemptStore(store), interceptor.WithMaxAttemptTime(time.Minute)}
-	if tap {
-		ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 4, QueueItems: 4}),
-			admission.WithDefaultClass("work"))
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = ctrl.Close() })
-		extra = append(extra, interceptor.WithAdmission(ctrl))
-	}
 	sh := &r16dCancelTagger{tagged: make(chan struct{}, 1)}
-	c := newConsumer()
-	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) { testingv1.RegisterTestServiceServer(s, c) },
-		append([]grpc.ServerOption{grpc.StatsHandler(sh)}, serverOpts(extra...)...)...)
-	conn := r16Ready(t, end.DialT(t))
+	conn, c, store := r16StatsHandlerServer(t, tap, sh)
 	leaks := goleak.IgnoreCurrent()
 
 	// A trusted peer's attempt a minute long (without the tap, 300 ms);

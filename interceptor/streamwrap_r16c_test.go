@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/admission"
+	"github.com/tollgate-go/tollgate/idempotency"
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
@@ -41,20 +42,8 @@ func TestR16cStreamRequestWaitHonoursAStatsHandlersContext(t *testing.T) {
 }
 
 func r16cStatsHandlerDeadline(t *testing.T, tap bool) {
-	store := memoryStore(t)
-	extra := []interceptor.ServerOption{interceptor.WithAttemptStore(store), interceptor.WithMaxAttemptTime(time.Minute)}
-	if tap {
-		ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 4, QueueItems: 4}),
-			admission.WithDefaultClass("work"))
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = ctrl.Close() })
-		extra = append(extra, interceptor.WithAdmission(ctrl))
-	}
 	sh := &r16cTimeoutTagger{d: 300 * time.Millisecond}
-	c := newConsumer()
-	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) { testingv1.RegisterTestServiceServer(s, c) },
-		append([]grpc.ServerOption{grpc.StatsHandler(sh)}, serverOpts(extra...)...)...)
-	conn := r16Ready(t, end.DialT(t))
+	conn, c, store := r16StatsHandlerServer(t, tap, sh)
 	leaks := goleak.IgnoreCurrent()
 
 	_, cancel, err := r16SilentStream(t, conn, "the server kept waiting for the request after the deadline its stats handler gave the RPC")
@@ -109,3 +98,24 @@ func (*r16cTimeoutTagger) TagConn(ctx context.Context, _ *stats.ConnTagInfo) con
 }
 
 func (*r16cTimeoutTagger) HandleConn(context.Context, stats.ConnStats) {}
+
+// r16StatsHandlerServer serves a consumer on bufconn, with a memory store,
+// a server maximum attempt time of a minute, the stats handler sh and,
+// with tap, an admission controller (and so its tap), and returns a ready
+// connection to it, the consumer and the store.
+func r16StatsHandlerServer(t *testing.T, tap bool, sh stats.Handler) (*grpc.ClientConn, *consumer, *idempotency.MemoryStore) {
+	t.Helper()
+	store := memoryStore(t)
+	extra := []interceptor.ServerOption{interceptor.WithAttemptStore(store), interceptor.WithMaxAttemptTime(time.Minute)}
+	if tap {
+		ctrl, err := admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 4, QueueItems: 4}),
+			admission.WithDefaultClass("work"))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = ctrl.Close() })
+		extra = append(extra, interceptor.WithAdmission(ctrl))
+	}
+	c := newConsumer()
+	end := testsvc.StartT(t, testsvc.Bufconn, func(s *grpc.Server) { testingv1.RegisterTestServiceServer(s, c) },
+		append([]grpc.ServerOption{grpc.StatsHandler(sh)}, serverOpts(extra...)...)...)
+	return r16Ready(t, end.DialT(t)), c, store
+}
