@@ -44,11 +44,13 @@ func WithTenant(tenant func(ctx context.Context) string) ServiceOption {
 // [NewAttemptService]; the zero value is not usable.
 //
 // Calls of a method declared NO_SIDE_EFFECTS keep no records
-// ([BypassesRecords]): for one of them the service answers only what the
-// store holds — GetAttempt UNSEEN although its tries may have run, and
-// FenceAttempt FENCED (with a tombstone no try is checked against). That is
-// harmless, since such tries have no effect, and tollgate's owner repeats
-// them without asking (DESIGN.md §3.5), but it does not say what ran.
+// ([BypassesRecords]). For one of them GetAttempt answers only what the
+// store holds (UNSEEN, although its tries may have run), and FenceAttempt
+// answers UNKNOWN and fences nothing, since a tombstone would promise what
+// no try heeds; tollgate's server interceptor answers such a ballot the same
+// way before it reaches the service. That is harmless, since such tries have
+// no effect, and tollgate's owner repeats them without asking (DESIGN.md
+// §3.5), but neither answer says what ran.
 type AttemptService struct {
 	tollgatev1.UnimplementedAttemptServiceServer
 	store  Store
@@ -88,7 +90,9 @@ func (s *AttemptService) GetAttempt(ctx context.Context, req *tollgatev1.GetAtte
 
 // FenceAttempt makes sure no try numbered fence_through_try or lower of the
 // caller's tenant's call ever starts, and returns the record (see
-// [Store.Fence]). fence_through_try must be 1–1000.
+// [Store.Fence]). fence_through_try must be 1–1000. A method declared
+// NO_SIDE_EFFECTS is answered UNKNOWN, and nothing is fenced (see
+// [AttemptService]).
 func (s *AttemptService) FenceAttempt(ctx context.Context, req *tollgatev1.FenceAttemptRequest) (*tollgatev1.AttemptRecord, error) {
 	key, err := s.key(ctx, req.GetAttemptId(), req.GetCall(), req.GetMethod())
 	if err != nil {
@@ -96,6 +100,13 @@ func (s *AttemptService) FenceAttempt(ctx context.Context, req *tollgatev1.Fence
 	}
 	if err := ValidateFence(key, req.GetFenceThroughTry()); err != nil {
 		return nil, grpcstatus.Error(codes.InvalidArgument, err.Error())
+	}
+	if BypassesRecords(key.Method) {
+		// Its tries keep no records and run whatever the store holds, so a
+		// tombstone would promise what no try heeds: the honest answer is
+		// UNKNOWN, and nothing is fenced (as tollgate's interceptor answers).
+		return &tollgatev1.AttemptRecord{AttemptId: key.AttemptID, Call: key.Call, Method: key.Method,
+			State: tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN}, nil
 	}
 	rec, err := s.store.Fence(ctx, key, req.GetFenceThroughTry())
 	if err != nil {
