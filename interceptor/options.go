@@ -478,7 +478,12 @@ func WithTrustedPeer(f func(ctx context.Context) bool) ServerOption {
 
 // WithDefaultAllowance sets the units of an attempt that starts at this
 // server (its caller is untrusted or does not speak tollgate). Default
-// DefaultAllowance (4).
+// DefaultAllowance (4). Such a server is the attempt's origin, as an origin
+// client is: its handler's own calls are the origin's tries, which are not
+// charged, and the units bound the RPCs sent below them (by the servers
+// those calls reach, at every tier). So a handler here may make any number
+// of calls, each repeated as its policy says, while the attempt's calls
+// below its callees add up to at most units.
 func WithDefaultAllowance(units int64) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.defaultAllowance = units })
 }
