@@ -48,6 +48,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -193,7 +194,7 @@ func main() {
 	flag.DurationVar(&cfg.InitialBackoff, "initial-backoff", cfg.InitialBackoff, "upper bound of the first jittered wait between tries and between polls")
 	flag.DurationVar(&cfg.MaxBackoff, "max-backoff", cfg.MaxBackoff, "cap of the jittered wait between tries and between polls")
 	flag.Int64Var(&cfg.Amount, "amount", cfg.Amount, "amount each Apply adds")
-	flag.StringVar(&cfg.RedisAddr, "redis", cfg.RedisAddr, "Redis address for the Redis scenario (the default is $TOLLGATE_REDIS_ADDR when set)")
+	flag.StringVar(&cfg.RedisAddr, "redis", cfg.RedisAddr, "Redis address for the Redis scenario (the default is $TOLLGATE_REDIS_ADDR when set; \"\" skips the scenario)")
 	asJSON := flag.Bool("json", false, "print the result as JSON")
 	flag.Parse()
 	if flag.NArg() > 0 {
@@ -226,10 +227,40 @@ func verdict(r *result) (code int, why string) {
 	case r.Duplicates > 0 || r.Lost > 0:
 		return 2, fmt.Sprintf("%d effect(s) ran twice and %d were lost", r.Duplicates, r.Lost)
 	case len(r.FaultsMissed) > 0:
-		return 1, fmt.Sprintf("the intended fault did not happen in %s, so the run does not show what it is meant to (is -attempt-timeout or -per-try too short for a try to reach the handler?)",
-			strings.Join(r.FaultsMissed, ", "))
+		var missed []string
+		for _, s := range r.Scenarios {
+			if !s.Skipped && !s.FaultInjected {
+				missed = append(missed, s.Name+refusals(s))
+			}
+		}
+		return 1, fmt.Sprintf("the intended fault did not happen in %s, so the run does not show what it is meant to "+
+			"(a try refused before it reached the handler keeps it away: too small an -allowance gives ALLOWANCE_EXHAUSTED, "+
+			"too short an -attempt-timeout or -per-try DEADLINE_UNREACHABLE)",
+			strings.Join(missed, ", "))
 	}
 	return 0, ""
+}
+
+// refusals lists, as " (…)", the distinct refusals (NOT_ADMITTED and its
+// reason) that the scenario's calls ended with, or "" for none.
+func refusals(s scenarioResult) string {
+	calls := s.Calls
+	if s.Origin != nil {
+		calls = append([]callResult{*s.Origin}, calls...)
+	}
+	var seen []string
+	for _, c := range calls {
+		if c.Outcome != status.KindNotAdmitted.String() {
+			continue
+		}
+		if r := c.Outcome + " " + c.Reason; !slices.Contains(seen, r) {
+			seen = append(seen, r)
+		}
+	}
+	if len(seen) == 0 {
+		return ""
+	}
+	return " (its calls were refused: " + strings.Join(seen, ", ") + ")"
 }
 
 func report(w io.Writer, r *result) {
@@ -870,6 +901,10 @@ func redisClient(ctx context.Context, addr string) (*redis.Client, error) {
 
 func restartRedis(ctx context.Context, cfg config) (*scenarioResult, error) {
 	const name = "restart-redis"
+	if cfg.RedisAddr == "" {
+		return &scenarioResult{Name: name, Store: "redis", Skipped: true, Calls: []callResult{},
+			SkipReason: `-redis "" skips it`}, nil
+	}
 	admin, err := redisClient(ctx, cfg.RedisAddr)
 	if err != nil {
 		return &scenarioResult{Name: name, Store: "redis", Skipped: true, Calls: []callResult{},
