@@ -149,8 +149,8 @@ func run(ctx context.Context, args []string, out, errOut io.Writer, ready chan<-
 		fmt.Fprintf(out, "attemptserver: AttemptService and reflection on %s (memory store, single replica)\n", in.Addr)
 		fmt.Fprintf(out, "recorded try 1 of call %q of attempt %s to %s: %s; loopback callers are tenant %q\n",
 			in.Call, in.AttemptID, in.Method, in.State, in.Tenant)
-		fmt.Fprintf(out, "read its record from this machine (a caller from elsewhere is another tenant and reads UNSEEN), within %v (the store's TTL), with:\n  %s\n",
-			policy.TTL, in.Command)
+		fmt.Fprintf(out, "read its record from this machine (a caller from elsewhere is another tenant and reads UNSEEN), %s, with:\n  %s\n",
+			readableFor(policy.TTL, *duration), in.Command)
 	}
 	if ready != nil {
 		ready <- in
@@ -205,6 +205,18 @@ func recordOneCall(ctx context.Context, store idempotency.Store, policy idempote
 		return info{}, err
 	}
 	return info{Tenant: key.Tenant, AttemptID: key.AttemptID, Call: key.Call, Method: key.Method, State: rec.GetState().String()}, nil
+}
+
+// readableFor says how long the record can be read: the store's TTL, unless
+// the server (whose memory store holds the only copy) stops sooner.
+func readableFor(ttl, duration time.Duration) string {
+	if duration > 0 && duration < ttl {
+		return fmt.Sprintf("for %v, until the server stops (its memory store goes with it; the record's TTL is %v)", duration, ttl)
+	}
+	if duration == 0 {
+		return fmt.Sprintf("within %v (the store's TTL), while the server runs", ttl)
+	}
+	return fmt.Sprintf("within %v (the store's TTL)", ttl)
 }
 
 func wait(ctx context.Context, d time.Duration) error {
