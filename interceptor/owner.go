@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -642,8 +643,8 @@ func (w *owner) decide(ctx context.Context, n uint32, err error, o status.Outcom
 			return 0, false, status.NotAdmitted(status.ReasonAttemptUnverifiable, status.Fields{
 				AttemptID: s.ID, Call: key, Try: n, Final: true,
 				RetryAfter: o.Detail.GetRetryAfter().AsDuration(),
-				Message: "interceptor: the callee cannot vouch for this attempt, but nobody else can have sent its first try, " +
-					"so it did not run and a new attempt can succeed; the callee said: " + grpcstatus.Convert(err).Message()},
+				Message: "interceptor: nobody else can have sent this attempt's first try, so it did not run and a new attempt can succeed; " +
+					"the callee said: " + strings.TrimPrefix(grpcstatus.Convert(err).Message(), "tollgate: outcome unknown: ")},
 				status.WithDetailsOf(err)), true
 		}
 		if o.Final() {

@@ -286,9 +286,8 @@ func (sv *server) beforeHorizon(s *attemptState, id status.Option, verifiableFro
 }
 
 const msgBeforeHorizon = "interceptor: the record store began retaining records (a restart, a failover, " +
-	"or on Redis the tenant's first request) less than the clock skew before this attempt was created, or after it, " +
-	"or (in memory) lost records of attempts created no earlier than it to a clock stepped forward, " +
-	"so it cannot vouch that no earlier try ran; an attempt created at least the skew after that point can be verified"
+	"a tenant's first request on Redis, a clock stepped forward in memory) less than the clock skew before this attempt " +
+	"was created, or after it, so it cannot vouch that no earlier try ran; a later attempt can be verified"
 
 // storeRetryAfter is the mean delay suggested when the store cannot begin a
 // try; each refusal draws one in [½, 1½) of it, so refused clients do not
