@@ -316,6 +316,10 @@ type Store struct {
 	// the client's map (replaced under new addresses, as Kubernetes pods
 	// are), at most once per recheckAfter.
 	nodes sync.Map
+	// mapLast is the last read of the Cluster's map that looping Finishes
+	// share (readMap), under mapMu.
+	mapMu   sync.Mutex
+	mapLast *mapRead
 	// pruneAt is when (since) prune may run next; unpruned is set when an
 	// entry was added since prune last ran (node), or prune kept one of a
 	// node not in the map: only then does prune read the map.
@@ -1368,6 +1372,7 @@ func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []str
 	if err != nil {
 		return nil, -1, err // nothing sent
 	}
+	checked := want
 	for resent := false; ; resent = true {
 		v, acked, err = s.send(ctx, wait, sc, cluster, node, keys, append(args[:len(args):len(args)], want))
 		if resent && err != nil && !errors.As(err, new(sentError)) {
@@ -1381,7 +1386,7 @@ func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []str
 			want = ran
 			continue
 		}
-		return nil, -1, sentError{refusal{anotherRedis{s.otherRedis(addr, want, ran)}}}
+		return nil, -1, sentError{refusal{anotherRedis{s.otherRedis(ctx, c, addr, checked, ran)}}}
 	}
 }
 
@@ -1405,20 +1410,56 @@ func (s *Store) vouchedElsewhere(addr, id string) bool {
 	return found
 }
 
-// otherRedis makes the entry of the node at addr, whose script found that
-// it runs on a Redis of run_id ran rather than want, no longer vouch for
-// the node (unless a check since read another run_id), and returns the
-// call's error.
-func (s *Store) otherRedis(addr, want, ran string) error {
+// otherRedis returns the error of a call whose script, sent to the node
+// at addr (c) whose check read run_id checked, found that it ran on a
+// Redis of run_id ran, and makes the entry of the node that answered no
+// longer vouch for it, when it is the one at addr (unless a check since
+// read another run_id). Off a Cluster it is. On a Cluster go-redis may have
+// followed a MOVED or ASK reply to another node, which answered: when a
+// check of a node at another address read ran, that node answered (its
+// check lapsed, or run would have sent it the script with its run_id), and
+// nothing of the node at addr changed; otherwise the node at addr is asked
+// its run_id (INFO server): when it is still checked, another node the
+// client was redirected to (one no check of the store read: a node a slot
+// migrates to that the map does not name) answered, and the entry at addr
+// stays; when it is another, or the node does not answer, the node at
+// addr is taken to be the Redis that answered.
+func (s *Store) otherRedis(ctx context.Context, c redis.UniversalClient, addr, checked, ran string) error {
+	if addr != "" {
+		if other := s.checkedElsewhere(addr, ran); other != "" {
+			return fmt.Errorf("%w: redisstore: the client was redirected (MOVED or ASK) from Redis node %s to the node at %s (run_id %s), whose check no longer vouches for it; the script wrote nothing, and the store checks that node before it next sends it one",
+				idempotency.ErrStoreUnavailable, addr, other, ran)
+		}
+		if info, err := c.Info(ctx, identityFields[0].section).Result(); err == nil {
+			if id, _ := hexField(info, identityFields[0].field); id == checked {
+				return fmt.Errorf("%w: redisstore: the client was redirected (MOVED or ASK) from Redis node %s (still run_id %s) to a node of run_id %s, which no check of the store read (a node a slot migrates to, which the Cluster's map names only once the migration ends); the script wrote nothing",
+					idempotency.ErrStoreUnavailable, addr, checked, ran)
+			}
+		}
+	}
 	n := s.node(addr)
 	n.mu.Lock()
-	if n.runID() == want {
+	if n.runID() == checked {
 		n.full = false
 		n.good.Store(0)
 	}
 	n.mu.Unlock()
 	return fmt.Errorf("%w: redisstore: the client reached another Redis%s (run_id %s) than the one the store checked (run_id %s): a failover, a restart or an address that moved; the script wrote nothing, and the store checks the new Redis (maxmemory-policy, clock, identity) before it next sends it one",
-		idempotency.ErrStoreUnavailable, where(addr), ran, want)
+		idempotency.ErrStoreUnavailable, where(addr), ran, checked)
+}
+
+// checkedElsewhere returns the address of a node other than the one at
+// addr (on a Cluster) whose last passed check read run_id id, whether or
+// not it still vouches for it; "" when there is none.
+func (s *Store) checkedElsewhere(addr, id string) string {
+	found := ""
+	s.nodes.Range(func(k, v any) bool {
+		if k.(string) != addr && v.(*nodeCheck).runID() == id {
+			found = k.(string)
+		}
+		return found == ""
+	})
+	return found
 }
 
 // send sends sc, with args, for run: through the client, or, when wait is
@@ -1668,61 +1709,7 @@ func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest, begin
 	args := []any{s.now().UnixMilli(), s.ms(p.Skew), s.ms(p.TTL), s.ms(p.Grace), attemptMillis(req.Key.AttemptID),
 		req.Try, fingerprint(req.Fingerprint), int(req.State), code, msg, det, resp, retained, req.UnitsSpent, callToken(), beginTok, req.Minted, s.perTenant,
 		s.ms(s.keep), s.ms(s.idle)}
-	v, _, err := s.run(ctx, false, finishScript, s.keys(req.Key), args...)
-	cluster, _ := s.client.(*redis.ClusterClient)
-	for pause, until := 10*time.Millisecond, time.Now().Add(nodeCheckTimeout); errors.As(err, new(anotherRedis)); pause = min(2*pause, time.Second) {
-		// The script found another Redis behind the node's address (a
-		// restart, a failover) and wrote nothing there. The try's handler
-		// ran: its outcome must not be lost for that (the record may be
-		// there, restored or replicated). Send it once more, once the new
-		// Redis passed its check (run waits for it, and fails when it does
-		// not pass), with its run_id: the same call (ftok), so that a run
-		// go-redis sent before counts once, and the time it is sent at (the
-		// lease is judged then). On a Cluster the slot may have moved
-		// (go-redis followed MOVED to a node whose check no longer vouches
-		// for it, and reloads its map in the background): read the map
-		// first (one CLUSTER SLOTS), so that it goes to that node, checked.
-		// And have every master the map names checked whose check no
-		// longer vouches for it (the others cost a map lookup): a node a
-		// slot migrates to (ASK) that the map names, but that no call
-		// reached for a minute, is vouched for then, and the script
-		// sent there with its run_id (see run). The resend waits for
-		// those checks no longer than its pause: a master that does not
-		// answer, which may serve no key of this call, must not hold it
-		// (the check goes on, and the next resend finds its result).
-		if cluster != nil {
-			_ = cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
-				cctx, cancel := context.WithTimeout(ctx, pause)
-				defer cancel()
-				_, _ = s.ready(cctx, node, node.Options().Addr)
-				return nil
-			})
-		}
-		args[0] = s.now().UnixMilli()
-		v, _, err = s.run(ctx, false, finishScript, s.keys(req.Key), args...)
-		if cluster == nil || !errors.As(err, new(anotherRedis)) {
-			break
-		}
-		// On a Cluster, a Redis the map does not name yet: a node the
-		// slot migrates to holds the keys, which go-redis reaches
-		// following ASK, and the store, which checks the nodes of the
-		// map, cannot check it until the migration ends. Send it again
-		// after a pause, until the map names the node (then checked) or
-		// the context, at most nodeCheckTimeout, ends.
-		if !time.Now().Add(pause).Before(until) {
-			break
-		}
-		t := time.NewTimer(pause)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-		case <-s.stop.Done():
-		}
-		t.Stop()
-		if ctx.Err() != nil || s.stop.Err() != nil {
-			break
-		}
-	}
+	v, err := s.sendFinish(ctx, req.Key, args)
 	if errors.Is(err, idempotency.ErrStoreFull) {
 		// Redis is out of memory and refused the finish's write (a script
 		// stops at its first refused write, before the record's). A full
@@ -1753,6 +1740,226 @@ func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest, begin
 		return fmt.Errorf("%w: the record is %s with try %d", idempotency.ErrNotRunning, rec.GetState(), rec.GetTry())
 	}
 	return fmt.Errorf("%w: redisstore: unexpected finish reply %d", idempotency.ErrStoreUnavailable, kind)
+}
+
+// finishResendFor bounds how long a Finish is sent again (sendFinish),
+// from its first send; finishPause is its first pause, doubled at each
+// resend up to finishMaxPause.
+const (
+	finishResendFor = nodeCheckTimeout
+	finishPause     = 10 * time.Millisecond
+	finishMaxPause  = time.Second
+)
+
+// sendFinish sends the finish script with args for key (args[0] is the
+// time it is sent at), and sends it again while Redis refused it before
+// running it (refusedBeforeRun): the try's handler ran, and its outcome
+// must not be lost for a reply that shows the script wrote nothing — the
+// record may be there, restored, replicated or migrated, and the refusal
+// is over in a moment. Every send carries the same call token (args), so
+// that a run go-redis sent before counts once, and the time it is sent at
+// (the lease is judged then). The first resend goes at once, each later
+// one after a pause (10 ms, doubled up to 1 s); it stops once
+// finishResendFor passed since the first send, the context ends or the
+// store is closed: each pause, wait for a check and resend runs on a
+// context bounded by what is left of finishResendFor.
+//
+// A script that found another Redis behind its node's address (a restart,
+// a failover: anotherRedis) is resent once the new Redis passed its check
+// (run waits for it, and fails when it does not pass), with its run_id. On
+// a Cluster the slot may have moved (go-redis followed MOVED to a node
+// whose check no longer vouches for it, and reloads its map in the
+// background), or a slot migrates to a node the map does not name yet
+// (ASK: the store, which checks the nodes of the map, cannot check it until
+// the migration ends): before each resend the Cluster's map is read
+// (readMap: one CLUSTER SLOTS, shared by the Finishes that wait for it),
+// so that the resend goes where the map says, checked, and every master it
+// names is checked whose check lapsed (the others cost a map lookup), so
+// that a node a slot migrates to is vouched for once the map names it, and
+// the script is sent there with its run_id (see run). A resend waits for
+// those checks no longer than its pause: a master that does not answer,
+// which may serve no key of this call, must not hold it (the check goes
+// on, and the next resend finds its result).
+//
+// When a send may have reached Redis (run's sentError), the call's error
+// says so (sentError) whichever later send, or wait for a check, failed.
+func (s *Store) sendFinish(ctx context.Context, key idempotency.Key, args []any) ([]any, error) {
+	keys := s.keys(key)
+	until := time.Now().Add(finishResendFor)
+	v, _, err := s.run(ctx, false, finishScript, keys, args...)
+	sent := errors.As(err, new(sentError))
+	cluster, _ := s.client.(*redis.ClusterClient)
+	for pause, first := finishPause, true; refusedBeforeRun(err); pause, first = min(2*pause, finishMaxPause), false {
+		failed := s.since()
+		if !first && !time.Now().Add(pause).Before(until) {
+			break
+		}
+		rctx, cancel := context.WithDeadline(ctx, until)
+		v, err = s.resendFinish(rctx, cluster, first, pause, failed, keys, args, err)
+		cancel()
+		sent = sent || errors.As(err, new(sentError))
+		if ctx.Err() != nil || s.stop.Err() != nil || !time.Now().Before(until) {
+			break
+		}
+	}
+	if err != nil && sent && !errors.As(err, new(sentError)) {
+		err = sentError{err} // an earlier send may have run the script
+	}
+	return v, err
+}
+
+// resendFinish is one resend of sendFinish, on ctx (bounded by the loop's
+// end): after pause unless first, and on a Cluster after a read of the
+// map that started after the failure (failed, since) and the checks of
+// its masters. It returns the resend's reply, or, when ctx or the store
+// ended a wait before it was sent, the error of the send before (last),
+// noting why.
+func (s *Store) resendFinish(ctx context.Context, cluster *redis.ClusterClient, first bool, pause time.Duration, failed int64, keys []string, args []any, last error) ([]any, error) {
+	if !first {
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		case <-s.stop.Done():
+		}
+		t.Stop()
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("%w (not sent again: %w)", last, err)
+		}
+		if s.stop.Err() != nil {
+			return nil, fmt.Errorf("%w (not sent again: %w)", last, errClosed)
+		}
+	}
+	if cluster != nil {
+		masters, err := s.readMap(ctx, cluster, failed)
+		if err != nil {
+			return nil, fmt.Errorf("%w (not sent again: reading the Cluster's map: %w)", last, err)
+		}
+		var wg sync.WaitGroup
+		for _, node := range masters {
+			wg.Go(func() {
+				cctx, cancel := context.WithTimeout(ctx, pause)
+				defer cancel()
+				_, _ = s.ready(cctx, node, node.Options().Addr)
+			})
+		}
+		wg.Wait()
+	}
+	args[0] = s.now().UnixMilli()
+	v, _, err := s.run(ctx, false, finishScript, keys, args...)
+	return v, err
+}
+
+// refusedBeforeRun reports whether err, a finish script's (or the check
+// its node waited for), is one with which Redis refused the script before
+// running it, so that it wrote nothing: its script found another Redis
+// (anotherRedis: it checks the run_id before it reads or writes anything),
+// or Redis answered, before it ran the command, TRYAGAIN (a multi-key
+// command whose keys a slot's migration split between its source and its
+// target, as a reshard moves a batch of keys or the tenant's index under
+// WithMaxRecordsPerTenant is moved apart from its records), CLUSTERDOWN (a
+// slot not served, a Cluster down), LOADING (a Redis restarted, reading
+// its data) or MASTERDOWN (a replica, replica-serve-stale-data no, whose
+// link to its primary is down: as a restarted primary configured as a
+// replica answers until its sync): Redis gives all four in processCommand,
+// before the script's call, and none of them is a reply a running script
+// can end with (an error a command inside a script meets ends the script
+// with that command's error: OOM, NOPERM, READONLY, ERR..., never these).
+// go-redis resends a command on the four itself, a few times in well under
+// a second, and returns its last attempt's error: an earlier attempt that
+// lost its reply may have run the script, which the call's token makes
+// count once. No other error is resent: the script may have run (a lost
+// reply, a timeout), or Redis refused it for good (NOPERM, a check's
+// verdict).
+func refusedBeforeRun(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.As(err, new(anotherRedis)) {
+		return true
+	}
+	for _, p := range []string{"TRYAGAIN", "CLUSTERDOWN", "LOADING", "MASTERDOWN"} {
+		if redis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// mapRead is one read of the Cluster's map (readMap), shared by the
+// Finishes that wait for it.
+type mapRead struct {
+	started int64         // since; before the read began
+	done    chan struct{} // closed when it ended
+	masters []*redis.Client
+	err     error // set before done is closed
+}
+
+// readMap has the Cluster client read the Cluster's map (ForEachMaster:
+// one CLUSTER SLOTS, which go-redis then routes by) and returns the
+// masters it names: a read that started after failed (since), which every
+// caller whose failure came before it started shares — one read runs at a
+// time, in a goroutine of its own (Close ends it and waits for it)
+// bounded by nodeCheckTimeout, and a caller that finds one running that
+// started before its failure waits for it to end, then for the next. A
+// caller whose context ends first fails; the read goes on.
+func (s *Store) readMap(ctx context.Context, cluster *redis.ClusterClient, failed int64) ([]*redis.Client, error) {
+	for {
+		s.mapMu.Lock()
+		r := s.mapLast
+		if r != nil && r.started > failed {
+			s.mapMu.Unlock()
+		} else if r != nil && !isDone(r.done) {
+			// Started before the failure: it may read a map older than
+			// what the failure says. Wait for it, then start the next.
+			s.mapMu.Unlock()
+			select {
+			case <-r.done:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		} else {
+			r = &mapRead{started: s.since(), done: make(chan struct{})}
+			if !s.goCheck(func() { s.readMapNow(cluster, r) }) {
+				s.mapMu.Unlock()
+				return nil, errClosed
+			}
+			s.mapLast = r
+			s.mapMu.Unlock()
+		}
+		select {
+		case <-r.done:
+			return r.masters, r.err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// readMapNow makes read r for readMap.
+func (s *Store) readMapNow(cluster *redis.ClusterClient, r *mapRead) {
+	ctx, cancel := context.WithTimeout(s.stop, nodeCheckTimeout) // Close ends it
+	defer cancel()
+	var mu sync.Mutex
+	var masters []*redis.Client
+	err := cluster.ForEachMaster(ctx, func(_ context.Context, node *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		masters = append(masters, node)
+		return nil
+	})
+	r.masters, r.err = masters, err
+	close(r.done)
+}
+
+func isDone(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // Get implements idempotency.Store.
