@@ -223,7 +223,8 @@ func WithReplicas(n int, timeout time.Duration) Option {
 // a record until Redis removes it, DefaultKeep plus twice the skew and a
 // second after its expiry.
 // While a Cluster migrates a slot, Redis refuses (TRYAGAIN, which go-redis
-// resends a few times before the call fails unavailable) a script whose
+// resends a few times before the call fails unavailable; a Finish is then
+// resent, at most five seconds: see New) a script whose
 // keys are split between the slot's source and its target: a call names
 // the tenant's horizon and the record, and under the bound the index too,
 // so a tenant's calls may be refused between the moves of those keys.
@@ -557,13 +558,35 @@ func (e sentError) Unwrap() error { return e.error }
 // Cluster, a call that the client follows from a MOVED or ASK reply reaches
 // another node with the first's run_id: when a passed check of that node
 // vouches for its run_id, the script is sent once more, with it; otherwise
-// the call fails as above, and the calls after it are routed by the map
-// go-redis reads again; a Finish reads it first, one CLUSTER SLOTS, and
-// has the masters it names checked whose check lapsed, before it is sent
-// once more, and, while the Redis it reaches is one the map
-// does not name yet, a node a slot migrates to that holds its keys (ASK),
-// again after a pause, until the migration ends and the map names the
-// node, or its context, at most five seconds, ends.)
+// the call fails as above — but the check of the node the call was routed
+// to is reset only when INFO there no longer tells the run_id its check
+// read (else another node answered, a node a slot migrates to, say, which
+// the map does not name: the routed node's check stays, and the error
+// names the node that answered, or its run_id) — and
+// the calls after it are routed by the map go-redis reads again; a Finish
+// reads it first, one CLUSTER SLOTS, and has the masters it names checked
+// whose check lapsed, before it is sent once more, and, while the Redis it
+// reaches is one the map does not name yet, a node a slot migrates to that
+// holds its keys (ASK), again after a pause, until the migration ends and
+// the map names the node, or its context, at most five seconds, ends;
+// looping Finishes share their reads of the map: one runs at a time, and
+// each Finish is resent only after one that started after its failure.)
+//
+// A Finish is resent in that loop too (a pause of 10 ms, doubled up to
+// 1 s; the same five seconds, its context or Close ending it; each resend
+// carrying the time it is sent at) after the replies with which Redis
+// refuses a script before it runs it, once go-redis's own resends of them
+// failed: TRYAGAIN (a slot's migration split its keys between source and
+// target: a reshard moving its keys in batches, or the tenant's index under
+// WithMaxRecordsPerTenant moved apart from its records), CLUSTERDOWN (its
+// slot not served), LOADING (a restarted Redis reading its data) and
+// MASTERDOWN (a replica cut off from its primary), from its script or from
+// the check its node waited for. No other error is resent: the script may
+// have run (a lost reply, a timeout) or Redis refused it for good. Each
+// wait and resend of the loop gets only what is left of its five seconds.
+// A Finish that fails after any of its sends may have reached Redis says
+// so, as every store call's error does once its script may have been sent,
+// whichever later wait or resend failed.
 //
 // A node's check, New's included, vouches for it for a minute: the first
 // call to the node after that has its clock and run_id read again (TIME
@@ -1345,12 +1368,14 @@ func attemptMillis(id string) int64 {
 // run_id: another (the client's address now reaches another Redis: a
 // restart, a Sentinel failover, a DNS name or VIP moved) answers {15,
 // its run_id}, having written nothing, for it was never checked. Then the
-// node's entry no longer vouches for it (the next call checks it in full,
-// as a node never checked), and the call fails with an error wrapping
+// entry of the node that answered no longer vouches for it (the next call
+// checks it in full, as a node never checked; see otherRedis for a
+// Cluster, where go-redis may have followed a redirect to another node),
+// and the call fails with an error wrapping
 // idempotency.ErrStoreUnavailable (a sentError: an earlier run of the
 // script, which go-redis may have sent before on a connection to the
-// first Redis, may have written; an anotherRedis, which Store.finish sends
-// once more). On a Cluster, a Redis the client was
+// first Redis, may have written; an anotherRedis, which Store.sendFinish
+// sends once more). On a Cluster, a Redis the client was
 // redirected to (MOVED, ASK) whose run_id a passed check of another node
 // vouches for gets the script once more, with that run_id.
 func (s *Store) run(ctx context.Context, wait bool, sc *redis.Script, keys []string, args ...any) (v []any, acked int, err error) {
@@ -1412,28 +1437,28 @@ func (s *Store) vouchedElsewhere(addr, id string) bool {
 
 // otherRedis returns the error of a call whose script, sent to the node
 // at addr (c) whose check read run_id checked, found that it ran on a
-// Redis of run_id ran, and makes the entry of the node that answered no
-// longer vouch for it, when it is the one at addr (unless a check since
-// read another run_id). Off a Cluster it is. On a Cluster go-redis may have
-// followed a MOVED or ASK reply to another node, which answered: when a
-// check of a node at another address read ran, that node answered (its
-// check lapsed, or run would have sent it the script with its run_id), and
-// nothing of the node at addr changed; otherwise the node at addr is asked
-// its run_id (INFO server): when it is still checked, another node the
-// client was redirected to (one no check of the store read: a node a slot
-// migrates to that the map does not name) answered, and the entry at addr
-// stays; when it is another, or the node does not answer, the node at
-// addr is taken to be the Redis that answered.
+// Redis of run_id ran, and makes the entry of the node at addr no longer
+// vouch for it when that node is the Redis that answered (unless a check
+// since read another run_id). Off a Cluster it is. On a Cluster go-redis
+// may have followed a MOVED or ASK reply to another node, which answered:
+// the node at addr is asked its run_id (INFO server, one round trip on
+// the call's context); when it is still the one its check read, it did not
+// change, its entry stays, and the error names the node that answered: one
+// whose check once read ran (its check lapsed, or run would have sent it
+// the script with its run_id), or else a node no check read (a node a
+// slot migrates to, which the map does not name). When INFO tells another
+// run_id, or the node does not answer, the node at addr is taken to be
+// the Redis that answered.
 func (s *Store) otherRedis(ctx context.Context, c redis.UniversalClient, addr, checked, ran string) error {
 	if addr != "" {
-		if other := s.checkedElsewhere(addr, ran); other != "" {
-			return fmt.Errorf("%w: redisstore: the client was redirected (MOVED or ASK) from Redis node %s to the node at %s (run_id %s), whose check no longer vouches for it; the script wrote nothing, and the store checks that node before it next sends it one",
-				idempotency.ErrStoreUnavailable, addr, other, ran)
-		}
 		if info, err := c.Info(ctx, identityFields[0].section).Result(); err == nil {
 			if id, _ := hexField(info, identityFields[0].field); id == checked {
-				return fmt.Errorf("%w: redisstore: the client was redirected (MOVED or ASK) from Redis node %s (still run_id %s) to a node of run_id %s, which no check of the store read (a node a slot migrates to, which the Cluster's map names only once the migration ends); the script wrote nothing",
-					idempotency.ErrStoreUnavailable, addr, checked, ran)
+				to := "a node of run_id " + ran + ", which no check of the store read (a node a slot migrates to, which the Cluster's map names only once the migration ends)"
+				if other := s.checkedElsewhere(addr, ran); other != "" {
+					to = "the node at " + other + " (run_id " + ran + "), whose check no longer vouches for it"
+				}
+				return fmt.Errorf("%w: redisstore: the client was redirected (MOVED or ASK) from Redis node %s (still run_id %s) to %s; the script wrote nothing, and the store checks that node before it sends it one",
+					idempotency.ErrStoreUnavailable, addr, checked, to)
 			}
 		}
 	}
