@@ -1849,16 +1849,16 @@ func (s *Store) resendFinish(ctx context.Context, cluster *redis.ClusterClient, 
 		}
 		t.Stop()
 		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("%w (not sent again: %w)", last, err)
+			return nil, fmt.Errorf("%w (not sent again: %v)", last, err)
 		}
 		if s.stop.Err() != nil {
-			return nil, fmt.Errorf("%w (not sent again: %w)", last, errClosed)
+			return nil, fmt.Errorf("%w (not sent again: %v)", last, errClosed)
 		}
 	}
 	if cluster != nil {
 		masters, err := s.readMap(ctx, cluster, failed)
 		if err != nil {
-			return nil, fmt.Errorf("%w (not sent again: reading the Cluster's map: %w)", last, err)
+			return nil, fmt.Errorf("%w (not sent again: reading the Cluster's map: %v)", last, err)
 		}
 		var wg sync.WaitGroup
 		for _, node := range masters {
