@@ -584,9 +584,6 @@ func (e sentError) Unwrap() error { return e.error }
 // the check its node waited for. No other error is resent: the script may
 // have run (a lost reply, a timeout) or Redis refused it for good. Each
 // wait and resend of the loop gets only what is left of its five seconds.
-// A Finish that fails after any of its sends may have reached Redis says
-// so, as every store call's error does once its script may have been sent,
-// whichever later wait or resend failed.
 //
 // A node's check, New's included, vouches for it for a minute: the first
 // call to the node after that has its clock and run_id read again (TIME
@@ -1807,7 +1804,10 @@ const (
 // on, and the next resend finds its result).
 //
 // When a send may have reached Redis (run's sentError), the call's error
-// says so (sentError) whichever later send, or wait for a check, failed.
+// is a sentError too, whichever later send, or wait for a check, failed
+// (nothing outside run reads it of a Finish today: endBegun ignores the
+// error, and Finish's caller cannot see the type; it keeps the marking
+// true for any caller that comes to read it).
 func (s *Store) sendFinish(ctx context.Context, key idempotency.Key, args []any) ([]any, error) {
 	keys := s.keys(key)
 	until := time.Now().Add(finishResendFor)
