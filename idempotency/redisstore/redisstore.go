@@ -340,7 +340,8 @@ type Store struct {
 }
 
 // Close ends the checks of Redis nodes the store runs in goroutines of
-// their own (see New) and waits for them: a check waiting for a reply
+// their own (see New), and the reads of a Cluster's map that looping
+// Finishes share, and waits for them: a check waiting for a reply
 // ends when it comes, or at the check's 5 s bound, as go-redis does not
 // interrupt a read for a context's cancellation. It does not close the Redis
 // client, which stays the caller's. After Close every call fails with an
