@@ -190,12 +190,25 @@ func TestR17aFinishResentAfterTryAgain(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "3", st, "the record on b is not SUCCEEDED")
 
-	hook.mu.Lock()
-	defer hook.mu.Unlock()
-	require.Greater(t, len(hook.deadlines), 1, "the Finish was not resent")
-	for i, dl := range hook.deadlines[1:] {
-		// (The loop's bound counts from the first send, just after start;
-		// the caller's context ends a minute after it.)
+	hook.requireBounded(t, ctx, start)
+}
+
+// requireBounded requires that the scripts sent after the first send of a
+// Finish called at start on ctx (its EVALSHA, and EVAL after NOSCRIPT, on
+// ctx itself) ran on contexts ending by the loop's 5 s: the loop's bound
+// counts from the first send, just after start; ctx ends a minute later.
+func (h *r17aHook) requireBounded(t *testing.T, ctx context.Context, start time.Time) {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	caller, _ := ctx.Deadline()
+	first := 0
+	for first < len(h.deadlines) && h.deadlines[first].Equal(caller) {
+		first++
+	}
+	require.Positive(t, first, "the first send did not run on the caller's context")
+	require.Less(t, first, len(h.deadlines), "no resend ran on a context bounded by the loop (%d sends)", len(h.deadlines))
+	for i, dl := range h.deadlines[first:] {
 		require.False(t, dl.After(start.Add(nodeCheckTimeout+time.Second)), "resend %d ran on a context ending at %v, past the loop's %v bound", i+1, dl, nodeCheckTimeout)
 	}
 }
@@ -501,4 +514,48 @@ func TestR17aConcurrentFinishesShareMapReads(t *testing.T) {
 	got, other := reads.Load(), hook.other.Load()
 	t.Logf("%d map reads for %d resends of %d concurrent Finishes", got, other, n)
 	require.LessOrEqual(t, 2*got, other, "%d map reads for %d resends of %d concurrent Finishes", got, other, n)
+}
+
+// Every resend of a Finish whose script found another Redis (a node a slot
+// migrates to, reached by ASK) runs on a context bounded by the loop's
+// 5 s, not on the caller's, which ends a minute later. (Added after the
+// fix, which TestR17aFinishResentAfterTryAgain also checks: that test
+// failed on TRYAGAIN before reaching this check on the code before it.)
+func TestR17aResendsBoundedByTheLoop(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a, b := joinedPair(t, ctx, 7507, 7508)
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.addr}, ContextTimeoutEnabled: true})
+	defer func() { _ = client.Close() }()
+	hook := newR17aHook()
+	client.AddHook(hook)
+	s, err := New(ctx, client, WithPrefix("r17a-bound:"))
+	require.NoError(t, err)
+	defer func() { _ = s.Close() }()
+	key := r17aBegin(t, ctx, s, "0")
+	keys := s.keys(key)
+	slot, err := a.client.ClusterKeySlot(ctx, keys[0]).Result()
+	require.NoError(t, err)
+	startMigrating(t, ctx, a, b, slot)
+	moveKeys(t, ctx, a, b, keys)
+
+	moved := make(chan error, 1)
+	go func() {
+		for hook.other.Load() < 3 {
+			if err := hook.waitReply(ctx, "OTHER"); err != nil {
+				moved <- err
+				return
+			}
+		}
+		moved <- endMigration(ctx, a, b, slot)
+	}()
+	hook.mu.Lock()
+	hook.deadlines = nil // the Finish's sends only
+	hook.mu.Unlock()
+	start := time.Now()
+	err = s.Finish(ctx, r17aFinishReq(key))
+	require.NoError(t, <-moved)
+	require.NoError(t, err)
+
+	hook.requireBounded(t, ctx, start)
 }
