@@ -71,6 +71,12 @@ type inbound struct {
 	// the try's loss, not the attempt's (tryDeadlineOnly).
 	capped bool
 	own    time.Time
+	// serverLimit is set when the handler's deadline is the server's own
+	// maximum (capped, and the request's own deadline, if any, is not
+	// earlier): a stream that runs to it missed no deadline the request
+	// carried — the server ended it by its own limit — and is no run miss
+	// (the stream interceptor abandons its permit rather than EndStream).
+	serverLimit bool
 	// peerDeadline is set when the attempt's deadline (or own) is the one
 	// the caller's header gave (d), set on the caller's clock, which may
 	// differ from this server's by up to the skew; not when it is the
@@ -192,6 +198,7 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 	}
 	st.ledger = &st.ledgerStore
 	in.until = st.Deadline.Add(sv.cfg.skew)
+	in.serverLimit = in.capped && (!hasDeadline || !ctxDeadline.Before(in.until))
 	if dl, ok := ctx.Deadline(); ok && dl.Before(in.until) {
 		in.until = dl // the request's own, or the tap's bound: the context's
 	}
@@ -997,7 +1004,12 @@ const streamFinishTimeout = 5 * time.Second
 // finished, as a unary call's is), and one whose handler ends after the
 // deadline it was admitted under is counted by admission in
 // tollgate.deadline.misses{stage=run}, as a unary call that finishes late is
-// (Permit.EndStream; without admission neither is counted); its ledger is sealed and tollgate-spent set when
+// (Permit.EndStream; without admission neither is counted) — unless that
+// deadline was the server's own maximum (WithMaxAttemptTime: the request
+// carried no deadline, or a later one), which ends a long-lived stream by
+// the server's limit, not by a deadline the request missed
+// (inbound.serverLimit: its permit is abandoned, judged against nothing);
+// its ledger is sealed and tollgate-spent set when
 // the handler returns. With a store, a stream keeps a record like a unary
 // call, and a finished record answers a later try with COMMITTED or its
 // error; its handler keeps the client's cancellation. Its try is begun
@@ -1133,8 +1145,10 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	// ended. Its lifetime teaches admission nothing, but its deadline is
 	// judged as a unary call's is when its permit is released: a handler
 	// that ended after it (its context ran out while it ran) is a run miss
-	// (EndStream), unless the try was counted already (missCounted).
-	if in.missCounted {
+	// (EndStream), unless the try was counted already (missCounted) or
+	// that deadline was the server's own maximum, which the request did not
+	// carry (serverLimit: a long-lived stream the server ended by its limit).
+	if in.missCounted || in.serverLimit {
 		permit.Abandon()
 	} else {
 		permit.EndStream()
