@@ -13,6 +13,7 @@ import (
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
+	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 	"github.com/tollgate-go/tollgate/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -60,32 +61,13 @@ func TestUnqueriedRepeatsDefiniteErrorStaysUnknown(t *testing.T) {
 func TestMarkBeforeVerifyingTryIsHeeded(t *testing.T) {
 	var effects, kTries atomic.Int64
 	m := &lateMark{}
-	outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		switch {
-		case strings.HasSuffix(info.FullMethod, "/FenceAttempt"):
-			return m.fence(ctx, req, handler)
-		case strings.HasSuffix(info.FullMethod, "/Apply"):
-			r := req.(*testingv1.ApplyRequest)
-			if r.GetKey() == "warm" {
-				return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
-			}
-			return verifyAtStoreless(ctx, req, handler, &kTries, &effects)
-		}
-		return handler(ctx, req)
-	})
-	svc := &testsvc.Service{ApplyFunc: func(_ context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
-		effects.Add(1)
-		return &testingv1.ApplyResponse{}, nil
-	}}
-	cli := m.dial(t, recordedServer(t, svc, memoryStore(t), outer))
+	end := m.server(t, lateMarkService(&effects), true, func(ctx context.Context, req any, handler grpc.UnaryHandler) (any, error) {
+		return verifyAtStoreless(ctx, req, handler, &kTries, &effects)
+	}, nil)
+	cli := m.dial(t, end)
 	_, err := cli.Apply(interceptor.WithCallKey(t.Context(), "pay"), &testingv1.ApplyRequest{Key: "k"})
-	t.Logf("queries %d, tries %d, err %v", m.queries.Load(), kTries.Load(), err)
-	require.Equal(t, int64(2), m.queries.Load(), "precondition: try 1 was resolved at the store backend, and the warm-up call marked the target")
-	require.Equal(t, int64(1), effects.Load(),
+	m.requireHeeded(t, err, &kTries, &effects, "try 1 was resolved at the store backend, and the warm-up call marked the target",
 		"the target was marked recordless before the verifying try was sent: it must not run the handler again")
-	o := status.OutcomeOf(err)
-	require.Equal(t, status.KindUnknown, o.Kind, "%v", err)
-	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
 }
 
 // TestMarkBeforeVerifyingTryIsHeeded for a stream, whose verifying try is
@@ -95,16 +77,7 @@ func TestMarkBeforeVerifyingTryIsHeeded(t *testing.T) {
 func TestMarkBeforeStreamVerifyingTryIsHeeded(t *testing.T) {
 	var effects, tries atomic.Int64
 	m := &lateMark{}
-	unary := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		switch {
-		case strings.HasSuffix(info.FullMethod, "/FenceAttempt"):
-			return m.fence(ctx, req, handler)
-		case strings.HasSuffix(info.FullMethod, "/Apply"):
-			return nil, grpcstatus.Error(codes.Unavailable, "connection reset") // the warm-up call's try
-		}
-		return handler(ctx, req)
-	})
-	stream := grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	end := m.server(t, lateMarkService(&effects), true, nil, func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 		if tries.Add(1) == 1 { // the store backend runs and records it; the answer is lost
 			_ = h(srv, ss)
 			return grpcstatus.Error(codes.Internal, "proxy: upstream connection reset")
@@ -112,17 +85,10 @@ func TestMarkBeforeStreamVerifyingTryIsHeeded(t *testing.T) {
 		effects.Add(1) // the verifying try reaches the store-less backend
 		return nil
 	})
-	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
-		effects.Add(1)
-		return drainChat(st)
-	}}
-	cli := m.dial(t, recordedServer(t, svc, memoryStore(t), unary, stream))
+	cli := m.dial(t, end)
 	err := chatOnce(t, interceptor.WithCallKey(t.Context(), "chat"), cli)
-	t.Logf("queries %d, tries %d, err %v", m.queries.Load(), tries.Load(), err)
-	require.Equal(t, int64(2), m.queries.Load(), "precondition: try 1 was resolved at the store backend, and the warm-up call marked the target")
-	require.Equal(t, int64(1), effects.Load(),
+	m.requireHeeded(t, err, &tries, &effects, "try 1 was resolved at the store backend, and the warm-up call marked the target",
 		"the target was marked recordless before the verifying try was sent: it must not run the handler again")
-	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
 }
 
 // A review found that the repeat after a FENCED answer had the same window
@@ -138,36 +104,19 @@ func TestMarkBeforeStreamVerifyingTryIsHeeded(t *testing.T) {
 func TestMarkBeforeRepeatAfterFenceIsHeeded(t *testing.T) {
 	var effects, kTries atomic.Int64
 	m := &lateMark{}
-	outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		switch {
-		case strings.HasSuffix(info.FullMethod, "/FenceAttempt"):
-			return m.fence(ctx, req, handler) // query 1: the store backend fences try 1
-		case strings.HasSuffix(info.FullMethod, "/Apply"):
-			r := req.(*testingv1.ApplyRequest)
-			if r.GetKey() == "warm" || kTries.Add(1) == 1 {
-				// The store-less backend: the warm-up call's try, and try 1,
-				// which runs there; both answers are lost.
-				if r.GetKey() != "warm" {
-					effects.Add(1)
-				}
-				return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
-			}
+	// Query 1: the store backend fences try 1.
+	end := m.server(t, lateMarkService(&effects), true, func(ctx context.Context, req any, handler grpc.UnaryHandler) (any, error) {
+		if kTries.Add(1) == 1 {
+			// The store-less backend: try 1 runs there; its answer is lost.
+			effects.Add(1)
+			return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
 		}
 		return handler(ctx, req)
-	})
-	svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
-		effects.Add(1)
-		return &testingv1.ApplyResponse{}, nil
-	}}
-	cli := m.dial(t, recordedServer(t, svc, memoryStore(t), outer))
+	}, nil)
+	cli := m.dial(t, end)
 	_, err := cli.Apply(t.Context(), &testingv1.ApplyRequest{Key: "k"})
-	t.Logf("queries %d, tries %d, err %v", m.queries.Load(), kTries.Load(), err)
-	require.Equal(t, int64(2), m.queries.Load(), "precondition: try 1 was fenced at the store backend, and the warm-up call marked the target")
-	require.Equal(t, int64(1), effects.Load(),
+	m.requireHeeded(t, err, &kTries, &effects, "try 1 was fenced at the store backend, and the warm-up call marked the target",
 		"the target was marked recordless before the repeat was sent: try 1 may have run there, and the handler must not run again")
-	o := status.OutcomeOf(err)
-	require.Equal(t, status.KindUnknown, o.Kind, "%v", err)
-	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
 }
 
 // TestMarkBeforeRepeatAfterFenceIsHeeded when the mark comes later still:
@@ -178,42 +127,23 @@ func TestMarkBeforeRepeatAfterFenceIsHeeded(t *testing.T) {
 func TestMarkBeforeLaterRepeatAfterFenceIsHeeded(t *testing.T) {
 	var effects, kTries atomic.Int64
 	m := &lateMark{}
-	outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		switch {
-		case strings.HasSuffix(info.FullMethod, "/FenceAttempt"):
-			if m.queries.Add(1) == 2 {
-				return nil, grpcstatus.Error(codes.Unimplemented, "no records") // the store-less backend
-			}
-			return handler(ctx, req) // query 1: the store backend fences try 1
-		case strings.HasSuffix(info.FullMethod, "/Apply"):
-			if req.(*testingv1.ApplyRequest).GetKey() == "warm" {
-				return nil, grpcstatus.Error(codes.Unavailable, "connection reset") // the warm-up call's try
-			}
-			switch kTries.Add(1) {
-			case 1: // the store-less backend runs it; the answer is lost
-				effects.Add(1)
-				return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
-			case 2: // refused without effect; the mark comes before try 3
-				m.armed.Store(true)
-				return nil, queueFull()
-			}
+	// Query 1: the store backend fences try 1, and arms nothing.
+	end := m.server(t, lateMarkService(&effects), false, func(ctx context.Context, req any, handler grpc.UnaryHandler) (any, error) {
+		switch kTries.Add(1) {
+		case 1: // the store-less backend runs it; the answer is lost
+			effects.Add(1)
+			return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
+		case 2: // refused without effect; the mark comes before try 3
+			m.armed.Store(true)
+			return nil, queueFull()
 		}
 		return handler(ctx, req)
-	})
-	svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
-		effects.Add(1)
-		return &testingv1.ApplyResponse{}, nil
-	}}
-	cli := m.dial(t, recordedServer(t, svc, memoryStore(t), outer))
+	}, nil)
+	cli := m.dial(t, end)
 	_, err := cli.Apply(t.Context(), &testingv1.ApplyRequest{Key: "k"})
-	t.Logf("queries %d, tries %d, err %v", m.queries.Load(), kTries.Load(), err)
-	require.Equal(t, int64(2), m.queries.Load(), "precondition: try 1 was fenced at the store backend, and the warm-up call marked the target")
-	require.Equal(t, int64(1), effects.Load(),
+	m.requireHeeded(t, err, &kTries, &effects, "try 1 was fenced at the store backend, and the warm-up call marked the target",
 		"the target was marked recordless before try 3 was sent: try 1 may have run there, and the handler must not run again")
 	require.Equal(t, int64(2), kTries.Load(), "try 3 is not sent")
-	o := status.OutcomeOf(err)
-	require.Equal(t, status.KindUnknown, o.Kind, "%v", err)
-	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
 }
 
 // TestMarkBeforeRepeatAfterFenceIsHeeded for a stream: a mark that comes
@@ -221,33 +151,18 @@ func TestMarkBeforeLaterRepeatAfterFenceIsHeeded(t *testing.T) {
 func TestMarkBeforeStreamRepeatAfterFenceIsHeeded(t *testing.T) {
 	var effects, tries atomic.Int64
 	m := &lateMark{}
-	unary := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-		switch {
-		case strings.HasSuffix(info.FullMethod, "/FenceAttempt"):
-			return m.fence(ctx, req, handler) // query 1: the store backend fences try 1
-		case strings.HasSuffix(info.FullMethod, "/Apply"):
-			return nil, grpcstatus.Error(codes.Unavailable, "connection reset") // the warm-up call's try
-		}
-		return handler(ctx, req)
-	})
-	stream := grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	// Query 1: the store backend fences try 1.
+	end := m.server(t, lateMarkService(&effects), true, nil, func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 		if tries.Add(1) == 1 { // the store-less backend runs it; the answer is lost
 			effects.Add(1)
 			return grpcstatus.Error(codes.Internal, "proxy: upstream connection reset")
 		}
 		return h(srv, ss) // the repeat reaches the store backend, past the fence
 	})
-	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
-		effects.Add(1)
-		return drainChat(st)
-	}}
-	cli := m.dial(t, recordedServer(t, svc, memoryStore(t), unary, stream))
+	cli := m.dial(t, end)
 	err := chatOnce(t, t.Context(), cli)
-	t.Logf("queries %d, tries %d, err %v", m.queries.Load(), tries.Load(), err)
-	require.Equal(t, int64(2), m.queries.Load(), "precondition: try 1 was fenced at the store backend, and the warm-up call marked the target")
-	require.Equal(t, int64(1), effects.Load(),
+	m.requireHeeded(t, err, &tries, &effects, "try 1 was fenced at the store backend, and the warm-up call marked the target",
 		"the target was marked recordless before the repeat was sent: try 1 may have run there, and the handler must not run again")
-	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
 }
 
 // A review found that a middle server that does not speak tollgate (plain
@@ -562,8 +477,8 @@ func verifyAtStoreless(ctx context.Context, req any, handler grpc.UnaryHandler, 
 
 // lateMark is the mark of the TestMarkBefore*IsHeeded tests, which comes
 // after the store backend's query answered and before the verifying try, or
-// the repeat after a fence, is sent: query 1 (fence) reaches the store backend and arms
-// the client clock (dial); the clock's next read makes a warm-up Apply
+// the repeat after a fence, is sent: query 1 (answer) reaches the store backend and arms
+// the client clock (dial), or the test arms it later; the clock's next read makes a warm-up Apply
 // ("warm") whose query, query 2, the store-less backend answers
 // UNIMPLEMENTED, marking the target recordless.
 type lateMark struct {
@@ -572,21 +487,88 @@ type lateMark struct {
 	cli     testingv1.TestServiceClient
 }
 
-// fence answers a FenceAttempt as the backend it reaches.
-func (m *lateMark) fence(ctx context.Context, req any, handler grpc.UnaryHandler) (any, error) {
+// answer answers a FenceAttempt as the backend it reaches: query 2 the
+// store-less backend (UNIMPLEMENTED), every other the store backend, which
+// finds the record SUCCEEDED or fences the try, and then arms the client
+// clock when arm is set (else the test arms it itself, later).
+func (m *lateMark) answer(ctx context.Context, req any, handler grpc.UnaryHandler, arm bool) (any, error) {
 	if m.queries.Add(1) == 2 {
 		return nil, grpcstatus.Error(codes.Unimplemented, "no records") // the store-less backend
 	}
-	rec, err := handler(ctx, req) // the store backend finds the record SUCCEEDED, or fences the try
-	m.armed.Store(true)
+	rec, err := handler(ctx, req)
+	if arm {
+		m.armed.Store(true)
+	}
 	return rec, err
 }
 
-// dial dials end with a client allowed three tries whose clock, once
-// armed, makes the warm-up call, and returns that client.
-func (m *lateMark) dial(t *testing.T, end *testsvc.Endpoint) testingv1.TestServiceClient {
+// server starts the recorded server (a memory store) of a
+// TestMarkBefore*IsHeeded test serving svc, behind an outer unary
+// interceptor at which a FenceAttempt is answered as answer does (arming
+// the clock when armOnFence is set), the warm-up call's Apply ("warm")
+// fails UNAVAILABLE, its answer lost, so that its owner queries, and every
+// other Apply goes to apply (nil: to the handler); stream, when not nil, is
+// the outer stream interceptor.
+func (m *lateMark) server(t *testing.T, svc *testsvc.Service, armOnFence bool,
+	apply func(ctx context.Context, req any, handler grpc.UnaryHandler) (any, error),
+	stream grpc.StreamServerInterceptor) *testsvc.Endpoint {
 	t.Helper()
-	clock := func() time.Time {
+	outer := []grpc.ServerOption{grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		switch info.FullMethod {
+		case tollgatev1.AttemptService_FenceAttempt_FullMethodName:
+			return m.answer(ctx, req, handler, armOnFence)
+		case testingv1.TestService_Apply_FullMethodName:
+			if req.(*testingv1.ApplyRequest).GetKey() == "warm" {
+				return nil, grpcstatus.Error(codes.Unavailable, "connection reset") // the warm-up call's try
+			}
+			if apply != nil {
+				return apply(ctx, req, handler)
+			}
+		}
+		return handler(ctx, req)
+	})}
+	if stream != nil {
+		outer = append(outer, grpc.ChainStreamInterceptor(stream))
+	}
+	return recordedServer(t, svc, memoryStore(t), outer...)
+}
+
+// lateMarkService is the service of a TestMarkBefore*IsHeeded test: its
+// Apply and Chat handlers count each run in effects; Apply answers OK, and
+// Chat reads its stream to the end (drainChat).
+func lateMarkService(effects *atomic.Int64) *testsvc.Service {
+	return &testsvc.Service{
+		ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+			effects.Add(1)
+			return &testingv1.ApplyResponse{}, nil
+		},
+		ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
+			effects.Add(1)
+			return drainChat(st)
+		},
+	}
+}
+
+// requireHeeded requires the end of a TestMarkBefore*IsHeeded call that
+// ended with err: two queries (the call's own, and the warm-up call's that
+// marked the target recordless; precondition says what they show), the
+// handler run once (why says why), and the call UNKNOWN, naming its
+// attempt. tries is the count of the call's tries, logged.
+func (m *lateMark) requireHeeded(t *testing.T, err error, tries, effects *atomic.Int64, precondition, why string) {
+	t.Helper()
+	t.Logf("queries %d, tries %d, err %v", m.queries.Load(), tries.Load(), err)
+	require.Equal(t, int64(2), m.queries.Load(), "precondition: "+precondition)
+	require.Equal(t, int64(1), effects.Load(), why)
+	o := status.OutcomeOf(err)
+	require.Equal(t, status.KindUnknown, o.Kind, "%v", err)
+	require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
+}
+
+// clock is the client clock of a TestMarkBefore*IsHeeded test: once armed,
+// its next read makes the warm-up call (m.cli), whose query marks the
+// target recordless.
+func (m *lateMark) clock(t *testing.T) func() time.Time {
+	return func() time.Time {
 		if m.armed.CompareAndSwap(true, false) {
 			// Another call's query marks the target recordless.
 			_, werr := m.cli.Apply(context.Background(), &testingv1.ApplyRequest{Key: "warm"})
@@ -594,6 +576,12 @@ func (m *lateMark) dial(t *testing.T, end *testsvc.Endpoint) testingv1.TestServi
 		}
 		return time.Now()
 	}
-	m.cli = fastClient(t, end, 3, interceptor.WithClientClock(clock))
+}
+
+// dial dials end with a client allowed three tries whose clock, once
+// armed, makes the warm-up call, and returns that client.
+func (m *lateMark) dial(t *testing.T, end *testsvc.Endpoint) testingv1.TestServiceClient {
+	t.Helper()
+	m.cli = fastClient(t, end, 3, interceptor.WithClientClock(m.clock(t)))
 	return m.cli
 }

@@ -125,65 +125,36 @@ func TestR15StreamVerifyingTryNotSentGivesBackNoToken(t *testing.T) {
 // backend it runs the handler of a method with side effects a second time.
 // It must not be sent: the call ends UNKNOWN with the handler run once.
 func TestR15MarkBeforeRepeatOfVerifyingTryIsHeeded(t *testing.T) {
+	const (
+		precondition = "try 1 was resolved SUCCEEDED, and the warm-up call marked the target"
+		why          = "the target was marked recordless before try 3 was sent: the handler must not run again"
+	)
 	t.Run("unary", func(t *testing.T) {
 		var effects, kTries atomic.Int64
 		m := &lateMark{}
-		outer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-			switch info.FullMethod {
-			case "/tollgate.v1.AttemptService/FenceAttempt":
-				if m.queries.Add(1) == 2 {
-					return nil, grpcstatus.Error(codes.Unimplemented, "no records") // the store-less backend
-				}
-				return handler(ctx, req) // the store backend: SUCCEEDED
-			case testingv1.TestService_Apply_FullMethodName:
-				if req.(*testingv1.ApplyRequest).GetKey() == "warm" {
-					return nil, grpcstatus.Error(codes.Unavailable, "connection reset") // the warm-up call's try
-				}
-				switch kTries.Add(1) {
-				case 1: // the store backend runs and records it; the answer is lost
-					_, _ = handler(ctx, req)
-					return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
-				case 2: // the verifying try, refused without effect; the mark comes before try 3
-					m.armed.Store(true)
-					return nil, queueFull()
-				default: // the store-less backend runs it
-					effects.Add(1)
-					return &testingv1.ApplyResponse{}, nil
-				}
+		// The store backend answers query 1 SUCCEEDED, and arms nothing.
+		end := m.server(t, lateMarkService(&effects), false, func(ctx context.Context, req any, handler grpc.UnaryHandler) (any, error) {
+			switch kTries.Add(1) {
+			case 1: // the store backend runs and records it; the answer is lost
+				_, _ = handler(ctx, req)
+				return nil, grpcstatus.Error(codes.Unavailable, "connection reset")
+			case 2: // the verifying try, refused without effect; the mark comes before try 3
+				m.armed.Store(true)
+				return nil, queueFull()
+			default: // the store-less backend runs it
+				effects.Add(1)
+				return &testingv1.ApplyResponse{}, nil
 			}
-			return handler(ctx, req)
-		})
-		svc := &testsvc.Service{ApplyFunc: func(context.Context, *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
-			effects.Add(1)
-			return &testingv1.ApplyResponse{}, nil
-		}}
-		cli := m.dial(t, recordedServer(t, svc, memoryStore(t), outer))
+		}, nil)
+		cli := m.dial(t, end)
 		_, err := cli.Apply(interceptor.WithCallKey(t.Context(), "pay"), &testingv1.ApplyRequest{Key: "k"})
-		t.Logf("queries %d, tries %d, err %v", m.queries.Load(), kTries.Load(), err)
-		require.Equal(t, int64(2), m.queries.Load(), "precondition: try 1 was resolved SUCCEEDED, and the warm-up call marked the target")
-		require.Equal(t, int64(1), effects.Load(),
-			"the target was marked recordless before try 3 was sent: the handler must not run again")
+		m.requireHeeded(t, err, &kTries, &effects, precondition, why)
 		require.Equal(t, int64(2), kTries.Load(), "try 3 is not sent")
-		o := status.OutcomeOf(err)
-		require.Equal(t, status.KindUnknown, o.Kind, "%v", err)
-		require.NotEmpty(t, o.Detail.GetAttemptId(), "the answer names the attempt")
 	})
 	t.Run("stream", func(t *testing.T) {
 		var effects, tries atomic.Int64
 		m := &lateMark{}
-		unary := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-			switch info.FullMethod {
-			case "/tollgate.v1.AttemptService/FenceAttempt":
-				if m.queries.Add(1) == 2 {
-					return nil, grpcstatus.Error(codes.Unimplemented, "no records")
-				}
-				return handler(ctx, req)
-			case testingv1.TestService_Apply_FullMethodName:
-				return nil, grpcstatus.Error(codes.Unavailable, "connection reset") // the warm-up call's try
-			}
-			return handler(ctx, req)
-		})
-		stream := grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		end := m.server(t, lateMarkService(&effects), false, nil, func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 			switch tries.Add(1) {
 			case 1: // the store backend runs and records it; the answer is lost
 				_ = h(srv, ss)
@@ -196,18 +167,10 @@ func TestR15MarkBeforeRepeatOfVerifyingTryIsHeeded(t *testing.T) {
 				return nil
 			}
 		})
-		svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
-			effects.Add(1)
-			return drainChat(st)
-		}}
-		cli := m.dial(t, recordedServer(t, svc, memoryStore(t), unary, stream))
+		cli := m.dial(t, end)
 		err := chatOnce(t, interceptor.WithCallKey(t.Context(), "chat"), cli)
-		t.Logf("queries %d, tries %d, err %v", m.queries.Load(), tries.Load(), err)
-		require.Equal(t, int64(2), m.queries.Load(), "precondition: try 1 was resolved SUCCEEDED, and the warm-up call marked the target")
-		require.Equal(t, int64(1), effects.Load(),
-			"the target was marked recordless before try 3 was sent: the handler must not run again")
+		m.requireHeeded(t, err, &tries, &effects, precondition, why)
 		require.Equal(t, int64(2), tries.Load(), "try 3 is not sent")
-		require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
 	})
 }
 
@@ -216,14 +179,7 @@ func TestR15MarkBeforeRepeatOfVerifyingTryIsHeeded(t *testing.T) {
 // sheds each key's first try.
 func r15BudgetedLateMark(t *testing.T, m *lateMark, end *testsvc.Endpoint, max int) testingv1.TestServiceClient {
 	t.Helper()
-	clock := func() time.Time {
-		if m.armed.CompareAndSwap(true, false) {
-			_, werr := m.cli.Apply(context.Background(), &testingv1.ApplyRequest{Key: "warm"})
-			require.Equal(t, status.KindUnknown, status.OutcomeOf(werr).Kind, "precondition: %v", werr)
-		}
-		return time.Now()
-	}
-	m.cli = testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3), interceptor.WithClientClock(clock),
+	m.cli = testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3), interceptor.WithClientClock(m.clock(t)),
 		interceptor.WithRetryBudget(budget.WithRetryRatio(0), budget.WithMinRetriesPerSecond(0), budget.WithMaxRetryTokens(float64(max))))...))
 	return m.cli
 }
@@ -243,16 +199,9 @@ func TestR15StreamRepeatStoppedBeforeSendingKeepsTokensExact(t *testing.T) {
 			var effects, tries atomic.Int64
 			m := &lateMark{}
 			probe := &r15TokenProbe{}
-			unary := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-				switch info.FullMethod {
-				case "/tollgate.v1.AttemptService/FenceAttempt":
-					return m.fence(ctx, req, handler)
-				case testingv1.TestService_Apply_FullMethodName:
-					return nil, grpcstatus.Error(codes.Unavailable, "connection reset") // the warm-up call's try
-				}
-				return handler(ctx, req)
-			})
-			stream := grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			svc := lateMarkService(&effects)
+			svc.GetFunc = probe.get
+			end := m.server(t, svc, true, nil, func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 				if tries.Add(1) == 1 {
 					if verify {
 						_ = h(srv, ss) // the store backend runs and records it
@@ -264,21 +213,14 @@ func TestR15StreamRepeatStoppedBeforeSendingKeepsTokensExact(t *testing.T) {
 				effects.Add(1)
 				return nil
 			})
-			svc := &testsvc.Service{GetFunc: probe.get, ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
-				effects.Add(1)
-				return drainChat(st)
-			}}
-			cli := r15BudgetedLateMark(t, m, recordedServer(t, svc, memoryStore(t), unary, stream), 4)
+			cli := r15BudgetedLateMark(t, m, end, 4)
 			ctx := t.Context()
 			if verify {
 				ctx = interceptor.WithCallKey(ctx, "chat")
 			}
 			err := chatOnce(t, ctx, cli)
-			t.Logf("queries %d, tries %d, err %v", m.queries.Load(), tries.Load(), err)
-			require.Equal(t, int64(2), m.queries.Load(), "precondition: the warm-up call marked the target")
-			require.Equal(t, int64(1), effects.Load(), "the handler ran once")
+			m.requireHeeded(t, err, &tries, &effects, "the warm-up call marked the target", "the handler ran once")
 			require.Equal(t, int64(1), tries.Load(), "no repeat was sent")
-			require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
 			r15RequireTokensLeft(t, cli, 2, "two resolutions' tokens are spent, and no other")
 		})
 	}
