@@ -420,16 +420,10 @@ func TestStatsPushbackWrap(t *testing.T) {
 func TestStreamLocalSendErrorIsTyped(t *testing.T) {
 	received := make(chan string, 4)
 	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
-		for {
-			m, err := st.Recv()
-			if err == io.EOF {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
+		return eachChat(st, func(m *testingv1.ChatRequest) error {
 			received <- m.GetValue() // the effect of a message
-		}
+			return nil
+		})
 	}}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 	conn := end.DialT(t, append(interceptor.DialOptions(fastRetry(3)),

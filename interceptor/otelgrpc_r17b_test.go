@@ -3,8 +3,6 @@ package interceptor_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -76,8 +74,8 @@ func r17bDial(tp trace.TracerProvider, otelFirst bool, extra ...interceptor.Clie
 
 // r17bChain is origin → mid → dep, every hop with otelgrpc beside tollgate,
 // mid with an admission controller (and its tap). mid's handlers call dep's
-// Get (per method as in TestStreamsPropagateAndReportSpentUnits); dep's Get
-// is depGet.
+// Get: its Get twice, its streams as callingStreams's do; dep's Get is
+// depGet.
 type r17bChain struct {
 	tp      *sdktrace.TracerProvider
 	spans   *tracetest.InMemoryExporter
@@ -97,60 +95,13 @@ func newR17bChain(t *testing.T, otelFirst bool, midRetry interceptor.RetryPolicy
 		return depGet(ctx, r)
 	}
 	depEnd := testsvc.StartT(t, testsvc.Bufconn, c.dep.Register, r17bServer(c.tp, otelFirst)...)
-	depClient := testingv1.NewTestServiceClient(depEnd.DialT(t, r17bDial(c.tp, otelFirst, interceptor.WithRetry(midRetry))...))
-	callDep := func(ctx context.Context, n int) error {
-		for range n {
-			if _, err := depClient.Get(ctx, &testingv1.GetRequest{}); err != nil {
-				return err
-			}
+	callDep := getsFrom(testingv1.NewTestServiceClient(depEnd.DialT(t, r17bDial(c.tp, otelFirst, interceptor.WithRetry(midRetry))...)))
+	mid := callingStreams(callDep)
+	mid.GetFunc = func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		if err := callDep(ctx, 2); err != nil {
+			return nil, err
 		}
-		return nil
-	}
-	mid := &testsvc.Service{
-		GetFunc: func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-			if err := callDep(ctx, 2); err != nil {
-				return nil, err
-			}
-			return &testingv1.GetResponse{Value: "m"}, nil
-		},
-		WatchFunc: func(r *testingv1.WatchRequest, st grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
-			if err := callDep(st.Context(), 2); err != nil {
-				return err
-			}
-			for range r.GetCount() {
-				if err := st.Send(&testingv1.WatchResponse{Value: "w"}); err != nil {
-					return err
-				}
-			}
-			return nil
-		},
-		UploadFunc: func(st grpc.ClientStreamingServer[testingv1.UploadRequest, testingv1.UploadResponse]) error {
-			n, err := testsvc.DrainUpload(st)
-			if err != nil {
-				return err
-			}
-			if err := callDep(st.Context(), 1); err != nil {
-				return err
-			}
-			return st.SendAndClose(&testingv1.UploadResponse{Count: n})
-		},
-		ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
-			for {
-				m, err := st.Recv()
-				if err == io.EOF {
-					return nil
-				}
-				if err != nil {
-					return err
-				}
-				if err := callDep(st.Context(), 1); err != nil {
-					return err
-				}
-				if err := st.Send(&testingv1.ChatResponse{Value: m.GetValue()}); err != nil {
-					return err
-				}
-			}
-		},
+		return &testingv1.GetResponse{Value: "m"}, nil
 	}
 	var err error
 	c.ctrl, err = admission.New(admission.WithClasses(admission.Class{Name: "work", Slots: 4, QueueItems: 4}),
@@ -244,6 +195,15 @@ func r17bHasEvent(s tracetest.SpanStub, name string) bool {
 	return false
 }
 
+// r17bUnaryTrailer gives a unary call's trailer as an ended stream's
+// (callingStreamRun): only Trailer is used.
+type r17bUnaryTrailer struct {
+	grpc.ClientStream
+	trailer metadata.MD
+}
+
+func (u r17bUnaryTrailer) Trailer() metadata.MD { return u.trailer }
+
 // TestR17bOtelgrpcBesideTollgatePropagatesAndTracesOneAttempt runs a unary
 // call and each stream kind from an origin through a middle tier whose
 // handler calls the dependency, otelgrpc installed at every hop beside
@@ -260,92 +220,24 @@ func TestR17bOtelgrpcBesideTollgatePropagatesAndTracesOneAttempt(t *testing.T) {
 				func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
 					return &testingv1.GetResponse{Value: "d"}, nil
 				})
-			for _, tc := range []struct {
-				name   string
-				method string
-				spent  int64
-				run    func(ctx context.Context) (trailer func() []string, err error)
-			}{
-				{"unary", "Get", 2, func(ctx context.Context) (func() []string, error) {
-					var trailer metadata.MD
-					resp, err := c.client.Get(ctx, &testingv1.GetRequest{}, grpc.Trailer(&trailer))
-					if err != nil {
-						return nil, err
-					}
-					require.Equal(t, "m", resp.GetValue())
-					return func() []string { return trailer.Get("tollgate-spent") }, nil
-				}},
-				{"server-streaming", "Watch", 2, func(ctx context.Context) (func() []string, error) {
-					st, err := c.client.Watch(ctx, &testingv1.WatchRequest{Count: 3})
-					if err != nil {
-						return nil, err
-					}
-					n := 0
-					for {
-						if _, err := st.Recv(); err == io.EOF {
-							break
-						} else if err != nil {
-							return nil, err
-						}
-						n++
-					}
-					require.Equal(t, 3, n)
-					return func() []string { return st.Trailer().Get("tollgate-spent") }, nil
-				}},
-				{"client-streaming", "Upload", 1, func(ctx context.Context) (func() []string, error) {
-					st, err := c.client.Upload(ctx)
-					if err != nil {
-						return nil, err
-					}
-					for range 4 {
-						require.NoError(t, st.Send(&testingv1.UploadRequest{Value: "u"}))
-					}
-					resp, err := st.CloseAndRecv()
-					if err != nil {
-						return nil, err
-					}
-					require.Equal(t, int32(4), resp.GetCount())
-					return func() []string { return st.Trailer().Get("tollgate-spent") }, nil
-				}},
-				{"bidi-streaming", "Chat", 3, func(ctx context.Context) (func() []string, error) {
-					st, err := c.client.Chat(ctx)
-					if err != nil {
-						return nil, err
-					}
-					for _, v := range []string{"a", "b", "c"} {
-						require.NoError(t, st.Send(&testingv1.ChatRequest{Value: v}))
-						m, err := st.Recv()
-						if err != nil {
-							return nil, err
-						}
-						require.Equal(t, v, m.GetValue())
-					}
-					require.NoError(t, st.CloseSend())
-					_, err = st.Recv()
-					require.ErrorIs(t, err, io.EOF)
-					return func() []string { return st.Trailer().Get("tollgate-spent") }, nil
-				}},
-			} {
+			unary := callingStreamRun{"unary", "Get", 2, func(t *testing.T, ctx context.Context, client testingv1.TestServiceClient) (grpc.ClientStream, error) {
+				var trailer metadata.MD
+				resp, err := client.Get(ctx, &testingv1.GetRequest{}, grpc.Trailer(&trailer))
+				if err != nil {
+					return nil, err
+				}
+				require.Equal(t, "m", resp.GetValue())
+				return r17bUnaryTrailer{trailer: trailer}, nil
+			}}
+			for _, tc := range append([]callingStreamRun{unary}, callingStreamRuns...) {
 				t.Run(tc.name, func(t *testing.T) {
 					ctx, err := interceptor.StartAttempt(t.Context(), 8, 5*time.Second)
 					require.NoError(t, err)
 					a, _ := interceptor.AttemptFromContext(ctx)
 					before, _ := c.depSeen.all()
-
-					trailer, err := tc.run(ctx)
+					st, err := tc.run(t, ctx, c.client)
 					require.NoError(t, err)
-					require.Equal(t, []string{strconv.FormatInt(tc.spent, 10)}, trailer(), "tollgate-spent")
-					ledger, ok := budget.FromContext(ctx)
-					require.True(t, ok)
-					snap := ledger.Snapshot()
-					require.Equal(t, tc.spent, snap.Spent, "the origin is charged what mid's handler spent")
-					require.Equal(t, 8-tc.spent, snap.Free)
-					require.Zero(t, snap.Reserved+snap.Held)
-					all, _ := c.depSeen.all()
-					require.Len(t, all, len(before)+int(tc.spent))
-					for _, got := range all[len(before):] {
-						require.Equal(t, a.ID, got.ID, "one attempt ID at the dependency")
-					}
+					requireSpentReported(t, ctx, st.Trailer(), tc.spent, &c.depSeen, len(before))
 
 					// 1 origin call + its client span + mid's server span,
 					// and per dependency call mid's call, client and dep's
@@ -574,18 +466,7 @@ func TestR17bOtelgrpcBesideTollgateRepeatsStreams(t *testing.T) {
 						if first(st.Context()) {
 							return refusal
 						}
-						for {
-							m, err := st.Recv()
-							if err == io.EOF {
-								return nil
-							}
-							if err != nil {
-								return err
-							}
-							if err := st.Send(&testingv1.ChatResponse{Value: m.GetValue()}); err != nil {
-								return err
-							}
-						}
+						return echoChat(st, nil)
 					},
 				}
 				end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, r17bServer(tp, order.otelFirst)...)

@@ -244,22 +244,13 @@ func TestStreamChatRefusedBeforeAnyResponseIsReplayed(t *testing.T) {
 	rec := &recorder{}
 	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
 		run := rec.start()
-		for {
-			m, err := st.Recv()
-			if err == io.EOF {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
+		return echoChat(st, func(m *testingv1.ChatRequest) error {
 			rec.add(run, m.GetValue())
 			if run == 0 {
 				return shed()
 			}
-			if err := st.Send(&testingv1.ChatResponse{Value: m.GetValue()}); err != nil {
-				return err
-			}
-		}
+			return nil
+		})
 	}}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3))...))
@@ -554,25 +545,16 @@ func TestStreamChatSenderAndReceiverApart(t *testing.T) {
 	rec := &recorder{}
 	svc := &testsvc.Service{ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
 		run := rec.start()
-		for {
-			m, err := st.Recv()
-			if err == io.EOF {
-				return nil
-			}
-			if err != nil {
-				return err
-			}
+		return eachChat(st, func(m *testingv1.ChatRequest) error {
 			rec.add(run, m.GetValue())
 			if run == 0 {
 				if len(rec.all()[0]) == 2 {
 					return shed()
 				}
-				continue // answers nothing: the first response would commit the try
+				return nil // answers nothing: the first response would commit the try
 			}
-			if err := st.Send(&testingv1.ChatResponse{Value: m.GetValue()}); err != nil {
-				return err
-			}
-		}
+			return st.Send(&testingv1.ChatResponse{Value: m.GetValue()})
+		})
 	}}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(fastRetry(3))...))

@@ -216,18 +216,7 @@ func TestUntrustedStreamHandlerMetadataHeaderTrailer(t *testing.T) {
 					},
 					ChatFunc: func(st grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
 						handle(st.Context())
-						for {
-							m, err := st.Recv()
-							if err == io.EOF {
-								return nil
-							}
-							if err != nil {
-								return err
-							}
-							if err := st.Send(&testingv1.ChatResponse{Value: m.GetValue()}); err != nil {
-								return err
-							}
-						}
+						return echoChat(st, nil)
 					},
 				}
 				opts := []interceptor.ServerOption{interceptor.WithClockSkew(0)} // trusts nobody
