@@ -385,6 +385,19 @@ func (sv *server) receiveFirst(ctx context.Context, ss grpc.ServerStream, in *in
 				// (readerEnded: the tap's bound passed, or its client went
 				// away), ends the receive at once, which answers as it
 				// would on the handler's goroutine.
+				//
+				// A deadline that ended it may be the request's own
+				// grpc-timeout, which the transport's reader watches too:
+				// the receive then ends within moments, failed by that
+				// deadline. It is given receiveGrace to, so that the answer
+				// (grpc-go's DEADLINE_EXCEEDED) does not depend on which of
+				// the two timers fired first.
+				if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+					if late, ok := receiptWithin(got, receiveGrace); ok {
+						r = late
+						break
+					}
+				}
 				return sv.receiveEnded(bctx, in)
 			case !watched && !readerEnded(ctx):
 				// Without the tap's bound, a cancellation of the transport
@@ -412,6 +425,22 @@ func (sv *server) receiveFirst(ctx context.Context, ss grpc.ServerStream, in *in
 		sv.noRequest(ctx, in)
 	}
 	return r.err
+}
+
+// receiveGrace is how long receiveFirst waits, once a deadline ended its
+// wait, for a receive that the same deadline may end (see receiveFirst).
+const receiveGrace = 50 * time.Millisecond
+
+// receiptWithin returns the receive's result if it comes within d.
+func receiptWithin(got <-chan receipt, d time.Duration) (receipt, bool) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case r := <-got:
+		return r, true
+	case <-t.C:
+		return receipt{}, false
+	}
 }
 
 // receiveEnded refuses a try whose wait for its request (receiveFirst) a
