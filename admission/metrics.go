@@ -12,6 +12,17 @@ import (
 
 const scope = "github.com/tollgate-go/tollgate/admission"
 
+// durationBuckets are the bucket boundaries, in seconds, of the duration
+// histograms (start delay, service time, wait prediction error): the
+// OpenTelemetry semantic conventions' boundaries for request durations
+// (5 ms to 10 s), extended down to 0.5 ms and up to 30 s, so that the
+// latencies of requests tell apart from a fast handler's to a long wait.
+// A view (sdk/metric.NewView) can replace them.
+var durationBuckets = []float64{
+	0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075,
+	0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 30,
+}
+
 // instruments are the controller's OpenTelemetry instruments (DESIGN.md §5).
 // Attribute sets are built once per class and reason, so recording does not
 // allocate on our side.
@@ -46,11 +57,13 @@ func newInstruments(c *Controller) (*instruments, error) {
 		return nil, err
 	}
 	if m.startDelay, err = meter.Float64Histogram("tollgate.task.start_delay",
-		metric.WithDescription("Time from arrival to start of admitted requests."), metric.WithUnit("s")); err != nil {
+		metric.WithDescription("Time from arrival to start of admitted requests."), metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
 		return nil, err
 	}
 	if m.serviceTime, err = meter.Float64Histogram("tollgate.task.service_time",
-		metric.WithDescription("Time from start to release of admitted requests."), metric.WithUnit("s")); err != nil {
+		metric.WithDescription("Time from start to release of admitted requests."), metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
 		return nil, err
 	}
 	if m.misses, err = meter.Int64Counter("tollgate.deadline.misses",
@@ -60,7 +73,7 @@ func newInstruments(c *Controller) (*instruments, error) {
 	}
 	if m.predErr, err = meter.Float64Histogram("tollgate.queue.wait_prediction_error",
 		metric.WithDescription("Actual minus predicted wait of requests that waited in the queue (negative: waited less than predicted)."),
-		metric.WithUnit("s")); err != nil {
+		metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
 		return nil, err
 	}
 	stage := func(s string) []metric.AddOption {
