@@ -193,8 +193,11 @@
 // tollgate.task.start_delay, tollgate.task.service_time,
 // tollgate.deadline.misses{stage}, tollgate.admission.false_accepts,
 // tollgate.admission.false_rejects, tollgate.admission.mode and
-// tollgate.queue.wait_prediction_error (actual minus predicted wait, seed
-// 004's prediction error). No label carries a tenant.
+// tollgate.queue.wait_prediction_error{class,direction} (seed 004's
+// prediction error: how far the predicted wait of a request that waited and
+// started was from its actual wait, as an absolute value; direction under
+// when it waited longer than predicted, over when less, exact when as
+// predicted). No label carries a tenant.
 //
 // # Time
 //

@@ -45,6 +45,9 @@ type classAttrs struct {
 	refused   map[status.Reason][]metric.AddOption
 	record    []metric.RecordOption
 	observe   []metric.ObserveOption
+	// predUnder, predOver and predExact record a wait prediction's error
+	// with its class and direction.
+	predUnder, predOver, predExact []metric.RecordOption
 }
 
 func newInstruments(c *Controller) (*instruments, error) {
@@ -72,7 +75,7 @@ func newInstruments(c *Controller) (*instruments, error) {
 		return nil, err
 	}
 	if m.predErr, err = meter.Float64Histogram("tollgate.queue.wait_prediction_error",
-		metric.WithDescription("Actual minus predicted wait of requests that waited in the queue (negative: waited less than predicted)."),
+		metric.WithDescription("How far the wait predicted for a request that waited in the queue and started was from its actual wait (absolute; direction under: waited longer than predicted, over: waited less, exact: as predicted)."),
 		metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
 		return nil, err
 	}
@@ -116,6 +119,11 @@ func newInstruments(c *Controller) (*instruments, error) {
 			record:  []metric.RecordOption{metric.WithAttributeSet(set)},
 			observe: []metric.ObserveOption{metric.WithAttributeSet(set)},
 		}
+		direction := func(d string) []metric.RecordOption {
+			return []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(
+				attribute.String("class", cs.cfg.Name), attribute.String("direction", d)))}
+		}
+		a.predUnder, a.predOver, a.predExact = direction("under"), direction("over"), direction("exact")
 		for r := status.ReasonUnspecified; r <= status.ReasonCallKeyRequired; r++ {
 			a.refused[r] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(
 				attribute.String("decision", "refused"), attribute.String("class", cs.cfg.Name),
@@ -166,8 +174,18 @@ func (m *instruments) admitted(ctx context.Context, cs *classState, waited time.
 	m.startDelay.Record(ctx, waited.Seconds(), cs.attrs.record...)
 }
 
+// predictionError records a waiter's actual minus predicted wait d as its
+// absolute value, with the direction: a histogram takes no negative value
+// (they would all fall in its lowest bucket, and make a negative sum).
 func (m *instruments) predictionError(ctx context.Context, cs *classState, d time.Duration) {
-	m.predErr.Record(ctx, d.Seconds(), cs.attrs.record...)
+	switch {
+	case d > 0:
+		m.predErr.Record(ctx, d.Seconds(), cs.attrs.predUnder...)
+	case d < 0:
+		m.predErr.Record(ctx, (-d).Seconds(), cs.attrs.predOver...)
+	default:
+		m.predErr.Record(ctx, 0, cs.attrs.predExact...)
+	}
 }
 
 func (m *instruments) refused(ctx context.Context, cs *classState, r status.Reason) {
