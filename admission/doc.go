@@ -192,7 +192,11 @@
 // tollgate.queue.estimated_work, tollgate.queue.oldest_age,
 // tollgate.task.start_delay, tollgate.task.service_time,
 // tollgate.deadline.misses{stage}, tollgate.admission.false_accepts,
-// tollgate.admission.false_rejects, tollgate.admission.mode and
+// tollgate.admission.false_rejects, tollgate.admission.mode (the effective
+// mode: 1 NORMAL, 2 DEGRADED, 3 RECOVERING),
+// tollgate.admission.mode_transitions{mode,previous} (each change of the
+// state machine's mode, counted when a call or the controller's timer
+// brings it up to date, as Stats().Transitions counts it) and
 // tollgate.queue.wait_prediction_error{class,direction} (seed 004's
 // prediction error: how far the predicted wait of a request that waited and
 // started was from its actual wait, as an absolute value; direction under

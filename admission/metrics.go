@@ -32,10 +32,14 @@ type instruments struct {
 	serviceTime metric.Float64Histogram
 	misses      metric.Int64Counter
 	predErr     metric.Float64Histogram
+	modeChanges metric.Int64Counter
 	reg         metric.Registration
 	tracer      trace.Tracer
 
 	missAdmission, missDequeue, missRun []metric.AddOption
+	// modeAttrs are the mode transitions' attributes, by the mode entered
+	// and the one left.
+	modeAttrs map[[2]Mode][]metric.AddOption
 }
 
 // classAttrs are a class's prebuilt attribute options.
@@ -78,6 +82,18 @@ func newInstruments(c *Controller) (*instruments, error) {
 		metric.WithDescription("How far the wait predicted for a request that waited in the queue and started was from its actual wait (absolute; direction under: waited longer than predicted, over: waited less, exact: as predicted)."),
 		metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(durationBuckets...)); err != nil {
 		return nil, err
+	}
+	if m.modeChanges, err = meter.Int64Counter("tollgate.admission.mode_transitions",
+		metric.WithDescription("Changes of the degradation state machine's mode (as Stats().Transitions counts them), by the mode entered and the previous one: NORMAL, DEGRADED or RECOVERING."),
+		metric.WithUnit("{transition}")); err != nil {
+		return nil, err
+	}
+	m.modeAttrs = map[[2]Mode][]metric.AddOption{}
+	for to := ModeNormal; to <= ModeRecovering; to++ {
+		for from := ModeNormal; from <= ModeRecovering; from++ {
+			m.modeAttrs[[2]Mode{to, from}] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(
+				attribute.String("mode", to.String()), attribute.String("previous", from.String())))}
+		}
 	}
 	stage := func(s string) []metric.AddOption {
 		return []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attribute.String("stage", s)))}
@@ -231,7 +247,9 @@ type traceEvent struct {
 func (c *Controller) traceLocked(t traceEvent) { c.traces = append(c.traces, t) }
 
 // trace emits t as an event on a short span of its own and, when t carries
-// a context with a recording span, on that span too.
+// a context with a recording span, on that span too. A mode change also
+// counts in tollgate.admission.mode_transitions, which neither sampling nor
+// the time between two scrapes of the mode gauge can lose.
 func (m *instruments) trace(t traceEvent) {
 	var attrs []attribute.KeyValue
 	if t.action != "" {
@@ -250,6 +268,9 @@ func (m *instruments) trace(t traceEvent) {
 		}
 	} else {
 		attrs = []attribute.KeyValue{attribute.String("mode", t.mode.String()), attribute.String("previous", t.prev.String())}
+		if opts, ok := m.modeAttrs[[2]Mode{t.mode, t.prev}]; ok {
+			m.modeChanges.Add(context.Background(), 1, opts...)
+		}
 	}
 	ev := []trace.EventOption{trace.WithAttributes(attrs...), trace.WithTimestamp(t.at)}
 	if t.ctx != nil {
