@@ -190,6 +190,9 @@
 // [WithMeterProvider]: tollgate.admission.decisions{decision,class,reason}
 // (decision admitted, refused with its reason, or cancelled with none),
 // tollgate.queue.estimated_work, tollgate.queue.oldest_age,
+// tollgate.admission.running, tollgate.admission.slots_used and
+// tollgate.queue.length (per class, Stats' Running, UsedSlots and Queued as
+// the last call left them: a collection brings nothing up to date),
 // tollgate.task.start_delay, tollgate.task.service_time,
 // tollgate.deadline.misses{stage}, tollgate.admission.false_accepts,
 // tollgate.admission.false_rejects, tollgate.admission.mode (the effective

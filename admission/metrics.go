@@ -124,6 +124,24 @@ func newInstruments(c *Controller) (*instruments, error) {
 	if err != nil {
 		return nil, err
 	}
+	running, err := meter.Int64ObservableUpDownCounter("tollgate.admission.running",
+		metric.WithDescription("Requests of the class running now, on its own slots or borrowed ones (Stats' Running)."),
+		metric.WithUnit("{request}"))
+	if err != nil {
+		return nil, err
+	}
+	used, err := meter.Int64ObservableUpDownCounter("tollgate.admission.slots_used",
+		metric.WithDescription("The class's slots in use now, by its requests or borrowers (Stats' UsedSlots)."),
+		metric.WithUnit("{slot}"))
+	if err != nil {
+		return nil, err
+	}
+	queued, err := meter.Int64ObservableUpDownCounter("tollgate.queue.length",
+		metric.WithDescription("Requests waiting in the class's queue now (Stats' Queued)."),
+		metric.WithUnit("{request}"))
+	if err != nil {
+		return nil, err
+	}
 	for _, cs := range c.classes {
 		set := attribute.NewSet(attribute.String("class", cs.cfg.Name))
 		a := &classAttrs{
@@ -166,10 +184,13 @@ func newInstruments(c *Controller) (*instruments, error) {
 			o.ObserveFloat64(age, oldest.Seconds(), cs.attrs.observe...)
 			o.ObserveInt64(fa, int64(cs.falseAccepts), cs.attrs.observe...)
 			o.ObserveInt64(fr, int64(cs.falseRejects), cs.attrs.observe...)
+			o.ObserveInt64(running, int64(cs.running), cs.attrs.observe...)
+			o.ObserveInt64(used, int64(cs.used), cs.attrs.observe...)
+			o.ObserveInt64(queued, int64(cs.queue.n), cs.attrs.observe...)
 		}
 		o.ObserveInt64(mode, int64(c.peekMode(now)))
 		return nil
-	}, work, age, fa, fr, mode)
+	}, work, age, fa, fr, mode, running, used, queued)
 	if err != nil {
 		return nil, err
 	}
