@@ -279,7 +279,8 @@ func TestOverrideEventsCarryWhatTheOverrideSets(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	h := degradeHarness(t, 1, 3, admission.WithTracerProvider(tp))
+	h := newHarness(t, admission.WithTracerProvider(tp),
+		admission.WithClasses(admission.Class{Name: "opt", Slots: 3, QueueItems: 2}))
 	always := []string{"action", "id", "actor", "reason", "expires"}
 	for _, c := range []struct {
 		o    admission.Override
