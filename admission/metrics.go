@@ -267,6 +267,35 @@ type traceEvent struct {
 // traceLocked queues a trace event.
 func (c *Controller) traceLocked(t traceEvent) { c.traces = append(c.traces, t) }
 
+// overrideAttrs are the attributes of an override's event (as Override's
+// doc lists them): what it is and who set it, and only the fields it sets,
+// so that a freeze does not read as slots=0 or mode=UNSET.
+func overrideAttrs(action string, o ActiveOverride) []attribute.KeyValue {
+	attrs := make([]attribute.KeyValue, 0, 10)
+	attrs = append(attrs,
+		attribute.String("action", action),
+		attribute.Int64("id", int64(o.ID)),
+		attribute.String("actor", o.Actor),
+		attribute.String("reason", o.Reason),
+		attribute.String("expires", o.Expires.UTC().Format(time.RFC3339Nano)))
+	if o.Class != "" {
+		attrs = append(attrs, attribute.String("tollgate.class", o.Class))
+	}
+	if o.Freeze {
+		attrs = append(attrs, attribute.Bool("freeze", true))
+	}
+	if o.Slots > 0 {
+		attrs = append(attrs, attribute.Int("slots", o.Slots))
+	}
+	if o.QueueItems > 0 {
+		attrs = append(attrs, attribute.Int("queue_items", o.QueueItems))
+	}
+	if o.Mode != 0 {
+		attrs = append(attrs, attribute.String("mode", o.Mode.String()))
+	}
+	return attrs
+}
+
 // trace emits t as an event on a short span of its own and, when t carries
 // a context with a recording span, on that span too. A mode change also
 // counts in tollgate.admission.mode_transitions, which neither sampling nor
@@ -274,19 +303,7 @@ func (c *Controller) traceLocked(t traceEvent) { c.traces = append(c.traces, t) 
 func (m *instruments) trace(t traceEvent) {
 	var attrs []attribute.KeyValue
 	if t.action != "" {
-		o := t.ovr
-		attrs = []attribute.KeyValue{
-			attribute.String("action", t.action),
-			attribute.Int64("id", int64(o.ID)),
-			attribute.String("actor", o.Actor),
-			attribute.String("reason", o.Reason),
-			attribute.String("tollgate.class", o.Class),
-			attribute.Bool("freeze", o.Freeze),
-			attribute.Int("slots", o.Slots),
-			attribute.Int("queue_items", o.QueueItems),
-			attribute.String("mode", o.Mode.String()),
-			attribute.String("expires", o.Expires.UTC().Format(time.RFC3339Nano)),
-		}
+		attrs = overrideAttrs(t.action, t.ovr)
 	} else {
 		attrs = []attribute.KeyValue{attribute.String("mode", t.mode.String()), attribute.String("previous", t.prev.String())}
 		if opts, ok := m.modeAttrs[[2]Mode{t.mode, t.prev}]; ok {

@@ -15,7 +15,13 @@ import (
 // control class, expire by themselves after TTL, and at most
 // [MaxOverrides] are in force at once. Each carries who set it
 // and why; setting, clearing and expiring one are emitted as OpenTelemetry
-// span events named "tollgate.admission.override".
+// span events named "tollgate.admission.override" (on a short span of their
+// own, and on the span in SetOverride's or ClearOverride's context, if
+// any). Each event carries action ("set", "clear" or "expire"), id (the
+// ActiveOverride's ID), actor, reason and expires (RFC 3339, UTC); and only
+// the fields the override sets: tollgate.class (when Class is not empty),
+// freeze (true, when Freeze is set), slots and queue_items (when positive)
+// and mode ("NORMAL", "DEGRADED" or "RECOVERING", when Mode is set).
 type Override struct {
 	// Actor is who sets the override. Required.
 	Actor string
