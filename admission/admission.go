@@ -100,7 +100,7 @@ type Permit struct {
 // Calling it more than once does nothing. It never blocks for long: it takes
 // the controller's lock once.
 //
-// It acts at the controller's clock (the real one, or WithClock's), never
+// It acts at the controller's own clock, the wall clock, never
 // before the latest time it saw; but while the controller is driven on a
 // virtual clock (its last admission an AdmitAt), at the latest time the
 // caller gave, as [Controller.Stats] and the other forms without a time

@@ -123,10 +123,10 @@ func (c *Controller) setOverrideLocked(ctx context.Context, o Override, now time
 }
 
 // ClearOverride ends the override with the given ID before its expiry and
-// reports whether it was in force. It acts now: on the controller's clock
-// (WithClock's, or the wall clock), or, while the controller is driven on a
-// virtual clock (its last admission an
-// AdmitAt), at the latest time the caller gave.
+// reports whether it was in force. It acts now: on the wall clock (the
+// controller's own clock), or, while the controller is driven on a virtual
+// clock (its last admission an AdmitAt), at the latest time the caller
+// gave. Safe for concurrent use.
 func (c *Controller) ClearOverride(ctx context.Context, id uint64) bool {
 	c.mu.Lock()
 	now := c.nowLocked()
