@@ -131,7 +131,11 @@
 // permits ended with Release or ReleaseMissCounted (never Abandon or
 // EndStream). Each sample is capped by
 // MaxServiceTime (default [DefaultMaxServiceTime]) and, after 20 samples, by
-// 4 × the learned p95, so one hung request cannot lock a class out. A class
+// 4 × the learned p95, so one hung request cannot lock a class out. The
+// p95 climbs a step (a tenth of the larger estimate) per slower sample, so
+// it lags the mean after the first samples above a low seed; the deadline
+// stage plans with the larger of the two, and [ClassStats].ServiceP95 reads
+// at least the mean until 20 samples. A class
 // that is idle (nothing of it running or waiting) admits a request whose
 // deadline leaves room for ExpectedServiceTime (any, when that is 0) even if
 // the learned estimate is larger: the probe re-teaches the estimate, and at

@@ -15,6 +15,8 @@ import "time"
 // the estimate by a bounded step instead of locking the class out. An
 // earlier one is not clipped (the first samples may correct a seed far too
 // low): it raises the p95 by one step, which comes down as above.
+// Planning uses the larger of the mean and the p95 (service); Stats reports
+// the p95 as at least the mean until clipMinSamples observations (p95D).
 // Not safe for concurrent use: the controller's lock guards it.
 type estimator struct {
 	mean, p95 float64 // nanoseconds
@@ -62,6 +64,20 @@ func (e *estimator) observe(d time.Duration) {
 	if e.cap > 0 && e.p95 > e.cap {
 		e.p95 = e.cap
 	}
+}
+
+// p95D is the learned p95 service time as Stats reports it: while fewer
+// than clipMinSamples observations were made, at least the mean. The p95
+// starts from the seed and climbs by a step per slower sample, so the first
+// samples above a low seed leave it under the mean of the same evidence
+// (seed 50 ms, three samples of 200 ms: mean 123 ms, p95 79 ms), which no
+// 95th percentile is; the deadline stage plans with the larger of the two
+// anyway (service).
+func (e *estimator) p95D() time.Duration {
+	if e.n < clipMinSamples {
+		return time.Duration(max(e.p95, e.mean))
+	}
+	return time.Duration(e.p95)
 }
 
 // meanD is the learned mean service time.

@@ -108,7 +108,12 @@ type ClassStats struct {
 	QueuedWork         time.Duration
 	// OldestWait is how long the oldest waiting request has waited.
 	OldestWait time.Duration
-	// ServiceMean and ServiceP95 are the learned service times.
+	// ServiceMean and ServiceP95 are the learned service times (both
+	// ExpectedServiceTime before any is learned). ServiceP95 is a
+	// streaming estimate that climbs a step per slower sample: until the
+	// class has learned 20 samples it reads at least ServiceMean, which its
+	// first steps would otherwise leave it under. The deadline stage plans
+	// with the larger of the two.
 	ServiceMean, ServiceP95 time.Duration
 	// PredictedWait is the wait of a request arriving now (one its
 	// tenant's limits do not hold back), as admission's deadline stage
@@ -198,7 +203,7 @@ func (c *Controller) statsLocked(now time.Time) Stats {
 			QueuedBytes:     cs.queuedBytes,
 			QueuedWork:      time.Duration(cs.queuedWork),
 			ServiceMean:     cs.est.meanD(),
-			ServiceP95:      time.Duration(cs.est.p95),
+			ServiceP95:      cs.est.p95D(),
 			PredictedWait:   c.predictedWaitLocked(cs, now),
 			Admitted:        cs.admitted,
 			Refused:         map[string]uint64{},
