@@ -256,6 +256,7 @@ type config struct {
 	realClock   bool // now is time.Now: waiters' give-up timers may run
 	observer    func(Event)
 	check       func(error) // tests: invariant checker, called under the lock
+	goneNoted   func()      // tests: called once a waiter's context's ending has been noted (noteGone)
 }
 
 type pattern struct {
