@@ -335,6 +335,10 @@ type Controller struct {
 	// the state up to date: still in its queue (the windows it waited
 	// through see it wait), but never started, since its client is gone.
 	leaving *waiter
+	// mortal counts the waiters whose context can end (waiter.mortal), of
+	// every class: on a virtual clock each call looks at their contexts
+	// (sweepGoneLocked) only while there are any.
+	mortal  int
 	deg     degradeState
 	ovr     overrideState
 	pending []Event // observer events to emit after unlocking
@@ -382,6 +386,14 @@ type classState struct {
 	running int     // requests of this class running, wherever
 	runHead *Permit // the running requests of this class, newest first
 	queue   waitList
+	// gone counts the waiters of the queue whose context's ending its
+	// AfterFunc has noted (noteGone) and that have not left yet: while it
+	// is above 0, the next call that takes the lock takes them out
+	// (sweepGoneLocked), wherever they stand; and the tap lets requests
+	// through to Admit, which does so before it judges the queue. mortal
+	// counts the waiters whose context can end (under the lock).
+	gone   atomic.Int32
+	mortal int
 	// heldWaiters counts the waiters whose tenant is at its running limit
 	// (TenantRunning): none of them can start until its tenant's running
 	// work ends, so a class all of whose waiters are held has nothing to
@@ -703,6 +715,18 @@ func (c *Controller) admit(ctx context.Context, r Request, now time.Time, timed 
 	p, w, reason, ra, ahead := c.decideLocked(r, cs, now)
 	if w != nil {
 		w.ctx = ctx // before any other call can find it in the queue
+		if ctx.Done() != nil {
+			// Its context can end: count it for the virtual clock's look
+			// (sweepGoneLocked), and have the context's own AfterFunc note
+			// its ending at once, whatever its goroutine is doing (waiting
+			// for the lock, held by the observer), so that the next call
+			// takes it out. Registered under the lock, before the
+			// observer runs; f takes no lock.
+			w.mortal = true
+			cs.mortal++
+			c.mortal++
+			w.stop = context.AfterFunc(ctx, func() { c.noteGone(w) })
+		}
 	}
 	c.unlock()
 	d.QueuedAhead = ahead
@@ -718,7 +742,53 @@ func (c *Controller) admit(ctx context.Context, r Request, now time.Time, timed 
 		return nil, d, refusal(cs, reason, ra, reason == status.ReasonDeadlineExpired)
 	}
 	p, err := c.wait(ctx, w, timed && c.cfg.realClock)
+	if w.stop != nil {
+		w.stop() // it no longer waits: its ending is no one's to note
+	}
 	return p, d, err
+}
+
+// noteGone is the AfterFunc of waiter w's context: it notes, without the
+// lock, that w's caller has gone while w may still wait (its class's
+// gone), so that the next call that takes the lock takes w out
+// (sweepGoneLocked) rather than leaving it in its place until its own
+// goroutine gets there. A waiter that has left already is not counted.
+func (c *Controller) noteGone(w *waiter) {
+	if !w.state.CompareAndSwap(waiterQueued, waiterGone) {
+		return
+	}
+	w.cs.gone.Add(1)
+	if f := c.cfg.goneNoted; f != nil {
+		f()
+	}
+}
+
+// sweepGoneLocked takes out, at now, the waiters whose context has ended
+// (goneLocked), wherever they stand in their queues — held by their
+// tenant's running limit, behind a waiter that cannot start — as their own
+// goroutines' ctxEnded would (decideGoneLocked: counted cancelled, or
+// DEADLINE_EXPIRED when a deadline passed), but for the one ctxEnded is
+// taking out itself (leaving). With look, it looks at the context of every
+// waiter whose context can end (a virtual clock: the caller's next call
+// must see the ending it caused, whatever the scheduler did); otherwise
+// only in the classes where an ending has been noted (gone), so that it
+// costs one atomic load per class while no caller has gone. It reports
+// whether it took any out.
+func (c *Controller) sweepGoneLocked(now time.Time, look bool) (took bool) {
+	for _, cs := range c.classes {
+		if look && cs.mortal == 0 || !look && cs.gone.Load() == 0 {
+			continue
+		}
+		for w := cs.queue.head; w != nil; {
+			next := w.next
+			if w != c.leaving && goneLocked(w) {
+				c.decideGoneLocked(w, now)
+				took = true
+			}
+			w = next
+		}
+	}
+	return took
 }
 
 // decideLocked runs the stages after the size check. It returns a permit, a
@@ -1512,6 +1582,13 @@ func (c *Controller) removeWaiter(w *waiter) {
 	cs := w.cs
 	if c.tenantHeld(cs, w) {
 		cs.heldWaiters--
+	}
+	if w.state.Swap(waiterOut) == waiterGone {
+		cs.gone.Add(-1)
+	}
+	if w.mortal {
+		cs.mortal--
+		c.mortal--
 	}
 	cs.queue.remove(w)
 	cs.queuedBytes -= w.size

@@ -157,10 +157,38 @@ func (c *Controller) modeLocked(now time.Time) Mode {
 // that end by now are closed, as rollWindows does for Recovering's steps:
 // nobody started the waiter before, so those windows see it waiting, and
 // its wait counts in the window it starts in.
+//
+// It also takes out the waiters whose callers have gone
+// (sweepGoneLocked), so that every call that judges the queues — an
+// arrival, a release's pump, Stats — finds none holding a place: on a
+// virtual clock first, at the latest time the controller had been given
+// (each waiter whose context can end is looked at: a cost of the virtual
+// clock only); on its own clock last, at now, where one whose ending has
+// been noted (noteGone) stands.
 func (c *Controller) advance(now time.Time) {
+	if c.virtual && c.mortal > 0 {
+		// On a virtual clock a waiter whose caller has gone is judged at
+		// the time its context ended — the latest time the controller had
+		// been given — before this call moves the time on: no window that
+		// closes now sees it wait, nor a deadline that passes in the gap
+		// makes it expire, whether or not its goroutine ran first.
+		c.sweepGoneLocked(c.last, true)
+	}
 	if now.After(c.last) {
 		c.last = now
 	}
+	c.advanceTime(now)
+	if !c.virtual && c.sweepGoneLocked(now, false) {
+		// On the controller's own clock, as ctxEnded would at now: the
+		// windows that ended while they waited saw them wait, and what
+		// their leaving lets start starts.
+		c.pump(now)
+	}
+}
+
+// advanceTime is advance's time-driven part: overrides expire, windows
+// close.
+func (c *Controller) advanceTime(now time.Time) {
 	expired := false
 	for len(c.ovr.list) > 0 && !now.Before(c.ovr.nextExpiry) {
 		e := c.ovr.nextExpiry

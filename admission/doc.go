@@ -101,7 +101,15 @@
 // context's ending says — a trim before any live waiter — and the slot
 // goes to the next waiter, so a caller that went away is never started,
 // nor counted or told as the queue's dequeue DEADLINE_EXPIRED or as
-// another refusal. A request whose context had ended
+// another refusal. Nor does it keep its place where no call reaches it
+// (held by its tenant's running limit, behind a waiter that cannot
+// start): its context's AfterFunc notes the ending, and the next call
+// that takes the lock (an arrival, a release, Stats) takes it out first,
+// wherever it stands, so that no live arrival is refused QUEUE_FULL or
+// TENANT_LIMIT for it; on a virtual clock (AdmitAt) each call looks at the
+// waiters' contexts before it moves the time on, and judges such a waiter
+// at the latest time the caller had given, when its context ended. A
+// request whose context had ended
 // before Admit looked at it is counted alike, in its class, but in no
 // window (as an arrival after its deadline: the caller's doing). So a
 // DEADLINE_EXPIRED refusal, whichever stage says it, is final (no repeat

@@ -2,6 +2,7 @@ package admission
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/tollgate-go/tollgate/status"
@@ -24,7 +25,9 @@ type waiter struct {
 	// ctx is the waiting Admit call's context, set when it joins the queue
 	// and never changed: a call that would start the waiter (pumpPass),
 	// drop it as unable to finish (expireLocked) or refuse it (a shed, a
-	// trim, Close: dropWaiterCounted, trimQueues) looks at it first, since
+	// trim, Close: dropWaiterCounted, trimQueues) looks at it first, as
+	// does a sweep for the waiters whose callers have gone
+	// (sweepGoneLocked), since
 	// a waiter whose caller has gone leaves as its context's ending says,
 	// whichever goroutine finds it (goneLocked, decideGoneLocked). It lives
 	// only as long as that Admit call waits, and is only read (its error,
@@ -32,6 +35,16 @@ type waiter struct {
 	// CONVENTIONS' "context never stored", as a waiter is that call's own
 	// state (net/http's Request holds its context the same way).
 	ctx context.Context
+	// mortal is set when ctx can end (its Done channel is not nil): the
+	// waiter counts in its class's mortal, and stop unregisters the
+	// AfterFunc that notes its ending (noteGone) once it no longer waits.
+	mortal bool
+	stop   func() bool
+	// state is waiterQueued until its context's AfterFunc notes its ending
+	// (waiterGone, counted in its class's gone), and waiterOut once it left
+	// its queue (removeWaiter); atomic, as the AfterFunc runs without the
+	// lock.
+	state atomic.Int32
 
 	ready     chan struct{}
 	decided   bool
@@ -40,6 +53,13 @@ type waiter struct {
 	reason    status.Reason
 	cancelled bool // decided as its caller's cancellation (counted cancelled, not refused)
 }
+
+// The states of waiter.state.
+const (
+	waiterQueued int32 = iota
+	waiterGone
+	waiterOut
+)
 
 // sooner returns the earlier of a and b, a zero time standing for none.
 func sooner(a, b time.Time) time.Time {

@@ -132,8 +132,9 @@ type ClassStats struct {
 	// looked at them: no refusal, and in no degradation window — also when
 	// another call (a release, an arrival, Stats, a shed, an override's
 	// trim, Close) finds such a waiter, to start it, drop it as unable to
-	// finish or refuse it, before its own goroutine has seen its context
-	// end.
+	// finish or refuse it, or takes it out wherever it stands (its
+	// context's ending noted, or on a virtual clock), before its own
+	// goroutine has seen its context end.
 	// One whose context's deadline, or the request's, had passed is
 	// refused DEADLINE_EXPIRED instead.
 	Cancelled uint64

@@ -28,8 +28,9 @@ var _ tap.ServerInHandle = (*Controller)(nil).TapHandle
 // controller is driven on a virtual clock (its last admission an AdmitAt),
 // the latest time the caller gave, as for [Controller.Stats]. It also lets requests through
 // once a waiter of the full queue may no longer be able to finish (the
-// queue's earliest deadline less the service estimate), so that Admit
-// drops that waiter before it judges the queue. grpc-go allows one tap per server: compose it with your
+// queue's earliest deadline less the service estimate), or once the
+// context of a waiter of the full queue has ended (its caller has gone), so
+// that Admit drops or takes out that waiter before it judges the queue. grpc-go allows one tap per server: compose it with your
 // own by calling it first. Safe for concurrent use.
 func (c *Controller) TapHandle(ctx context.Context, info *tap.Info) (context.Context, error) {
 	var cs *classState
@@ -71,6 +72,11 @@ func (c *Controller) TapHandle(ctx context.Context, info *tap.Info) (context.Con
 		return ctx, nil
 	}
 	reason := status.Reason(r)
+	if reason == status.ReasonQueueFull && cs.gone.Load() > 0 {
+		// A waiter of the full queue has a caller that has gone: Admit
+		// takes it out before it judges the queue, and may queue this.
+		return ctx, nil
+	}
 	var ra time.Duration
 	if reason != status.ReasonDraining {
 		ra = c.jitter(time.Duration(cs.hint.Load()))
