@@ -378,6 +378,7 @@ type tenantCount struct {
 
 type classState struct {
 	cfg      Class
+	index    int // in Controller.classes
 	slotsCap int // configured slots, lowered by overrides
 	queueCap int // configured queue items, lowered by overrides
 	frozen   bool
@@ -479,6 +480,7 @@ func New(opts ...Option) (*Controller, error) {
 			rose:     make(chan struct{}),
 		}
 		cs.roseAt = cs.est.service()
+		cs.index = len(c.classes)
 		c.classes = append(c.classes, cs)
 		c.byName[cl.Name] = cs
 	}

@@ -189,16 +189,12 @@ func (c *Controller) advance(now time.Time) {
 // advanceTime is advance's time-driven part: overrides expire, windows
 // close.
 func (c *Controller) advanceTime(now time.Time) {
-	expired := false
-	for len(c.ovr.list) > 0 && !now.Before(c.ovr.nextExpiry) {
-		e := c.ovr.nextExpiry
-		if c.cfg.stages&StageDegradation != 0 && c.deg.winEnd.Before(e) {
-			c.closeWindows(e.Add(-1))
-		}
-		c.expireOverrides(e)
-		expired = true
-	}
-	if expired {
+	if len(c.ovr.list) > 0 && !now.Before(c.ovr.nextExpiry) {
+		c.expireOverridesBy(now, c.ovr.list, true, func(e time.Time) {
+			if c.cfg.stages&StageDegradation != 0 && c.deg.winEnd.Before(e) {
+				c.closeWindows(e.Add(-1))
+			}
+		})
 		if c.cfg.stages&StageDegradation != 0 && !now.Before(c.deg.winEnd) {
 			c.closeWindows(now)
 		}
@@ -294,27 +290,14 @@ func (c *Controller) peekMode(now time.Time) Mode {
 	deg, ovr, pending, traces := c.deg, c.ovr, len(c.pending), len(c.traces)
 	// Each expiry by now in turn, as advance does: the windows that end
 	// before it are closed under the overrides in force then, and the
-	// limits are then recomputed without it (on a list of the peek's own,
-	// never the live one's storage: copied once, at the first expiry, and
-	// filtered in place after, so that n expiries cost one allocation, not
-	// n lists).
-	var own []ActiveOverride
-	for len(c.ovr.list) > 0 && !now.Before(c.ovr.nextExpiry) {
-		e := c.ovr.nextExpiry
-		if c.deg.winEnd.Before(e) {
-			c.closeWindows(e.Add(-1))
-		}
-		if own == nil {
-			own = make([]ActiveOverride, 0, len(c.ovr.list))
-		}
-		kept := own[:0] // c.ovr.list is the live storage, or own's: written no faster than read
-		for _, a := range c.ovr.list {
-			if e.Before(a.Expires) {
-				kept = append(kept, a)
+	// limits are then those of the ones left (on a list of the peek's own,
+	// never the live one's storage).
+	if len(c.ovr.list) > 0 && !now.Before(c.ovr.nextExpiry) {
+		c.expireOverridesBy(now, make([]ActiveOverride, 0, len(c.ovr.list)), false, func(e time.Time) {
+			if c.deg.winEnd.Before(e) {
+				c.closeWindows(e.Add(-1))
 			}
-		}
-		c.ovr.list = kept
-		c.setLimits(e) // as expireOverrides does
+		})
 	}
 	c.closeWindows(now)
 	m := c.deg.mode

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/tollgate-go/tollgate/status"
@@ -71,10 +72,10 @@ var ErrInvalidOverride = errors.New("admission: invalid override")
 
 // MaxOverrides is the most overrides a controller keeps in force at once:
 // SetOverride refuses another (wrapping [ErrInvalidOverride]) until one
-// expires or is cleared. Each expiry, and each metrics collection that
-// finds one due, recomputes the limits from every override in force under
-// the controller's lock, so n overrides expiring one after another cost
-// O(n²); the bound keeps that small. Operators need few: one per class and
+// expires or is cleared. A call that finds overrides expired (and a
+// metrics collection that finds them due) ends them in order of expiry
+// under the controller's lock in O(n log n) for n in force; setting or
+// clearing one recomputes the limits from all of them, O(n). Operators need few: one per class and
 // action, and one forced mode, replacing rather than stacking.
 const MaxOverrides = 64
 
@@ -202,21 +203,114 @@ func (c *Controller) validateOverride(o Override) error {
 	return nil
 }
 
-// expireOverrides drops the overrides that ended by at and recomputes the
-// limits as of at (the classes Recovering's step no longer holds count
-// their waits from at). Acting on them (actOnLimits) is the caller's, at
-// its time: advance's, once the windows of its gap are closed.
-func (c *Controller) expireOverrides(at time.Time) {
-	kept := c.ovr.list[:0]
-	for _, a := range c.ovr.list {
-		if at.Before(a.Expires) {
+// expireOverridesBy ends the overrides that end by now, earliest first
+// (advance, peekMode): before each expiry time e, before(e) runs under the
+// limits in force until e (advance closes there the windows that end before
+// it); then the overrides that end at e are dropped (traced, when trace is
+// set) and the limits are those of the ones left, as of e (the classes
+// Recovering's step no longer holds count their waits from e: noteSteps),
+// as setLimits would make them. Acting on them (actOnLimits) is the
+// caller's, at its time. The ones left are written, in the order they were
+// set, to kept's storage: c.ovr.list's own to filter it in place, or a
+// copy's (peekMode, which puts the live list back); c.ovr.list is the list
+// left from the start (nothing reads it between the expiries).
+//
+// The limits after each expiry are worked out backwards, from the ones
+// left, adding the overrides in reverse order of expiry (a lowest limit, a
+// freeze, the latest forced mode only grow as overrides are added), so
+// that n overrides cost O(n log n), and O(classes) each distinct expiry
+// time, rather than a walk of the list per expiry.
+func (c *Controller) expireOverridesBy(now time.Time, kept []ActiveOverride, trace bool, before func(e time.Time)) {
+	var ending []ActiveOverride
+	kept = kept[:0]
+	for _, a := range c.ovr.list { // kept is written no faster than the list is read
+		if now.Before(a.Expires) {
 			kept = append(kept, a)
-			continue
+		} else {
+			ending = append(ending, a)
 		}
-		c.traceLocked(traceEvent{name: "tollgate.admission.override", action: "expire", ovr: a, at: a.Expires})
 	}
 	c.ovr.list = kept
-	c.setLimits(at)
+	slices.SortStableFunc(ending, func(x, y ActiveOverride) int { return x.Expires.Compare(y.Expires) })
+	var starts []int // where each group of ending overrides with one expiry starts
+	for i := range ending {
+		if i == 0 || !ending[i].Expires.Equal(ending[i-1].Expires) {
+			starts = append(starts, i)
+		}
+	}
+	groupEnd := func(j int) int {
+		if j+1 < len(starts) {
+			return starts[j+1]
+		}
+		return len(ending)
+	}
+	type classLimits struct {
+		slots, queue int
+		frozen       bool
+	}
+	nc := len(c.classes)
+	cur := make([]classLimits, nc)
+	for i, cs := range c.classes {
+		cur[i] = classLimits{cs.cfg.Slots, cs.cfg.QueueItems, false}
+	}
+	var forced Mode
+	var forcedID uint64 // the latest set forced mode wins (setLimits): IDs grow as overrides are set
+	add := func(a ActiveOverride) {
+		if a.Mode != 0 && a.ID > forcedID {
+			forced, forcedID = a.Mode, a.ID
+		}
+		cs, ok := c.byName[a.Class]
+		if !ok {
+			return
+		}
+		l := &cur[cs.index]
+		l.frozen = l.frozen || a.Freeze
+		if a.Slots > 0 {
+			l.slots = min(l.slots, a.Slots)
+		}
+		if a.QueueItems > 0 {
+			l.queue = min(l.queue, a.QueueItems)
+		}
+	}
+	var next time.Time // the earliest expiry of the ones left
+	for _, a := range kept {
+		add(a)
+		if next.IsZero() || a.Expires.Before(next) {
+			next = a.Expires
+		}
+	}
+	// states[j*nc:] (nc entries) and forcedAfter[j]: the limits once the
+	// j-th group has ended, filled back to front.
+	states := make([]classLimits, nc*len(starts))
+	forcedAfter := make([]Mode, len(starts))
+	for j := len(starts) - 1; j >= 0; j-- {
+		copy(states[j*nc:], cur)
+		forcedAfter[j] = forced
+		for _, a := range ending[starts[j]:groupEnd(j)] {
+			add(a)
+		}
+	}
+	for j, st := range starts {
+		e := ending[st].Expires
+		if before != nil {
+			before(e)
+		}
+		if trace {
+			for _, a := range ending[st:groupEnd(j)] {
+				c.traceLocked(traceEvent{name: "tollgate.admission.override", action: "expire", ovr: a, at: a.Expires})
+			}
+		}
+		for i, cs := range c.classes {
+			l := states[j*nc+i]
+			cs.slotsCap, cs.queueCap, cs.frozen = l.slots, l.queue, l.frozen
+		}
+		c.ovr.forced = forcedAfter[j]
+		c.ovr.nextExpiry = next
+		if j+1 < len(starts) {
+			c.ovr.nextExpiry = ending[starts[j+1]].Expires
+		}
+		c.noteSteps(e)
+	}
 }
 
 // applyOverrides recomputes the effective limits from the overrides in
