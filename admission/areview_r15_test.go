@@ -12,7 +12,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/status"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
@@ -146,28 +145,9 @@ func TestAreviewR15PredictedWaitZeroIffAnArrivalStartsAtOnce(t *testing.T) {
 // one deadline miss (admission or dequeue stage), the invariants hold at
 // every change, and the controller ends empty.
 func TestAreviewR15StatsHammeredCountsEachRequestOnce(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	var vmu sync.Mutex
-	var viol error
-	c, err := New(WithClasses(
+	c, reader, violation := hammeredController(t, Degradation{Window: 20 * time.Millisecond, MinDecisions: 2, MaxRefusalRatio: 0.3, MaxQueueAge: 10 * time.Millisecond},
 		Class{Name: "a", Slots: 2, QueueItems: 8, LendIdle: true, TenantRunning: 1, ExpectedServiceTime: 5 * time.Millisecond},
-		Class{Name: "b", Slots: 1, QueueItems: 8, ExpectedServiceTime: 8 * time.Millisecond},
-	),
-		WithClassifier(func(_ context.Context, r Request) string { return r.Method }),
-		WithMeterProvider(mp),
-		WithDegradation(Degradation{Window: 20 * time.Millisecond, MinDecisions: 2, MaxRefusalRatio: 0.3, MaxQueueAge: 10 * time.Millisecond}),
-		WithInvariantCheck(func(err error) {
-			if err != nil {
-				vmu.Lock()
-				if viol == nil {
-					viol = err
-				}
-				vmu.Unlock()
-			}
-		}))
-	require.NoError(t, err)
+		Class{Name: "b", Slots: 1, QueueItems: 8, ExpectedServiceTime: 8 * time.Millisecond})
 	stop := make(chan struct{})
 	var hammer sync.WaitGroup
 	hammer.Add(1)
@@ -239,36 +219,11 @@ func TestAreviewR15StatsHammeredCountsEachRequestOnce(t *testing.T) {
 	close(stop)
 	hammer.Wait()
 
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(context.Background(), &rm))
-	var decisions, misses int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			d, ok := m.Data.(metricdata.Sum[int64])
-			if !ok {
-				continue
-			}
-			for _, dp := range d.DataPoints {
-				switch m.Name {
-				case "tollgate.admission.decisions":
-					decisions += dp.Value
-				case "tollgate.deadline.misses":
-					if v, _ := dp.Attributes.Value("stage"); v.AsString() != "run" {
-						misses += dp.Value
-					}
-				}
-			}
-		}
-	}
+	decisions, _, misses := hammerCounts(t, reader)
 	require.Equal(t, int64(n), decisions, "one decision per Admit")
 	require.Equal(t, expired.Load(), misses, "one miss per DEADLINE_EXPIRED refusal")
-	st := c.Stats()
-	for _, cl := range st.Classes {
-		require.Zero(t, cl.Running, cl.Name)
-		require.Zero(t, cl.Queued, cl.Name)
-	}
+	total, _ := requireDrained(t, c.Stats())
+	require.EqualValues(t, n, total, "one decision per Admit in the stats")
 	require.NoError(t, c.Close())
-	vmu.Lock()
-	defer vmu.Unlock()
-	require.NoError(t, viol)
+	require.NoError(t, violation())
 }

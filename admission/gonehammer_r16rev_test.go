@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/status"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
 // Hammered on the real clock while waiters' callers go away just as
@@ -37,15 +36,7 @@ func TestR16revGoneWaitersHammeredAreDecidedOnce(t *testing.T) {
 			default:
 			}
 			_ = c.Stats()
-			o := Override{Actor: "r16rev", Reason: "hammer", TTL: time.Duration(1+rng.IntN(4)) * time.Millisecond}
-			switch rng.IntN(3) {
-			case 0:
-				o.Class, o.QueueItems = []string{"a", "b"}[rng.IntN(2)], 1+rng.IntN(2)
-			case 1:
-				o.Class, o.Freeze = "b", true
-			default:
-				o.Mode = ModeDegraded
-			}
+			o := r16revOverride(rng)
 			if id, err := c.SetOverride(context.Background(), o); err == nil && rng.IntN(2) == 0 {
 				c.ClearOverride(context.Background(), id)
 			}
@@ -66,18 +57,7 @@ func TestR16revGoneWaitersHammeredAreDecidedOnce(t *testing.T) {
 			if rng.IntN(3) == 0 {
 				var cause context.CancelCauseFunc
 				ctx, cause = context.WithCancelCause(ctx)
-				after := time.Duration(rng.IntN(3000)) * time.Microsecond
-				byDeadline := rng.IntN(4) == 0
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					time.Sleep(after)
-					if byDeadline {
-						cause(context.DeadlineExceeded)
-					} else {
-						cause(nil)
-					}
-				}()
+				endLater(&wg, time.Duration(rng.IntN(3000))*time.Microsecond, rng.IntN(4) == 0, cause)
 			}
 			r := Request{Method: []string{"a", "b"}[rng.IntN(2)], Tenant: []string{"t1", "t2", ""}[rng.IntN(3)]}
 			if rng.IntN(3) != 0 {
@@ -114,43 +94,9 @@ func TestR16revGoneWaitersHammeredAreDecidedOnce(t *testing.T) {
 	close(stop)
 	hammer.Wait()
 
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(context.Background(), &rm))
-	var decisions, misses, cancelled int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			d, ok := m.Data.(metricdata.Sum[int64])
-			if !ok {
-				continue
-			}
-			for _, dp := range d.DataPoints {
-				switch m.Name {
-				case "tollgate.admission.decisions":
-					decisions += dp.Value
-					if v, _ := dp.Attributes.Value("decision"); v.AsString() == "cancelled" {
-						cancelled += dp.Value
-					}
-				case "tollgate.deadline.misses":
-					if v, _ := dp.Attributes.Value("stage"); v.AsString() != "run" {
-						misses += dp.Value
-					}
-				}
-			}
-		}
-	}
-	_ = decisions // the metric callbacks are unregistered by Close: counters still count
-	st := c.Stats()
-	var total, statsCancelled uint64
-	for _, cl := range st.Classes {
-		require.Zero(t, cl.Running, cl.Name)
-		require.Zero(t, cl.Queued, cl.Name)
-		require.Zero(t, cl.UsedSlots, cl.Name)
-		total += cl.Admitted + cl.Cancelled
-		statsCancelled += cl.Cancelled
-		for _, k := range cl.Refused {
-			total += k
-		}
-	}
+	decisions, cancelled, misses := hammerCounts(t, reader)
+	// (the metric callbacks are unregistered by Close: counters still count)
+	total, statsCancelled := requireDrained(t, c.Stats())
 	require.EqualValues(t, n, total, "one decision per Admit in the stats")
 	require.EqualValues(t, n, decisions, "one decision per Admit in the metric")
 	require.EqualValues(t, cancelledSeen.Load(), statsCancelled)
@@ -187,15 +133,7 @@ func TestR16revGoneWaitersVirtualAreDecidedOnce(t *testing.T) {
 			default:
 			}
 			at(func(n time.Time) { _ = c.StatsAt(n) })
-			o := Override{Actor: "r16rev", Reason: "hammer", TTL: time.Duration(1+rng.IntN(4)) * time.Millisecond}
-			switch rng.IntN(3) {
-			case 0:
-				o.Class, o.QueueItems = []string{"a", "b"}[rng.IntN(2)], 1+rng.IntN(2)
-			case 1:
-				o.Class, o.Freeze = "b", true
-			default:
-				o.Mode = ModeDegraded
-			}
+			o := r16revOverride(rng)
 			at(func(n time.Time) { _, _ = c.SetOverrideAt(context.Background(), o, n) })
 			time.Sleep(time.Duration(rng.IntN(300)) * time.Microsecond)
 		}
@@ -213,16 +151,7 @@ func TestR16revGoneWaitersVirtualAreDecidedOnce(t *testing.T) {
 			after := time.Duration(rng.IntN(2000)) * time.Microsecond
 			byDeadline := rng.IntN(4) == 0
 			if rng.IntN(3) == 0 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					time.Sleep(after)
-					if byDeadline {
-						cancel(context.DeadlineExceeded)
-					} else {
-						cancel(nil)
-					}
-				}()
+				endLater(&wg, after, byDeadline, cancel)
 			}
 			r := Request{Method: []string{"a", "b"}[rng.IntN(2)], Tenant: []string{"t1", "t2", ""}[rng.IntN(3)]}
 			var p *Permit
@@ -270,31 +199,10 @@ func TestR16revGoneWaitersVirtualAreDecidedOnce(t *testing.T) {
 	close(stop)
 	hammer.Wait()
 
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(context.Background(), &rm))
-	var decisions int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if d, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "tollgate.admission.decisions" {
-				for _, dp := range d.DataPoints {
-					decisions += dp.Value
-				}
-			}
-		}
-	}
+	decisions, _, _ := hammerCounts(t, reader)
 	var st Stats
 	at(func(n time.Time) { st = c.StatsAt(n) })
-	var total, statsCancelled uint64
-	for _, cl := range st.Classes {
-		require.Zero(t, cl.Running, cl.Name)
-		require.Zero(t, cl.Queued, cl.Name)
-		require.Zero(t, cl.UsedSlots, cl.Name)
-		total += cl.Admitted + cl.Cancelled
-		statsCancelled += cl.Cancelled
-		for _, k := range cl.Refused {
-			total += k
-		}
-	}
+	total, statsCancelled := requireDrained(t, st)
 	require.EqualValues(t, n, total, "one decision per AdmitAt in the stats")
 	require.EqualValues(t, n, decisions, "one decision per AdmitAt in the metric")
 	require.EqualValues(t, cancelledSeen.Load(), statsCancelled)
@@ -308,31 +216,38 @@ func TestR16revGoneWaitersVirtualAreDecidedOnce(t *testing.T) {
 // violation the controller reported, or nil.
 func r16revHammered(t *testing.T) (c *Controller, reader *sdkmetric.ManualReader, violation func() error) {
 	t.Helper()
-	reader = sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	var vmu sync.Mutex
-	var viol error
-	c, err := New(WithClasses(
+	return hammeredController(t, Degradation{Window: 15 * time.Millisecond, MinDecisions: 2, MaxRefusalRatio: 0.3, MaxQueueAge: 8 * time.Millisecond},
 		Class{Name: "a", Slots: 2, QueueItems: 6, LendIdle: true, TenantRunning: 1, ExpectedServiceTime: 3 * time.Millisecond},
-		Class{Name: "b", Slots: 1, QueueItems: 6, Optional: true, ExpectedServiceTime: 4 * time.Millisecond},
-	),
-		WithClassifier(func(_ context.Context, r Request) string { return r.Method }),
-		WithMeterProvider(mp),
-		WithDegradation(Degradation{Window: 15 * time.Millisecond, MinDecisions: 2, MaxRefusalRatio: 0.3, MaxQueueAge: 8 * time.Millisecond}),
-		WithInvariantCheck(func(err error) {
-			if err != nil {
-				vmu.Lock()
-				if viol == nil {
-					viol = err
-				}
-				vmu.Unlock()
-			}
-		}))
-	require.NoError(t, err)
-	return c, reader, func() error {
-		vmu.Lock()
-		defer vmu.Unlock()
-		return viol
+		Class{Name: "b", Slots: 1, QueueItems: 6, Optional: true, ExpectedServiceTime: 4 * time.Millisecond})
+}
+
+// r16revOverride is one of the hammer's overrides: a trim of a class's
+// queue, a freeze of b or a forced Degraded mode, lasting a few ms.
+func r16revOverride(rng *rand.Rand) Override {
+	o := Override{Actor: "r16rev", Reason: "hammer", TTL: time.Duration(1+rng.IntN(4)) * time.Millisecond}
+	switch rng.IntN(3) {
+	case 0:
+		o.Class, o.QueueItems = []string{"a", "b"}[rng.IntN(2)], 1+rng.IntN(2)
+	case 1:
+		o.Class, o.Freeze = "b", true
+	default:
+		o.Mode = ModeDegraded
 	}
+	return o
+}
+
+// endLater ends a context by cancel after d — by a deadline (its cause
+// context.DeadlineExceeded) when byDeadline, else as its caller's going
+// away — on a goroutine wg waits for.
+func endLater(wg *sync.WaitGroup, d time.Duration, byDeadline bool, cancel context.CancelCauseFunc) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		time.Sleep(d)
+		if byDeadline {
+			cancel(context.DeadlineExceeded)
+		} else {
+			cancel(nil)
+		}
+	}()
 }
