@@ -259,7 +259,7 @@ func (c *Controller) checkInvariants() error {
 		c.viol = nil
 		return err
 	}
-	used, running, queued := 0, 0, 0
+	used, running, queued, mortal := 0, 0, 0, 0
 	for _, cs := range c.classes {
 		cfg := cs.cfg
 		if cs.used < 0 || cs.used > cfg.Slots {
@@ -271,11 +271,14 @@ func (c *Controller) checkInvariants() error {
 		if cfg.QueueBytes > 0 && cs.queuedBytes > cfg.QueueBytes {
 			return fmt.Errorf("class %s: %d bytes queued over %d", cfg.Name, cs.queuedBytes, cfg.QueueBytes)
 		}
-		var n int
+		var n, qMortal int
 		var bytes, work int64
 		tq := map[string]int{}
 		for w := cs.queue.head; w != nil; w = w.next {
 			n++
+			if w.mortal {
+				qMortal++
+			}
 			bytes += w.size
 			work += w.work
 			if w.tenantOn {
@@ -285,7 +288,7 @@ func (c *Controller) checkInvariants() error {
 				return fmt.Errorf("class %s: a waiter's deadline %v precedes the queue's bound %v", cfg.Name, w.deadline, cs.queue.soonest)
 			}
 		}
-		if n != cs.queue.n || bytes != cs.queuedBytes || work != cs.queuedWork {
+		if n != cs.queue.n || bytes != cs.queuedBytes || work != cs.queuedWork || qMortal != cs.mortal {
 			return fmt.Errorf("class %s: queue accounts drifted", cfg.Name)
 		}
 		held := 0
@@ -317,8 +320,9 @@ func (c *Controller) checkInvariants() error {
 		used += cs.used
 		running += cs.running
 		queued += cs.queue.n
+		mortal += cs.mortal
 	}
-	if used != running || queued != c.queued {
+	if used != running || queued != c.queued || mortal != c.mortal {
 		return fmt.Errorf("permits drifted: %d slots used, %d running, %d/%d queued", used, running, queued, c.queued)
 	}
 	return nil
