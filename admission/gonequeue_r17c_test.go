@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/status"
+	"google.golang.org/grpc/tap"
 )
 
 // r17cRig drives one class whose first waiter of tenant gone is held, its
@@ -407,4 +408,36 @@ func TestR17cVirtualGoneWaiterJudgedWhenItsContextEnded(t *testing.T) {
 			r.release(held)
 		})
 	}
+}
+
+// The tap, which refuses without the lock while its class is flagged full,
+// lets a request through to Admit once the context of a waiter of the full
+// queue has ended (noted by the controller), since Admit takes that waiter
+// out before it judges the queue: the request queues in its place.
+func TestR17cTapLetsThroughWhileAGoneWaiterHoldsAPlace(t *testing.T) {
+	r := newR17cRig(t, false, admission.Class{Name: "a", Slots: 1, QueueItems: 1, ExpectedServiceTime: 100 * time.Millisecond})
+	held := r.running("held")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	gone, queued := r.admit(ctx, "gone", time.Time{})
+	require.True(t, queued)
+	info := &tap.Info{FullMethodName: "/r17c.S/Do"}
+	_, err := r.ctrl.TapHandle(context.Background(), info)
+	require.Equal(t, status.ReasonQueueFull, status.OutcomeOf(err).Reason, "full with a live waiter: %v", err)
+	r.goneOnce(cancel)
+
+	_, err = r.ctrl.TapHandle(context.Background(), info)
+	require.NoError(t, err, "a waiter of the full queue has gone")
+	l1, queued := r.admit(context.Background(), "l1", time.Time{})
+	require.True(t, queued, "refused for a waiter that has gone: %v", refusedErr(l1))
+	_, err = r.ctrl.TapHandle(context.Background(), info)
+	require.Equal(t, status.ReasonQueueFull, status.OutcomeOf(err).Reason, "full again, with a live waiter: %v", err)
+
+	close(r.proceed)
+	requireGoneResult(t, r17cEnds[0], <-gone)
+	r.release(held)
+	res := <-l1
+	require.NoError(t, res.err)
+	r.release(res.p)
+	requireCounts(t, r.stats(), 2, 1, map[string]uint64{"QUEUE_FULL": 2})
 }
