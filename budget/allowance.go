@@ -334,6 +334,16 @@ func (l *Loan) closeLocked(spent int64) {
 // returns the number of loans it reconciled. Each try's loan is listed once:
 // a loan listed twice has its counted units subtracted twice.
 func ReconcileCall(unitsSpent int64, loans ...*Loan) int {
+	n, _ := ReconcileCallHeld(unitsSpent, loans...)
+	return n
+}
+
+// ReconcileCallHeld is [ReconcileCall], which it also returns the result of
+// (n), and reports held, the units of the loans it reconciled that were
+// held ([Loan.Hold]) rather than reserved: the units it took off the
+// ledger's held pile, read under the ledger's lock, so that a count of them
+// never counts a unit twice or one a sealed ledger kept held.
+func ReconcileCallHeld(unitsSpent int64, loans ...*Loan) (n int, held int64) {
 	var a *Allowance
 	for _, l := range loans {
 		if !l.empty() {
@@ -342,12 +352,12 @@ func ReconcileCall(unitsSpent int64, loans ...*Loan) int {
 		}
 	}
 	if a == nil {
-		return 0
+		return 0, 0
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.sealed {
-		return 0
+		return 0, 0
 	}
 	rest := max(unitsSpent, 0)
 	for _, l := range loans {
@@ -356,13 +366,13 @@ func ReconcileCall(unitsSpent int64, loans ...*Loan) int {
 		}
 	}
 	rest = max(rest, 0)
-	n := 0
 	for _, l := range loans {
 		if l == nil || l.a != a || l.state == loanClosed {
 			continue
 		}
 		if l.state == loanHeld {
 			a.held -= l.units
+			held += l.units
 		} else {
 			a.reserved -= l.units
 		}
@@ -371,5 +381,5 @@ func ReconcileCall(unitsSpent int64, loans ...*Loan) int {
 		l.closeLocked(s)
 		n++
 	}
-	return n
+	return n, held
 }

@@ -43,7 +43,8 @@
 //     counts as spent until [Loan.Reconcile] learns, from a record finished as
 //     SUCCEEDED, FAILED, FENCED or UNKNOWN, how much the call really spent.
 //     [ReconcileCall] spreads a record's cumulative units_spent over the
-//     loans of all of the call's tries.
+//     loans of all of the call's tries; [ReconcileCallHeld] does the same
+//     and reports how many of the units it reconciled were held.
 //
 // Which of these the interceptor calls is its decision: strict and lenient
 // accounting differ only in which endings it maps to Refund and which to Hold.
