@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,9 +14,11 @@ import (
 	"github.com/tollgate-go/tollgate/internal/methodinfo"
 	"github.com/tollgate-go/tollgate/status"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
+	grpccodes "google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	grpcstatus "google.golang.org/grpc/status"
 )
@@ -154,11 +157,16 @@ func (c *client) seenFor(cc *grpc.ClientConn) *atomic.Bool {
 	return v.(*atomic.Bool)
 }
 
-// startSpan starts the tollgate.call span of one call.
-func (c *client) startSpan(ctx context.Context, s *attemptState, key string) (context.Context, trace.Span) {
+// startSpan starts the tollgate.call span of call cl, named by its
+// attempt, its call key and, as the OTel RPC semantic conventions name an
+// RPC span's, its method (rpc.system, rpc.service, rpc.method): a call
+// refused locally has no RPC span under it to name it.
+func (c *client) startSpan(ctx context.Context, cl *call) (context.Context, trace.Span) {
 	ctx, span := c.tel.tracer.Start(ctx, "tollgate.call")
 	if span.IsRecording() {
-		span.SetAttributes(attrAttemptID.String(s.ID), attrCall.String(key))
+		service, method := splitMethod(cl.method)
+		span.SetAttributes(attrAttemptID.String(cl.s.ID), attrCall.String(cl.key),
+			attrRPCSystem, attrRPCService.String(service), attrRPCMethod.String(method))
 	}
 	return ctx, span
 }
@@ -278,6 +286,17 @@ func (c *client) spent(ctx context.Context, span trace.Span, s *attemptState, t 
 		span.AddEvent(eventSpend, trace.WithAttributes(
 			attrTry.Int64(int64(t.n)), attrUnits.Int64(boolInt(t.charged)), attrGranted.Int64(t.loan.Units()),
 			attrRemaining.Int64(s.ledger.Free())))
+	}
+}
+
+// reconciled reconciles the loans of one call's tries from a finished
+// record's unitsSpent (budget.ReconcileCallHeld) and counts in
+// tollgate.allowance.reconciled the held units it gave back: each held unit
+// once, when it leaves the ledger's held pile, and none that a sealed
+// ledger keeps held.
+func (c *client) reconciled(ctx context.Context, unitsSpent int64, loans ...*budget.Loan) {
+	if _, held := budget.ReconcileCallHeld(unitsSpent, loans...); held > 0 {
+		c.tel.reconciled.Add(ctx, held)
 	}
 }
 
@@ -459,20 +478,58 @@ var outcomeOpts = func() [5][]metric.AddOption {
 	return opts
 }()
 
-// end closes the call's span with its result.
+// endSpan closes the call's span with its result: its last try, outcome,
+// reason and class, its ledger's allowance, spent and held units, and,
+// for any outcome but OK, span status Error described by the outcome and
+// its reason (or, without one, its gRPC code), as an OTel RPC client span
+// is for a call that did not succeed.
 func endSpan(span trace.Span, s *attemptState, n uint32, o status.Outcome) {
 	if span.IsRecording() {
 		snap := s.ledger.Snapshot()
 		span.SetAttributes(attrTry.Int64(int64(n)), attrOutcome.String(o.Kind.String()),
-			attrGranted.Int64(snap.Total), attrSpent.Int64(snap.Spent))
+			attrGranted.Int64(snap.Total), attrSpent.Int64(snap.Spent), attrHeld.Int64(snap.Held))
 		if o.Reason != status.ReasonUnspecified {
 			span.SetAttributes(attrReason.String(status.ReasonName(o.Reason)))
 		}
 		if class := o.Detail.GetWorkloadClass(); class != "" {
 			span.SetAttributes(attrClass.String(class))
 		}
+		if o.Kind != status.KindOK {
+			span.SetStatus(codes.Error, spanDescription(o))
+		}
 	}
 	span.End()
+}
+
+// spanDescription is the short description of a call's span status when it
+// did not end OK: its outcome and its reason ("NOT_ADMITTED QUEUE_FULL"),
+// or, without a reason, its gRPC code ("FAILED NOT_FOUND").
+func spanDescription(o status.Outcome) string {
+	if o.Reason != status.ReasonUnspecified {
+		return o.Kind.String() + " " + status.ReasonName(o.Reason)
+	}
+	return o.Kind.String() + " " + codeName(o.Code)
+}
+
+// codeName is a gRPC code's name as the protocol spells it ("NOT_FOUND").
+func codeName(c grpccodes.Code) string {
+	if int(c) < len(codeNames) {
+		return codeNames[c]
+	}
+	return "CODE_" + strconv.Itoa(int(c))
+}
+
+var codeNames = [...]string{"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+	"ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+	"UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"}
+
+// splitMethod splits a full method name, "/pkg.Service/Method", into its
+// service and method; a name of another form is all method.
+func splitMethod(full string) (service, method string) {
+	if i := strings.LastIndexByte(full, '/'); i > 0 {
+		return full[1:i], full[i+1:]
+	}
+	return "", strings.TrimPrefix(full, "/")
 }
 
 // result is the error a call returns after its last try: a refusal for
@@ -546,7 +603,7 @@ func (c *client) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	}
 	cs := newClientStream(ctx, c, cl, desc, cc, method, streamer, opts)
 	cs.onFinish = onFinish
-	ctx, cs.span = c.startSpan(ctx, cl.s, cl.key)
+	ctx, cs.span = c.startSpan(ctx, cl)
 	cs.ctx = ctx
 	cs.mu.Lock()
 	defer cs.mu.Unlock()

@@ -220,29 +220,41 @@
 // # Observability
 //
 // The client starts a tollgate.call span per call (parent of each try's
-// RPC span) with the attempt ID, call key, try (the last try sent; a repeat
-// refused before it left is not one), allowance granted and spent (this
-// tier's ledger for the attempt when the call ended: at the origin the
-// allowance and the units the attempt's calls spent so far, below it the
-// grant the server received and what it spent), outcome, reason and
-// refusing class, and events tollgate.allowance.spend
-// (per try, once it ended: units spent — 0 for the origin's tries and for
-// one that never left the client —, grant, units free after it),
-// tollgate.retry (try: the repeat about to be sent, recorded once it
-// passed the local checks; reason: why the last try failed; delay: the wait
-// before it, in milliseconds) and
-// tollgate.attempt.query (state). The server adds a
-// tollgate.admission event (decision: admitted, refused:<REASON>, or
-// cancelled for a request whose client went away before it started; class;
-// queued_ahead: the requests of
-// the class queued ahead of this one when the controller decided, from
+// RPC span) with its method (rpc.system "grpc", rpc.service, rpc.method, as
+// the OpenTelemetry RPC conventions name them), the attempt ID, call key,
+// try (the last try sent; a repeat refused before it left is not one),
+// allowance granted, spent and held (this tier's ledger for the attempt
+// when the call ended: at the origin the allowance, the units the attempt's
+// calls spent so far and the units of their grants held, below it the
+// grant the server received and what it spent and holds), outcome, reason,
+// refusing class and, when it sent any, tollgate.queries (the resolution
+// queries it sent). A call that does not end OK sets span status Error,
+// described by its outcome and reason or gRPC code ("NOT_ADMITTED
+// QUEUE_FULL"). Its events are tollgate.allowance.spend (per try, once it
+// ended: tollgate.try; units spent — 0 for the origin's tries and for one
+// that never left the client —; grant; units free after it),
+// tollgate.retry (tollgate.try: the repeat about to be sent, recorded once
+// it passed the local checks; reason: why the last try failed; delay: the
+// wait before it, in milliseconds) and tollgate.attempt.query (tollgate.try;
+// state: the record's state, STATE_<n> for one this version does not know,
+// or QUERY_FAILED, with the query's rpc.grpc.status_code), one for each of a
+// call's first 16 queries and then for the last query of each resolution
+// only. The server adds a tollgate.admission event (decision: admitted,
+// refused:<REASON>, or cancelled for a request whose client went away
+// before it started; class; queued_ahead: the requests of the class queued
+// ahead of this one when the controller decided, from
 // admission.Controller.AdmitDecision) to the request's span when one is
-// recording (e.g. otelgrpc's); it starts no span of its own. Metrics:
+// recording (e.g. otelgrpc's), and a tollgate.refusal event (reason) after
+// it for a try it admitted and then refused before the handler ran; it
+// starts no span of its own. A request the admission tap refuses has no
+// span yet: only metrics count it. Metrics:
 // tollgate.client.tries{outcome} (tries that may have been sent),
+// tollgate.client.queries{state} (resolution queries sent),
 // tollgate.allowance.spent (one unit per try below the origin that may have
 // reached its callee), tollgate.allowance.held (units of grants held on an
 // ending that proved nothing of what the callee spent),
-// tollgate.allowance.exhausted,
+// tollgate.allowance.reconciled (units of held grants a finished record
+// gave back), tollgate.allowance.exhausted,
 // tollgate.retry_budget.exhausted, tollgate.metadata.malformed{trusted},
 // tollgate.deadline.misses{stage=arrival} (tries refused DEADLINE_EXPIRED
 // for coming after their attempt's deadline: by the server's clock, before
@@ -250,7 +262,13 @@
 // tries, whose one request is received before admission, that a deadline
 // ended before their request came),
 // tollgate.deadline.misses{stage=begin} (recorded tries whose deadline
-// passed while the store began them, before their handler ran), and the
-// admission package's. No tenant or attempt ID is a metric label.
-// Providers come from options, by default the global ones.
+// passed while the store began them, before their handler ran),
+// tollgate.server.refusals{reason} (tries refused after admission, before
+// the handler ran: the store failed or refused, or the call's record
+// did), and the admission package's. No tenant or attempt ID is a metric
+// label. The README's Observability section lists every instrument with its
+// unit and attributes. Providers come from options, by default the global
+// ones read at construction; until a global provider is set, that is
+// OpenTelemetry's delegating global, which forwards to the first provider
+// set later.
 package interceptor

@@ -252,13 +252,19 @@ func WithMinTryTime(d time.Duration) ClientOption {
 }
 
 // WithClientTracerProvider sets the tracer provider of the tollgate.call
-// spans. Default: otel.GetTracerProvider() at construction.
+// spans. Default: the global provider, otel.GetTracerProvider(), read at
+// construction: until a global provider is set, that is OpenTelemetry's
+// delegating global, which forwards to the first provider set later, so a
+// global provider set after construction is used too.
 func WithClientTracerProvider(tp trace.TracerProvider) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.tracer = tp })
 }
 
 // WithClientMeterProvider sets the meter provider of the client's metrics.
-// Default: otel.GetMeterProvider() at construction.
+// Default: the global provider, otel.GetMeterProvider(), read at
+// construction: until a global provider is set, that is OpenTelemetry's
+// delegating global, which forwards to the first provider set later, so a
+// global provider set after construction is used too.
 func WithClientMeterProvider(mp metric.MeterProvider) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.meter = mp })
 }
@@ -571,7 +577,10 @@ func WithServerTracerProvider(tp trace.TracerProvider) ServerOption {
 }
 
 // WithServerMeterProvider sets the meter provider of the server's metrics.
-// Default: otel.GetMeterProvider() at construction.
+// Default: the global provider, otel.GetMeterProvider(), read at
+// construction: until a global provider is set, that is OpenTelemetry's
+// delegating global, which forwards to the first provider set later, so a
+// global provider set after construction is used too.
 func WithServerMeterProvider(mp metric.MeterProvider) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.meter = mp })
 }

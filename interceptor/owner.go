@@ -18,6 +18,8 @@ import (
 	"github.com/tollgate-go/tollgate/internal/methodinfo"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 	"github.com/tollgate-go/tollgate/status"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
@@ -178,6 +180,9 @@ type owner struct {
 	// was never about to be sent); retrying says it is pending.
 	retry    retryNote
 	retrying bool
+	// queries counts the resolution queries sent for the call (its span's
+	// tollgate.queries; the first maxQueryEvents have an event each).
+	queries int64
 	// follows is the failure the repeat proceed last let go (or the
 	// verifying try run sends at once) follows: the call's result if
 	// prepare then refuses that try for lack of time, or while the call
@@ -210,7 +215,7 @@ func (c *client) unary(ctx context.Context, method string, req, reply any, cc *g
 	*w = owner{c: c, cl: cl, p: c.policy(method),
 		tgt: cl.tgt, cc: cc, invoker: invoker, explicit: named}
 	w.loans = w.loanBuf[:0]
-	ctx, span := c.startSpan(ctx, cl.s, cl.key)
+	ctx, span := c.startSpan(ctx, cl)
 	ended := false
 	defer func() {
 		if !ended { // a panic below the interceptor goes on; the span ends with it
@@ -606,7 +611,7 @@ func (w *owner) prepared(ctx context.Context, n uint32) {
 	if w.retrying {
 		w.retrying = false
 		if span := trace.SpanFromContext(ctx); span.IsRecording() {
-			span.AddEvent(eventRetry, trace.WithAttributes(attrEventTry.Int64(int64(n)),
+			span.AddEvent(eventRetry, trace.WithAttributes(attrTry.Int64(int64(n)),
 				attrEventReason.String(status.ReasonName(w.retry.reason)), attrDelay.Int64(w.retry.delay.Milliseconds())))
 		}
 	}
@@ -639,7 +644,7 @@ func (w *owner) decide(ctx context.Context, n uint32, err error, o status.Outcom
 			// callee's retry-after when it sent one (its store began
 			// retaining less than the clock skew before this attempt was
 			// created).
-			budget.ReconcileCall(0, w.loans...)
+			w.c.reconciled(ctx, 0, w.loans...)
 			return 0, false, status.NotAdmitted(status.ReasonAttemptUnverifiable, status.Fields{
 				AttemptID: s.ID, Call: key, Try: n, Final: true,
 				RetryAfter: o.Detail.GetRetryAfter().AsDuration(),
@@ -806,6 +811,9 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 			wcancel()
 		}
 	})()
+	// The resolution's last query has its event even past maxQueryEvents.
+	var lastQuery queryEvent
+	defer lastQuery.add(ctx)
 	for poll := 1; ; poll++ {
 		rec := &tollgatev1.AttemptRecord{}
 		// A record per query, so that a late stats event of an earlier
@@ -821,9 +829,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 			return 0, unknown("interceptor: the caller stopped waiting before the try's state was known"), true
 		}
 		state := rec.GetState()
-		if span := trace.SpanFromContext(ctx); span.IsRecording() {
-			span.AddEvent(eventQuery, trace.WithAttributes(attrTry.Int64(int64(n)), attrState.String(stateName(state, err))))
-		}
+		w.queried(ctx, n, state, err, &lastQuery)
 		if err != nil {
 			// Only the peer's UNIMPLEMENTED says the callee keeps no
 			// records: one the client made before the query left (an
@@ -858,7 +864,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 			}
 			continue
 		case tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, tollgatev1.AttemptState_ATTEMPT_STATE_FAILED:
-			w.reconcile(rec)
+			w.reconcile(ctx, rec)
 			if w.explicit && !w.answered {
 				// An explicit key is shared by every run of the calling
 				// handler, and the query carries no request: the record
@@ -912,7 +918,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 				// keeps none, and is not repeated.
 				return 0, unknown("interceptor: the try was fenced where records are kept, but its target keeps none at some backends"), true
 			}
-			w.reconcile(rec)
+			w.reconcile(ctx, rec)
 			w.doubt = unvouched
 			w.unsettled = w.unsettled || unvouched
 			w.fenced = true // a mark that comes before the repeat is sent is heeded then (unvouchedRepeat)
@@ -921,7 +927,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 				AttemptID: s.ID, Call: w.cl.key, Try: n, FencedThroughTry: f,
 				Message: "interceptor: the unknown try was fenced and never ran"}, status.WithDetailsOf(last)), false
 		default: // ABANDONED, UNKNOWN, UNSEEN (cannot follow a fence) or unknown states
-			w.reconcile(rec) // a record finished UNKNOWN still says what it spent
+			w.reconcile(ctx, rec) // a record finished UNKNOWN still says what it spent
 			return 0, unknown("interceptor: the try's state is " + stateName(state, nil)), true
 		}
 	}
@@ -1014,7 +1020,7 @@ func (w *owner) unvouched() bool {
 }
 
 // reconcile settles the call's held grants from a finished record.
-func (w *owner) reconcile(rec *tollgatev1.AttemptRecord) {
+func (w *owner) reconcile(ctx context.Context, rec *tollgatev1.AttemptRecord) {
 	if w.unvouched() {
 		// A try may have run where no record is kept, and spent its grant
 		// below: this record does not count it, so no grant is settled
@@ -1034,7 +1040,7 @@ func (w *owner) reconcile(rec *tollgatev1.AttemptRecord) {
 		// make may set them), it settles nothing (DESIGN.md §3.3).
 		return
 	}
-	budget.ReconcileCall(rec.GetUnitsSpent(), w.loans...)
+	w.c.reconciled(ctx, rec.GetUnitsSpent(), w.loans...)
 }
 
 // recordError rebuilds the definite error a FAILED record keeps. A record
@@ -1053,6 +1059,81 @@ func recordError(rec *tollgatev1.AttemptRecord) error {
 	return err
 }
 
+// queryEvent is a resolution query's tollgate.attempt.query event, held
+// until it is added (pending).
+type queryEvent struct {
+	n       uint32
+	state   tollgatev1.AttemptState
+	err     error
+	at      time.Time
+	pending bool
+}
+
+// queried counts a resolution query of try n, which read state or failed
+// with err, in tollgate.client.queries and the span's tollgate.queries, and
+// adds its tollgate.attempt.query event if it is one of the call's first
+// maxQueryEvents; otherwise the event waits in last, which the resolution
+// adds when it ends unless a later query replaced it.
+func (w *owner) queried(ctx context.Context, n uint32, state tollgatev1.AttemptState, err error, last *queryEvent) {
+	w.queries++
+	w.c.tel.queries.Add(ctx, 1, queryStateOpt(state, err))
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return
+	}
+	span.SetAttributes(attrQueries.Int64(w.queries))
+	*last = queryEvent{n: n, state: state, err: err, at: time.Now(), pending: true}
+	if w.queries <= maxQueryEvents {
+		last.add(ctx)
+	}
+}
+
+// add adds the pending event e to ctx's span, stamped with the time of its
+// query: its try, the state read (stateName), and the gRPC code of a query
+// that failed (rpc.grpc.status_code).
+func (e *queryEvent) add(ctx context.Context) {
+	if !e.pending {
+		return
+	}
+	e.pending = false
+	attrs := []attribute.KeyValue{attrTry.Int64(int64(e.n)), attrState.String(stateName(e.state, e.err))}
+	if e.err != nil {
+		attrs = append(attrs, attrRPCCode.Int64(int64(grpcstatus.Code(e.err))))
+	}
+	trace.SpanFromContext(ctx).AddEvent(eventQuery, trace.WithAttributes(attrs...), trace.WithTimestamp(e.at))
+}
+
+// queryStateOpts are the attribute options of tollgate.client.queries, one
+// per state this version knows, then QUERY_FAILED and UNRECOGNIZED (a state
+// it does not know), built once so that counting allocates nothing.
+var queryStateOpts = func() []metric.AddOption {
+	n := len(tollgatev1.AttemptState_name)
+	opts := make([]metric.AddOption, n+2)
+	for v, name := range tollgatev1.AttemptState_name {
+		opts[v] = metric.WithAttributeSet(attribute.NewSet(attribute.String("state", name[len("ATTEMPT_STATE_"):])))
+	}
+	opts[n] = metric.WithAttributeSet(attribute.NewSet(attribute.String("state", "QUERY_FAILED")))
+	opts[n+1] = metric.WithAttributeSet(attribute.NewSet(attribute.String("state", "UNRECOGNIZED")))
+	return opts
+}()
+
+// queryStateOpt is the state attribute of tollgate.client.queries for a
+// query that read s or failed with err: a bounded set, whatever a peer
+// answers.
+func queryStateOpt(s tollgatev1.AttemptState, err error) metric.AddOption {
+	n := len(tollgatev1.AttemptState_name)
+	switch {
+	case err != nil:
+		return queryStateOpts[n]
+	case s >= 0 && int(s) < n:
+		return queryStateOpts[s]
+	}
+	return queryStateOpts[n+1]
+}
+
+// stateName is the state attribute of a tollgate.attempt.query event: the
+// record's state without its prefix ("IN_PROGRESS"), QUERY_FAILED for a
+// query that failed, or STATE_<n> for a state this version does not know.
 func stateName(s tollgatev1.AttemptState, err error) string {
 	if err != nil {
 		return "QUERY_FAILED"

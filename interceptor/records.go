@@ -76,6 +76,12 @@ func (in *inbound) fingerprint(method string, req any) (idempotency.Digest, erro
 // had an earlier try anywhere, so the store does not refuse it for lying
 // within the skew after its horizon.
 func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp idempotency.Digest, stream bool) (started bool, replay any, err error) {
+	answered := false // a finished record answered: no refusal
+	defer func() {
+		if !started && !answered && err != nil {
+			sv.refused(ctx, err)
+		}
+	}()
 	s := in.s
 	var res idempotency.BeginResult
 	err = sv.storeCall(func() (err error) {
@@ -136,6 +142,7 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 	id := status.WithAttempt(s.ID, s.Call, s.Try)
 	switch res.Refusal {
 	case idempotency.RefusedFinished:
+		answered = true
 		resp, err := sv.replay(method, rec, stream, id)
 		return false, resp, err
 	case idempotency.RefusedInProgress:

@@ -1577,7 +1577,7 @@ func TestTryHasRetryEvent(t *testing.T) {
 			v, _ := attr(e.Attributes, "tollgate.try")
 			spendTries = append(spendTries, v.AsInt64())
 		case "tollgate.retry":
-			v, _ := attr(e.Attributes, "try")
+			v, _ := attr(e.Attributes, "tollgate.try")
 			retryTries = append(retryTries, v.AsInt64())
 		}
 	}

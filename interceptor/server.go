@@ -597,6 +597,53 @@ func (sv *server) admit(ctx context.Context, method string, in *inbound, tenant 
 	return p, nil
 }
 
+// refused records a refusal err the interceptor made after admission,
+// before the handler ran (the request could not be fingerprinted, or the
+// store refused or failed to begin the try, or its record answered with a
+// refusal: beginTry), in tollgate.server.refusals{reason} and as a
+// tollgate.refusal event (reason) on the request's span when one records,
+// after the tollgate.admission event that admitted it.
+func (sv *server) refused(ctx context.Context, err error) {
+	opt, name := refusalReason(status.OutcomeOf(err))
+	sv.tel.refusals.Add(ctx, 1, opt)
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		span.AddEvent(eventRefusal, trace.WithAttributes(attrEventReason.String(name)))
+	}
+}
+
+// refusalReason is the reason attribute of a refusal with outcome o: its
+// reason's name; without one, ABANDONED for an UNKNOWN (an earlier try's
+// lease ran out) and CANCELLED for a NOT_ADMITTED (the try's context was
+// canceled before its record was begun). The set is bounded by the Reason
+// enum; its options are built once.
+func refusalReason(o status.Outcome) (metric.AddOption, string) {
+	i := int(o.Reason)
+	if i <= 0 || i >= len(refusalOpts)-2 {
+		i = len(refusalOpts) - 1 // CANCELLED
+		if o.Kind == status.KindUnknown {
+			i-- // ABANDONED
+		}
+	}
+	return refusalOpts[i], refusalNames[i]
+}
+
+// refusalNames and refusalOpts are the reason attributes of
+// tollgate.server.refusals: the Reason enum's names (UNSPECIFIED beyond
+// those this version knows), then ABANDONED and CANCELLED.
+var refusalNames, refusalOpts = func() ([]string, []metric.AddOption) {
+	const reasons = 64
+	names := make([]string, 0, reasons+2)
+	for r := range status.Reason(reasons) {
+		names = append(names, status.ReasonName(r))
+	}
+	names = append(names, "ABANDONED", "CANCELLED")
+	opts := make([]metric.AddOption, len(names))
+	for i, n := range names {
+		opts[i] = metric.WithAttributeSet(attribute.NewSet(attribute.String("reason", n)))
+	}
+	return names, opts
+}()
+
 // tryDeadlineOnly returns admission's refusal err (or contextEnded's,
 // whose deadline is the ended context's, or lateRefusal's, whose deadline
 // is the attempt's plus the skew), made not final when it
@@ -860,6 +907,7 @@ func (sv *server) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 	defer cancel()
 	if recorded {
 		if fp, err = in.fingerprint(info.FullMethod, req); err != nil {
+			sv.refused(ctx, err)
 			sv.setTrailer(ctx, in, 0, err)
 			return nil, err
 		}
@@ -1148,6 +1196,7 @@ func (sv *server) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	var fp idempotency.Digest
 	if recorded {
 		if fp, err = in.fingerprint(info.FullMethod, req); err != nil {
+			sv.refused(ctx, err)
 			sv.setStreamTrailer(ss, in, 0, err)
 			return err
 		}

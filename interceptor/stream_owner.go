@@ -730,7 +730,7 @@ func (cs *clientStream) finishTryLocked(err error, local bool) status.Outcome {
 		d := cs.t.delivery.state()
 		if cs.released && !local && d == status.PeerStatus && !c.cfg.strict && !cs.t.delivery.reportedBadly() {
 			if _, reported := cs.t.delivery.reported(); !reported && spentNothing(err, w.cl.s.ID, w.cl.key, cs.n) {
-				cs.t.loan.Reconcile(0)
+				c.reconciled(cs.ctx, 0, cs.t.loan)
 			}
 		}
 		if local && d == status.PeerStatus {

@@ -20,22 +20,41 @@ const (
 	attrOutcome   = attribute.Key("tollgate.outcome")
 	attrReason    = attribute.Key("tollgate.reason")
 	attrClass     = attribute.Key("tollgate.class")
+	attrHeld      = attribute.Key("tollgate.allowance.held")
+	attrQueries   = attribute.Key("tollgate.queries")
+
+	// The OTel RPC semantic conventions' names of a call's method, and of a
+	// failed query's gRPC code.
+	attrRPCService = attribute.Key("rpc.service")
+	attrRPCMethod  = attribute.Key("rpc.method")
+	attrRPCCode    = attribute.Key("rpc.grpc.status_code")
 
 	eventSpend     = "tollgate.allowance.spend"
 	eventRetry     = "tollgate.retry"
 	eventQuery     = "tollgate.attempt.query"
 	eventAdmission = "tollgate.admission"
+	eventRefusal   = "tollgate.refusal"
 
 	attrUnits       = attribute.Key("units")
 	attrRemaining   = attribute.Key("remaining")
 	attrDelay       = attribute.Key("delay") // in milliseconds
-	attrEventTry    = attribute.Key("try")
 	attrEventReason = attribute.Key("reason")
 	attrState       = attribute.Key("state")
 	attrDecision    = attribute.Key("decision")
 	attrQueuedAhead = attribute.Key("queued_ahead")
 	attrEventClass  = attribute.Key("class")
 )
+
+// attrRPCSystem is rpc.system of every tollgate.call span.
+var attrRPCSystem = attribute.String("rpc.system", "grpc")
+
+// maxQueryEvents is how many resolution queries of one call get a
+// tollgate.attempt.query event each; after them only the last query of
+// each resolution does (the answer the owner acted on), so that a long poll
+// cannot push the call's span past the SDK's limit of events per span
+// (128 by default), which drops the newest. tollgate.queries on the span
+// counts every query.
+const maxQueryEvents = 16
 
 // clientTelemetry is what the client interceptors record with, built once.
 type clientTelemetry struct {
@@ -45,6 +64,8 @@ type clientTelemetry struct {
 	budgetExhausted metric.Int64Counter
 	spent           metric.Int64Counter
 	held            metric.Int64Counter
+	reconciled      metric.Int64Counter
+	queries         metric.Int64Counter
 }
 
 func newClientTelemetry(c *clientConfig) (*clientTelemetry, error) {
@@ -79,6 +100,18 @@ func newClientTelemetry(c *clientConfig) (*clientTelemetry, error) {
 	if err != nil {
 		return nil, err
 	}
+	reconciled, err := m.Int64Counter("tollgate.allowance.reconciled",
+		metric.WithDescription("Units of held grants given back by a finished record of their call (or by the status a released stream's try ended with): tollgate.allowance.held minus this is what stays held."),
+		metric.WithUnit("{unit}"))
+	if err != nil {
+		return nil, err
+	}
+	queries, err := m.Int64Counter("tollgate.client.queries",
+		metric.WithDescription("Resolution queries (FenceAttempt) sent by tollgate's client interceptor, by the state they read, or QUERY_FAILED."),
+		metric.WithUnit("{query}"))
+	if err != nil {
+		return nil, err
+	}
 	return &clientTelemetry{
 		tracer:          c.tracer.Tracer(instrumentationName),
 		exhausted:       exhausted,
@@ -86,6 +119,8 @@ func newClientTelemetry(c *clientConfig) (*clientTelemetry, error) {
 		budgetExhausted: budgetExhausted,
 		spent:           spent,
 		held:            held,
+		reconciled:      reconciled,
+		queries:         queries,
 	}, nil
 }
 
@@ -106,6 +141,9 @@ type serverTelemetry struct {
 	// try's lookup permit is released with ReleaseMissCounted, or
 	// abandoned, once the try is counted here: endLookup).
 	late metric.Int64Counter
+	// refusals counts the tries the interceptor refused after admission
+	// (refused), by reason.
+	refusals metric.Int64Counter
 }
 
 // arrivalStage and beginStage are the stage attributes of the late tries'
@@ -124,13 +162,20 @@ func newServerTelemetry(c *serverConfig) (*serverTelemetry, error) {
 		return nil, err
 	}
 	// The admission controller records the other stages in its own scope;
-	// the description and unit are the same, so that an exporter that
-	// merges the two by name finds no conflict.
+	// the description and unit are admission's, word for word (its
+	// metrics.go), so that an exporter that merges the two by name
+	// (Prometheus keeps one help text) finds no conflict.
 	late, err := m.Int64Counter("tollgate.deadline.misses",
-		metric.WithDescription("Deadlines missed, by stage: arrival (a try that came after its attempt's deadline, or a stream whose request had not come by its deadline, refused by the server interceptor before admission), begin (a recorded try whose deadline passed while the server interceptor began its record, before its handler ran), admission (arrived expired), dequeue (expired while waiting, dropped unrun), run (finished late)."),
+		metric.WithDescription("Deadlines missed, by stage: arrival (a try that came after its attempt's deadline, refused by the server interceptor before admission), begin (a recorded try whose deadline passed while the server interceptor began its record, before its handler ran), admission (arrived expired), dequeue (expired while waiting, dropped unrun), run (finished late)."),
 		metric.WithUnit("{request}"))
 	if err != nil {
 		return nil, err
 	}
-	return &serverTelemetry{tracer: c.tracer.Tracer(instrumentationName), malformed: malformed, late: late}, nil
+	refusals, err := m.Int64Counter("tollgate.server.refusals",
+		metric.WithDescription("Tries the server interceptor refused after admission, before their handler ran (the request could not be fingerprinted, the record store refused or failed, or the call's record answered with a refusal), by reason."),
+		metric.WithUnit("{request}"))
+	if err != nil {
+		return nil, err
+	}
+	return &serverTelemetry{tracer: c.tracer.Tracer(instrumentationName), malformed: malformed, late: late, refusals: refusals}, nil
 }
