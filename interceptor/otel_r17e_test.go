@@ -377,3 +377,58 @@ func TestQueryEventsAreCappedPerCall(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, sent, q.AsInt64(), "the span counts every query")
 }
+
+// downStore is a memory store whose Begin fails, as a store that cannot be
+// reached does.
+type downStore struct{ *idempotency.MemoryStore }
+
+func (downStore) Begin(context.Context, idempotency.BeginRequest) (idempotency.BeginResult, error) {
+	return idempotency.BeginResult{}, errStoreDown
+}
+
+var errStoreDown = grpcstatus.Error(codes.Unavailable, "store: connection refused")
+
+// TestStoreUnavailableIsCountedAsARefusal: a try admitted and then refused
+// STORE_UNAVAILABLE because the store failed is counted in
+// tollgate.server.refusals{reason=STORE_UNAVAILABLE} (written with the fix,
+// beside the ATTEMPT_UNVERIFIABLE test above, as the other refusal the
+// review named); a try answered from its finished record is not a refusal.
+func TestStoreUnavailableIsCountedAsARefusal(t *testing.T) {
+	mp, reader := testMeter(t)
+	ledger := newLedger(nil)
+	var down atomic.Bool
+	store := memoryStore(t)
+	var s idempotency.Store = store
+	failing := downStore{store}
+	end := testsvc.StartT(t, testsvc.Bufconn, ledger.Register, serverOpts(
+		interceptor.WithAttemptStore(storeSwitch{Store: s, ok: s, down: failing, isDown: &down}), interceptor.WithServerMeterProvider(mp))...)
+	client := testingv1.NewTestServiceClient(end.DialT(t))
+	id, err := uuid.NewV7()
+	require.NoError(t, err)
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "tollgate", "a="+id.String()+";d="+itoa(time.Now().Add(5*time.Second).UnixMilli()))
+	_, err = client.Apply(ctx, &testingv1.ApplyRequest{Key: "a", Amount: 1})
+	require.NoError(t, err)
+	_, err = client.Apply(ctx, &testingv1.ApplyRequest{Key: "a", Amount: 1})
+	require.NoError(t, err, "answered from the finished record")
+	down.Store(true)
+	_, err = client.Apply(ctx, &testingv1.ApplyRequest{Key: "a", Amount: 1})
+	require.Equal(t, status.ReasonStoreUnavailable, status.OutcomeOf(err).Reason, "%v", err)
+
+	rm := collect(t, reader)
+	require.Equal(t, int64(1), counterWhere(rm, "tollgate.server.refusals", "reason", "STORE_UNAVAILABLE"))
+	require.Equal(t, int64(1), counter(rm, "tollgate.server.refusals"), "a replay is no refusal")
+}
+
+// storeSwitch is ok's store until isDown, then down's.
+type storeSwitch struct {
+	idempotency.Store
+	ok, down idempotency.Store
+	isDown   *atomic.Bool
+}
+
+func (s storeSwitch) Begin(ctx context.Context, req idempotency.BeginRequest) (idempotency.BeginResult, error) {
+	if s.isDown.Load() {
+		return s.down.Begin(ctx, req)
+	}
+	return s.ok.Begin(ctx, req)
+}
