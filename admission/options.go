@@ -355,14 +355,18 @@ func WithLearningRate(alpha float64) Option {
 	return optionFunc(func(c *config) { c.alpha = alpha })
 }
 
-// WithMeterProvider sets where the controller's metrics go. Default
-// otel.GetMeterProvider() at the time New runs.
+// WithMeterProvider sets where the controller's metrics go. Default: the
+// global provider, otel.GetMeterProvider(), read when New runs: until a
+// global provider is set, that is OpenTelemetry's delegating global, which
+// forwards to the first provider set later, so a global provider set after
+// New is used too.
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return optionFunc(func(c *config) { c.mp = mp })
 }
 
-// WithTracerProvider sets where override and mode events go. Default
-// otel.GetTracerProvider() at the time New runs.
+// WithTracerProvider sets where override and mode events go. Default: the
+// global provider, otel.GetTracerProvider(), read when New runs (as
+// WithMeterProvider's, a global provider set after New is used too).
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return optionFunc(func(c *config) { c.tp = tp })
 }

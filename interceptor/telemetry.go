@@ -166,7 +166,7 @@ func newServerTelemetry(c *serverConfig) (*serverTelemetry, error) {
 	// metrics.go), so that an exporter that merges the two by name
 	// (Prometheus keeps one help text) finds no conflict.
 	late, err := m.Int64Counter("tollgate.deadline.misses",
-		metric.WithDescription("Deadlines missed, by stage: arrival (a try that came after its attempt's deadline, refused by the server interceptor before admission), begin (a recorded try whose deadline passed while the server interceptor began its record, before its handler ran), admission (arrived expired), dequeue (expired while waiting, dropped unrun), run (finished late)."),
+		metric.WithDescription("Deadlines missed, by stage: arrival (a try that came after its attempt's deadline, or a server-streaming try whose one request did not come by its deadline, refused by the server interceptor before admission), begin (a recorded try whose deadline passed while the server interceptor began its record, before its handler ran), admission (arrived expired), dequeue (expired while waiting, dropped unrun), run (finished late)."),
 		metric.WithUnit("{request}"))
 	if err != nil {
 		return nil, err
