@@ -1,0 +1,47 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/tollgate-go/tollgate/idempotency"
+)
+
+// An adversarial review (r17f) of the Finish resend loop. These tests run
+// Redis servers of their own on ports 7513-7524.
+
+// The loop bounds each resend by what is left of its 5 s (a context whose
+// deadline is the loop's end). A resend cut by that deadline — go-redis
+// waiting out its own retry backoff on it, or the store waiting for a
+// node's check on it — fails with context.DeadlineExceeded, and the
+// Finish's error wrapped it: errors.Is(err, context.DeadlineExceeded) read
+// as the caller's context ending while the caller's context had no
+// deadline at all (the change claims the loop's own deadline is never the
+// error's cause).
+func TestR17fLoopDeadlineNotTheCallersCause(t *testing.T) {
+	ctx := context.Background()
+	admin, _ := r17aServer(t, 7513, t.TempDir(), "--replica-serve-stale-data", "no")
+	// go-redis resends MASTERDOWN once, after 3 s: the loop's last resend
+	// (at about 3 s, after the first send's own resend) is cut by the
+	// loop's end while go-redis waits to resend it.
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:7513", ContextTimeoutEnabled: true,
+		MaxRetries: 1, MinRetryBackoff: 3 * time.Second, MaxRetryBackoff: 3 * time.Second})
+	defer func() { _ = client.Close() }()
+	s, err := New(ctx, client, WithPrefix("r17f-deadline:"))
+	require.NoError(t, err)
+	defer func() { _ = s.Close() }()
+	key := r17aBegin(t, ctx, s, "0")
+	require.NoError(t, admin.Do(ctx, "REPLICAOF", "127.0.0.1", "7514").Err()) // nothing listens there
+
+	err = s.Finish(ctx, r17aFinishReq(key))
+	require.Error(t, err, "the Redis stays a replica cut off from its primary")
+	require.NoError(t, ctx.Err())
+	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
+	require.False(t, errors.Is(err, context.DeadlineExceeded),
+		"a Finish whose caller's context has no deadline fails with context.DeadlineExceeded as its cause: %v", err)
+}
