@@ -1808,7 +1808,12 @@ const (
 // is a sentError too, whichever later send, or wait for a check, failed
 // (nothing outside run reads it of a Finish today: endBegun ignores the
 // error, and Finish's caller cannot see the type; it keeps the marking
-// true for any caller that comes to read it).
+// true for any caller that comes to read it). The loop's own end is never
+// the error's cause: a wait or a resend it cut (go-redis waiting out its
+// retry backoff, the store waiting for a check, on the loop's context)
+// fails with the reply that made the loop resend, not with
+// context.DeadlineExceeded, which would read as the caller's context
+// ending.
 func (s *Store) sendFinish(ctx context.Context, key idempotency.Key, args []any) ([]any, error) {
 	keys := s.keys(key)
 	until := time.Now().Add(finishResendFor)
@@ -1821,9 +1826,18 @@ func (s *Store) sendFinish(ctx context.Context, key idempotency.Key, args []any)
 			break
 		}
 		rctx, cancel := context.WithDeadline(ctx, until)
+		last := err
 		v, err = s.resendFinish(rctx, cluster, first, pause, failed, keys, args, err)
+		own := rctx.Err() != nil && ctx.Err() == nil // the loop's end, not the caller's
 		cancel()
 		sent = sent || errors.As(err, new(sentError))
+		if own && errors.Is(err, context.DeadlineExceeded) {
+			// The loop's own deadline cut the resend (go-redis waiting
+			// out its retry backoff, the store waiting for a check): the
+			// caller's context did not end, and must not read as the
+			// cause. The reply that made the loop resend is.
+			err = fmt.Errorf("%w (its resend ran out of the %v a Finish is resent for: %v)", last, finishResendFor, err)
+		}
 		if ctx.Err() != nil || s.stop.Err() != nil || !time.Now().Before(until) {
 			break
 		}
