@@ -573,8 +573,8 @@ func (e sentError) Unwrap() error { return e.error }
 // looping Finishes share their reads of the map: one runs at a time, and
 // each Finish is resent only after one that started after its failure.)
 //
-// A Finish is resent in that loop too (a pause of 10 ms, doubled up to
-// 1 s; the same five seconds, its context or Close ending it; each resend
+// A Finish is resent in that loop too (at once, then after pauses of
+// 20 ms, doubled up to 1 s; the same five seconds, its context or Close ending it; each resend
 // carrying the time it is sent at) after the replies with which Redis
 // refuses a script before it runs it, once go-redis's own resends of them
 // failed: TRYAGAIN (a slot's migration split its keys between source and
@@ -1766,8 +1766,10 @@ func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest, begin
 }
 
 // finishResendFor bounds how long a Finish is sent again (sendFinish),
-// from its first send; finishPause is its first pause, doubled at each
-// resend up to finishMaxPause.
+// from its first send; finishPause bounds the first resend's wait for the
+// checks of a Cluster's masters (it goes at once), and is doubled for each
+// later resend, which waits that long first, up to finishMaxPause: the
+// pauses are 20 ms, 40 ms, ... 1 s.
 const (
 	finishResendFor = nodeCheckTimeout
 	finishPause     = 10 * time.Millisecond
@@ -1782,7 +1784,7 @@ const (
 // is over in a moment. Every send carries the same call token (args), so
 // that a run go-redis sent before counts once, and the time it is sent at
 // (the lease is judged then). The first resend goes at once, each later
-// one after a pause (10 ms, doubled up to 1 s); it stops once
+// one after a pause (20 ms, doubled up to 1 s); it stops once
 // finishResendFor passed since the first send, the context ends or the
 // store is closed: each pause, wait for a check and resend runs on a
 // context bounded by what is left of finishResendFor.
