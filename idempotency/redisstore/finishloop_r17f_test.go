@@ -3,6 +3,9 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -44,4 +47,74 @@ func TestR17fLoopDeadlineNotTheCallersCause(t *testing.T) {
 	require.ErrorIs(t, err, idempotency.ErrStoreUnavailable)
 	require.False(t, errors.Is(err, context.DeadlineExceeded),
 		"a Finish whose caller's context has no deadline fails with context.DeadlineExceeded as its cause: %v", err)
+}
+
+// Looping Finishes on a Cluster, sharing reads of its map, end when their
+// contexts end or the store is closed, and Close waits for the reads they
+// started (TestMain's goleak finds none left). A check of the shared map
+// read (readMap): no waiter stuck on a read, no read left running.
+func TestR17fLoopingFinishesEndWithCloseAndContexts(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a, b := joinedPair(t, ctx, 7515, 7516)
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.addr}, ContextTimeoutEnabled: true})
+	defer func() { _ = client.Close() }()
+	hook := newR17aHook()
+	client.AddHook(hook)
+	s, err := New(ctx, client, WithPrefix("r17f-close:"))
+	require.NoError(t, err)
+	closed := false
+	defer func() {
+		if !closed {
+			_ = s.Close()
+		}
+	}()
+	const n = 8
+	var ks []idempotency.Key
+	for i := range n {
+		ks = append(ks, r17aBegin(t, ctx, s, fmt.Sprint(i)))
+	}
+	keys := s.keys(ks[0])
+	slot, err := a.client.ClusterKeySlot(ctx, keys[0]).Result()
+	require.NoError(t, err)
+	startMigrating(t, ctx, a, b, slot)
+	all := []any{keys[0]}
+	for _, k := range ks {
+		all = append(all, s.keys(k)[1])
+	}
+	port := b.addr[strings.LastIndexByte(b.addr, ':')+1:]
+	require.NoError(t, a.client.Do(ctx, append([]any{"MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS"}, all...)...).Err())
+
+	// Half the Finishes have contexts of their own, canceled while they
+	// loop; the store is closed while the others do.
+	fctx, fcancel := context.WithCancel(ctx)
+	defer fcancel()
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i, k := range ks {
+		c := ctx
+		if i%2 == 0 {
+			c = fctx
+		}
+		wg.Go(func() { errs[i] = s.Finish(c, r17aFinishReq(k)) })
+	}
+	for hook.other.Load() < 2*n {
+		require.NoError(t, hook.waitReply(ctx, "OTHER"))
+	}
+	fcancel()
+	for hook.other.Load() < 3*n {
+		require.NoError(t, hook.waitReply(ctx, "OTHER"))
+	}
+	require.NoError(t, s.Close())
+	closed = true
+	ended := make(chan struct{})
+	go func() { wg.Wait(); close(ended) }()
+	select {
+	case <-ended:
+	case <-ctx.Done():
+		t.Fatal("looping Finishes did not end after their contexts ended and the store was closed")
+	}
+	for i, err := range errs {
+		require.ErrorIs(t, err, idempotency.ErrStoreUnavailable, "Finish %d", i)
+	}
 }
