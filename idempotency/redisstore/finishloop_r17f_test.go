@@ -3,8 +3,6 @@ package redisstore
 import (
 	"context"
 	"errors"
-	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -57,33 +55,9 @@ func TestR17fLoopingFinishesEndWithCloseAndContexts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	a, b := joinedPair(t, ctx, 7515, 7516)
-	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.addr}, ContextTimeoutEnabled: true})
-	defer func() { _ = client.Close() }()
-	hook := newR17aHook()
-	client.AddHook(hook)
-	s, err := New(ctx, client, WithPrefix("r17f-close:"))
-	require.NoError(t, err)
-	closed := false
-	defer func() {
-		if !closed {
-			_ = s.Close()
-		}
-	}()
+	s, hook := r17aClusterStore(t, ctx, a, "r17f-close:")
 	const n = 8
-	var ks []idempotency.Key
-	for i := range n {
-		ks = append(ks, r17aBegin(t, ctx, s, fmt.Sprint(i)))
-	}
-	keys := s.keys(ks[0])
-	slot, err := a.client.ClusterKeySlot(ctx, keys[0]).Result()
-	require.NoError(t, err)
-	startMigrating(t, ctx, a, b, slot)
-	all := []any{keys[0]}
-	for _, k := range ks {
-		all = append(all, s.keys(k)[1])
-	}
-	port := b.addr[strings.LastIndexByte(b.addr, ':')+1:]
-	require.NoError(t, a.client.Do(ctx, append([]any{"MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS"}, all...)...).Err())
+	ks, _ := r17aMigratingMany(t, ctx, s, a, b, n)
 
 	// Half the Finishes have contexts of their own, canceled while they
 	// loop; the store is closed while the others do.
@@ -105,8 +79,7 @@ func TestR17fLoopingFinishesEndWithCloseAndContexts(t *testing.T) {
 	for hook.other.Load() < 3*n {
 		require.NoError(t, hook.waitReply(ctx, "OTHER"))
 	}
-	require.NoError(t, s.Close())
-	closed = true
+	require.NoError(t, s.Close()) // and again at cleanup: Close may be called more than once
 	ended := make(chan struct{})
 	go func() { wg.Wait(); close(ended) }()
 	select {

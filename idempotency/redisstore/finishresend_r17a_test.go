@@ -131,6 +131,56 @@ func r17aBegin(t *testing.T, ctx context.Context, s *Store, call string) idempot
 }
 
 // endMigration gives slot to b, which imports it from a.
+// r17aClusterStore returns a store on a Cluster client that starts from
+// node a (opts may change the client's options), with an r17aHook on the
+// client; both are closed at cleanup.
+func r17aClusterStore(t *testing.T, ctx context.Context, a *tableNode, prefix string, opts ...func(*redis.ClusterOptions)) (*Store, *r17aHook) {
+	t.Helper()
+	o := &redis.ClusterOptions{Addrs: []string{a.addr}, ContextTimeoutEnabled: true}
+	for _, f := range opts {
+		f(o)
+	}
+	client := redis.NewClusterClient(o)
+	t.Cleanup(func() { _ = client.Close() })
+	hook := newR17aHook()
+	client.AddHook(hook)
+	s, err := New(ctx, client, WithPrefix(prefix))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s, hook
+}
+
+// r17aSlotOf is the slot of key's keys (one hash tag) on node a, and the
+// keys.
+func r17aSlotOf(t *testing.T, ctx context.Context, s *Store, a *tableNode, key idempotency.Key) (int64, []string) {
+	t.Helper()
+	keys := s.keys(key)
+	slot, err := a.client.ClusterKeySlot(ctx, keys[0]).Result()
+	require.NoError(t, err)
+	return slot, keys
+}
+
+// r17aMigratingMany begins n calls ("0" … n-1) of one attempt, starts
+// migrating their slot from a to b and moves the horizon key and every
+// call's record there: each Finish of them is then sent to a node (ASK)
+// with another run_id until the migration ends. It returns the calls' keys
+// and the slot.
+func r17aMigratingMany(t *testing.T, ctx context.Context, s *Store, a, b *tableNode, n int) ([]idempotency.Key, int64) {
+	t.Helper()
+	var ks []idempotency.Key
+	for i := range n {
+		ks = append(ks, r17aBegin(t, ctx, s, fmt.Sprint(i)))
+	}
+	slot, keys := r17aSlotOf(t, ctx, s, a, ks[0])
+	startMigrating(t, ctx, a, b, slot)
+	all := []string{keys[0]}
+	for _, k := range ks {
+		all = append(all, s.keys(k)[1])
+	}
+	migrate(t, ctx, a, b, all...)
+	return ks, slot
+}
+
 func endMigration(ctx context.Context, a, b *tableNode, slot int64) error {
 	err := b.client.Do(ctx, "CLUSTER", "BUMPEPOCH").Err()
 	for _, n := range []*tableNode{b, a} {
@@ -147,20 +197,11 @@ func TestR17aFinishResentAfterTryAgain(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	a, b := joinedPair(t, ctx, 7501, 7502)
-	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.addr}, ContextTimeoutEnabled: true})
-	defer func() { _ = client.Close() }()
-	hook := newR17aHook()
-	client.AddHook(hook)
-	s, err := New(ctx, client, WithPrefix("r17a-tryagain:"))
-	require.NoError(t, err)
-	defer func() { _ = s.Close() }()
+	s, hook := r17aClusterStore(t, ctx, a, "r17a-tryagain:")
 	key := r17aBegin(t, ctx, s, "0")
-	keys := s.keys(key)
-	slot, err := a.client.ClusterKeySlot(ctx, keys[0]).Result()
-	require.NoError(t, err)
+	slot, keys := r17aSlotOf(t, ctx, s, a, key)
 	startMigrating(t, ctx, a, b, slot)
-	port := b.addr[strings.LastIndexByte(b.addr, ':')+1:]
-	require.NoError(t, a.client.Do(ctx, "MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", keys[1]).Err())
+	migrate(t, ctx, a, b, keys[1])
 
 	// Redis refuses a script whose keys are split before it runs it.
 	probe := []string{keys[0] + "-probe", keys[0]}
@@ -173,17 +214,14 @@ func TestR17aFinishResentAfterTryAgain(t *testing.T) {
 			moved <- err
 			return
 		}
-		err := a.client.Do(ctx, "MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS", keys[0]).Err()
-		if err == nil {
-			err = endMigration(ctx, a, b, slot)
-		}
-		moved <- err
+		migrate(t, ctx, a, b, keys[0])
+		moved <- endMigration(ctx, a, b, slot)
 	}()
 	hook.mu.Lock()
 	hook.deadlines = nil // the Finish's sends only
 	hook.mu.Unlock()
 	start := time.Now()
-	err = s.Finish(ctx, r17aFinishReq(key))
+	err := s.Finish(ctx, r17aFinishReq(key))
 	require.NoError(t, <-moved)
 	require.NoError(t, err, "the handler's outcome was lost to TRYAGAIN")
 	st, err := b.client.HGet(ctx, keys[1], "st").Result()
@@ -219,17 +257,9 @@ func TestR17aFinishResentAfterClusterDown(t *testing.T) {
 	defer cancel()
 	a := startTableNode(t, 7503)
 	ownAllSlots(t, ctx, a)
-	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.addr}, ContextTimeoutEnabled: true})
-	defer func() { _ = client.Close() }()
-	hook := newR17aHook()
-	client.AddHook(hook)
-	s, err := New(ctx, client, WithPrefix("r17a-down:"))
-	require.NoError(t, err)
-	defer func() { _ = s.Close() }()
+	s, hook := r17aClusterStore(t, ctx, a, "r17a-down:")
 	key := r17aBegin(t, ctx, s, "0")
-	keys := s.keys(key)
-	slot, err := a.client.ClusterKeySlot(ctx, keys[0]).Result()
-	require.NoError(t, err)
+	slot, keys := r17aSlotOf(t, ctx, s, a, key)
 	require.NoError(t, a.client.Do(ctx, "CLUSTER", "DELSLOTS", slot).Err())
 	require.True(t, tableEventually(10*time.Second, func() bool {
 		return strings.Contains(a.client.ClusterInfo(ctx).Val(), "cluster_state:fail")
@@ -247,7 +277,7 @@ func TestR17aFinishResentAfterClusterDown(t *testing.T) {
 		}
 		served <- a.client.Do(ctx, "CLUSTER", "ADDSLOTS", slot).Err()
 	}()
-	err = s.Finish(ctx, r17aFinishReq(key))
+	err := s.Finish(ctx, r17aFinishReq(key))
 	require.NoError(t, <-served)
 	require.NoError(t, err, "the handler's outcome was lost to CLUSTERDOWN")
 	st, err := a.client.HGet(ctx, keys[1], "st").Result()
@@ -461,33 +491,16 @@ func TestR17aConcurrentFinishesShareMapReads(t *testing.T) {
 	defer cancel()
 	a, b := joinedPair(t, ctx, 7509, 7510)
 	var reads atomic.Int64
-	client := redis.NewClusterClient(&redis.ClusterOptions{ContextTimeoutEnabled: true,
-		ClusterSlots: func(ctx context.Context) ([]redis.ClusterSlot, error) {
+	s, hook := r17aClusterStore(t, ctx, a, "r17a-share:", func(o *redis.ClusterOptions) {
+		o.Addrs = nil
+		o.ClusterSlots = func(ctx context.Context) ([]redis.ClusterSlot, error) {
 			reads.Add(1)
 			//lint:ignore SA1019 go-redis reads the Cluster's map with CLUSTER SLOTS: give it what a node answers.
 			return a.client.ClusterSlots(ctx).Result()
-		}})
-	defer func() { _ = client.Close() }()
-	hook := newR17aHook()
-	client.AddHook(hook)
-	s, err := New(ctx, client, WithPrefix("r17a-share:"))
-	require.NoError(t, err)
-	defer func() { _ = s.Close() }()
+		}
+	})
 	const n = 8
-	var ks []idempotency.Key
-	for i := range n {
-		ks = append(ks, r17aBegin(t, ctx, s, fmt.Sprint(i)))
-	}
-	keys := s.keys(ks[0])
-	slot, err := a.client.ClusterKeySlot(ctx, keys[0]).Result()
-	require.NoError(t, err)
-	startMigrating(t, ctx, a, b, slot)
-	all := []any{keys[0]}
-	for _, k := range ks {
-		all = append(all, s.keys(k)[1])
-	}
-	port := b.addr[strings.LastIndexByte(b.addr, ':')+1:]
-	require.NoError(t, a.client.Do(ctx, append([]any{"MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS"}, all...)...).Err())
+	ks, slot := r17aMigratingMany(t, ctx, s, a, b, n)
 
 	const refusals = 6 * n
 	reads.Store(0)
@@ -525,17 +538,9 @@ func TestR17aResendsBoundedByTheLoop(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	a, b := joinedPair(t, ctx, 7507, 7508)
-	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.addr}, ContextTimeoutEnabled: true})
-	defer func() { _ = client.Close() }()
-	hook := newR17aHook()
-	client.AddHook(hook)
-	s, err := New(ctx, client, WithPrefix("r17a-bound:"))
-	require.NoError(t, err)
-	defer func() { _ = s.Close() }()
+	s, hook := r17aClusterStore(t, ctx, a, "r17a-bound:")
 	key := r17aBegin(t, ctx, s, "0")
-	keys := s.keys(key)
-	slot, err := a.client.ClusterKeySlot(ctx, keys[0]).Result()
-	require.NoError(t, err)
+	slot, keys := r17aSlotOf(t, ctx, s, a, key)
 	startMigrating(t, ctx, a, b, slot)
 	moveKeys(t, ctx, a, b, keys)
 
@@ -553,7 +558,7 @@ func TestR17aResendsBoundedByTheLoop(t *testing.T) {
 	hook.deadlines = nil // the Finish's sends only
 	hook.mu.Unlock()
 	start := time.Now()
-	err = s.Finish(ctx, r17aFinishReq(key))
+	err := s.Finish(ctx, r17aFinishReq(key))
 	require.NoError(t, <-moved)
 	require.NoError(t, err)
 

@@ -61,13 +61,23 @@ func startMigrating(t *testing.T, ctx context.Context, a, b *tableNode, slot int
 // must be two: the tenant's horizon and the call's record.
 func moveKeys(t *testing.T, ctx context.Context, a, b *tableNode, keys []string) {
 	t.Helper()
-	var present []any
+	var present []string
 	for _, k := range keys {
 		if a.client.Exists(ctx, k).Val() == 1 {
 			present = append(present, k)
 		}
 	}
 	require.Len(t, present, 2, "the horizon and the record")
+	migrate(t, ctx, a, b, present...)
+}
+
+// migrate moves keys from a to b (MIGRATE … KEYS), as a reshard does.
+func migrate(t *testing.T, ctx context.Context, a, b *tableNode, keys ...string) {
+	t.Helper()
 	port := b.addr[strings.LastIndexByte(b.addr, ':')+1:]
-	require.NoError(t, a.client.Do(ctx, append([]any{"MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS"}, present...)...).Err())
+	args := []any{"MIGRATE", "127.0.0.1", port, "", 0, 5000, "KEYS"}
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	require.NoError(t, a.client.Do(ctx, args...).Err())
 }
