@@ -356,6 +356,12 @@ type Controller struct {
 	// latest the caller gave, as nowLocked's is, not the wall clock's.
 	tapVirtual atomic.Bool
 	tapLast    atomic.Int64
+	// lenderGone sums gone over the classes that lend their idle slots
+	// (LendIdle): a lender lends nothing while a waiter stands in its
+	// queue, so while one of its waiters has a caller that has gone, any
+	// class flagged full may find a slot once Admit takes that waiter out,
+	// and the tap lets its requests through (see TapHandle).
+	lenderGone atomic.Int32
 	// wake brings the state up to date at due (real clock only) while
 	// requests wait: an override's end or Recovering's next step may let
 	// a waiter start, and no other call may come to start it. wakeAt is
@@ -391,7 +397,8 @@ type classState struct {
 	// AfterFunc has noted (noteGone) and that have not left yet: while it
 	// is above 0, the next call that takes the lock takes them out
 	// (sweepGoneLocked), wherever they stand; and the tap lets requests
-	// through to Admit, which does so before it judges the queue. mortal
+	// through to Admit, which does so before it judges the queue (those of
+	// every class flagged full, when this class lends: lenderGone). mortal
 	// counts the waiters whose context can end (under the lock).
 	gone   atomic.Int32
 	mortal int
@@ -760,6 +767,9 @@ func (c *Controller) noteGone(w *waiter) {
 		return
 	}
 	w.cs.gone.Add(1)
+	if w.cs.cfg.LendIdle {
+		c.lenderGone.Add(1)
+	}
 	if f := c.cfg.goneNoted; f != nil {
 		f()
 	}
@@ -1587,6 +1597,9 @@ func (c *Controller) removeWaiter(w *waiter) {
 	}
 	if w.state.Swap(waiterOut) == waiterGone {
 		cs.gone.Add(-1)
+		if cs.cfg.LendIdle {
+			c.lenderGone.Add(-1)
+		}
 	}
 	if w.mortal {
 		cs.mortal--

@@ -29,8 +29,10 @@ var _ tap.ServerInHandle = (*Controller)(nil).TapHandle
 // the latest time the caller gave, as for [Controller.Stats]. It also lets requests through
 // once a waiter of the full queue may no longer be able to finish (the
 // queue's earliest deadline less the service estimate), or once the
-// context of a waiter of the full queue has ended (its caller has gone), so
-// that Admit drops or takes out that waiter before it judges the queue. grpc-go allows one tap per server: compose it with your
+// context of a waiter of the full queue, or of a waiter of a class that
+// lends its idle slots (LendIdle: it lends none while a waiter stands in
+// its queue), has ended (its caller has gone), so that Admit drops or
+// takes out that waiter before it judges the queue. grpc-go allows one tap per server: compose it with your
 // own by calling it first. Safe for concurrent use.
 func (c *Controller) TapHandle(ctx context.Context, info *tap.Info) (context.Context, error) {
 	var cs *classState
@@ -72,9 +74,13 @@ func (c *Controller) TapHandle(ctx context.Context, info *tap.Info) (context.Con
 		return ctx, nil
 	}
 	reason := status.Reason(r)
-	if reason == status.ReasonQueueFull && cs.gone.Load() > 0 {
-		// A waiter of the full queue has a caller that has gone: Admit
-		// takes it out before it judges the queue, and may queue this.
+	if reason == status.ReasonQueueFull && cs.gone.Load() > 0 ||
+		(reason == status.ReasonQueueFull || reason == status.ReasonConcurrencyFull) && c.lenderGone.Load() > 0 {
+		// A waiter of the full queue has a caller that has gone, or one
+		// of a lending class's, which lends nothing while it stands:
+		// Admit takes it out before it judges the queue (the lender's
+		// idle slot may then start this, or the borrower's head), and
+		// may queue or start this.
 		return ctx, nil
 	}
 	var ra time.Duration
