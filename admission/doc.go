@@ -190,8 +190,11 @@
 // CONCURRENCY_FULL for a class without a queue), or that is shed, frozen or
 // draining (SHED, DRAINING), by reading one atomic flag, before the request
 // is read; once a waiter of a full queue may no longer be able to finish (by
-// the queue's earliest deadline less the service estimate), it lets
-// requests through to Admit, which drops such waiters first. It counts its
+// the queue's earliest deadline less the service estimate), or a waiter
+// whose caller has gone stands in it or in the queue of a class that lends
+// its idle slots (which lends none while the waiter stands), it lets
+// requests through to Admit, which drops or takes out such waiters first.
+// It counts its
 // refusals in an atomic counter per class and
 // reason; they count in the degradation windows and in [Controller.Stats]
 // like Admit's. [Controller.AdmitDecision] is Admit that also returns a
