@@ -19,8 +19,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-// TestReadmeQuickStart runs the README's quick start as it is written — the
-// server (memory store, one class, TrustLoopback, a tenant function,
+// TestReadmeQuickStart runs the configuration of the README's quick start
+// (examples/quickstart, whose own test keeps the README's snippets in step
+// with it) — the server (memory store, one class, TrustLoopback, a tenant function,
 // admission, the store, AttemptService) and the client (DialOptions with an
 // allowance, an attempt timeout and three tries, plus transport
 // credentials) — over loopback TCP, and checks what the README says of it:
@@ -41,12 +42,14 @@ func TestReadmeQuickStart(t *testing.T) {
 	}}
 	tenantFromPeer := func(context.Context) string { return "tenant-a" }
 
-	// --- the README's server quick start, as written ---
-	store, _ := idempotency.NewMemoryStore(idempotency.SingleReplica) // one replica ever; else redisstore.New
-	ctrl, _ := admission.New(admission.WithClasses(
+	// --- the quick start's server ---
+	store, err := idempotency.NewMemoryStore(idempotency.SingleReplica) // one replica ever; else redisstore.New
+	require.NoError(t, err)
+	ctrl, err := admission.New(admission.WithClasses(
 		admission.Class{Name: "default", Slots: 6, QueueItems: 12, // reserved slots, bounded queue
 			ExpectedServiceTime: 50 * time.Millisecond}, // seeds waits and retry-afters until learned
 	))
+	require.NoError(t, err)
 	srv := grpc.NewServer(interceptor.ServerOptions(
 		interceptor.WithTrustedPeer(interceptor.TrustLoopback), // or TrustAll behind mTLS, or your own func(ctx) bool
 		interceptor.WithTenant(tenantFromPeer),                 // your func(ctx) string: the caller's tenant, unless a trusted peer's header names one
@@ -78,7 +81,7 @@ func TestReadmeQuickStart(t *testing.T) {
 	require.NoError(t, err, "a plain caller is served from the store's first moment")
 	require.EqualValues(t, 1, svc.Calls("Apply"))
 
-	// --- the README's client quick start, as written (its target aside) ---
+	// --- the quick start's client (its target aside) ---
 	opts := append(interceptor.DialOptions(
 		interceptor.WithAllowance(4),                                // units all layers below may spend
 		interceptor.WithAttemptTimeout(10*time.Second),              // the attempt's one deadline
