@@ -121,8 +121,9 @@ func NewRetryBudget(opts ...RetryBudgetOption) (*RetryBudget, error) {
 }
 
 // Withdraw takes one token for a retry or a resolution, and reports whether
-// there was one. On false the caller must not repeat: it returns NOT_ADMITTED
-// RETRY_BUDGET_EXHAUSTED with the call's last outcome.
+// there was one. On false the caller must neither repeat nor query: tollgate's
+// owner ends the call NOT_ADMITTED RETRY_BUDGET_EXHAUSTED with its last
+// outcome, or, when a try's outcome is unknown, UNKNOWN with that reason.
 func (b *RetryBudget) Withdraw() bool { return b.WithdrawAt(time.Now()) }
 
 // WithdrawAt is [RetryBudget.Withdraw] at time now.

@@ -185,7 +185,10 @@
 // call's and came without tollgate-spent is UNKNOWN: a server that does not
 // speak tollgate passed its callee's refusal up, and its own handler ran.
 // Waits are exponential with full jitter, never shorter than the peer's
-// retry-after (itself jittered), and never past the deadline. A try whose
+// retry-after (itself jittered), and never past the deadline: the wait is
+// drawn first, and when the one drawn would leave no useful try before the
+// deadline, the call ends with its last try's outcome, so with little time
+// left how many repeats a call gets varies from call to call. A try whose
 // outcome is UNKNOWN is first resolved: the owner sends FenceAttempt(n) to
 // the callee's AttemptService through its invoker (never back through the
 // chain, never charged a unit, on a context detached from the caller's with

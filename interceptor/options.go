@@ -182,7 +182,9 @@ func WithMethodRetry(fullMethod string, p RetryPolicy) ClientOption {
 // WithRetryBudget configures the retry budget kept per target (one per
 // ClientConn target): every repeat, and every resolution of an unknown
 // outcome however many polls it takes, costs a token; first tries earn a
-// fraction of one. Defaults: budget.DefaultRetryRatio (retries within 10% of
+// fraction of one. A call that finds no token for a repeat ends NOT_ADMITTED
+// RETRY_BUDGET_EXHAUSTED; one whose try's outcome is unknown and finds none
+// for its resolution ends UNKNOWN with that reason, unqueried. Defaults: budget.DefaultRetryRatio (retries within 10% of
 // requests), budget.DefaultMinRetriesPerSecond, budget.DefaultMaxRetryTokens.
 func WithRetryBudget(opts ...budget.RetryBudgetOption) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.retryBudget = opts })

@@ -749,7 +749,10 @@ func (w *owner) conclude(n uint32, err error) error {
 func (w *owner) budgetExhausted(ctx context.Context, n uint32, last error) error {
 	w.c.tel.budgetExhausted.Add(ctx, 1)
 	if w.doubt || status.OutcomeOf(last).Kind == status.KindUnknown {
+		// Not resolved for want of a token, which a later query may find:
+		// the reason says so, as a NOT_ADMITTED would.
 		return status.OutcomeUnknown(last, status.WithAttempt(w.cl.s.ID, w.cl.key, n),
+			status.WithReason(status.ReasonRetryBudgetExhausted),
 			status.WithMessage("interceptor: retry budget exhausted"))
 	}
 	return status.NotAdmitted(status.ReasonRetryBudgetExhausted, status.Fields{

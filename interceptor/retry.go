@@ -25,7 +25,12 @@ type RetryPolicy struct {
 	// record and runs nothing.
 	MaxTries int
 	// InitialBackoff is the upper bound of the first repeat's jittered wait.
-	// Default 20 ms, or MaxBackoff when that is set lower.
+	// Default 20 ms, or MaxBackoff when that is set lower. The same waits
+	// pace the polls of a record a resolution finds IN_PROGRESS: the
+	// first poll after the query within InitialBackoff, doubling to
+	// MaxBackoff, so with the defaults a call whose try finished may
+	// learn it up to 1 s late, and with tight bounds it polls as often
+	// (on one retry-budget token) until its record is finished.
 	InitialBackoff time.Duration
 	// MaxBackoff caps the jittered wait's upper bound. Default 1 s, or
 	// InitialBackoff when that is set higher. Set both, it must not be
@@ -37,13 +42,15 @@ type RetryPolicy struct {
 	// NO_SIDE_EFFECTS) anyway, its handler detached until the attempt's
 	// deadline plus the skew, and the owner learns its outcome by querying;
 	// a server without one, and any server for a NO_SIDE_EFFECTS method,
-	// cancels its handler then, so a call that needs longer fails every try. Default 0: the remaining time
-	// divided by the tries left (the last try gets all of it), which leaves
-	// room to resolve and repeat. Against servers without a store, and for
-	// NO_SIDE_EFFECTS methods, set it to
-	// the attempt's timeout or more: each try then gets all the time left. It
-	// does not apply to streams: a stream's try may last until the attempt's
-	// deadline.
+	// cancels its handler then, so a call that needs longer fails: one of a
+	// method with side effects ends UNKNOWN after its one try (its state
+	// cannot be queried there), and an IDEMPOTENT or NO_SIDE_EFFECTS one
+	// fails every try. Default 0: the remaining time divided by the tries
+	// left (the last try gets all of it), which leaves room to resolve and
+	// repeat. Against servers without a store, and for NO_SIDE_EFFECTS
+	// methods, set it to the attempt's timeout or more: each try then gets
+	// all the time left. It does not apply to streams: a stream's try may
+	// last until the attempt's deadline.
 	PerTryTimeout time.Duration
 }
 
