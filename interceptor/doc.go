@@ -231,7 +231,7 @@
 // calls spent so far and the units of their grants held, below it the
 // grant the server received and what it spent and holds), outcome, reason,
 // refusing class and, when it sent any, tollgate.queries (the resolution
-// queries it sent). A call that does not end OK sets span status Error,
+// queries that may have left the client). A call that does not end OK sets span status Error,
 // described by its outcome and reason or gRPC code ("NOT_ADMITTED
 // QUEUE_FULL"). Its events are tollgate.allowance.spend (per try, once it
 // ended: tollgate.try; units spent — 0 for the origin's tries and for one
@@ -252,7 +252,8 @@
 // starts no span of its own. A request the admission tap refuses has no
 // span yet: only metrics count it. Metrics:
 // tollgate.client.tries{outcome} (tries that may have been sent),
-// tollgate.client.queries{state} (resolution queries sent),
+// tollgate.client.queries{state} (resolution queries that may have been
+// sent; one refused before it left has its event, not a count),
 // tollgate.allowance.spent (one unit per try below the origin that may have
 // reached its callee), tollgate.allowance.held (units of grants held on an
 // ending that proved nothing of what the callee spent),

@@ -180,9 +180,10 @@ type owner struct {
 	// was never about to be sent); retrying says it is pending.
 	retry    retryNote
 	retrying bool
-	// queries counts the resolution queries sent for the call (its span's
-	// tollgate.queries; the first maxQueryEvents have an event each).
-	queries int64
+	// queries counts the resolution queries made for the call (the first
+	// maxQueryEvents have an event each); sentQueries those of them that
+	// may have left the client (its span's tollgate.queries).
+	queries, sentQueries int64
 	// follows is the failure the repeat proceed last let go (or the
 	// verifying try run sends at once) follows: the call's result if
 	// prepare then refuses that try for lack of time, or while the call
@@ -832,7 +833,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 			return 0, unknown("interceptor: the caller stopped waiting before the try's state was known"), true
 		}
 		state := rec.GetState()
-		w.queried(ctx, n, state, err, &lastQuery)
+		w.queried(ctx, n, state, err, d != status.NotSent, &lastQuery)
 		if err != nil {
 			// Only the peer's UNIMPLEMENTED says the callee keeps no
 			// records: one the client made before the query left (an
@@ -1073,18 +1074,25 @@ type queryEvent struct {
 }
 
 // queried counts a resolution query of try n, which read state or failed
-// with err, in tollgate.client.queries and the span's tollgate.queries, and
-// adds its tollgate.attempt.query event if it is one of the call's first
-// maxQueryEvents; otherwise the event waits in last, which the resolution
-// adds when it ends unless a later query replaced it.
-func (w *owner) queried(ctx context.Context, n uint32, state tollgatev1.AttemptState, err error, last *queryEvent) {
+// with err, when it may have been sent (sent: not provably kept on the
+// client, as tollgate.client.tries counts tries), in
+// tollgate.client.queries and the span's tollgate.queries, and adds its
+// tollgate.attempt.query event, sent or not, if it is one of the call's
+// first maxQueryEvents; otherwise the event waits in last, which the
+// resolution adds when it ends unless a later query replaced it.
+func (w *owner) queried(ctx context.Context, n uint32, state tollgatev1.AttemptState, err error, sent bool, last *queryEvent) {
 	w.queries++
-	w.c.tel.queries.Add(ctx, 1, queryStateOpt(state, err))
+	if sent {
+		w.sentQueries++
+		w.c.tel.queries.Add(ctx, 1, queryStateOpt(state, err))
+	}
 	span := trace.SpanFromContext(ctx)
 	if !span.IsRecording() {
 		return
 	}
-	span.SetAttributes(attrQueries.Int64(w.queries))
+	if sent {
+		span.SetAttributes(attrQueries.Int64(w.sentQueries))
+	}
 	*last = queryEvent{n: n, state: state, err: err, at: time.Now(), pending: true}
 	if w.queries <= maxQueryEvents {
 		last.add(ctx)

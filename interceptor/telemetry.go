@@ -53,7 +53,7 @@ var attrRPCSystem = attribute.String("rpc.system", "grpc")
 // each resolution does (the answer the owner acted on), so that a long poll
 // cannot push the call's span past the SDK's limit of events per span
 // (128 by default), which drops the newest. tollgate.queries on the span
-// counts every query.
+// counts every query that may have been sent.
 const maxQueryEvents = 16
 
 // clientTelemetry is what the client interceptors record with, built once.
@@ -107,7 +107,7 @@ func newClientTelemetry(c *clientConfig) (*clientTelemetry, error) {
 		return nil, err
 	}
 	queries, err := m.Int64Counter("tollgate.client.queries",
-		metric.WithDescription("Resolution queries (FenceAttempt) sent by tollgate's client interceptor, by the state they read, or QUERY_FAILED."),
+		metric.WithDescription("Resolution queries (FenceAttempt) that tollgate's client interceptor may have sent (not one that provably never left the client), by the state they read, or QUERY_FAILED."),
 		metric.WithUnit("{query}"))
 	if err != nil {
 		return nil, err
