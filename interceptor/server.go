@@ -72,8 +72,10 @@ type inbound struct {
 	capped bool
 	own    time.Time
 	// serverLimit is set when the handler's deadline is the server's own
-	// maximum (capped, and the request's own deadline, if any, is not
-	// earlier): a stream that runs to it missed no deadline the request
+	// maximum, earlier than every deadline the request carried (its
+	// grpc-timeout, its header's d plus the skew): this server's cap
+	// (capped), or the admission tap's, from the tap's now, which bounded
+	// the context: a stream that runs to it missed no deadline the request
 	// carried — the server ended it by its own limit — and is no run miss
 	// (the stream interceptor abandons its permit rather than EndStream).
 	serverLimit bool
@@ -198,10 +200,29 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 	}
 	st.ledger = &st.ledgerStore
 	in.until = st.Deadline.Add(sv.cfg.skew)
-	in.serverLimit = in.capped && (!hasDeadline || !ctxDeadline.Before(in.until))
+	// carried is the earliest deadline the request carried (zero: none):
+	// the attempt's plus the skew unless that is the server's cap, then
+	// the caller's own (in.own) plus the skew; and its own deadline
+	// (requestDeadline).
+	var carried time.Time
+	switch {
+	case !in.capped:
+		carried = in.until
+	case !in.own.IsZero():
+		carried = in.own.Add(sv.cfg.skew)
+	}
+	if hasDeadline && (carried.IsZero() || ctxDeadline.Before(carried)) {
+		carried = ctxDeadline
+	}
 	if dl, ok := ctx.Deadline(); ok && dl.Before(in.until) {
 		in.until = dl // the request's own, or the tap's bound: the context's
 	}
+	// The handler's deadline is the server's own limit when it comes before
+	// every deadline the request carried: this server's maximum from now
+	// (capped), or the admission tap's, which bounded the context by the
+	// maximum from the tap's now, earlier still when the interceptor runs
+	// later (an outer interceptor took its time).
+	in.serverLimit = carried.IsZero() || in.until.Before(carried)
 	if !now.Before(st.Deadline.Add(sv.cfg.skew)) {
 		if !sv.recorded(in) || st.Origin {
 			// No record can answer it: the call keeps none, or its attempt
@@ -1082,8 +1103,9 @@ const streamFinishTimeout = 5 * time.Second
 // deadline it was admitted under is counted by admission in
 // tollgate.deadline.misses{stage=run}, as a unary call that finishes late is
 // (Permit.EndStream; without admission neither is counted) — unless that
-// deadline was the server's own maximum (WithMaxAttemptTime: the request
-// carried no deadline, or a later one), which ends a long-lived stream by
+// deadline was the server's own maximum (WithMaxAttemptTime, from the
+// request's arrival here or at the admission tap, whichever bounded its
+// context: the request carried no deadline, or a later one), which ends a long-lived stream by
 // the server's limit, not by a deadline the request missed
 // (inbound.serverLimit: its permit is abandoned, judged against nothing);
 // its ledger is sealed and tollgate-spent set when
