@@ -291,7 +291,8 @@ func (c *client) spent(ctx context.Context, span trace.Span, s *attemptState, t 
 
 // reconciled reconciles the loans of one call's tries from a finished
 // record's unitsSpent (budget.ReconcileCallHeld) and counts in
-// tollgate.allowance.reconciled the held units it gave back: each held unit
+// tollgate.allowance.reconciled the held units it settled, those the record
+// says were spent as well as those it frees: each held unit
 // once, when it leaves the ledger's held pile, and none that a sealed
 // ledger keeps held.
 func (c *client) reconciled(ctx context.Context, unitsSpent int64, loans ...*budget.Loan) {

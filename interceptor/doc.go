@@ -258,7 +258,7 @@
 // reached its callee), tollgate.allowance.held (units of grants held on an
 // ending that proved nothing of what the callee spent),
 // tollgate.allowance.reconciled (units of held grants a finished record
-// gave back), tollgate.allowance.exhausted,
+// settled, spent or freed as it says), tollgate.allowance.exhausted,
 // tollgate.retry_budget.exhausted, tollgate.metadata.malformed{trusted},
 // tollgate.deadline.misses{stage=arrival} (tries refused DEADLINE_EXPIRED
 // for coming after their attempt's deadline: by the server's clock, before

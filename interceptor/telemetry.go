@@ -101,7 +101,7 @@ func newClientTelemetry(c *clientConfig) (*clientTelemetry, error) {
 		return nil, err
 	}
 	reconciled, err := m.Int64Counter("tollgate.allowance.reconciled",
-		metric.WithDescription("Units of held grants given back by a finished record of their call (or by the status a released stream's try ended with): tollgate.allowance.held minus this is what stays held."),
+		metric.WithDescription("Units of held grants settled by a finished record of their call (or by the status a released stream's try ended with), spent or freed as it says: tollgate.allowance.held minus this is what stays held, or was sealed as spent while held."),
 		metric.WithUnit("{unit}"))
 	if err != nil {
 		return nil, err
