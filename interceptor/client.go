@@ -524,13 +524,15 @@ var codeNames = [...]string{"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "D
 	"ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
 	"UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"}
 
-// splitMethod splits a full method name, "/pkg.Service/Method", into its
+// splitMethod splits a full method name, "/pkg.Service/Method" (or the
+// same without its leading slash, which a caller may give Invoke), into its
 // service and method; a name of another form is all method.
 func splitMethod(full string) (service, method string) {
-	if i := strings.LastIndexByte(full, '/'); i > 0 {
-		return full[1:i], full[i+1:]
+	name := strings.TrimPrefix(full, "/")
+	if i := strings.LastIndexByte(name, '/'); i > 0 {
+		return name[:i], name[i+1:]
 	}
-	return "", strings.TrimPrefix(full, "/")
+	return "", name
 }
 
 // result is the error a call returns after its last try: a refusal for
