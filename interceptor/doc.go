@@ -231,9 +231,9 @@
 // calls spent so far and the units of their grants held, below it the
 // grant the server received and what it spent and holds), outcome, reason,
 // refusing class and, when it sent any, tollgate.queries (the resolution
-// queries that may have left the client). A call that does not end OK sets span status Error,
-// described by its outcome and reason or gRPC code ("NOT_ADMITTED
-// QUEUE_FULL"). Its events are tollgate.allowance.spend (per try, once it
+// queries that may have left the client). A call that does not end OK
+// sets span status Error, described by its outcome and reason or gRPC code
+// ("NOT_ADMITTED QUEUE_FULL"). Its events are tollgate.allowance.spend (per try, once it
 // ended: tollgate.try; units spent — 0 for the origin's tries and for one
 // that never left the client —; grant; units free after it),
 // tollgate.retry (tollgate.try: the repeat about to be sent, recorded once
