@@ -14,10 +14,10 @@ import (
 // the start, a command only the scripts run (HSET, say) passes New, and its
 // first call fails with an error saying that the user's ACL changed since
 // New — which it did not: the operator looks for a change that never
-// happened. The error now names that case too. It runs a Redis of its own
-// on port 7476.
+// happened. The error now names that case too. It runs a Redis of its own,
+// on a port chosen at run time.
 func TestRedisStoreNamesAScriptCommandRefusedFromTheStart_r16rev(t *testing.T) {
-	addr, _ := r16Server(t, 7476)
+	addr, _ := r16Server(t)
 	ctx := context.Background()
 	admin := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { _ = admin.Close() })

@@ -22,9 +22,10 @@ import (
 // a server refuses the try NOT_ADMITTED STORE_UNAVAILABLE, the try does not
 // run, and calls work again once the ACL is restored), and its error now
 // says that Redis refused the store's command, and what the user needs.
-// It runs on a Redis of its own (port 7467), whose ACL it changes.
+// It runs on a Redis of its own (on a port chosen at run time), whose ACL
+// it changes.
 func TestRedisStoreNamesACommandRefusedAfterNew(t *testing.T) {
-	addr, _ := r16Server(t, 7467)
+	addr, _ := r16Server(t)
 	ctx := context.Background()
 	admin := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { _ = admin.Close() })

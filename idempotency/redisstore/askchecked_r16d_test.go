@@ -24,12 +24,12 @@ import (
 // source (the slot's owner in the map) and on to the same target, which
 // nothing checked: it failed, and the try read ABANDONED, its caller
 // UNKNOWN, although the store could check that node at any time. The
-// migration never ends in this test. It runs a Cluster of its own on ports
-// 7491-7492.
+// migration never ends in this test. It runs a Cluster of its own, on ports
+// chosen at run time.
 func TestR16dFinishesATryWhoseKeysMovedToAMappedNodeWhoseCheckLapsed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	a, b := splitPair(t, ctx, 7491, 7492)
+	a, b := splitPair(t, ctx)
 
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.addr}, ContextTimeoutEnabled: true})
 	defer func() { _ = client.Close() }()

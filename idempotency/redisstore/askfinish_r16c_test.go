@@ -24,11 +24,11 @@ import (
 // failed, and the try read ABANDONED, its caller UNKNOWN, although the
 // migration ended while the Finish's context still ran. (The test ends
 // the migration once the Finish was refused twice.) It runs a Cluster of
-// its own on ports 7481-7482.
+// its own, on ports chosen at run time.
 func TestR16cFinishesATryWhoseKeysMovedToAnImportingNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	a, b := joinedPair(t, ctx, 7481, 7482)
+	a, b := joinedPair(t, ctx)
 
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.addr}, ContextTimeoutEnabled: true})
 	defer func() { _ = client.Close() }()

@@ -19,11 +19,12 @@ import (
 // the migration ends after the try's lease did, the resend that reaches
 // the record, checked, is refused (the record reads ABANDONED), not
 // judged by the time of the first send, when the lease still ran. (passes:
-// a check of df4bc93.) It runs a Cluster of its own on ports 7493-7494.
+// a check of df4bc93.) It runs a Cluster of its own, on ports chosen
+// at run time.
 func TestR16dAResendAfterTheLeaseEndedIsRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	a, b := joinedPair(t, ctx, 7493, 7494)
+	a, b := joinedPair(t, ctx)
 
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.addr}, ContextTimeoutEnabled: true})
 	defer func() { _ = client.Close() }()

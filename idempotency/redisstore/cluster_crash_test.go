@@ -69,27 +69,13 @@ func (c *ownCluster) primaryAddrs() []string {
 }
 
 // freePorts returns n distinct loopback ports that were free when asked,
-// none of those the shared test topology uses.
+// none of those the shared test topology uses nor any other test of this
+// process got (redisstore.OwnPortForTest).
 func freePorts(t testing.TB, n int) []int {
 	t.Helper()
-	reserved := map[int]bool{6379: true, 6390: true, 6391: true}
-	for p := 7301; p <= 7304; p++ {
-		reserved[p], reserved[p+10000] = true, true
-	}
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
 	var ports []int
-	for len(ports) < n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		ls = append(ls, l)
-		if p := l.Addr().(*net.TCPAddr).Port; !reserved[p] {
-			ports = append(ports, p)
-		}
+	for range n {
+		ports = append(ports, redisstore.OwnPortForTest(t))
 	}
 	return ports
 }

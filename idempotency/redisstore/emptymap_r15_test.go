@@ -23,31 +23,28 @@ import (
 // the node they reach first, so nothing unsafe ran, but New vouched for a
 // Redis it never reached. New must fail unavailable, naming the addresses
 // the client knows, and pass once the node serves the slots. These tests
-// run servers of their own on ports 7441-7444.
+// run servers of their own, on ports chosen at run time.
 
-// emptyMapRedis starts a redis-server of the test's own on port (with a
-// Cluster bus on busPort when busPort > 0: cluster-enabled, no slots),
-// killed at cleanup, and returns a client of it.
-func emptyMapRedis(t *testing.T, port, busPort int) (string, *redis.Client) {
+// emptyMapRedis starts a redis-server of the test's own on a free port
+// (redisstore.StartOnPortForTest; with a Cluster bus on port+10000 when
+// cluster is true: cluster-enabled, no slots), killed at cleanup, and
+// returns its address and a client of it.
+func emptyMapRedis(t *testing.T, cluster bool) (string, *redis.Client) {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		skipOrFail(t, "no redis-server binary: "+err.Error())
 	}
+	port, cmd, exited := redisstore.StartOnPortForTest(t, bin, 0, func(port int) []string {
+		args := []string{"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--dir", t.TempDir(), "--maxmemory-policy", "noeviction"}
+		if cluster {
+			args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+				"--cluster-port", fmt.Sprint(port+10000), "--cluster-node-timeout", "2000")
+		}
+		return args
+	})
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	probe := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
-	defer probe.Close()
-	require.Error(t, probe.Ping(context.Background()).Err(), "port %d already answers: it is not the test's", port)
-	args := []string{"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", t.TempDir(), "--maxmemory-policy", "noeviction"}
-	if busPort > 0 {
-		args = append(args, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-port", fmt.Sprint(busPort), "--cluster-node-timeout", "2000")
-	}
-	cmd := exec.Command(bin, args...)
-	require.NoError(t, cmd.Start())
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-exited
@@ -67,7 +64,7 @@ func TestRedisNewRefusesAClusterClientThatKnowsNoNode(t *testing.T) {
 	defer cancel()
 
 	t.Run("a seed that serves no slots", func(t *testing.T) {
-		addr, node := emptyMapRedis(t, 7441, 7442)
+		addr, node := emptyMapRedis(t, true)
 		slots, err := node.Do(ctx, "CLUSTER", "SLOTS").Slice()
 		require.NoError(t, err)
 		require.Empty(t, slots, "the node joined no Cluster")
@@ -112,7 +109,7 @@ func TestRedisNewRefusesAClusterClientThatKnowsNoNode(t *testing.T) {
 	})
 
 	t.Run("a seed that cannot be reached", func(t *testing.T) {
-		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:7444"}, ContextTimeoutEnabled: true,
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{fmt.Sprintf("127.0.0.1:%d", redisstore.OwnPortForTest(t))}, ContextTimeoutEnabled: true,
 			DialTimeout: 200 * time.Millisecond, MaxRedirects: -1})
 		t.Cleanup(func() { _ = c.Close() })
 		s, err := redisstore.New(ctx, c)
@@ -124,7 +121,7 @@ func TestRedisNewRefusesAClusterClientThatKnowsNoNode(t *testing.T) {
 	})
 
 	t.Run("a plain client, and a Cluster client of a Redis without Cluster mode", func(t *testing.T) {
-		addr, _ := emptyMapRedis(t, 7443, 0)
+		addr, _ := emptyMapRedis(t, false)
 		c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = c.Close() })
 		s, err := redisstore.New(ctx, c)

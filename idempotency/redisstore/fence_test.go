@@ -3,7 +3,6 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"syscall"
@@ -212,21 +211,12 @@ func (s *ownServer) Wait() error {
 }
 
 // freePort returns a TCP port of 127.0.0.1 that was free a moment ago (the
-// kernel picked it), below 55536 so that a Cluster node's bus port (port +
-// 10000, unless set) is a port too.
+// kernel picked it), whose port+10000 (a Cluster node's bus port, unless
+// set) was free too, and that no other test of this process got
+// (redisstore.OwnPortForTest).
 func freePort(t *testing.T) int {
 	t.Helper()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		require.NoError(t, err)
-		port := l.Addr().(*net.TCPAddr).Port
-		_ = l.Close()
-		if port < 55536 {
-			return port
-		}
-	}
-	t.Fatal("the kernel picked no port below 55536")
-	return 0
+	return redisstore.OwnPortForTest(t)
 }
 
 // A review found that a Begin whose reply is lost decided between FENCED and UNKNOWN by how

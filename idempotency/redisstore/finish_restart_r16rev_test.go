@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/tollgate-go/tollgate/idempotency"
+	"github.com/tollgate-go/tollgate/idempotency/redisstore"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 )
 
@@ -27,26 +28,30 @@ import (
 // restart moved, does not apply to it) found its record and ended it. A
 // Finish now waits for the new Redis's check, as the next call does, and
 // is sent once more with its run_id: its first run wrote nothing. It runs
-// a Redis of its own on port 7472, which it restarts.
+// a Redis of its own, on a port chosen at run time, which it restarts.
 
-// r16revPersistent starts a redis-server of the test's own on port, keeping
-// its data in dir (AOF, fsync at every write), and returns a function that
-// stops it gracefully (SIGTERM), also run at cleanup.
-func r16revPersistent(t *testing.T, port int, dir string) func() {
+// r16revPersistent starts a redis-server of the test's own on port (on a
+// free one, redisstore.StartOnPortForTest's, when port is 0), keeping its
+// data in dir (AOF, fsync at every write), and returns its port and a
+// function that stops it gracefully (SIGTERM), also run at cleanup.
+func r16revPersistent(t *testing.T, port int, dir string) (int, func()) {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		skipOrFail(t, "no redis-server binary: "+err.Error())
 	}
+	if port != 0 {
+		probe := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+		defer probe.Close()
+		require.Error(t, probe.Ping(context.Background()).Err(), "port %d already answers: it is not the test's", port)
+	}
+	port, cmd, exited := redisstore.StartOnPortForTest(t, bin, port, func(port int) []string {
+		return []string{"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
+			"--appendfsync", "always", "--dir", dir, "--maxmemory-policy", "noeviction"}
+	})
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	probe := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	defer probe.Close()
-	require.Error(t, probe.Ping(context.Background()).Err(), "port %d already answers: it is not the test's", port)
-	cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
-		"--appendfsync", "always", "--dir", dir, "--maxmemory-policy", "noeviction")
-	require.NoError(t, cmd.Start())
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
 	stopped := false
 	stop := func() {
 		if stopped {
@@ -68,13 +73,14 @@ func r16revPersistent(t *testing.T, port int, dir string) func() {
 		return info.Err() == nil && info.Item("Server", "process_id") == fmt.Sprint(cmd.Process.Pid) &&
 			info.Item("Persistence", "loading") == "0"
 	})
-	return stop
+	return port, stop
 }
 
 func TestRedisStoreFinishesATryAfterARestartBehindItsAddress_r16rev(t *testing.T) {
 	dir := t.TempDir()
-	stop := r16revPersistent(t, 7472, dir)
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:7472", ContextTimeoutEnabled: true})
+	port, stop := r16revPersistent(t, 0, dir)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	const prefix = "r16rev-restart:"
 	s := newStore(t, c, prefix)
@@ -85,8 +91,8 @@ func TestRedisStoreFinishesATryAfterARestartBehindItsAddress_r16rev(t *testing.T
 	// The handler runs; meanwhile Redis restarts behind the same address,
 	// with its data.
 	stop()
-	r16revPersistent(t, 7472, dir)
-	admin := redis.NewClient(&redis.Options{Addr: "127.0.0.1:7472"})
+	r16revPersistent(t, port, dir)
+	admin := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { _ = admin.Close() })
 	require.Equal(t, int64(1), admin.Exists(context.Background(), recordKey(prefix, k)).Val(), "the restarted Redis lost the record")
 

@@ -14,7 +14,7 @@ import (
 )
 
 // An adversarial review (r17f) of the Finish resend loop. These tests run
-// Redis servers of their own on ports 7513-7524.
+// Redis servers of their own, on ports chosen at run time.
 
 // The loop bounds each resend by what is left of its 5 s (a context whose
 // deadline is the loop's end). A resend cut by that deadline — go-redis
@@ -26,18 +26,18 @@ import (
 // error's cause).
 func TestR17fLoopDeadlineNotTheCallersCause(t *testing.T) {
 	ctx := context.Background()
-	admin, _ := r17aServer(t, 7513, t.TempDir(), "--replica-serve-stale-data", "no")
+	admin, _ := r17aServer(t, t.TempDir(), "--replica-serve-stale-data", "no")
 	// go-redis resends MASTERDOWN once, after 3 s: the loop's last resend
 	// (at about 3 s, after the first send's own resend) is cut by the
 	// loop's end while go-redis waits to resend it.
-	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:7513", ContextTimeoutEnabled: true,
+	client := redis.NewClient(&redis.Options{Addr: admin.Options().Addr, ContextTimeoutEnabled: true,
 		MaxRetries: 1, MinRetryBackoff: 3 * time.Second, MaxRetryBackoff: 3 * time.Second})
 	defer func() { _ = client.Close() }()
 	s, err := New(ctx, client, WithPrefix("r17f-deadline:"))
 	require.NoError(t, err)
 	defer func() { _ = s.Close() }()
 	key := r17aBegin(t, ctx, s, "0")
-	require.NoError(t, admin.Do(ctx, "REPLICAOF", "127.0.0.1", "7514").Err()) // nothing listens there
+	require.NoError(t, admin.Do(ctx, "REPLICAOF", "127.0.0.1", ownPort(t)).Err()) // nothing listens there
 
 	err = s.Finish(ctx, r17aFinishReq(key))
 	require.Error(t, err, "the Redis stays a replica cut off from its primary")
@@ -54,7 +54,7 @@ func TestR17fLoopDeadlineNotTheCallersCause(t *testing.T) {
 func TestR17fLoopingFinishesEndWithCloseAndContexts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	a, b := joinedPair(t, ctx, 7515, 7516)
+	a, b := joinedPair(t, ctx)
 	s, hook := r17aClusterStore(t, ctx, a, "r17f-close:")
 	const n = 8
 	ks, _ := r17aMigratingMany(t, ctx, s, a, b, n)

@@ -43,7 +43,7 @@ import (
 // concurrent looping Finishes each read the Cluster's map (CLUSTER SLOTS)
 // before every resend.
 //
-// These tests run Redis servers of their own on ports 7501-7512.
+// These tests run Redis servers of their own, on ports chosen at run time.
 
 // r17aWrites is a script that writes its first key, then its second: it
 // shows that a reply refused the script before it ran (it wrote nothing).
@@ -196,7 +196,7 @@ func endMigration(ctx context.Context, a, b *tableNode, slot int64) error {
 func TestR17aFinishResentAfterTryAgain(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	a, b := joinedPair(t, ctx, 7501, 7502)
+	a, b := joinedPair(t, ctx)
 	s, hook := r17aClusterStore(t, ctx, a, "r17a-tryagain:")
 	key := r17aBegin(t, ctx, s, "0")
 	slot, keys := r17aSlotOf(t, ctx, s, a, key)
@@ -255,7 +255,7 @@ func (h *r17aHook) requireBounded(t *testing.T, ctx context.Context, start time.
 func TestR17aFinishResentAfterClusterDown(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	a := startTableNode(t, 7503)
+	a := startTableNode(t)
 	ownAllSlots(t, ctx, a)
 	s, hook := r17aClusterStore(t, ctx, a, "r17a-down:")
 	key := r17aBegin(t, ctx, s, "0")
@@ -285,10 +285,11 @@ func TestR17aFinishResentAfterClusterDown(t *testing.T) {
 	require.Equal(t, "3", st, "the record is not SUCCEEDED")
 }
 
-// r17aServer starts a redis-server of the test's own on port (no Cluster),
-// with extra arguments, and returns a client of it and a function that
-// stops it (SIGTERM), also run at cleanup.
-func r17aServer(t *testing.T, port int, dir string, extra ...string) (*redis.Client, func()) {
+// r17aServer starts a redis-server of the test's own on a free port
+// (startOnPort; no Cluster), with extra arguments, and returns a client of
+// it (its Options().Addr the server's address) and a function that stops it
+// (SIGTERM), also run at cleanup.
+func r17aServer(t *testing.T, dir string, extra ...string) (*redis.Client, func()) {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -297,16 +298,13 @@ func r17aServer(t *testing.T, port int, dir string, extra ...string) (*redis.Cli
 		}
 		t.Skip("no redis-server binary: " + err.Error())
 	}
+	port, cmd, exited := startOnPort(t, bin, 0, func(port int) []string {
+		return append([]string{"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--dir", dir, "--maxmemory-policy", "noeviction"}, extra...)
+	})
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
-	require.Error(t, c.Ping(context.Background()).Err(), "port %d already answers: it is not the test's", port)
-	args := append([]string{"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", dir, "--maxmemory-policy", "noeviction"}, extra...)
-	cmd := exec.Command(bin, args...)
-	require.NoError(t, cmd.Start())
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
 	stopped := false
 	stop := func() {
 		if stopped {
@@ -334,8 +332,8 @@ func r17aServer(t *testing.T, port int, dir string, extra ...string) (*redis.Cli
 func TestR17aFinishResentAfterMasterDown(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	admin, _ := r17aServer(t, 7504, t.TempDir(), "--replica-serve-stale-data", "no")
-	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:7504", ContextTimeoutEnabled: true})
+	admin, _ := r17aServer(t, t.TempDir(), "--replica-serve-stale-data", "no")
+	client := redis.NewClient(&redis.Options{Addr: admin.Options().Addr, ContextTimeoutEnabled: true})
 	defer func() { _ = client.Close() }()
 	hook := newR17aHook()
 	client.AddHook(hook)
@@ -344,7 +342,7 @@ func TestR17aFinishResentAfterMasterDown(t *testing.T) {
 	defer func() { _ = s.Close() }()
 	key := r17aBegin(t, ctx, s, "0")
 	keys := s.keys(key)
-	require.NoError(t, admin.Do(ctx, "REPLICAOF", "127.0.0.1", "7505").Err()) // nothing listens there
+	require.NoError(t, admin.Do(ctx, "REPLICAOF", "127.0.0.1", ownPort(t)).Err()) // nothing listens there
 
 	probe := []string{keys[0] + "-probe", keys[0]}
 	require.True(t, redis.HasErrorPrefix(r17aWrites.Run(ctx, admin, probe).Err(), "MASTERDOWN"))
@@ -372,8 +370,9 @@ func TestR17aFinishResentAfterLoading(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	dir := t.TempDir()
-	admin, stop := r17aServer(t, 7506, dir)
-	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:7506", ContextTimeoutEnabled: true})
+	admin, stop := r17aServer(t, dir)
+	addr := admin.Options().Addr
+	client := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	defer func() { _ = client.Close() }()
 	s, err := New(ctx, client, WithPrefix("r17a-loading:"))
 	require.NoError(t, err)
@@ -391,7 +390,7 @@ func TestR17aFinishResentAfterLoading(t *testing.T) {
 	require.NoError(t, admin.Save(ctx).Err())
 	stop()
 	// 1500 keys at 1 ms each: some 1.5 s of LOADING, answering meanwhile.
-	cmd := exec.Command("redis-server", "--port", "7506", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+	cmd := exec.Command("redis-server", "--port", addr[strings.LastIndexByte(addr, ':')+1:], "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
 		"--dir", dir, "--maxmemory-policy", "noeviction", "--key-load-delay", "1000", "--loading-process-events-interval-bytes", "1024")
 	require.NoError(t, cmd.Start())
 	exited := make(chan struct{})
@@ -447,7 +446,7 @@ func (h r17aConfigHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 func TestR17aRedirectedMismatchSparesTheSource(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	a, b := joinedPair(t, ctx, 7511, 7512)
+	a, b := joinedPair(t, ctx)
 	var fullA atomic.Int64
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.addr}, ContextTimeoutEnabled: true,
 		NewClient: func(o *redis.Options) *redis.Client {
@@ -489,7 +488,7 @@ func TestR17aRedirectedMismatchSparesTheSource(t *testing.T) {
 func TestR17aConcurrentFinishesShareMapReads(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	a, b := joinedPair(t, ctx, 7509, 7510)
+	a, b := joinedPair(t, ctx)
 	var reads atomic.Int64
 	s, hook := r17aClusterStore(t, ctx, a, "r17a-share:", func(o *redis.ClusterOptions) {
 		o.Addrs = nil
@@ -537,7 +536,7 @@ func TestR17aConcurrentFinishesShareMapReads(t *testing.T) {
 func TestR17aResendsBoundedByTheLoop(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	a, b := joinedPair(t, ctx, 7507, 7508)
+	a, b := joinedPair(t, ctx)
 	s, hook := r17aClusterStore(t, ctx, a, "r17a-bound:")
 	key := r17aBegin(t, ctx, s, "0")
 	slot, keys := r17aSlotOf(t, ctx, s, a, key)

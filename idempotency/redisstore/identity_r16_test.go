@@ -32,28 +32,26 @@ import (
 // run_id of the Redis they run on with the one the store's last full check
 // of the node read, and refuse, writing nothing, when they differ: that
 // call fails (idempotency.ErrStoreUnavailable), and the next call has the
-// node checked in full. These tests run servers of their own on ports
-// 7461-7466.
+// node checked in full. These tests run servers of their own, on ports
+// chosen at run time.
 
-// r16Server starts a redis-server of the test's own on port with args
-// (after the store's defaults, noeviction included, which they override),
-// and returns its address and a function that kills it (also run at
-// cleanup).
-func r16Server(t *testing.T, port int, args ...string) (string, func()) {
+// r16Server starts a redis-server of the test's own on a free port
+// (redisstore.StartOnPortForTest) with args (after the store's defaults,
+// noeviction included, which they override), and returns its address and a
+// function that kills it (also run at cleanup).
+func r16Server(t *testing.T, args ...string) (string, func()) {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		skipOrFail(t, "no redis-server binary: "+err.Error())
 	}
+	port, cmd, exited := redisstore.StartOnPortForTest(t, bin, 0, func(port int) []string {
+		return append([]string{"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--dir", t.TempDir(), "--maxmemory-policy", "noeviction"}, args...)
+	})
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	probe := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	defer probe.Close()
-	require.Error(t, probe.Ping(context.Background()).Err(), "port %d already answers: it is not the test's", port)
-	cmd := exec.Command(bin, append([]string{"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", t.TempDir(), "--maxmemory-policy", "noeviction"}, args...)...)
-	require.NoError(t, cmd.Start())
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
 	stop := func() {
 		_ = cmd.Process.Kill()
 		<-exited
@@ -104,9 +102,9 @@ func anyContains(errs []error, want string) bool {
 }
 
 func TestRedisStoreChecksAnotherServerBehindItsAddress(t *testing.T) {
-	aAddr, stopA := r16Server(t, 7461)
-	cAddr, stopC := r16Server(t, 7462)
-	bAddr, _ := r16Server(t, 7463, "--maxmemory-policy", "allkeys-lru")
+	aAddr, stopA := r16Server(t)
+	cAddr, stopC := r16Server(t)
+	bAddr, _ := r16Server(t, "--maxmemory-policy", "allkeys-lru")
 	var target atomic.Value
 	target.Store(aAddr)
 	// A client of one address, which a DNS name or a VIP moves: its Dialer
@@ -151,27 +149,31 @@ func TestRedisStoreChecksAnotherServerBehindItsAddress(t *testing.T) {
 }
 
 func TestRedisStoreChecksTheNewPrimaryAfterASentinelFailover(t *testing.T) {
-	pAddr, _ := r16Server(t, 7464)
-	rAddr, _ := r16Server(t, 7465, "--maxmemory-policy", "allkeys-lru", "--replicaof", "127.0.0.1", "7464")
+	pAddr, _ := r16Server(t)
+	_, pPort, err := net.SplitHostPort(pAddr)
+	require.NoError(t, err)
+	rAddr, _ := r16Server(t, "--maxmemory-policy", "allkeys-lru", "--replicaof", "127.0.0.1", pPort)
+	_, rPort, err := net.SplitHostPort(rAddr)
+	require.NoError(t, err)
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		skipOrFail(t, "no redis-server binary: "+err.Error())
 	}
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "sentinel.conf")
-	require.NoError(t, os.WriteFile(conf, []byte(fmt.Sprintf("port 7466\nbind 127.0.0.1\ndir %s\n"+
-		"sentinel monitor r16 127.0.0.1 7464 1\nsentinel down-after-milliseconds r16 2000\nsentinel failover-timeout r16 10000\n", dir)), 0o600))
-	cmd := exec.Command(bin, conf, "--sentinel")
-	require.NoError(t, cmd.Start())
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
+	sPort, cmd, exited := redisstore.StartOnPortForTest(t, bin, 0, func(port int) []string {
+		require.NoError(t, os.WriteFile(conf, []byte(fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\n"+
+			"sentinel monitor r16 127.0.0.1 %s 1\nsentinel down-after-milliseconds r16 2000\nsentinel failover-timeout r16 10000\n", port, dir, pPort)), 0o600))
+		return []string{conf, "--sentinel"}
+	})
+	sAddr := fmt.Sprintf("127.0.0.1:%d", sPort)
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-exited
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	sc := redis.NewSentinelClient(&redis.Options{Addr: "127.0.0.1:7466"})
+	sc := redis.NewSentinelClient(&redis.Options{Addr: sAddr})
 	t.Cleanup(func() { _ = sc.Close() })
 	waitFor(t, 20*time.Second, "the Sentinel knowing the primary and its replica", func() bool {
 		a, err := sc.GetMasterAddrByName(ctx, "r16").Result()
@@ -190,7 +192,7 @@ func TestRedisStoreChecksTheNewPrimaryAfterASentinelFailover(t *testing.T) {
 		return false
 	})
 
-	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "r16", SentinelAddrs: []string{"127.0.0.1:7466"}, ContextTimeoutEnabled: true})
+	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: "r16", SentinelAddrs: []string{sAddr}, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
 	const prefix = "r16-sentinel:"
 	s := newStore(t, c, prefix)
@@ -205,7 +207,7 @@ func TestRedisStoreChecksTheNewPrimaryAfterASentinelFailover(t *testing.T) {
 			return false
 		}
 		info, err := c.Info(ctx, "server", "replication").Result()
-		return err == nil && strings.Contains(info, "tcp_port:7465") && strings.Contains(info, "role:master")
+		return err == nil && strings.Contains(info, "tcp_port:"+rPort) && strings.Contains(info, "role:master")
 	})
 	r := redis.NewClient(&redis.Options{Addr: rAddr})
 	t.Cleanup(func() { _ = r.Close() })

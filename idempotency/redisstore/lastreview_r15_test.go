@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,7 +24,7 @@ import (
 // ClusterSlots function, the clients NewUniversalClient returns, and a
 // Sentinel-managed Redis (NewFailoverClient, and
 // NewUniversalClient with MasterName). The Sentinel tests run servers of
-// their own on ports 7451-7452.
+// their own, on ports chosen at run time.
 
 func newStoreOK(t *testing.T, ctx context.Context, c redis.UniversalClient) {
 	t.Helper()
@@ -82,32 +83,34 @@ func TestRedisNewTakesAUniversalClientOfOneRedis(t *testing.T) {
 }
 
 func TestRedisNewTakesSentinelClients(t *testing.T) {
-	addr, _ := emptyMapRedis(t, 7451, 0)
+	addr, _ := emptyMapRedis(t, false)
+	_, port, err := net.SplitHostPort(addr)
+	require.NoError(t, err)
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		skipOrFail(t, "no redis-server binary: "+err.Error())
 	}
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "sentinel.conf")
-	require.NoError(t, os.WriteFile(conf, []byte(fmt.Sprintf("port 7452\nbind 127.0.0.1\ndir %s\nsentinel monitor lr15 127.0.0.1 7451 1\n", dir)), 0o600))
-	cmd := exec.Command(bin, conf, "--sentinel")
-	require.NoError(t, cmd.Start())
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
+	sPort, cmd, exited := redisstore.StartOnPortForTest(t, bin, 0, func(sPort int) []string {
+		require.NoError(t, os.WriteFile(conf, []byte(fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor lr15 127.0.0.1 %s 1\n", sPort, dir, port)), 0o600))
+		return []string{conf, "--sentinel"}
+	})
+	sAddr := fmt.Sprintf("127.0.0.1:%d", sPort)
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-exited
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sc := redis.NewSentinelClient(&redis.Options{Addr: "127.0.0.1:7452"})
+	sc := redis.NewSentinelClient(&redis.Options{Addr: sAddr})
 	t.Cleanup(func() { _ = sc.Close() })
 	require.Eventually(t, func() bool {
 		a, err := sc.GetMasterAddrByName(ctx, "lr15").Result()
 		return err == nil && len(a) == 2 && a[0]+":"+a[1] == addr
 	}, 10*time.Second, 50*time.Millisecond)
 
-	fo := &redis.FailoverOptions{MasterName: "lr15", SentinelAddrs: []string{"127.0.0.1:7452"}, ContextTimeoutEnabled: true}
+	fo := &redis.FailoverOptions{MasterName: "lr15", SentinelAddrs: []string{sAddr}, ContextTimeoutEnabled: true}
 	t.Run("NewFailoverClient", func(t *testing.T) {
 		c := redis.NewFailoverClient(fo)
 		t.Cleanup(func() { _ = c.Close() })
@@ -120,7 +123,7 @@ func TestRedisNewTakesSentinelClients(t *testing.T) {
 	// subscription (Close leaves sentinelFailover.listen running), which
 	// TestMain's goleak would report: not run here.
 	t.Run("NewUniversalClient, MasterName", func(t *testing.T) {
-		c := redis.NewUniversalClient(&redis.UniversalOptions{MasterName: "lr15", Addrs: []string{"127.0.0.1:7452"}, ContextTimeoutEnabled: true})
+		c := redis.NewUniversalClient(&redis.UniversalOptions{MasterName: "lr15", Addrs: []string{sAddr}, ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = c.Close() })
 		require.IsType(t, &redis.Client{}, c)
 		newStoreOK(t, ctx, c)

@@ -23,11 +23,11 @@ import (
 // long as the migration ran, a Finish included (go-redis resends TRYAGAIN
 // a few times, then fails the call), and a try that ran lost its outcome.
 // Without the bound, a script names only the keys it uses. The test runs
-// its own two-node Cluster on ports 7435 and 7436.
+// its own two-node Cluster, on ports chosen at run time.
 func TestR16CallsOfAMigratingSlotRunWhileTheirKeysAreAtTheSource(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	a, b := joinedPair(t, ctx, 7435, 7436)
+	a, b := joinedPair(t, ctx)
 
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.addr}, ContextTimeoutEnabled: true})
 	defer func() { _ = client.Close() }()

@@ -15,12 +15,12 @@ import (
 // A call that the Cluster client follows from a MOVED reply reaches another
 // node with the first node's run_id; when a passed check vouches for that
 // node, the store sends the script once more with its run_id, and the call
-// succeeds there (and only there). It runs a Cluster of its own on ports
-// 7473-7474.
+// succeeds there (and only there). It runs a Cluster of its own, on ports
+// chosen at run time.
 func TestRedisStoreResendsAfterMovedToACheckedNode_r16rev(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	a, b := splitPair(t, ctx, 7473, 7474)
+	a, b := splitPair(t, ctx)
 
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.addr, b.addr}, ContextTimeoutEnabled: true})
 	defer func() { _ = client.Close() }()

@@ -23,7 +23,8 @@ import (
 // shrinks: every address the Cluster client ever routed a call to keeps its
 // entry for the store's life, so a long-lived store on a Cluster whose
 // nodes are replaced under new addresses (Kubernetes pods) grows without
-// bound. These tests run a Cluster of their own, on ports 7431-7433.
+// bound. These tests run a Cluster of their own, on ports chosen at
+// run time.
 
 // tableNode is a cluster-enabled redis-server of a test's own.
 type tableNode struct {
@@ -33,11 +34,10 @@ type tableNode struct {
 	stop   func()
 }
 
-// startTableNode starts a cluster-enabled redis-server on port, killed at
-// cleanup. It skips the test (fails it under TOLLGATE_REQUIRE_REDIS=1)
-// without redis-server, and fails it when the port answers for a server
-// that is not the test's.
-func startTableNode(t *testing.T, port int) *tableNode {
+// startTableNode starts a cluster-enabled redis-server on a free port
+// (startOnPort; its Cluster bus on port+10000), killed at cleanup. It skips
+// the test (fails it under TOLLGATE_REQUIRE_REDIS=1) without redis-server.
+func startTableNode(t *testing.T) *tableNode {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -46,13 +46,12 @@ func startTableNode(t *testing.T, port int) *tableNode {
 		}
 		t.Skip("no redis-server binary: " + err.Error())
 	}
+	port, cmd, exited := startOnPort(t, bin, 0, func(port int) []string {
+		return []string{"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+			"--dir", t.TempDir(), "--maxmemory-policy", "noeviction",
+			"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"}
+	})
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	cmd := exec.Command(bin, "--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", t.TempDir(), "--maxmemory-policy", "noeviction",
-		"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
-	require.NoError(t, cmd.Start())
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
 	n := &tableNode{addr: addr}
 	n.stop = func() {
 		_ = cmd.Process.Kill()
@@ -130,7 +129,7 @@ func ownAllSlots(t *testing.T, ctx context.Context, n *tableNode) {
 func TestNodeTableForgetsNodeThatLeftCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	a, b := joinedPair(t, ctx, 7431, 7432)
+	a, b := joinedPair(t, ctx)
 
 	// The client is seeded with b too (as a Kubernetes service name would
 	// lead to the new pod): it reads the map from the seeds, and CLUSTER
@@ -188,7 +187,7 @@ func TestNodeTableForgetsNodeThatLeftCluster(t *testing.T) {
 func TestNodeTableKeepsRunningChecksAndRefusals(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c := startTableNode(t, 7433)
+	c := startTableNode(t)
 	ownAllSlots(t, ctx, c)
 
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{c.addr}, ContextTimeoutEnabled: true})
@@ -245,7 +244,7 @@ func TestNodeTableKeepsRunningChecksAndRefusals(t *testing.T) {
 func TestNodeTableCallOnDroppedEntryChecksAgain(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c := startTableNode(t, 7434)
+	c := startTableNode(t)
 	ownAllSlots(t, ctx, c)
 
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{c.addr}, ContextTimeoutEnabled: true})

@@ -9,12 +9,12 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// joinedPair starts a Cluster of the test's own on ports pa and pb: a
-// serves every slot, and b has joined it, serving none, known to a and
+// joinedPair starts a Cluster of the test's own on two free ports
+// (startTableNode): a serves every slot, and b has joined it, serving none, known to a and
 // knowing a's map.
-func joinedPair(t *testing.T, ctx context.Context, pa, pb int) (a, b *tableNode) {
+func joinedPair(t *testing.T, ctx context.Context) (a, b *tableNode) {
 	t.Helper()
-	a, b = startTableNode(t, pa), startTableNode(t, pb)
+	a, b = startTableNode(t), startTableNode(t)
 	ownAllSlots(t, ctx, a)
 	require.NoError(t, b.client.ClusterMeet(ctx, "127.0.0.1", a.addr[strings.LastIndexByte(a.addr, ':')+1:]).Err())
 	require.True(t, tableEventually(10*time.Second, func() bool {
@@ -26,11 +26,11 @@ func joinedPair(t *testing.T, ctx context.Context, pa, pb int) (a, b *tableNode)
 	return a, b
 }
 
-// splitPair starts a Cluster of the test's own on ports pa and pb: a
-// serves slots 0-16382 and b slot 16383, as each of them sees it.
-func splitPair(t *testing.T, ctx context.Context, pa, pb int) (a, b *tableNode) {
+// splitPair starts a Cluster of the test's own on two free ports
+// (startTableNode): a serves slots 0-16382 and b slot 16383, as each of them sees it.
+func splitPair(t *testing.T, ctx context.Context) (a, b *tableNode) {
 	t.Helper()
-	a, b = startTableNode(t, pa), startTableNode(t, pb)
+	a, b = startTableNode(t), startTableNode(t)
 	require.NoError(t, a.client.Do(ctx, "CLUSTER", "SET-CONFIG-EPOCH", 1).Err())
 	require.NoError(t, b.client.Do(ctx, "CLUSTER", "SET-CONFIG-EPOCH", 2).Err())
 	require.NoError(t, a.client.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", 0, 16382).Err())

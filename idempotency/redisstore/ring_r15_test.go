@@ -21,8 +21,8 @@ import (
 // ClusterClient only: New must refuse any other client, as a setting.
 func TestRedisNewRefusesARing(t *testing.T) {
 	ctx := context.Background()
-	a, _ := emptyMapRedis(t, 7445, 0)
-	b, bc := emptyMapRedis(t, 7446, 0)
+	a, _ := emptyMapRedis(t, false)
+	b, bc := emptyMapRedis(t, false)
 	require.NoError(t, bc.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err())
 	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": a, "b": b}, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = ring.Close() })
