@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tollgate-go/tollgate/idempotency"
@@ -31,12 +30,8 @@ func TestR16dFinishesATryWhoseKeysMovedToAMappedNodeWhoseCheckLapsed(t *testing.
 	defer cancel()
 	a, b := splitPair(t, ctx)
 
-	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.addr}, ContextTimeoutEnabled: true})
-	defer func() { _ = client.Close() }()
 	const recheck = time.Second
-	s, err := New(ctx, client, WithPrefix("r16d-ask:"), optionFunc(func(s *Store) { s.recheckAfter = recheck }))
-	require.NoError(t, err)
-	defer func() { _ = s.Close() }()
+	s := clusterStore(t, ctx, a, nil, WithPrefix("r16d-ask:"), optionFunc(func(s *Store) { s.recheckAfter = recheck }))
 	key := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}
 	keys := s.keys(key)
 	slot, err := a.client.ClusterKeySlot(ctx, keys[0]).Result()

@@ -30,13 +30,8 @@ func TestR16cFinishesATryWhoseKeysMovedToAnImportingNode(t *testing.T) {
 	defer cancel()
 	a, b := joinedPair(t, ctx)
 
-	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.addr}, ContextTimeoutEnabled: true})
-	defer func() { _ = client.Close() }()
 	refused := make(chan struct{}, 16)
-	client.AddHook(otherRedisHook{refused})
-	s, err := New(ctx, client, WithPrefix("r16c-ask:"))
-	require.NoError(t, err)
-	defer func() { _ = s.Close() }()
+	s := clusterStore(t, ctx, a, otherRedisHook{refused}, WithPrefix("r16c-ask:"))
 	key := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}
 	keys := s.keys(key)
 	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: key, Try: 1, Deadline: time.Now().Add(20 * time.Second), Minted: true})

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tollgate-go/tollgate/idempotency"
@@ -26,13 +25,8 @@ func TestR16dAResendAfterTheLeaseEndedIsRefused(t *testing.T) {
 	defer cancel()
 	a, b := joinedPair(t, ctx)
 
-	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.addr}, ContextTimeoutEnabled: true})
-	defer func() { _ = client.Close() }()
 	refused := make(chan struct{}, 16)
-	client.AddHook(otherRedisHook{refused})
-	s, err := New(ctx, client, WithPrefix("r16d-lease:"))
-	require.NoError(t, err)
-	defer func() { _ = s.Close() }()
+	s := clusterStore(t, ctx, a, otherRedisHook{refused}, WithPrefix("r16d-lease:"))
 	key := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}
 	keys := s.keys(key)
 	deadline := time.Now().Add(time.Second)

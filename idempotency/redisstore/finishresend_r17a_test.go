@@ -140,14 +140,8 @@ func r17aClusterStore(t *testing.T, ctx context.Context, a *tableNode, prefix st
 	for _, f := range opts {
 		f(o)
 	}
-	client := redis.NewClusterClient(o)
-	t.Cleanup(func() { _ = client.Close() })
 	hook := newR17aHook()
-	client.AddHook(hook)
-	s, err := New(ctx, client, WithPrefix(prefix))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = s.Close() })
-	return s, hook
+	return storeOn(t, ctx, redis.NewClusterClient(o), hook, WithPrefix(prefix)), hook
 }
 
 // r17aSlotOf is the slot of key's keys (one hash tag) on node a, and the

@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/tollgate-go/tollgate/idempotency"
@@ -29,11 +28,7 @@ func TestR16CallsOfAMigratingSlotRunWhileTheirKeysAreAtTheSource(t *testing.T) {
 	defer cancel()
 	a, b := joinedPair(t, ctx)
 
-	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.addr}, ContextTimeoutEnabled: true})
-	defer func() { _ = client.Close() }()
-	s, err := New(ctx, client)
-	require.NoError(t, err)
-	defer func() { _ = s.Close() }()
+	s := clusterStore(t, ctx, a, nil)
 	key := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(time.Now()), Call: "0", Method: "/x.Y/Z"}
 	res, err := s.Begin(ctx, idempotency.BeginRequest{Key: key, Try: 1, Deadline: time.Now().Add(20 * time.Second), Minted: true})
 	require.NoError(t, err)

@@ -6,8 +6,31 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
+
+// clusterStore returns a store, built with opts, on a Cluster client that
+// starts from node a, with hook on the client unless it is nil; both are
+// closed at cleanup.
+func clusterStore(t *testing.T, ctx context.Context, a *tableNode, hook redis.Hook, opts ...Option) *Store {
+	t.Helper()
+	return storeOn(t, ctx, redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{a.addr}, ContextTimeoutEnabled: true}), hook, opts...)
+}
+
+// storeOn returns a store, built with opts, on client, with hook on the
+// client unless it is nil; both are closed at cleanup.
+func storeOn(t *testing.T, ctx context.Context, client *redis.ClusterClient, hook redis.Hook, opts ...Option) *Store {
+	t.Helper()
+	t.Cleanup(func() { _ = client.Close() })
+	if hook != nil {
+		client.AddHook(hook)
+	}
+	s, err := New(ctx, client, opts...)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
 
 // joinedPair starts a Cluster of the test's own on two free ports
 // (startTableNode): a serves every slot, and b has joined it, serving none, known to a and
