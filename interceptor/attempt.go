@@ -91,9 +91,7 @@ func StartAttempt(ctx context.Context, units int64, timeout time.Duration) (cont
 		return ctx, invalid("attempt timeout %v outside (0, %v]", timeout, maxAttemptTimeoutCap)
 	}
 	s := new(attemptState)
-	if err := s.initOrigin(ctx, time.Now(), units, timeout); err != nil {
-		return ctx, err
-	}
+	s.initOrigin(ctx, time.Now(), units, timeout)
 	return budget.NewContext(context.WithValue(ctx, attemptKey{}, s), s.ledger), nil
 }
 
@@ -107,11 +105,8 @@ func (s *attemptState) deadlineIn(ctx context.Context) time.Time {
 }
 
 // initOrigin makes s a new attempt whose origin is this client.
-func (s *attemptState) initOrigin(ctx context.Context, now time.Time, units int64, timeout time.Duration) error {
-	id, err := newAttemptID(now)
-	if err != nil {
-		return status.NotAdmitted(status.ReasonNotSent, status.WithMessage(err.Error()))
-	}
+func (s *attemptState) initOrigin(ctx context.Context, now time.Time, units int64, timeout time.Duration) {
+	id := newAttemptID(now)
 	deadline := now.Add(timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
@@ -120,21 +115,20 @@ func (s *attemptState) initOrigin(ctx context.Context, now time.Time, units int6
 	s.ledgerStore.Init(units, budget.AtOrigin())
 	s.ledger = &s.ledgerStore
 	s.origin = &s.originStore
-	return nil
 }
 
 // newAttemptID mints a UUIDv7 (RFC 9562): 48 bits of Unix milliseconds, the
-// version, 74 random bits. It costs one allocation, the string.
-func newAttemptID(now time.Time) (string, error) {
+// version, 74 random bits. It costs one allocation, the string. It cannot
+// fail: crypto/rand.Read never returns an error (since Go 1.24 a failing
+// source crashes the program instead).
+func newAttemptID(now time.Time) string {
 	var u uuid.UUID
-	if _, err := rand.Read(u[:]); err != nil {
-		return "", fmt.Errorf("interceptor: mint attempt ID: %w", err)
-	}
+	_, _ = rand.Read(u[:])
 	ms := uint64(now.UnixMilli())
 	u[0], u[1], u[2], u[3], u[4], u[5] = byte(ms>>40), byte(ms>>32), byte(ms>>24), byte(ms>>16), byte(ms>>8), byte(ms)
 	u[6] = 0x70 | u[6]&0x0f // version 7
 	u[8] = 0x80 | u[8]&0x3f // RFC 9562 variant
-	return u.String(), nil
+	return u.String()
 }
 
 type callNameKey struct{}

@@ -123,9 +123,7 @@ func (c *client) newCall(ctx context.Context, cc *grpc.ClientConn, method string
 		cl.startRecordless = c.recordless(cl.tgt)
 	}
 	if cl.s == nil {
-		if err := cl.minted.initOrigin(ctx, now, c.cfg.allowance, c.cfg.attemptTimeout); err != nil {
-			return nil, err
-		}
+		cl.minted.initOrigin(ctx, now, c.cfg.allowance, c.cfg.attemptTimeout)
 		cl.s = &cl.minted
 	}
 	var err error

@@ -181,11 +181,7 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 		st.ledgerStore.Init(min(h.Units, sv.cfg.maxAllowance))
 		in.strict = h.Strict
 	} else {
-		id, err := newAttemptID(now)
-		if err != nil {
-			return nil, status.NotAdmitted(status.ReasonDraining, status.WithMessage(err.Error()))
-		}
-		st.ID, st.Call, st.Try, st.Origin = id, header.DefaultCall, 1, true
+		st.ID, st.Call, st.Try, st.Origin = newAttemptID(now), header.DefaultCall, 1, true
 		st.Deadline = latest
 		if hasDeadline && ctxDeadline.Before(latest) {
 			st.Deadline = ctxDeadline
@@ -633,13 +629,17 @@ func (sv *server) refused(ctx context.Context, err error) {
 }
 
 // refusalReason is the reason attribute of a refusal with outcome o: its
-// reason's name; without one, ABANDONED for an UNKNOWN (an earlier try's
-// lease ran out) and CANCELLED for a NOT_ADMITTED (the try's context was
-// canceled before its record was begun). The set is bounded by the Reason
-// enum; its options are built once.
+// reason's name (UNSPECIFIED for one this build does not know, as
+// status.ReasonName names it); without one, ABANDONED for an UNKNOWN (an
+// earlier try's lease ran out) and CANCELLED for a NOT_ADMITTED (the try's
+// context was canceled before its record was begun). The set is bounded by
+// the Reason enum; its options are built once.
 func refusalReason(o status.Outcome) (metric.AddOption, string) {
 	i := int(o.Reason)
-	if i <= 0 || i >= len(refusalOpts)-2 {
+	switch {
+	case i < 0 || i >= len(refusalOpts)-2:
+		i = 0 // UNSPECIFIED
+	case i == 0:
 		i = len(refusalOpts) - 1 // CANCELLED
 		if o.Kind == status.KindUnknown {
 			i-- // ABANDONED
