@@ -44,16 +44,22 @@ func GrantFromContext(ctx context.Context) (int64, bool) {
 
 // Split divides the free units of the ledger in ctx among n upcoming calls,
 // for a handler that fans out: it returns n contexts, one per call, each
-// carrying a grant (see [WithGrant]). Below the origin one unit is left for
-// each call's own send; the rest is shared as evenly as possible, the first
-// calls getting the remainder. For example, 10 free units split 3 ways are
-// grants of 3, 2 and 2 (7 units) plus 3 units for the three sends. At the
-// origin, whose own sends are not charged, all free units are shared: 10
-// split 3 ways are grants of 4, 3 and 3.
+// carrying a grant (see [WithGrant]). Below the origin the grants leave one
+// unit for each planned call's first send; the rest is shared as evenly as
+// possible, the first calls getting the remainder. For example, 10 free
+// units split 3 ways are grants of 3, 2 and 2 (7 units), leaving 3 units for
+// the three sends. At the origin, whose own sends are not charged, all free
+// units are shared: 10 split 3 ways are grants of 4, 3 and 3.
 //
 // Split reserves nothing: the grants are ceilings, and each call still lends
 // no more than is free when it is sent, so calls made in any order, repeated,
-// or beyond the n planned cannot overspend. When ctx carries no ledger the
+// or beyond the n planned cannot overspend. The units left for the sends are
+// not set aside either: a call's repeats take units from the same ledger (each
+// try below the origin costs one), so when the calls made first repeat, a
+// later call may find nothing free and be refused ALLOWANCE_EXHAUSTED
+// without being sent. To give every target its try, make the calls
+// concurrently, or limit the repeats of the first ones (their retry
+// policy's MaxTries), or grant less. When ctx carries no ledger the
 // contexts are ctx itself (default grants). n ≤ 0 returns nil. It costs one
 // allocation for the slice and one per context (two for a grant over 255).
 func Split(ctx context.Context, n int) []context.Context {

@@ -313,6 +313,13 @@ func validUTF8(s string) string {
 // and the reason in words ("queue full"). reason is meant to be a refusal's
 // reason; a value this build does not know is sent as it is, with the
 // ErrorInfo reason "UNSPECIFIED" and RESOURCE_EXHAUSTED.
+//
+// A handler that refuses a request itself, before doing anything, must say
+// so with [WithoutEffect] (return status.WithoutEffect(status.NotAdmitted(…)))
+// unless its method is declared NO_SIDE_EFFECTS: tollgate's server
+// interceptor reads any other NOT_ADMITTED a handler returns as a refusal
+// from below a handler that ran, and answers UNKNOWN (see [HandlerOutcome]),
+// so the caller cannot repeat the call without querying its state.
 func NotAdmitted(reason Reason, opts ...Option) error {
 	info := infoOf(reason)
 	e := &Error{
