@@ -69,7 +69,7 @@ func serve(ctx context.Context, lis net.Listener) error {
 	if err != nil {
 		return err
 	}
-	defer ctrl.Close() // runs after Serve returns: refuses what still waits with DRAINING
+	defer ctrl.Close() // idempotent; at shutdown, close it before srv.GracefulStop (below)
 	srv := grpc.NewServer(interceptor.ServerOptions(
 		interceptor.WithTrustedPeer(interceptor.TrustLoopback), // or TrustAll behind mTLS, or your own func(ctx) bool
 		interceptor.WithTenant(tenantFromPeer),                 // your func(ctx) string: the caller's tenant, unless a trusted peer's header names one
@@ -81,7 +81,8 @@ func serve(ctx context.Context, lis net.Listener) error {
 
 	go func() {
 		<-ctx.Done()
-		srv.GracefulStop()
+		ctrl.Close()       // first: what still waits, and what arrives now, is refused DRAINING at once
+		srv.GracefulStop() // then: what runs finishes (GracefulStop waits for queued calls too)
 	}()
 	return srv.Serve(lis)
 }
