@@ -386,11 +386,21 @@ func (sv *server) finishTry(ctx context.Context, method string, in *inbound, fp 
 	// and the record must still be finished, but not after the try's lease
 	// (d + skew) ran out, when the store could no longer accept it anyway.
 	if err := sv.storeCall(func() error { return sv.cfg.store.Finish(ctx, req) }); err != nil {
-		return status.OutcomeUnknown(answer, status.WithAttempt(s.ID, s.Call, s.Try),
-			status.WithMessage("interceptor: the try's record could not be finished: "+err.Error()))
+		why := "interceptor: the try's record could not be finished: " + err.Error()
+		if !sv.cfg.now().Before(s.Deadline.Add(sv.cfg.skew)) {
+			// The handler ran until its deadline, which is the lease's end:
+			// the store no longer takes the record's end, and the record
+			// reads ABANDONED. An expected ending, told in the call's words,
+			// not the store's.
+			why = msgLeaseEnded
+		}
+		return status.OutcomeUnknown(answer, status.WithAttempt(s.ID, s.Call, s.Try), status.WithMessage(why))
 	}
 	return answer
 }
+
+const msgLeaseEnded = "interceptor: the handler ran until its try's lease ended (the attempt's deadline plus the clock skew), " +
+	"so its record could not be finished: it reads ABANDONED, and its effect is unknown"
 
 // storeCall runs f, a call of the attempt store on the data path. On a
 // server that opted into recovery (WithRecovery) a panic in it is recovered
