@@ -197,3 +197,30 @@ func (b *RetryBudget) refillLocked(now time.Time) {
 	b.microTokens += int64(whole)
 	b.frac = add - whole
 }
+
+// Delay returns how long from now until the budget holds a whole token from
+// the time floor alone ([WithMinRetriesPerSecond]): 0 when one is available
+// now. First tries' deposits may make one sooner. ok is false when no token
+// is available and the floor is 0, so that only deposits can refill it. It
+// changes nothing but the refill due by now. tollgate's owner suggests it as
+// the retry-after of a RETRY_BUDGET_EXHAUSTED refusal.
+func (b *RetryBudget) Delay() (d time.Duration, ok bool) { return b.DelayAt(time.Now()) }
+
+// DelayAt is [RetryBudget.Delay] at time now.
+func (b *RetryBudget) DelayAt(now time.Time) (d time.Duration, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refillLocked(now)
+	short := micro - b.microTokens
+	switch {
+	case short <= 0:
+		return 0, true
+	case b.rate == 0:
+		return 0, false
+	}
+	secs := (float64(short) - b.frac) / (b.rate * micro)
+	if secs >= float64(math.MaxInt64)/float64(time.Second) {
+		return time.Duration(math.MaxInt64), true
+	}
+	return time.Duration(math.Ceil(secs * float64(time.Second))), true
+}
