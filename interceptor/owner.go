@@ -555,7 +555,7 @@ func (w *owner) unvouchedRepeat(n uint32, last error) error {
 	if !verifies {
 		why = "interceptor: a try in doubt was fenced where records are kept, but its target was found to keep none at some backends before the repeat was sent"
 	}
-	return status.OutcomeUnknown(last, status.WithAttempt(w.cl.s.ID, w.cl.key, n), status.WithMessage(why))
+	return status.OutcomeUnknown(last, status.WithAttempt(w.cl.s.ID, w.cl.key, n), w.ownReason(n, last), status.WithMessage(why))
 }
 
 // proceed returns nil when try n+1 may follow try n's failure err, after
@@ -770,7 +770,7 @@ func (w *owner) budgetExhausted(ctx context.Context, n uint32, last error) error
 func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (next uint32, result error, done bool) {
 	c, s := w.c, w.cl.s
 	unknown := func(why string) error {
-		return status.OutcomeUnknown(last, status.WithAttempt(s.ID, w.cl.key, n), status.WithMessage(why))
+		return status.OutcomeUnknown(last, status.WithAttempt(s.ID, w.cl.key, n), w.ownReason(n, last), status.WithMessage(why))
 	}
 	if cancelled(ctx) {
 		// The caller cancelled: it does not wait for the answer. The query
@@ -1154,6 +1154,22 @@ func stateName(s tollgatev1.AttemptState, err error) string {
 		return fmt.Sprintf("STATE_%d", s)
 	}
 	return name[len("ATTEMPT_STATE_"):]
+}
+
+// ownReason is the option that keeps, in an UNKNOWN outcome the owner
+// rebuilds from err (try n's own outcome, re-addressed to name try n), the
+// reason err's detail gives when err is UNKNOWN and its detail names try n
+// of this call: CALL_LOST, which only the try's delivery tells (typed), or a
+// reason its callee gave that very try. A detail that names another call (a
+// deeper call's, passed up by a server that does not speak tollgate)
+// describes that call: its reason is not carried. It returns nil otherwise,
+// which status ignores.
+func (w *owner) ownReason(n uint32, err error) status.Option {
+	o := status.OutcomeOf(err)
+	if o.Kind != status.KindUnknown || o.Reason == status.ReasonUnspecified || !names(o.Detail, w.cl.s.ID, w.cl.key, n) {
+		return nil
+	}
+	return status.WithReason(o.Reason)
 }
 
 // names reports whether detail d is about try n of call key in attempt id.

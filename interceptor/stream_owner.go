@@ -785,7 +785,7 @@ func (cs *clientStream) committedResult(n uint32, err error, o status.Outcome) e
 		return w.conclude(n, res) // fenced: no try ran here (UNKNOWN when a try repeated unqueried may have); what was sent cannot be replayed
 	}
 	if status.OutcomeOf(res).Kind == status.KindNotAdmitted {
-		return status.OutcomeUnknown(err, status.WithAttempt(w.cl.s.ID, w.cl.key, n),
+		return status.OutcomeUnknown(err, status.WithAttempt(w.cl.s.ID, w.cl.key, n), w.ownReason(n, err),
 			status.WithMessage("interceptor: the callee answered the stream, yet its record says the try never ran"))
 	}
 	return w.conclude(n, res)
