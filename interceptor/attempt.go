@@ -183,7 +183,7 @@ func (s *attemptState) callKey(ctx context.Context, level methodinfo.Level) (str
 		if k, kerr := s.nextKey(); kerr == nil {
 			refused = status.WithAttempt(s.ID, k, 1)
 		}
-		return "", status.NotAdmitted(status.ReasonCallKeyRequired, refused,
+		return "", status.NotAdmitted(status.ReasonCallKeyRequired, refused, unitsLeft(s),
 			status.WithMessage("interceptor: the handler of an IDEMPOTENT method must name its calls to methods with side effects (interceptor.WithCallKey)"))
 	default:
 		key, err = s.nextKey()
@@ -193,7 +193,7 @@ func (s *attemptState) callKey(ctx context.Context, level methodinfo.Level) (str
 		// handler's own call is not the one refused: the refusal names
 		// the attempt only.
 		return "", status.NotAdmitted(status.ReasonMalformedHeader,
-			status.Fields{AttemptID: s.ID}, status.WithMessage(err.Error()))
+			status.Fields{AttemptID: s.ID}, unitsLeft(s), status.WithMessage(err.Error()))
 	}
 	return key, nil
 }

@@ -208,7 +208,7 @@ func (c *client) prepare(ctx context.Context, cl *call, n uint32, p *RetryPolicy
 		}
 		return nil, nil, status.NotAdmitted(status.ReasonDeadlineUnreachable, status.Fields{
 			AttemptID: s.ID, Call: key, Try: n, Final: final, Message: msg,
-		})
+		}, unitsLeft(s))
 	}
 	// The first try uses the call's own storage, a repeat its own (see
 	// call.tryBase).
@@ -312,6 +312,20 @@ func boolInt(b bool) int64 {
 // call under it can ever be sent again).
 func originFinal(snap budget.Snapshot) bool {
 	return snap.Origin && (snap.Spent >= snap.Total || snap.Sealed)
+}
+
+// unitsLeft is the units_remaining of a refusal the client builds itself
+// for a call under s (DESIGN.md §2.4): the free units of the attempt's
+// ledger at this tier, as an ALLOWANCE_EXHAUSTED refusal reports them
+// (exhausted), and none once the ledger is sealed (its free units went back
+// to its caller with the handler's answer): nil then, which status ignores.
+// It reads the ledger under its lock: for refusal paths only.
+func unitsLeft(s *attemptState) status.Option {
+	snap := s.ledger.Snapshot()
+	if snap.Sealed {
+		return nil
+	}
+	return status.WithUnitsRemaining(snap.Free)
 }
 
 // exhausted builds the local ALLOWANCE_EXHAUSTED refusal of try n and counts

@@ -475,7 +475,7 @@ func (w *owner) typed(n uint32, err error, o status.Outcome) error {
 		// tollgate's.
 		ra, _ := status.RetryAfter(err)
 		return status.NotAdmitted(o.Reason, status.WithAttempt(w.cl.s.ID, w.cl.key, n), status.WithMessage(err.Error()),
-			status.WithRetryAfter(adoptedDelay(ra)), status.WithDetailsOf(err))
+			status.WithRetryAfter(adoptedDelay(ra)), unitsLeft(w.cl.s), status.WithDetailsOf(err))
 	case status.KindUnknown:
 		return status.OutcomeUnknown(err, status.WithAttempt(w.cl.s.ID, w.cl.key, n), status.WithReason(o.Reason))
 	}
@@ -651,7 +651,7 @@ func (w *owner) decide(ctx context.Context, n uint32, err error, o status.Outcom
 				RetryAfter: o.Detail.GetRetryAfter().AsDuration(),
 				Message: "interceptor: nobody else can have sent this attempt's first try, so it did not run and a new attempt can succeed; " +
 					"the callee said: " + strings.TrimPrefix(grpcstatus.Convert(err).Message(), "tollgate: outcome unknown: ")},
-				status.WithDetailsOf(err)), true
+				unitsLeft(s), status.WithDetailsOf(err)), true
 		}
 		if o.Final() {
 			return 0, false, w.conclude(n, err), true // the callee says no query or repeat can help
@@ -759,7 +759,7 @@ func (w *owner) budgetExhausted(ctx context.Context, n uint32, last error) error
 	return status.NotAdmitted(status.ReasonRetryBudgetExhausted, status.Fields{
 		AttemptID: w.cl.s.ID, Call: w.cl.key, Try: n,
 		Message: "interceptor: retry budget exhausted; last try: " + last.Error(),
-	}, status.WithDetailsOf(last)) // not its RetryInfo: the budget allows no repeat now
+	}, unitsLeft(w.cl.s), status.WithDetailsOf(last)) // not its RetryInfo: the budget allows no repeat now
 }
 
 // resolve learns the state of try n, whose outcome is unknown, by fencing it
@@ -929,7 +929,7 @@ func (w *owner) resolve(ctx context.Context, n uint32, last error, reply any) (n
 			f := min(rec.GetFencedThroughTry(), header.MaxTry)
 			return max(f, n) + 1, status.NotAdmitted(status.ReasonAttemptFenced, status.Fields{
 				AttemptID: s.ID, Call: w.cl.key, Try: n, FencedThroughTry: f,
-				Message: "interceptor: the unknown try was fenced and never ran"}, status.WithDetailsOf(last)), false
+				Message: "interceptor: the unknown try was fenced and never ran"}, unitsLeft(s), status.WithDetailsOf(last)), false
 		default: // ABANDONED, UNKNOWN, UNSEEN (cannot follow a fence) or unknown states
 			w.reconcile(ctx, rec) // a record finished UNKNOWN still says what it spent
 			return 0, unknown("interceptor: the try's state is " + stateName(state, nil)), true
