@@ -60,6 +60,11 @@ type inbound struct {
 	// server's own, not as one a server that does not speak tollgate
 	// passed up (owner.relayed).
 	unhonored bool
+	// honored is set when the caller's header was honoured (a trusted
+	// peer's, well-formed): a tollgate caller whose grant this server uses,
+	// told tollgate-spent on every answer whose code is not definite
+	// (trailer).
+	honored bool
 	// foreign is set when the request carried a header this server does
 	// not honour (untrusted, or malformed and ignored): the handler's
 	// context goes without it (withoutHeader).
@@ -179,7 +184,7 @@ func (sv *server) begin(ctx context.Context, method string) (*inbound, error) {
 			st.Tenant = sv.tenantOf(ctx)
 		}
 		st.ledgerStore.Init(min(h.Units, sv.cfg.maxAllowance))
-		in.strict = h.Strict
+		in.strict, in.honored = h.Strict, true
 	} else {
 		st.ID, st.Call, st.Try, st.Origin = newAttemptID(now), header.DefaultCall, 1, true
 		st.Deadline = latest
@@ -826,15 +831,29 @@ func (sv *server) answer(in *inbound, err error) error {
 	}
 }
 
-// trailer returns the trailer pairs of the answer: tollgate-spent when the
-// ledger spent units or the caller asked for strict accounting, and the
-// pushback hint of a NOT_ADMITTED answer.
+// trailer returns the trailer pairs of the answer err: tollgate-spent when
+// the ledger spent units, when the caller asked for strict accounting, and
+// when a trusted tollgate caller gets an answer whose code is not definite
+// (DESIGN.md §2.5), spent or not; "0" always to a caller whose header was
+// not honoured; and the pushback hint of a NOT_ADMITTED answer.
+//
+// A lenient caller refunds a grant on an answer without tollgate-spent only
+// when the answer proves that nothing below spent it (OK, a definite code, a
+// refusal naming the try: §2.3); after any other it holds the grant until a
+// record reconciles it, which a callee without records never does. So the
+// answers that prove nothing carry the trailer, the true value, often 0: an
+// UNKNOWN answer, and a refusal too (RESOURCE_EXHAUSTED or UNAVAILABLE),
+// whose detail a proxy between the two may drop. Definite answers do not:
+// they are ordinary results (NOT_FOUND…) that every caller settles by their
+// code alone, which no proxy changes, and the trailer would cost each one
+// about 16 allocations for nothing. Nor do OK answers, for the same reason,
+// and to keep the success path as it is.
 func (sv *server) trailer(in *inbound, spent int64, err error) metadata.MD {
 	var md metadata.MD
 	switch {
 	case in != nil && in.unhonored:
 		md = metadata.MD{spentTrailerKey: []string{"0"}} // of the caller's grant
-	case in != nil && (spent > 0 || in.strict):
+	case in != nil && (spent > 0 || in.strict || in.honored && err != nil && !status.IsDefinite(grpcstatus.Code(err))):
 		in.spentValue[0] = strconv.FormatInt(spent, 10)
 		md = metadata.MD{spentTrailerKey: in.spentValue[:]}
 	}

@@ -203,7 +203,9 @@ func TestStreamLocalRefund(t *testing.T) {
 			svc := &testsvc.Service{ChatFunc: func(grpc.BidiStreamingServer[testingv1.ChatRequest, testingv1.ChatResponse]) error {
 				return grpcstatus.Error(codes.Unavailable, "upstream timed out")
 			}}
-			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+			// A server that does not speak tollgate, as a proxy answering
+			// on its own: a tollgate server would report tollgate-spent.
+			end := testsvc.StartT(t, testsvc.Bufconn, svc.Register)
 			seen := newTrailerSeen()
 			conn := end.DialT(t, append(interceptor.DialOptions(fastRetry(1)),
 				grpc.WithChainStreamInterceptor(r8Validate), grpc.WithStatsHandler(seen))...)

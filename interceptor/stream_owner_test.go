@@ -63,17 +63,18 @@ func sendWatch(st grpc.ServerStreamingServer[testingv1.WatchResponse], n int32) 
 // TestStreamWatchRepeatsBeforeItsFirstMessage: a server-streaming call whose
 // first try fails before any response message (refused, or failed after a
 // header alone) is repeated; the caller receives every message of the
-// second try, once, and each try's grant is settled.
+// second try, once, and each try's grant is settled: the tollgate callee
+// reports tollgate-spent with a refusal and with an UNKNOWN answer alike (0:
+// it spent nothing), so neither grant is held.
 func TestStreamWatchRepeatsBeforeItsFirstMessage(t *testing.T) {
 	for _, tc := range []struct {
-		name      string
-		heldUnits int64
-		first     func(st grpc.ServerStreamingServer[testingv1.WatchResponse]) error
+		name  string
+		first func(st grpc.ServerStreamingServer[testingv1.WatchResponse]) error
 	}{
-		{"refused NOT_ADMITTED", 0, func(grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
+		{"refused NOT_ADMITTED", func(grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
 			return status.NotAdmitted(status.ReasonShed, status.WithRetryAfter(time.Millisecond))
 		}},
-		{"failed after a header", 4, func(st grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
+		{"failed after a header", func(st grpc.ServerStreamingServer[testingv1.WatchResponse]) error {
 			if err := st.SendHeader(metadata.Pairs("try", "1")); err != nil {
 				return err
 			}
@@ -105,12 +106,8 @@ func TestStreamWatchRepeatsBeforeItsFirstMessage(t *testing.T) {
 			ledger, _ := budget.FromContext(ctx)
 			snap := ledger.Snapshot()
 			require.Zero(t, snap.Reserved, "both tries' grants settled")
-			if tc.heldUnits == 0 {
-				require.Zero(t, snap.Held)
-				require.Equal(t, int64(4), snap.Free)
-			} else {
-				require.Equal(t, tc.heldUnits, snap.Held, "a try that ended UNKNOWN holds its grant (DESIGN.md §2.3)")
-			}
+			require.Zero(t, snap.Held, "the callee said what it spent")
+			require.Equal(t, int64(4), snap.Free)
 			var rm metricdata.ResourceMetrics
 			require.NoError(t, reader.Collect(t.Context(), &rm))
 			require.Equal(t, int64(2), counter(rm, "tollgate.client.tries"))

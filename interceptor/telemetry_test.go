@@ -109,22 +109,27 @@ func TestTelemetryOneAttemptOnEverySpanAndSpendAddsUp(t *testing.T) {
 }
 
 // TestHeldGrantIsCounted: the frontend's call to the dependency ends with a
-// plain UNAVAILABLE and no tollgate-spent, which proves nothing of what the
-// dependency spent: the grant the frontend lent it is held, and
+// plain UNAVAILABLE and no tollgate-spent (the dependency does not speak
+// tollgate, as a proxy answering on its own), which proves nothing of what
+// was spent below: the grant the frontend lent it is held, and
 // tollgate.allowance.held counts its units (before the metric, a held grant
 // showed only as units missing from the ledger).
 func TestHeldGrantIsCounted(t *testing.T) {
 	tp, spans := testTracer(t)
 	mp, reader := testMeter(t)
 	once := interceptor.RetryPolicy{MaxTries: 1}
-	tr := newTiers(t,
-		[]interceptor.ClientOption{interceptor.WithAllowance(4), interceptor.WithRetry(once)},
-		[]interceptor.ClientOption{interceptor.WithRetry(once),
-			interceptor.WithClientTracerProvider(tp), interceptor.WithClientMeterProvider(mp)},
-		func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-			return nil, grpcstatus.Error(codes.Unavailable, "lost")
-		})
-	_, err := tr.origin.Get(t.Context(), &testingv1.GetRequest{})
+	dep := &testsvc.Service{GetFunc: func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		return nil, grpcstatus.Error(codes.Unavailable, "lost")
+	}}
+	depClient := testingv1.NewTestServiceClient(testsvc.StartT(t, testsvc.Bufconn, dep.Register).DialT(t,
+		interceptor.DialOptions(interceptor.WithRetry(once),
+			interceptor.WithClientTracerProvider(tp), interceptor.WithClientMeterProvider(mp))...))
+	mid := &testsvc.Service{GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+		return depClient.Get(ctx, r)
+	}}
+	origin := testingv1.NewTestServiceClient(testsvc.StartT(t, testsvc.Bufconn, mid.Register, serverOpts()...).DialT(t,
+		interceptor.DialOptions(interceptor.WithAllowance(4), interceptor.WithRetry(once))...))
+	_, err := origin.Get(t.Context(), &testingv1.GetRequest{})
 	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind)
 
 	var granted int64
