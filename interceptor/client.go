@@ -419,7 +419,11 @@ func (t *try) hold() {
 // spentNothing reports whether a call that ended with the peer's status and
 // no tollgate-spent trailer proves, in lenient accounting, that the callee
 // spent nothing: it ended OK, with a definite code, or with a tollgate
-// refusal whose detail names this attempt, call and try.
+// refusal or COMMITTED answer whose detail names this attempt, call and try.
+// A COMMITTED answer (FAILED_PRECONDITION, a definite code) comes from a
+// record that cannot replay a stream's messages, or from a stream whose
+// handler ran: a tollgate callee reports what the latter spent whenever it
+// is more than 0, and the former ran nothing.
 func spentNothing(err error, attempt, key string, n uint32) bool {
 	if err == nil {
 		return true
@@ -429,8 +433,9 @@ func spentNothing(err error, attempt, key string, n uint32) bool {
 		return o.Kind == status.KindFailed
 	}
 	d := o.Detail
-	refusal := o.Kind == status.KindNotAdmitted || o.Reason == status.ReasonAttemptRequestMismatch
-	return refusal && names(d, attempt, key, n)
+	settled := o.Kind == status.KindNotAdmitted || o.Kind == status.KindCommitted ||
+		o.Reason == status.ReasonAttemptRequestMismatch
+	return settled && names(d, attempt, key, n)
 }
 
 // withHeader sets the tollgate header of the outgoing metadata, replacing
