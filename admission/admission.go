@@ -425,7 +425,10 @@ type classState struct {
 	roseAt time.Duration
 
 	full atomic.Int32 // reason the tap refuses with; 0: open
-	hint atomic.Int64 // predicted wait (ns) when full, for the tap's retry-after
+	// hint is, for the tap's retry-after, the predicted wait (ns) when the
+	// class is full; when it is shed or frozen (SHED), the earliest instant
+	// (Unix ns) it can be admitted again (readmitAtLocked).
+	hint atomic.Int64
 	// hopeless is the last instant (Unix ns) at which every waiter of a
 	// full queue can still finish, by the queue's deadline bound less the
 	// service estimate (one that would finish exactly at its deadline still
@@ -519,7 +522,9 @@ func New(opts ...Option) (*Controller, error) {
 // context's ending says: see Admit) and makes later Admit calls refuse the
 // same way, except in the control class, which stays open while the server drains:
 // callers resolve there the tries it ran (DESIGN.md §3.12), until the
-// server itself stops.
+// server itself stops. A DRAINING refusal (UNAVAILABLE, not final) carries
+// no retry-after: this server will not admit the request again, and a
+// repeat belongs on another one.
 // Permits already granted stay valid and may still be released. Close is
 // idempotent and returns the error of unregistering the callbacks, if any.
 func (c *Controller) Close() error {
@@ -630,7 +635,9 @@ func (c *Controller) classifyMethod(m string) *classState {
 // status package (QUEUE_FULL, CONCURRENCY_FULL, DEADLINE_UNREACHABLE,
 // DEADLINE_EXPIRED, SHED, TENANT_LIMIT, REQUEST_TOO_LARGE, DRAINING after
 // Close) carrying the class and, unless final, a jittered retry-after that
-// reflects the queue, below the bound of [WithMaxRetryAfter]; or, when ctx
+// reflects the queue, below the bound of [WithMaxRetryAfter] (SHED's is the
+// time until the class can be admitted again, DRAINING has none: see the
+// package documentation); or, when ctx
 // ends while the request waits (or before it is looked at), a NOT_ADMITTED
 // error that also wraps ctx's error (errors.Is(err, context.Canceled) or
 // context.DeadlineExceeded holds): DEADLINE_EXPIRED when a deadline passed
@@ -2190,8 +2197,12 @@ func (c *Controller) nowLocked() time.Time {
 
 // retryAfterLocked suggests a delay that reflects the class's queue: the
 // predicted wait (or the learned service time when a request would start
-// at once; the degradation window for SHED), jittered (see jitter).
+// at once), jittered (see jitter); for SHED, the time until the class can
+// be admitted again (readmitAtLocked), jittered above it (see jitterAfter).
 func (c *Controller) retryAfterLocked(cs *classState, reason status.Reason, now time.Time) time.Duration {
+	if reason == status.ReasonShed {
+		return c.jitterAfter(max(c.readmitAtLocked(cs, now).Sub(now), 0))
+	}
 	return c.jitter(c.retryBaseLocked(cs, reason, now))
 }
 
@@ -2200,10 +2211,71 @@ func (c *Controller) retryBaseLocked(cs *classState, reason status.Reason, now t
 	if base <= 0 {
 		base = cs.est.meanD()
 	}
-	if reason == status.ReasonShed {
-		base = max(base, c.cfg.degradation.Window)
-	}
 	return base
+}
+
+// readmitAtLocked is the earliest time at which cs, frozen or shed at now,
+// can be admitted again as far as the controller can tell at now (an
+// operator may clear an override sooner): the end of the last override
+// that freezes it; and, while it is an optional class shed because the
+// mode is Degraded, the time the mode can first leave Degraded — the end
+// of the overrides forcing Degraded (the latest set wins, so an override
+// forcing another mode, set later, ends Degraded sooner), and under the
+// state machine's own Degraded the end of the current window (one healthy
+// window moves Degraded to Recovering, whose first step re-admits the
+// class), or, while Degraded is held after a fall back from Recovering,
+// of the window that completes ExitAfter healthy ones. now for a class
+// that is neither frozen nor shed.
+func (c *Controller) readmitAtLocked(cs *classState, now time.Time) time.Time {
+	at := now
+	if cs.frozen {
+		for _, a := range c.ovr.list {
+			if a.Class == cs.cfg.Name && a.Freeze && a.Expires.After(at) {
+				at = a.Expires
+			}
+		}
+	}
+	if !c.shedding(cs) {
+		return at
+	}
+	// The forced mode at t is that of the override with a mode, in force
+	// at t, set last (the highest ID). Walk the ends of the overrides
+	// forcing a mode, in time order, until the forced mode is not
+	// Degraded.
+	t := now
+	for c.forcedAt(t) == ModeDegraded {
+		next := time.Time{}
+		for _, a := range c.ovr.list {
+			if a.Mode != 0 && a.Expires.After(t) && (next.IsZero() || a.Expires.Before(next)) {
+				next = a.Expires
+			}
+		}
+		t = next
+	}
+	if c.forcedAt(t) == 0 && c.cfg.stages&StageDegradation != 0 && c.deg.mode == ModeDegraded {
+		// The state machine's Degraded, which it leaves at the end of a
+		// healthy window at the earliest: its windows go on closing
+		// underneath a forced mode, so this is a lower bound.
+		d := &c.deg
+		end := d.winEnd
+		if d.hold {
+			end = end.Add(time.Duration(max(d.cfg.ExitAfter-d.healthy-1, 0)) * d.cfg.Window)
+		}
+		t = maxTime(t, end)
+	}
+	return maxTime(at, t)
+}
+
+// forcedAt is the mode the overrides in force at t force (0 for none).
+func (c *Controller) forcedAt(t time.Time) Mode {
+	var m Mode
+	var id uint64
+	for _, a := range c.ovr.list {
+		if a.Mode != 0 && a.Expires.After(t) && a.ID > id {
+			m, id = a.Mode, a.ID
+		}
+	}
+	return m
 }
 
 // jitter spreads a suggested delay d uniformly over [½, 1½) of itself, so
@@ -2214,6 +2286,17 @@ func (c *Controller) retryBaseLocked(cs *classState, reason status.Reason, now t
 func (c *Controller) jitter(d time.Duration) time.Duration {
 	d = min(max(d, minRetryAfter), twoThirds(c.cfg.maxRA))
 	return d/2 + rand.N(d)
+}
+
+// jitterAfter spreads a suggested delay d uniformly over [1, 1½) of
+// itself: for a refusal that no repeat before d can escape (SHED until an
+// override ends or the mode can change), so that refused clients neither
+// come back together nor before it; d at least minRetryAfter and at most ⅔
+// of the bound (WithMaxRetryAfter), as in jitter, so that every suggestion
+// is below the bound.
+func (c *Controller) jitterAfter(d time.Duration) time.Duration {
+	d = min(max(d, minRetryAfter), twoThirds(c.cfg.maxRA))
+	return d + rand.N(d/2+1)
 }
 
 // twoThirds is ⌊2b/3⌋ for a positive b, without overflowing for a b above
@@ -2357,7 +2440,11 @@ func (c *Controller) refreshFlag(cs *classState) {
 	if hopeless != cs.hopeless.Load() {
 		cs.hopeless.Store(hopeless)
 	}
-	if reason != 0 {
+	switch reason {
+	case 0, status.ReasonDraining:
+	case status.ReasonShed:
+		cs.hint.Store(c.readmitAtLocked(cs, c.last).UnixNano())
+	default:
 		cs.hint.Store(int64(c.retryBaseLocked(cs, reason, c.last)))
 	}
 }

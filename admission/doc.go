@@ -33,7 +33,20 @@
 // jittered so refused clients do not return together, in [½, 1½) of that
 // wait, capped so that it stays below [WithMaxRetryAfter]'s bound (default
 // [DefaultMaxRetryAfter], 30 s; a longer predicted wait suggests a delay
-// spread over [⅓, 1) of the bound):
+// spread over [⅓, 1) of the bound). SHED and DRAINING are not derived from
+// the predicted wait. SHED suggests the time until the class can be
+// admitted again as far as the controller knows: the end of the last
+// override freezing the class; for an optional class shed while Degraded,
+// the end of the overrides forcing Degraded, and under the state machine's
+// own Degraded the end of the current window (one healthy window moves
+// Degraded to Recovering, whose first step re-admits the class), or while
+// Degraded is held after a fall back from Recovering, the end of the window
+// that would complete ExitAfter healthy ones — a lower bound, since the
+// window may be overloaded and an operator may clear an override sooner.
+// That time is jittered in [1, 1½) of itself, never before it, with the
+// same cap (a time beyond ⅔ of the bound suggests [⅔, 1) of the bound).
+// DRAINING carries no retry-after: the server is shutting down, and a
+// repeat belongs on another server:
 //
 //  1. size: larger than the class's MaxRequestBytes → REQUEST_TOO_LARGE;
 //  2. class and tenant: a frozen class or an optional class while degraded

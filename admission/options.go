@@ -342,7 +342,9 @@ const DefaultMaxRetryAfter = 30 * time.Second
 // wait, jittered in [½, 1½) of it; that base is capped at ⅔ of d, so a
 // refusal whose predicted wait is long suggests a delay spread over
 // [⅓ d, d) rather than one as long as the wait, which the queue will have
-// changed long before (a repeat is refused cheaply if it has not).
+// changed long before (a repeat is refused cheaply if it has not). SHED
+// suggests the time until the class can be admitted again, jittered in
+// [1, 1½) of it, with the same cap ([⅔ d, d) for a longer time).
 // Default [DefaultMaxRetryAfter]; d must be at least a millisecond.
 func WithMaxRetryAfter(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.maxRA = d })

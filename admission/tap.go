@@ -20,7 +20,9 @@ var _ tap.ServerInHandle = (*Controller)(nil).TapHandle
 // stream through; the
 // interceptor still makes the full decision. A refusal is a NOT_ADMITTED
 // status with the class and a jittered retry-after from the class's
-// predicted wait. Overrides and windows are evaluated lazily: the first
+// predicted wait; for SHED, from the time until the class can be admitted
+// again (an override's end, the degradation windows), never before it; for
+// DRAINING, none (see the package documentation). Overrides and windows are evaluated lazily: the first
 // call after an override in force may have expired, or after a degradation
 // window ended while the controller is not Normal or a class is flagged,
 // takes the controller's lock once to bring the state up to date before it
@@ -84,7 +86,11 @@ func (c *Controller) TapHandle(ctx context.Context, info *tap.Info) (context.Con
 		return ctx, nil
 	}
 	var ra time.Duration
-	if reason != status.ReasonDraining {
+	switch reason {
+	case status.ReasonDraining:
+	case status.ReasonShed:
+		ra = c.jitterAfter(max(time.Duration(cs.hint.Load()-c.tapNow()), 0))
+	default:
 		ra = c.jitter(time.Duration(cs.hint.Load()))
 	}
 	if i := tapReasonIndex(reason); i >= 0 {
