@@ -1832,8 +1832,9 @@ func (p *Permit) remaining(mean, nowOff float64, guess bool) float64 {
 // predictedWaitLocked is the wait of a request of cs arriving now (one its
 // tenant's limits do not hold back): 0 when a slot it may take is free and
 // no waiter of the class can take it first (it starts at once); else
-// slotWaitLocked's. Stats and retry-afters ask it; a decision, which asks
-// only when no slot is free, asks slotWaitLocked.
+// slotWaitLocked's, or, while nothing is known of the class's service time,
+// at least unknownWaitLocked's. Stats and retry-afters ask it; a decision,
+// which asks only when no slot is free, asks slotWaitLocked.
 func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Duration {
 	if cs.queue.n == cs.heldWaiters && c.acquire(cs, c.slots(cs)) != nil {
 		// A slot it may take is free (its own, or one lent), and no waiter
@@ -1842,7 +1843,36 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 		// slots, the running work would say a wait nobody has.
 		return 0
 	}
-	return c.slotWaitLocked(cs, now)
+	w := c.slotWaitLocked(cs, now)
+	if cs.est.unknown() {
+		w = max(w, c.unknownWaitLocked(cs, now))
+	}
+	return w
+}
+
+// unknownWaitLocked is the wait of a request of cs that finds no free slot
+// while nothing is known of the class's service time (no
+// ExpectedServiceTime, no release has taught one), where slotWaitLocked,
+// with a mean of 0, would say none. The time a running request has run is
+// a lower bound of its service time, and with nothing else to go by it is
+// expected to run as long again (as a stream is when its lifetime is
+// guessed); each waiter is expected to take the running requests' average
+// run so far. That work — the running requests' of the class, unary or
+// stream, and the queue's — is spread over the class's slots. Only Stats'
+// PredictedWait and the retry-afters use it: the deadline stage, which
+// cannot judge work of unknown length, still admits it (see Admit).
+func (c *Controller) unknownWaitLocked(cs *classState, now time.Time) time.Duration {
+	nowOff := float64(now.Sub(c.epoch))
+	var ran float64
+	n := 0
+	for p := cs.runHead; p != nil; p = p.next {
+		ran += max(nowOff-p.startOff, 0)
+		n++
+	}
+	if n == 0 {
+		return 0
+	}
+	return waitOf((ran + float64(cs.queue.n)*ran/float64(n)) / float64(max(c.slots(cs), 1)))
 }
 
 // slotWaitLocked is the wait of a request of cs that finds no free slot it

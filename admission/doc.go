@@ -176,6 +176,16 @@
 // DEADLINE_UNREACHABLE refusals that later starts show to have been
 // avoidable as false rejects.
 //
+// While a class knows nothing of its service time (no ExpectedServiceTime
+// and no release yet taught one — the built-in control class starts so),
+// that sum would be 0 however long its running work has run. The time a
+// running request has run is a lower bound of its service time: with
+// nothing else to go by, [ClassStats].PredictedWait and the retry-afters
+// expect each running request (unary or stream) to run as long again as it
+// has, and each waiter to take the running requests' average run so far,
+// spread over the slots. The deadline stage does not use that guess: it
+// decides as above.
+//
 // # Degradation and overrides
 //
 // Time is cut into windows. A window is overloaded when refusals for lack of

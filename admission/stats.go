@@ -121,7 +121,12 @@ type ClassStats struct {
 	// lent to it) and no waiter of the class can take it first, since it
 	// would start at once; else the wait it would be told of, at most half
 	// of time.Duration's range (about 146 years: a stream whose deadline is
-	// farther away frees its slot no sooner).
+	// farther away frees its slot no sooner). While the class knows nothing
+	// of its service time (no ExpectedServiceTime, nothing learned), it
+	// expects each running request to run as long again as it has run, and
+	// each waiter to take their average run so far (see the package
+	// documentation, "Learning and prediction"); the deadline stage does
+	// not plan with that guess.
 	PredictedWait time.Duration
 	// Admitted counts requests that got a slot; Refused counts refusals by
 	// reason name ("QUEUE_FULL", ...), the tap's included.
