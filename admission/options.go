@@ -92,7 +92,9 @@ type Class struct {
 	// is refused with TENANT_LIMIT. 0: no limit.
 	TenantRunning int
 	// TenantQueued bounds the requests of one tenant waiting in this class;
-	// a request over it is refused with TENANT_LIMIT. 0: no limit.
+	// a request over it is refused with TENANT_LIMIT. 0: no limit. New
+	// refuses it on a class without a queue (QueueItems 0), where nothing
+	// waits for it to bound.
 	TenantQueued int
 	// TenantQueueWork bounds the estimated work (learned mean service time
 	// per request) of one tenant's waiting requests, as in seed 004's
@@ -138,6 +140,9 @@ func (cl Class) validate() error {
 			cl.Name, cl.ExpectedServiceTime, cl.MaxServiceTime)
 	case cl.Name == ControlClass && cl.Optional:
 		return invalidConfig("the control class cannot be optional")
+	case cl.TenantQueued > 0 && cl.QueueItems == 0:
+		// No request of the class ever waits: the bound would bind nothing.
+		return invalidConfig("class %q: TenantQueued %d bounds a queue the class does not have (QueueItems 0)", cl.Name, cl.TenantQueued)
 	}
 	return nil
 }
@@ -252,6 +257,8 @@ type config struct {
 	alpha       float64
 	mp          metric.MeterProvider
 	tp          trace.TracerProvider
+	mpSet       bool // WithMeterProvider given (New refuses nil then)
+	tpSet       bool // WithTracerProvider given (New refuses nil then)
 	now         func() time.Time
 	realClock   bool // now is time.Now: waiters' give-up timers may run
 	observer    func(Event)
@@ -261,6 +268,7 @@ type config struct {
 
 type pattern struct {
 	pat, class string
+	none       bool // from a WithMethods call that gave no pattern: New refuses it
 }
 
 // WithClasses adds workload classes. The first class added is the default
@@ -278,17 +286,24 @@ func WithClasses(classes ...Class) Option {
 // over services, services over prefixes; among prefixes the longest wins.
 // New refuses a pattern of any other form (it would never match), a
 // pattern routed to two classes, and one that matches only control methods
-// (the control class serves them, unless WithoutControlClass).
+// (the control class serves them, unless WithoutControlClass); and a call
+// with no pattern at all, which would route nothing.
 func WithMethods(class string, patterns ...string) Option {
-	ps := make([]pattern, 0, len(patterns))
+	ps := make([]pattern, 0, max(len(patterns), 1))
 	for _, p := range patterns {
 		ps = append(ps, pattern{pat: p, class: class})
+	}
+	if len(patterns) == 0 {
+		ps = append(ps, pattern{class: class, none: true})
 	}
 	return optionFunc(func(c *config) { c.patterns = append(c.patterns, ps...) })
 }
 
 // WithDefaultClass names the class of requests no pattern or classifier
-// places. Default: the first class given to [WithClasses].
+// places. Default: the first class given to [WithClasses]. New refuses
+// [ControlClass]: it would send every unclassified data request into the
+// small class that keeps the control path open under overload (DESIGN.md
+// §3.12); route operator methods there with [WithMethods] instead.
 func WithDefaultClass(name string) Option {
 	return optionFunc(func(c *config) { c.def = name })
 }
@@ -309,7 +324,8 @@ func WithoutControlClass() Option {
 	return optionFunc(func(c *config) { c.control = false })
 }
 
-// WithStages sets which switchable stages run. Default [AllStages].
+// WithStages sets which switchable stages run. Default [AllStages]; New
+// refuses a set with a bit that is not one of the Stage constants.
 func WithStages(s Stage) Option {
 	return optionFunc(func(c *config) { c.stages = s })
 }
@@ -361,16 +377,18 @@ func WithLearningRate(alpha float64) Option {
 // global provider, otel.GetMeterProvider(), read when New runs: until a
 // global provider is set, that is OpenTelemetry's delegating global, which
 // forwards to the first provider set later, so a global provider set after
-// New is used too.
+// New is used too. New refuses a nil mp (as tollgate's interceptor does):
+// pass none for the global one, or a noop provider for no metrics.
 func WithMeterProvider(mp metric.MeterProvider) Option {
-	return optionFunc(func(c *config) { c.mp = mp })
+	return optionFunc(func(c *config) { c.mp, c.mpSet = mp, true })
 }
 
 // WithTracerProvider sets where override and mode events go. Default: the
 // global provider, otel.GetTracerProvider(), read when New runs (as
-// WithMeterProvider's, a global provider set after New is used too).
+// WithMeterProvider's, a global provider set after New is used too). New
+// refuses a nil tp, as it does a nil meter provider.
 func WithTracerProvider(tp trace.TracerProvider) Option {
-	return optionFunc(func(c *config) { c.tp = tp })
+	return optionFunc(func(c *config) { c.tp, c.tpSet = tp, true })
 }
 
 // WithObserver calls f with every admission event (admitted, queued, started
@@ -407,6 +425,14 @@ func newConfig(opts []Option) (*config, error) {
 		if o != nil {
 			o.apply(c)
 		}
+	}
+	switch {
+	case c.mpSet && c.mp == nil:
+		return nil, invalidConfig("nil meter provider (pass no WithMeterProvider for the global one)")
+	case c.tpSet && c.tp == nil:
+		return nil, invalidConfig("nil tracer provider (pass no WithTracerProvider for the global one)")
+	case c.stages&^AllStages != 0:
+		return nil, invalidConfig("stages %#x include bits that are no Stage (AllStages is %#x)", uint8(c.stages), uint8(AllStages))
 	}
 	if c.mp == nil {
 		c.mp = otel.GetMeterProvider()
@@ -476,8 +502,14 @@ func newConfig(opts []Option) (*config, error) {
 	if !names[c.def] {
 		return nil, invalidConfig("default class %q is not configured", c.def)
 	}
+	if c.def == ControlClass {
+		return nil, invalidConfig("default class %q: every unclassified data request would take the control path's slots; route operator methods there with WithMethods", ControlClass)
+	}
 	routed := map[string]string{} // pattern → class
 	for _, p := range c.patterns {
+		if p.none {
+			return nil, invalidConfig("WithMethods(%q) with no pattern routes nothing", p.class)
+		}
 		if !names[p.class] {
 			return nil, invalidConfig("pattern %q names unknown class %q", p.pat, p.class)
 		}

@@ -41,7 +41,11 @@ func TestPropertyBoundedAdmission(t *testing.T) {
 				}
 				if rng.IntN(2) == 0 {
 					cl.TenantRunning = 1 + rng.IntN(2)
-					cl.TenantQueued = rng.IntN(3)
+					// New refuses TenantQueued without a queue, where
+					// it bound nothing (the draw keeps the seeds' runs).
+					if q := rng.IntN(3); cl.QueueItems > 0 {
+						cl.TenantQueued = q
+					}
 				}
 				if rng.IntN(3) == 0 {
 					cl.TenantQueueWork = time.Duration(10+rng.IntN(50)) * time.Millisecond
