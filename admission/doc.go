@@ -201,7 +201,13 @@
 // consecutive healthy
 // windows (default 3) make it Normal again, and an overloaded window while
 // Recovering returns it to Degraded for ExitAfter healthy windows, so an
-// oscillating load cannot make it flap. Operators may freeze a class, lower its limits or force a
+// oscillating load cannot make it flap. Lowered limits bind lending too: a
+// shed optional class that lends its idle slots (LendIdle) lends none while
+// Degraded, and no more than its step while Recovering, so the classes that
+// borrow from it lose that capacity then (running borrowers keep their
+// slots: nothing is preempted); only a lender that is not optional lends in
+// every mode (the README's Admission section shows how to split one).
+// Operators may freeze a class, lower its limits or force a
 // mode with an [Override]: bounded (at most [MaxOverrides] in force at
 // once), attributed, emitted as OpenTelemetry events, and expiring by
 // itself.

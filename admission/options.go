@@ -73,10 +73,14 @@ type Class struct {
 	// when none of its own requests wait. A class never uses another's slots
 	// unless that class lends them. Nothing is preempted: a lent slot comes
 	// back when its borrower ends (a borrowing stream holds it for its
-	// lifetime), and the lender's own requests wait for it meanwhile.
+	// lifetime), and the lender's own requests wait for it meanwhile. A
+	// class lends no more than its limits let it use: none while frozen or
+	// shed (an Optional class while Degraded), at most its step while
+	// Recovering or its lowered Slots under an override.
 	LendIdle bool
 	// Optional classes are shed (SHED) while the controller is degraded and
-	// re-admitted in steps while it recovers. The control class cannot be
+	// re-admitted in steps while it recovers; an optional class that lends
+	// (LendIdle) lends nothing while shed. The control class cannot be
 	// optional.
 	Optional bool
 	// ExpectedServiceTime seeds the learned service time of the class (its
