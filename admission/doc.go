@@ -46,7 +46,11 @@
 // That time is jittered in [1, 1½) of itself, never before it, with the
 // same cap (a time beyond ⅔ of the bound suggests [⅔, 1) of the bound).
 // DRAINING carries no retry-after: the server is shutting down, and a
-// repeat belongs on another server:
+// repeat belongs on another server. DEADLINE_UNREACHABLE's retry-after is
+// the class's predicted wait (its learned mean service time when a request
+// would start at once), which may exceed the refused request's own time
+// left: no wait makes the work fit that deadline, only a repeat with a
+// longer one (it is never final for that reason):
 //
 //  1. size: larger than the class's MaxRequestBytes → REQUEST_TOO_LARGE;
 //  2. class and tenant: a frozen class or an optional class while degraded
