@@ -756,10 +756,21 @@ func (w *owner) budgetExhausted(ctx context.Context, n uint32, last error) error
 			status.WithReason(status.ReasonRetryBudgetExhausted),
 			status.WithMessage("interceptor: retry budget exhausted"))
 	}
+	// The suggested delay is the later of the callee's (the last try's
+	// refusal) and the time the budget's floor takes to earn a token: a
+	// new attempt's first try needs none, but a target that drained the
+	// budget has been refusing, and the caller is paced as its repeats
+	// would be. Jittered upwards and bounded, as any adopted delay.
+	ra, _ := status.RetryAfter(last)
+	if b := w.tgt.budget; b != nil {
+		if d, ok := b.Delay(); ok {
+			ra = max(ra, d)
+		}
+	}
 	return status.NotAdmitted(status.ReasonRetryBudgetExhausted, status.Fields{
 		AttemptID: w.cl.s.ID, Call: w.cl.key, Try: n,
 		Message: "interceptor: retry budget exhausted; last try: " + last.Error(),
-	}, unitsLeft(w.cl.s), status.WithDetailsOf(last)) // not its RetryInfo: the budget allows no repeat now
+	}, unitsLeft(w.cl.s), status.WithRetryAfter(adoptedDelay(ra)), status.WithDetailsOf(last))
 }
 
 // resolve learns the state of try n, whose outcome is unknown, by fencing it
