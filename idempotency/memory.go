@@ -357,7 +357,7 @@ func (s *MemoryStore) Begin(ctx context.Context, req BeginRequest) (BeginResult,
 	}
 	if r == nil {
 		if !s.absenceVouched(ts, latest, req.Minted) {
-			return BeginResult{Refusal: RefusedUnverifiable, Record: unknownRecord(req.Key), VerifiableFrom: s.sweptFrom(ts)}, nil
+			return BeginResult{Refusal: RefusedUnverifiable, Record: unknownRecord(req.Key), VerifiableFrom: s.sweptFrom(ts, latest)}, nil
 		}
 		size := recordOverhead + keySize(req.Key)
 		if err := s.room(req.Key, size); err != nil {
@@ -503,12 +503,16 @@ func (s *MemoryStore) absenceVouched(ts, latest int64, minted bool) bool {
 
 // sweptFrom returns, for an attempt created at ts that is refused, the
 // creation time from which a new attempt is not refused for a swept record
-// (see sweep), when ts is no later than swept: after a clock stepped forward
-// longer than the TTL and corrected, attempts the server minted at the
-// stepped time may have been swept, and every attempt created before then
-// is refused until real time passes it. The zero time otherwise.
-func (s *MemoryStore) sweptFrom(ts int64) time.Time {
-	if ts > s.swept {
+// (see sweep), when ts is no later than swept and the attempt is not past
+// the time its absence was evidence by the reading latest alone: after a
+// clock stepped forward longer than the TTL and corrected, attempts the
+// server minted at the stepped time may have been swept, and every attempt
+// created before then is refused until real time passes it. The zero time
+// otherwise: an attempt created longer ago than the TTL, less the skew, by
+// latest is refused for its age whatever was swept, as a store that never
+// swept a record refuses it (an ordinary expiry, not a clock step).
+func (s *MemoryStore) sweptFrom(ts, latest int64) time.Time {
+	if ts > s.swept || latest >= ts-s.policy.Skew.Milliseconds()+s.policy.TTL.Milliseconds() {
 		return time.Time{}
 	}
 	return time.UnixMilli(s.swept + 1)

@@ -132,8 +132,9 @@ type BeginResult struct {
 	// attempt would be inside the horizon. It is set too when the memory
 	// store swept the record of an attempt created no earlier than this
 	// one, by a clock stepped forward and since corrected (see
-	// [MemoryStore]): the creation time after the newest such attempt.
-	// Zero otherwise.
+	// [MemoryStore]), and this attempt is not itself older than the TTL
+	// less the skew: the creation time after the newest such attempt.
+	// Zero otherwise, as for an attempt refused for its age alone.
 	VerifiableFrom time.Time
 }
 
