@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"errors"
+	"reflect"
 	"strings"
 	"unicode/utf8"
 
@@ -58,9 +59,11 @@ type AttemptService struct {
 }
 
 // NewAttemptService returns the AttemptService of store. It panics if store
-// is nil.
+// is nil, or holds a nil pointer, map, slice, channel or function (a typed
+// nil, such as a *redisstore.Store never set), whose methods would panic on
+// the first query instead.
 func NewAttemptService(store Store, opts ...ServiceOption) *AttemptService {
-	if store == nil {
+	if store == nil || typedNil(store) {
 		panic("idempotency: NewAttemptService needs a store")
 	}
 	s := &AttemptService{store: store, tenant: TenantFromContext}
@@ -71,6 +74,17 @@ func NewAttemptService(store Store, opts ...ServiceOption) *AttemptService {
 		s.tenant = TenantFromContext
 	}
 	return s
+}
+
+// typedNil reports whether x, a non-nil interface, holds a nil pointer,
+// map, slice, channel or function.
+func typedNil(x any) bool {
+	v := reflect.ValueOf(x)
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Chan, reflect.Func, reflect.Interface:
+		return v.IsNil()
+	}
+	return false
 }
 
 // GetAttempt returns the caller's tenant's record of one call, without

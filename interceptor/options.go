@@ -283,6 +283,7 @@ func (f serverOptionFunc) applyServer(c *serverConfig) { f(c) }
 type serverConfig struct {
 	admission    *admission.Controller
 	store        idempotency.Store
+	nilStore     bool // WithAttemptStore(nil)
 	admissionTap bool
 	// streamRequestFirst: a server-streaming request is received before
 	// admission and the record (WithoutStreamRequestFirst).
@@ -341,6 +342,8 @@ func (c *serverConfig) validate() error {
 		return invalid("maximum concurrent streams is 0")
 	case c.tracer == nil || c.meter == nil:
 		return invalid("nil tracer or meter provider")
+	case c.nilStore:
+		return invalid("nil attempt store; pass no WithAttemptStore for none")
 	case c.store != nil && typedNil(c.store):
 		return invalid("nil attempt store (a nil %T); pass no WithAttemptStore for none", c.store)
 	}
@@ -422,8 +425,11 @@ func WithAdmission(ctrl *admission.Controller) ServerOption {
 // both of tollgate's stores have) is checked: a different skew, or a
 // WithMaxAttemptTime over its policy's MaxAttemptDeadline, is
 // ErrInvalidOption (the default maximum attempt time is lowered to it).
+// A nil store, or one holding a nil pointer (a typed nil), is
+// ErrInvalidOption too: pass no WithAttemptStore for a server that keeps no
+// records (unlike WithAdmission, whose nil means none).
 func WithAttemptStore(store idempotency.Store) ServerOption {
-	return serverOptionFunc(func(c *serverConfig) { c.store = store })
+	return serverOptionFunc(func(c *serverConfig) { c.store, c.nilStore = store, store == nil })
 }
 
 // WithoutAdmissionTap keeps ServerOptions from installing the admission

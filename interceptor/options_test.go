@@ -91,7 +91,7 @@ func TestOptionsRejectInvalidValues(t *testing.T) {
 		{"nil tracer provider", []interceptor.ServerOption{interceptor.WithServerTracerProvider(nil)}, false},
 		{"nil meter provider", []interceptor.ServerOption{interceptor.WithServerMeterProvider(nil)}, false},
 		{"typed nil attempt store", []interceptor.ServerOption{interceptor.WithAttemptStore((*idempotency.MemoryStore)(nil))}, false},
-		{"nil attempt store (none)", []interceptor.ServerOption{interceptor.WithAttemptStore(nil)}, true},
+		{"nil attempt store", []interceptor.ServerOption{interceptor.WithAttemptStore(nil)}, false},
 	} {
 		t.Run("server/"+tc.name, func(t *testing.T) {
 			_, err := interceptor.NewServerOptions(tc.opts...)
