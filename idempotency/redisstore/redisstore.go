@@ -203,6 +203,16 @@ func WithPolicy(p idempotency.Policy) Option { return optionFunc(func(s *Store) 
 // runs the hooks added per node (ClusterOptions.OnNewNode, as redisotel
 // does) but not those added with ClusterClient.AddHook.
 // Use a majority of the replicas. Default 0: no waiting.
+//
+// New tries WAIT (WAIT 0 0, answered at once) on every primary, so that a
+// store user Redis refuses it to fails New, but it does not count the
+// replicas connected: a replica may connect later (one started beside its
+// primary, one resynchronising after a restart), and a server started
+// before it should not fail for that. Until n replicas acknowledge, every
+// Begin and Fence fails with idempotency.ErrStoreUnavailable, its error
+// saying how many of n acknowledged in time; a server refuses those tries
+// NOT_ADMITTED STORE_UNAVAILABLE, and they do not run. Watch
+// connected_slaves (INFO replication) on the primaries to see it coming.
 func WithReplicas(n int, timeout time.Duration) Option {
 	return optionFunc(func(s *Store) { s.replicas, s.waitTimeout = n, timeout })
 }
@@ -510,7 +520,10 @@ func (e sentError) Unwrap() error { return e.error }
 // every store call (go-redis ignores deadlines otherwise). New checks that,
 // that Redis answers, and that its maxmemory-policy is noeviction (on a
 // Cluster, on every node the client knows of, replicas included), that it
-// tells its identity (run_id and master_replid in INFO, on every node), and
+// tells its identity (run_id and master_replid in INFO, on every node), that
+// every primary lets the store's user run the commands the store sends
+// itself (EVALSHA of a script Redis does not hold, answered NOSCRIPT; EVAL
+// of a script that touches no key; with [WithReplicas], WAIT 0 0), and
 // loads the scripts. With [WithReplicas] it also reads Redis's hz (on a Cluster,
 // on every node) and refuses a timeout unless timeout + 1000/hz ms is at
 // most half the client's ReadTimeout (when it has one) and at most half the
@@ -522,8 +535,11 @@ func (e sentError) Unwrap() error { return e.error }
 // naming the problem for a wrong setting or option, a command Redis refuses
 // to the store's user (NOPERM) or does not know (renamed away), credentials
 // it refuses (WRONGPASS, NOAUTH) and a ClusterClient of a Redis without
-// Cluster mode included (New runs no script: a command only the scripts
-// run, HSET say, that Redis refuses is found by the first call). After New,
+// Cluster mode included. So every command the store sends itself is tried
+// by New — CONFIG GET, INFO, TIME, SCRIPT LOAD, EVALSHA, EVAL, WAIT with
+// WithReplicas, CLUSTER SLOTS on a Cluster — but not the commands only its
+// scripts run (HSET, say: trying them would write under the prefix): Redis
+// refusing one of those is found by the first call. After New,
 // a call whose command Redis refuses to the store's user (an ACL changed
 // since, a command renamed away, a command only the scripts run) fails
 // with an error wrapping idempotency.ErrStoreUnavailable, as every fault of
@@ -687,12 +703,60 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 				s.waitTimeout, s.tick, hz, s.keep/2, s.keep)
 		}
 	}
+	if err := s.probeCommands(ctx, client); err != nil {
+		return nil, err
+	}
 	for _, sc := range []*redis.Script{beginScript, finishScript, getScript, fenceScript} {
 		if err := sc.Load(ctx, client).Err(); err != nil {
 			return nil, checkErr("loading scripts", err)
 		}
 	}
 	return s, nil
+}
+
+// noScript is the SHA1 of a script no Redis holds (its digest would need a
+// preimage of all zeros): EVALSHA of it answers NOSCRIPT and runs nothing.
+const noScript = "0000000000000000000000000000000000000000"
+
+// probeCommands tries, on every primary the client knows (off a Cluster,
+// the Redis behind it), the commands the store sends itself that New's
+// checks do not send, so that one Redis refuses to the store's user (NOPERM)
+// or does not know (renamed away) is reported by New, as a setting, and not
+// by the first call: EVALSHA of noScript (answered NOSCRIPT), EVAL of a
+// script that returns 0 and touches no key, and, when the store waits for
+// replicas, WAIT 0 0 (answered at once, whatever the replicas). They are
+// pipelined, one round trip per primary. The commands only the scripts run
+// are not tried: that would take a write under the prefix.
+func (s *Store) probeCommands(ctx context.Context, client redis.UniversalClient) error {
+	probe := func(ctx context.Context, c redis.UniversalClient, where string) error {
+		pipe := c.Pipeline()
+		sha := pipe.EvalSha(ctx, noScript, nil)
+		eval := pipe.Eval(ctx, "return 0", nil)
+		var wait *redis.Cmd
+		if s.replicas > 0 {
+			wait = pipe.Do(ctx, "WAIT", 0, 0)
+		}
+		execAll(ctx, pipe) // each command's reply is read below
+		if err := sha.Err(); err != nil && !redis.HasErrorPrefix(err, "NOSCRIPT") {
+			return checkErr("trying EVALSHA"+where, err)
+		}
+		if err := eval.Err(); err != nil {
+			return checkErr("trying EVAL"+where, err)
+		}
+		if wait != nil {
+			if err := wait.Err(); err != nil {
+				return checkErr("trying WAIT 0 0"+where, err)
+			}
+		}
+		return nil
+	}
+	cluster, ok := client.(*redis.ClusterClient)
+	if !ok {
+		return probe(ctx, client, "")
+	}
+	return cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+		return probe(ctx, node, " at "+node.Options().Addr)
+	})
 }
 
 // eachNode calls f with client, or, on a Cluster, with every node the

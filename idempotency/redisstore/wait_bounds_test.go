@@ -144,8 +144,8 @@ func TestRedisWaitShortfallFencedAfterTheContextEnds(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	c.AddHook(&afterWait{then: cancel})
 	waiting, plain, clock, k := waitingStores(t, c, prefix, 20*time.Millisecond)
+	c.AddHook(&afterWait{then: cancel}) // after New, whose WAIT 0 0 it would take for Begin's
 
 	_, err := waiting.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
 	require.ErrorContains(t, err, "0 of 1 replicas")
@@ -162,14 +162,12 @@ func TestRedisWaitShortfallFencesOnlyItsOwnBegin(t *testing.T) {
 	plainClient, prefix := newClient(t)
 	c := redis.NewClient(&redis.Options{Addr: redisAddr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = c.Close() })
-	var k idempotency.Key
-	c.AddHook(&afterWait{then: func() {
+	waiting, plain, clock, k := waitingStores(t, c, prefix, 20*time.Millisecond)
+	c.AddHook(&afterWait{then: func() { // after New, whose WAIT 0 0 it would take for Begin's
 		// Another Begin call's record of the same try, as far as the token
 		// tells.
 		require.NoError(t, plainClient.HSet(context.Background(), recordKey(prefix, k), "tok", "another call").Err())
 	}})
-	waiting, plain, clock, key := waitingStores(t, c, prefix, 20*time.Millisecond)
-	k = key
 
 	_, err := waiting.Begin(context.Background(), idempotency.BeginRequest{Key: k, Try: 1, Deadline: clock.Now().Add(time.Second)})
 	require.ErrorContains(t, err, "0 of 1 replicas")
