@@ -25,8 +25,10 @@ type Key struct {
 	Method string
 }
 
-// ErrMalformedKey is wrapped by every error that reports a malformed key,
-// try number or request. The AttemptService answers it with INVALID_ARGUMENT.
+// ErrMalformedKey is matched (errors.Is) by every error that reports a
+// malformed key, try number or request; one about another part of a
+// request than its key and try reads "idempotency: malformed request". The
+// AttemptService answers it with INVALID_ARGUMENT.
 var ErrMalformedKey = errors.New("idempotency: malformed key")
 
 // Limits of a key's parts (DESIGN.md §2.1, §2.2).

@@ -231,8 +231,6 @@ func storeErr(err error) error {
 	return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 }
 
-var errFull = fmt.Errorf("%w: %w", ErrStoreUnavailable, ErrStoreFull)
-
 // tenantUse is what one tenant's records hold.
 type tenantUse struct {
 	records int
@@ -243,14 +241,14 @@ type tenantUse struct {
 // store's bounds and its tenant's; else the error to refuse it with.
 func (s *MemoryStore) room(key Key, size int64) error {
 	if len(s.records) >= s.maxRecords || s.bytes+size > s.maxBytes {
-		return errFull
+		return ErrStoreFull
 	}
 	u := s.tenants[key.Tenant]
 	if s.perTenant > 0 && u.records >= s.perTenant {
-		return fmt.Errorf("%w: tenant %q holds its %d records", errFull, key.Tenant, s.perTenant)
+		return fmt.Errorf("%w: tenant %q holds its %d records", ErrStoreFull, key.Tenant, s.perTenant)
 	}
 	if !s.tenantRoom(key.Tenant, size) {
-		return fmt.Errorf("%w: tenant %q holds its %d bytes", errFull, key.Tenant, s.tenantCap)
+		return fmt.Errorf("%w: tenant %q holds its %d bytes", ErrStoreFull, key.Tenant, s.tenantCap)
 	}
 	return nil
 }
@@ -395,8 +393,10 @@ func (s *MemoryStore) Finish(ctx context.Context, req FinishRequest) error {
 	if r == nil {
 		return fmt.Errorf("%w: no record (lost or expired)", ErrNotRunning)
 	}
-	if st := r.view(now); st != tollgatev1.AttemptState_ATTEMPT_STATE_IN_PROGRESS || r.try != req.Try || r.fp != req.Fingerprint {
+	if st := r.view(now); st != tollgatev1.AttemptState_ATTEMPT_STATE_IN_PROGRESS || r.try != req.Try {
 		return fmt.Errorf("%w: the record is %s with try %d", ErrNotRunning, st, r.try)
+	} else if r.fp != req.Fingerprint {
+		return fmt.Errorf("%w: try %d runs, begun with another request fingerprint than the finish names", ErrNotRunning, r.try)
 	}
 	old := r.variableSize()
 	r.state = req.State

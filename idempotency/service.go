@@ -168,7 +168,10 @@ func serviceError(err error, key Key, try uint32) error {
 		return grpcstatus.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, ErrStoreUnavailable):
 		return status.NotAdmitted(status.ReasonStoreUnavailable, status.Fields{
-			AttemptID: key.AttemptID, Call: key.Call, Try: try, Message: err.Error(),
+			AttemptID: key.AttemptID, Call: key.Call, Try: try,
+			// The reason says "store unavailable": the sentinel's words
+			// are not said again.
+			Message: strings.TrimPrefix(err.Error(), ErrStoreUnavailable.Error()+": "),
 		})
 	}
 	return grpcstatus.Error(codes.Internal, err.Error())

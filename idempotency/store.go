@@ -17,11 +17,11 @@ import (
 // concurrent use; every method honours ctx's deadline and cancellation.
 //
 // Faults of the store itself (unreachable, too slow, full, too few replicas)
-// are errors that wrap [ErrStoreUnavailable]; a full store's also wrap
-// [ErrStoreFull]. The interceptor answers them NOT_ADMITTED
+// are errors that match [ErrStoreUnavailable] (errors.Is); a full store's
+// wrap [ErrStoreFull], which matches it. The interceptor answers them NOT_ADMITTED
 // STORE_UNAVAILABLE, except a [*TooLittleTimeError] (the try's time left
 // cannot fit the store's work), which it answers NOT_ADMITTED
-// DEADLINE_UNREACHABLE. Malformed input is an error wrapping [ErrMalformedKey].
+// DEADLINE_UNREACHABLE. Malformed input is an error matching [ErrMalformedKey].
 // Everything else — a try that may not start — is not an error but a
 // [BeginResult] with a [Refusal].
 type Store interface {
@@ -31,7 +31,8 @@ type Store interface {
 	Begin(ctx context.Context, req BeginRequest) (BeginResult, error)
 	// Finish records how a started try ended. It fails with an error
 	// wrapping [ErrNotRunning] when the try is not the record's running try
-	// (its lease ran out, or the store lost it), and changes nothing then.
+	// (its lease ran out, it began with another fingerprint, or the store
+	// lost it), and changes nothing then.
 	Finish(ctx context.Context, req FinishRequest) error
 	// Get returns the record of a call without changing it: UNSEEN when it is
 	// absent and the store can vouch that it would hold it, UNKNOWN when the
@@ -188,13 +189,13 @@ func (r *FinishRequest) validate() error {
 	case tollgatev1.AttemptState_ATTEMPT_STATE_SUCCEEDED, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED:
 	case tollgatev1.AttemptState_ATTEMPT_STATE_FAILED, tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN:
 		if r.Code == codes.OK {
-			return fmt.Errorf("%w: a %s try needs a status code other than OK", ErrMalformedKey, r.State)
+			return fmt.Errorf("%w: a %s try needs a status code other than OK", errMalformedRequest, r.State)
 		}
 	default:
-		return fmt.Errorf("%w: a try cannot finish as %s", ErrMalformedKey, r.State)
+		return fmt.Errorf("%w: a try cannot finish as %s", errMalformedRequest, r.State)
 	}
 	if r.UnitsSpent < 0 {
-		return fmt.Errorf("%w: units_spent must not be negative", ErrMalformedKey)
+		return fmt.Errorf("%w: units_spent must not be negative", errMalformedRequest)
 	}
 	return nil
 }
@@ -207,12 +208,12 @@ func (r *BeginRequest) validate() error {
 		return err
 	}
 	if r.Deadline.IsZero() {
-		return fmt.Errorf("%w: begin needs the attempt's deadline", ErrMalformedKey)
+		return fmt.Errorf("%w: begin needs the attempt's deadline", errMalformedRequest)
 	}
 	if r.Deadline.Before(time.Unix(0, 0)) || r.Deadline.After(latestDeadline) {
 		// A record's times (its lease is the deadline plus the skew) must
 		// be ones every store can keep and a protobuf Timestamp can carry.
-		return fmt.Errorf("%w: the deadline %v is not between 1970 and %d", ErrMalformedKey, r.Deadline, latestDeadline.Year())
+		return fmt.Errorf("%w: the deadline %v is not between 1970 and %d", errMalformedRequest, r.Deadline, latestDeadline.Year())
 	}
 	return nil
 }
@@ -248,9 +249,10 @@ var (
 	// slow for the context, too few replicas acknowledged, or full).
 	ErrStoreUnavailable = errors.New("idempotency: store unavailable")
 	// ErrStoreFull: the store holds as many records or bytes as it may and
-	// refuses new ones rather than evicting any. Errors that wrap it also
-	// wrap ErrStoreUnavailable.
-	ErrStoreFull = errors.New("idempotency: store full")
+	// refuses new ones rather than evicting any. It matches
+	// ErrStoreUnavailable too (errors.Is(ErrStoreFull, ErrStoreUnavailable)
+	// holds), so an error that wraps it need not wrap both.
+	ErrStoreFull error = storeFullError{}
 	// ErrTooLittleTime: the call's context has too little time left for
 	// the store to do its work in (a store that waits for replicas needs
 	// time for the wait), so it sent nothing and changed no record. Stores
@@ -261,10 +263,29 @@ var (
 	ErrTooLittleTime = errors.New("idempotency: too little time left for the store")
 	// ErrNotRunning: [Store.Finish] named a try that is not the record's
 	// running try: its lease ran out (the record reads ABANDONED), it
-	// already finished, or the store lost it. The try's outcome stays
-	// unknown to its caller.
+	// already finished, another try runs, the running try began with
+	// another request fingerprint than the Finish names, or the store lost
+	// it. The try's outcome stays unknown to its caller.
 	ErrNotRunning = errors.New("idempotency: try is not running")
 )
+
+// storeFullError is ErrStoreFull: it reads "idempotency: store full" and
+// matches ErrStoreUnavailable too.
+type storeFullError struct{}
+
+func (storeFullError) Error() string        { return "idempotency: store full" }
+func (storeFullError) Is(target error) bool { return target == ErrStoreUnavailable }
+
+// errMalformedRequest is wrapped by the errors of a request malformed in
+// other parts than its key and try (a finish's state or status code, a
+// begin's deadline): it reads "idempotency: malformed request" and matches
+// ErrMalformedKey, as every malformed input does.
+var errMalformedRequest error = malformedRequestError{}
+
+type malformedRequestError struct{}
+
+func (malformedRequestError) Error() string        { return "idempotency: malformed request" }
+func (malformedRequestError) Is(target error) bool { return target == ErrMalformedKey }
 
 // TooLittleTimeError is the error of a store call whose context had too
 // little time left for the store's work: the store sent nothing and changed

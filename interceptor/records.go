@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -116,7 +117,9 @@ func (sv *server) beginTry(ctx context.Context, method string, in *inbound, fp i
 				AttemptID: s.ID, Call: s.Call, Try: s.Try, Final: final, Message: err.Error()})
 		}
 		return false, nil, status.NotAdmitted(status.ReasonStoreUnavailable, status.Fields{
-			AttemptID: s.ID, Call: s.Call, Try: s.Try, RetryAfter: storeRetryAfter/2 + rand.N(storeRetryAfter), Message: err.Error()})
+			AttemptID: s.ID, Call: s.Call, Try: s.Try, RetryAfter: storeRetryAfter/2 + rand.N(storeRetryAfter),
+			// The reason says "store unavailable": not the sentinel's words again.
+			Message: strings.TrimPrefix(err.Error(), idempotency.ErrStoreUnavailable.Error()+": ")})
 	}
 	if res.Started {
 		if in.expired {
@@ -292,8 +295,8 @@ func (sv *server) beforeHorizon(s *attemptState, id status.Option, verifiableFro
 		status.WithRetryAfter(wait), status.WithMessage(msgBeforeHorizon))
 }
 
-const msgBeforeHorizon = "interceptor: the record store began retaining records (a restart, a failover, " +
-	"a tenant's first request on Redis, a clock stepped forward in memory) less than the clock skew before this attempt " +
+const msgBeforeHorizon = "interceptor: the record store began retaining records (a restart, a failover, a flush, " +
+	"a tenant's first request or idle expiry on Redis, a clock stepped forward in memory) less than the clock skew before this attempt " +
 	"was created, or after it, so it cannot vouch that no earlier try ran; a later attempt can be verified"
 
 // storeRetryAfter is the mean delay suggested when the store cannot begin a

@@ -1406,8 +1406,7 @@ func (s *Store) keys(k idempotency.Key) []string {
 
 // tenantFull is the refusal of a new record of key's tenant at its bound.
 func (s *Store) tenantFull(key idempotency.Key) error {
-	return fmt.Errorf("%w: %w: redisstore: tenant %q holds its %d records",
-		idempotency.ErrStoreUnavailable, idempotency.ErrStoreFull, key.Tenant, s.perTenant)
+	return fmt.Errorf("%w: redisstore: tenant %q holds its %d records", idempotency.ErrStoreFull, key.Tenant, s.perTenant)
 }
 
 // attemptMillis returns the attempt's UUIDv7 time, or -1.
@@ -1630,7 +1629,7 @@ func (s *Store) send(ctx context.Context, wait bool, sc *redis.Script, cluster *
 // error says so, and what the user needs, as New's (checkErr).
 func storeErr(err error) error {
 	if redis.HasErrorPrefix(err, "OOM") {
-		return fmt.Errorf("%w: %w: redisstore: %w", idempotency.ErrStoreUnavailable, idempotency.ErrStoreFull, err)
+		return fmt.Errorf("%w: redisstore: %w", idempotency.ErrStoreFull, err) // ErrStoreFull matches ErrStoreUnavailable
 	}
 	if refusedCommand(err) {
 		return fmt.Errorf("%w: redisstore: Redis refused a command of the store to its user (its ACL changed since New, a command was renamed away, or it is a command only the store's scripts run, which New does not try): %w (%s)",
@@ -1823,6 +1822,11 @@ func (s *Store) finish(ctx context.Context, req idempotency.FinishRequest, begin
 	case kindNotRunning:
 		if rec == nil {
 			return fmt.Errorf("%w: no record (lost, expired, or outside the horizon)", idempotency.ErrNotRunning)
+		}
+		if len(beginTok) == 0 && rec.GetState() == tollgatev1.AttemptState_ATTEMPT_STATE_IN_PROGRESS && rec.GetTry() == req.Try {
+			// The script refuses a running try of the same number, for a
+			// Finish without a Begin's token, only for its fingerprint.
+			return fmt.Errorf("%w: try %d runs, begun with another request fingerprint than the finish names", idempotency.ErrNotRunning, rec.GetTry())
 		}
 		return fmt.Errorf("%w: the record is %s with try %d", idempotency.ErrNotRunning, rec.GetState(), rec.GetTry())
 	}
