@@ -60,7 +60,12 @@ func WithMaxRecords(n int) MemoryOption {
 // made-up attempts, say, whose tombstones last the TTL — cannot use up
 // WithMaxRecords and have every other tenant's new tries refused. A tenant
 // at its bound is refused new tries and fences as a full store refuses
-// them ([ErrStoreFull]); its existing records still answer and finish.
+// them ([ErrStoreFull]); its existing records still answer and finish. A
+// server refuses such a try NOT_ADMITTED STORE_UNAVAILABLE, not final, with
+// the retry-after of any store fault (about 100 ms), although the bound
+// clears only as the tenant's oldest records expire (TTL after their last
+// write, at least): the store does not say when, and a caller's repeats
+// until then are refused alike, spending its allowance.
 // Records are bounded in bytes too: pair it with WithMaxBytesPerTenant.
 // Default 0: no bound but WithMaxRecords; it must not be negative.
 func WithMaxRecordsPerTenant(n int) MemoryOption {

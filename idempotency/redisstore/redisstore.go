@@ -222,8 +222,13 @@ func WithReplicas(n int, timeout time.Duration) Option {
 // made-up attempts, say, whose tombstones last the TTL — cannot fill Redis
 // and have every other tenant's new tries refused. A tenant at its bound is
 // refused new tries and fences with an error wrapping
-// idempotency.ErrStoreFull (and ErrStoreUnavailable), as a full Redis
-// refuses them; its existing records still answer and finish. Each tenant
+// idempotency.ErrStoreFull (which matches ErrStoreUnavailable), as a full
+// Redis refuses them; its existing records still answer and finish. A
+// server refuses such a try NOT_ADMITTED STORE_UNAVAILABLE, not final, with
+// the retry-after of any store fault (about 100 ms), although the bound
+// clears only as the tenant's oldest records leave (their expiry plus the
+// keep, below): the store does not say when, and a caller's repeats until
+// then are refused alike, spending its allowance. Each tenant
 // then keeps an index beside its records, a sorted set of its record keys
 // scored by their expiry, under the tenant's hash tag; it lives as long as
 // the tenant's longest-lived record. Records written while the store ran
