@@ -295,9 +295,9 @@ func (sv *server) beforeHorizon(s *attemptState, id status.Option, verifiableFro
 		status.WithRetryAfter(wait), status.WithMessage(msgBeforeHorizon))
 }
 
-const msgBeforeHorizon = "interceptor: the record store began retaining records (a restart, a failover, a flush, " +
-	"a tenant's first request or idle expiry on Redis, a clock stepped forward in memory) less than the clock skew before this attempt " +
-	"was created, or after it, so it cannot vouch that no earlier try ran; a later attempt can be verified"
+const msgBeforeHorizon = "interceptor: the store began retaining records (a restart, failover or flush, " +
+	"a Redis tenant's first request or idle expiry, a clock stepped forward in memory) less than the clock skew before this attempt " +
+	"was created, or later: it cannot vouch that no earlier try ran; a later attempt can be verified"
 
 // storeRetryAfter is the mean delay suggested when the store cannot begin a
 // try; each refusal draws one in [½, 1½) of it, so refused clients do not
