@@ -1388,8 +1388,10 @@ func (c *Controller) startLocked(cs, owner *classState, tenant string, tenantOn,
 // is a false accept (unset as well by a plain Release whose start and
 // time are on different clocks); observe then also teaches the class its
 // service time, now less the start (unset by a plain Release whose time,
-// or start, was not on the controller's own clock: see Release). It
-// reports whether the request finished after its deadline.
+// or start, was not on the controller's own clock: see Release), as a
+// lower bound when it finished after its deadline (the deadline cut its
+// handler, most likely: estimator.observe). It reports whether the request
+// finished after its deadline.
 func (c *Controller) releaseLocked(p *Permit, now time.Time, observe, judge bool) (late bool) {
 	cs := p.cs
 	if judge && !p.deadline.IsZero() && now.After(p.deadline) {
@@ -1397,7 +1399,7 @@ func (c *Controller) releaseLocked(p *Permit, now time.Time, observe, judge bool
 		late = true
 	}
 	if observe {
-		cs.est.observe(now.Sub(p.start))
+		cs.est.observe(now.Sub(p.start), p.startOff, late)
 		switch svc := cs.est.service(); {
 		case svc >= 2*cs.roseAt && svc > 0:
 			if cs.queue.n > 0 {

@@ -8,7 +8,12 @@ import "time"
 // settles where 5% of observations lie above). The step is a tenth of the
 // larger of the two, so a p95 that one slow sample raised far above the mean
 // comes down geometrically (by half in about 140 ordinary samples), not by a
-// tenth of the mean at a time. Both start from the class's
+// tenth of the mean at a time; and settleRun completed samples in a row
+// below the p95 take it down to the largest of them at once, so that a p95
+// a burst of slow samples raised (a hang) does not outlive it by
+// hundreds of samples — samples the refusals it causes would withhold.
+// Work that ended after its deadline is a censored sample (observe's cut):
+// it may raise the p95, never lower it. Both start from the class's
 // ExpectedServiceTime. Every observation is capped at MaxServiceTime (default
 // DefaultMaxServiceTime) and, once clipMinSamples observations were made, at
 // clipFactor times the current p95, so one huge sample (a hung handler) moves
@@ -23,18 +28,39 @@ type estimator struct {
 	n         uint64
 	alpha     float64
 	cap       float64
+	// below counts the completed samples in a row that lay below the p95
+	// (since the last one at or above it, or cut), belowMax the largest,
+	// belowFrom the earliest start among them (ns since the controller's
+	// epoch).
+	below               int
+	belowMax, belowFrom float64
 }
 
 const (
 	clipMinSamples = 20
 	clipFactor     = 4
+	// settleRun is how many completed samples in a row below the p95 take
+	// it down to the largest of them. Were the p95 right, so long a run
+	// would come about one time in five (0.95^30 ≈ 0.21), and then the
+	// largest of the run lies near the 93rd percentile: within the
+	// estimate's own noise.
+	settleRun = 30
 )
 
 func newEstimator(seed, capd time.Duration, alpha float64) estimator {
 	return estimator{mean: float64(seed), p95: float64(seed), alpha: alpha, cap: float64(capd)}
 }
 
-func (e *estimator) observe(d time.Duration) {
+// observe learns one service time d of work that started at start (ns since
+// the controller's epoch). cut marks a censored sample: the work ended
+// after its deadline (its handler was cut by it, or ran late), so its
+// service time was at least d. It teaches the mean as d (a lower bound) and
+// raises the p95 as any sample above it does, since the true time lay above
+// it too; but it never lowers the p95 (the true time may lie above it), and
+// it ends a run of samples below the p95 unless it started no later than all of
+// them (then it is older news than the run: work that started later
+// completed in less).
+func (e *estimator) observe(d time.Duration, start float64, cut bool) {
 	x := float64(max(d, 0))
 	if e.cap > 0 && x > e.cap {
 		x = e.cap
@@ -49,17 +75,39 @@ func (e *estimator) observe(d time.Duration) {
 	}
 	e.mean += e.alpha * (x - e.mean)
 	step := max(max(e.mean, e.p95)*0.1, 1)
+	stale := cut && e.below > 0 && start <= e.belowFrom
 	switch {
 	case x > e.p95:
 		e.p95 += 0.95 * step
 		if e.p95 > x {
 			e.p95 = x
 		}
+		if !stale {
+			e.below, e.belowMax = 0, 0
+		}
+	case cut:
+		if !stale {
+			e.below, e.belowMax = 0, 0
+		}
 	case x < e.p95:
 		e.p95 -= 0.05 * step
 		if e.p95 < x {
 			e.p95 = x
 		}
+		if e.below == 0 || start < e.belowFrom {
+			e.belowFrom = start
+		}
+		e.below++
+		e.belowMax = max(e.belowMax, x)
+		if e.below >= settleRun {
+			// So many samples in a row below it say the p95 is stale (a
+			// hang's cut handlers raised it, say): the largest of them is
+			// a p95 the recent work bears out.
+			e.p95 = min(e.p95, e.belowMax)
+			e.below, e.belowMax = 0, 0
+		}
+	default:
+		e.below, e.belowMax = 0, 0
 	}
 	if e.cap > 0 && e.p95 > e.cap {
 		e.p95 = e.cap

@@ -110,10 +110,12 @@ type ClassStats struct {
 	OldestWait time.Duration
 	// ServiceMean and ServiceP95 are the learned service times (both
 	// ExpectedServiceTime before any is learned). ServiceP95 is a
-	// streaming estimate that climbs a step per slower sample: until the
+	// streaming estimate that climbs a step per slower sample and drops to
+	// the largest of 30 completed samples in a row below it: until the
 	// class has learned 20 samples it reads at least ServiceMean, which its
-	// first steps would otherwise leave it under. The deadline stage plans
-	// with the larger of the two.
+	// first steps would otherwise leave it under. Work that ended after its
+	// deadline teaches its time as a lower bound: it may raise ServiceP95,
+	// never lower it. The deadline stage plans with the larger of the two.
 	ServiceMean, ServiceP95 time.Duration
 	// PredictedWait is the wait of a request arriving now (one its
 	// tenant's limits do not hold back), as admission's deadline stage
