@@ -2156,15 +2156,22 @@ func playOutGates(run, rem []float64, slots, borrowed int, dst []float64) []floa
 // (its remainder clamped as in slotWaitLocked; a stream's end guessed
 // only when streams are all it runs: Permit.remaining), which lets its next
 // request run or its first waiter start; 0 when none of its requests runs
-// (the class's predicted wait covers it).
+// (the class's predicted wait covers it). While nothing is known of the
+// class's service time, a unary request is expected to run as long again
+// as it has run, as unknownWaitLocked expects (the mean, 0, would say it
+// ends now). Only retry-afters use it.
 func (c *Controller) tenantNextLocked(cs *classState, tenant string, now time.Time) time.Duration {
 	mean := cs.est.mean
+	unknown := cs.est.unknown()
 	nowOff := float64(now.Sub(c.epoch))
 	guess := c.onlyStreamsLocked(cs, tenant)
 	next := -1.0
 	for p := cs.runHead; p != nil; p = p.next {
 		if p.tenant == tenant {
 			r := p.remaining(mean, nowOff, guess)
+			if unknown && !p.stream {
+				r = max(r, nowOff-p.startOff)
+			}
 			if next < 0 || r < next {
 				next = r
 			}

@@ -197,8 +197,10 @@
 // nothing else to go by, [ClassStats].PredictedWait and the retry-afters
 // expect each running request (unary or stream) to run as long again as it
 // has, and each waiter to take the running requests' average run so far,
-// spread over the slots. The deadline stage does not use that guess: it
-// decides as above.
+// spread over the slots; a TENANT_LIMIT refusal's retry-after, the time
+// until the tenant's first running request ends, expects a running unary
+// request to run as long again too. The deadline stage does not use that
+// guess: it decides as above.
 //
 // # Degradation and overrides
 //
