@@ -207,13 +207,25 @@ func NewMemoryStore(replicas Replicas, opts ...MemoryOption) (*MemoryStore, erro
 }
 
 // Reset drops every record and moves the horizon to now, as a restart would:
-// from then on every attempt created before now (plus skew) reads UNKNOWN.
+// from then on every attempt created before now (plus skew) reads UNKNOWN,
+// and so does every attempt created no later than one whose record it
+// dropped (as after a sweep: see nowLocked), an attempt created a skew
+// ahead of a Begin in the very millisecond of the Reset, say.
 func (s *MemoryStore) Reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// The latest reading (see nowLocked): a clock stepped back a little
 	// must not set the horizon before records it just dropped were written.
 	_, latest := s.nowLocked()
+	// A record of an attempt created up to a skew after latest (begun in
+	// latest's own millisecond, or by a reading since forgotten) lies
+	// inside the new horizon: its absence must not be evidence, as that of
+	// a swept record is not.
+	for k := range s.records {
+		if ts, ok := attemptMillis(k.AttemptID); ok {
+			s.swept = max(s.swept, ts)
+		}
+	}
 	clear(s.records)
 	clear(s.tenants)
 	s.expiry = s.expiry[:0]
@@ -508,16 +520,18 @@ func (s *MemoryStore) absenceVouched(ts, latest int64, minted bool) bool {
 
 // sweptFrom returns, for an attempt created at ts that is refused, the
 // creation time from which a new attempt is not refused for a swept record
-// (see sweep), when ts is no later than swept and the attempt is not past
-// the time its absence was evidence by the reading latest alone: after a
-// clock stepped forward longer than the TTL and corrected, attempts the
-// server minted at the stepped time may have been swept, and every attempt
-// created before then is refused until real time passes it. The zero time
-// otherwise: an attempt created longer ago than the TTL, less the skew, by
-// latest is refused for its age whatever was swept, as a store that never
-// swept a record refuses it (an ordinary expiry, not a clock step).
+// (see sweep), when ts is no later than swept and a record was swept (or
+// dropped by Reset) that the reading latest could not have swept in the
+// ordinary way — one of an attempt created after latest + skew - TTL —:
+// after a clock stepped forward longer than the TTL and corrected, attempts
+// the server minted at the stepped time may have been swept, and every
+// attempt created before then is refused until real time passes it, this
+// one too, whether or not it is also older than the TTL less the skew. The
+// zero time otherwise: the attempt is refused for its age, as a store that
+// never swept a record refuses it (an ordinary expiry, not a clock step),
+// and a new attempt is not refused for a sweep.
 func (s *MemoryStore) sweptFrom(ts, latest int64) time.Time {
-	if ts > s.swept || latest >= ts-s.policy.Skew.Milliseconds()+s.policy.TTL.Milliseconds() {
+	if ts > s.swept || s.swept <= latest+s.policy.Skew.Milliseconds()-s.policy.TTL.Milliseconds() {
 		return time.Time{}
 	}
 	return time.UnixMilli(s.swept + 1)

@@ -132,10 +132,11 @@ type BeginResult struct {
 	// after it: it is horizon + Skew, the creation time from which a new
 	// attempt would be inside the horizon. It is set too when the memory
 	// store swept the record of an attempt created no earlier than this
-	// one, by a clock stepped forward and since corrected (see
-	// [MemoryStore]), and this attempt is not itself older than the TTL
-	// less the skew: the creation time after the newest such attempt.
-	// Zero otherwise, as for an attempt refused for its age alone.
+	// one by a clock stepped forward and since corrected (see
+	// [MemoryStore]), or dropped it in [MemoryStore.Reset], and so refuses
+	// a new attempt created now too, whatever this one's age: the creation
+	// time after the newest such attempt. Zero otherwise, as for an
+	// attempt refused for its age alone (an ordinary expiry).
 	VerifiableFrom time.Time
 }
 
