@@ -224,12 +224,12 @@ func (r *BeginRequest) validate() error {
 // protobuf Timestamp holds) for any skew, grace and retention after it.
 var latestDeadline = time.Date(9000, time.January, 1, 0, 0, 0, 0, time.UTC)
 
-// ValidateBegin reports whether req is well formed; the error wraps
-// [ErrMalformedKey]. Stores call it before doing anything.
+// ValidateBegin reports whether req is well formed; the error matches
+// [ErrMalformedKey] (errors.Is). Stores call it before doing anything.
 func ValidateBegin(req BeginRequest) error { return req.validate() }
 
-// ValidateFinish reports whether req is well formed; the error wraps
-// [ErrMalformedKey]. Stores call it before doing anything.
+// ValidateFinish reports whether req is well formed; the error matches
+// [ErrMalformedKey] (errors.Is). Stores call it before doing anything.
 func ValidateFinish(req FinishRequest) error { return req.validate() }
 
 // ValidateFence reports whether a fence through throughTry of key is well
