@@ -555,8 +555,12 @@ func (e sentError) Unwrap() error { return e.error }
 // again once Redis grants it.
 //
 // A Cluster node that New did not know (one added later, given slots or
-// promoted) gets the same checks of its own, its hz at least the lowest
-// New read, before the store first sends it a script.
+// promoted) gets the same node checks of its own (its settings, its hz at
+// least the lowest New read), before the store first sends it a script;
+// but not New's trial of the commands (EVALSHA, EVAL, WAIT), which New
+// sends to the primaries it knows only. ACLs are set per node, so a node
+// that refuses one of them to the store's user is found by the first call
+// sent there, as a command only the scripts run is.
 //
 // A check reads the node's run_id (INFO server), on the connection it sends
 // its other commands on, and every script the store sends the node carries
