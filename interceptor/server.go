@@ -833,27 +833,27 @@ func (sv *server) answer(in *inbound, err error) error {
 
 // trailer returns the trailer pairs of the answer err: tollgate-spent when
 // the ledger spent units, when the caller asked for strict accounting, and
-// when a trusted tollgate caller gets an answer whose code is not definite
-// (DESIGN.md §2.5), spent or not; "0" always to a caller whose header was
+// when a trusted tollgate caller gets an answer its caller cannot settle by
+// itself (unsettled), spent or not; "0" always to a caller whose header was
 // not honoured; and the pushback hint of a NOT_ADMITTED answer.
 //
 // A lenient caller refunds a grant on an answer without tollgate-spent only
-// when the answer proves that nothing below spent it (OK, a definite code, a
-// refusal naming the try: §2.3); after any other it holds the grant until a
-// record reconciles it, which a callee without records never does. So the
+// when the answer proves that nothing below spent it (OK, a definite error,
+// a refusal naming the try: §2.3); after any other it holds the grant until
+// a record reconciles it, which a callee without records never does. So the
 // answers that prove nothing carry the trailer, the true value, often 0: an
-// UNKNOWN answer, and a refusal too (RESOURCE_EXHAUSTED or UNAVAILABLE),
-// whose detail a proxy between the two may drop. Definite answers do not:
-// they are ordinary results (NOT_FOUND…) that every caller settles by their
-// code alone, which no proxy changes, and the trailer would cost each one
-// about 16 allocations for nothing. Nor do OK answers, for the same reason,
-// and to keep the success path as it is.
+// UNKNOWN answer, whatever its code, and a refusal too (RESOURCE_EXHAUSTED
+// or UNAVAILABLE), whose detail a proxy between the two may drop. Definite
+// errors do not: they are ordinary results (NOT_FOUND…) that every caller
+// settles by their code alone, which no proxy changes, and the trailer would
+// cost each one about 16 allocations for nothing. Nor do OK answers, for the
+// same reason, and to keep the success path as it is.
 func (sv *server) trailer(in *inbound, spent int64, err error) metadata.MD {
 	var md metadata.MD
 	switch {
 	case in != nil && in.unhonored:
 		md = metadata.MD{spentTrailerKey: []string{"0"}} // of the caller's grant
-	case in != nil && (spent > 0 || in.strict || in.honored && err != nil && !status.IsDefinite(grpcstatus.Code(err))):
+	case in != nil && (spent > 0 || in.strict || in.honored && unsettled(err)):
 		in.spentValue[0] = strconv.FormatInt(spent, 10)
 		md = metadata.MD{spentTrailerKey: in.spentValue[:]}
 	}
@@ -864,6 +864,21 @@ func (sv *server) trailer(in *inbound, spent int64, err error) metadata.MD {
 		md[status.PushbackKey] = []string{v}
 	}
 	return md
+}
+
+// unsettled reports whether err, an answer this server sends, proves
+// nothing to a lenient caller of what was spent below (DESIGN.md §2.3): a
+// code that is not definite (§2.5), or an UNKNOWN outcome with a definite
+// one, which an UNKNOWN keeps from its cause (an IDEMPOTENT handler's call
+// refused CALL_KEY_REQUIRED, INVALID_ARGUMENT, and passed up; a handler's
+// own OutcomeUnknown of a FAILED_PRECONDITION): the caller reads its detail,
+// not its code, and holds the grant. The detail is read only for a definite
+// code, and never on success.
+func unsettled(err error) bool {
+	if err == nil {
+		return false
+	}
+	return !status.IsDefinite(grpcstatus.Code(err)) || status.OutcomeOf(err).Kind == status.KindUnknown
 }
 
 // run calls handler, recovering a panic into an UNKNOWN outcome when the
