@@ -31,14 +31,15 @@
 // ledger (budget.FromContext). When the handler returns the ledger is sealed
 // and the units spent below this server are reported in the tollgate-spent
 // trailer: when positive; always when the caller asked for strict
-// accounting; on every answer whose code is not definite (a refusal:
-// DESIGN.md §2.5) and every UNKNOWN answer, whatever its code, to a trusted
-// caller, 0 or not, so that a lenient caller's grant comes back after such
-// an answer rather than being held until a record reconciles it; and as 0
-// on every answer to an untrusted caller that sent a tollgate header,
-// well-formed or not, since none of its grant was used here. OK answers and
-// definite errors to a trusted caller carry it only when positive: the
-// caller settles them by their code.
+// accounting; on every UNKNOWN answer to a trusted caller, whatever its
+// code, 0 or not, so that a lenient caller's grant comes back after such an
+// answer rather than being held until a record reconciles it; and as 0 on
+// every answer to an untrusted caller that sent a tollgate header,
+// well-formed or not, since none of its grant was used here. Other answers
+// to a trusted caller carry it only when positive: the caller settles OK
+// answers and definite errors by their code, and a refusal by its detail,
+// which names the try (a refusal relayed from further down by a server that
+// does not speak tollgate names another attempt, and comes without it).
 // Streams are handled alike, except that a stream's handler is
 // never detached: it talks to its client, so it keeps the client's
 // cancellation and the min deadline even when the stream is recorded (its

@@ -62,8 +62,7 @@ type inbound struct {
 	unhonored bool
 	// honored is set when the caller's header was honoured (a trusted
 	// peer's, well-formed): a tollgate caller whose grant this server uses,
-	// told tollgate-spent on every answer whose code is not definite
-	// (trailer).
+	// told tollgate-spent on every UNKNOWN answer (trailer).
 	honored bool
 	// foreign is set when the request carried a header this server does
 	// not honour (untrusted, or malformed and ignored): the handler's
@@ -833,21 +832,26 @@ func (sv *server) answer(in *inbound, err error) error {
 
 // trailer returns the trailer pairs of the answer err: tollgate-spent when
 // the ledger spent units, when the caller asked for strict accounting, and
-// when a trusted tollgate caller gets an answer its caller cannot settle by
-// itself (unsettled), spent or not; "0" always to a caller whose header was
-// not honoured; and the pushback hint of a NOT_ADMITTED answer.
+// when a trusted tollgate caller gets an UNKNOWN answer (unsettled), spent
+// or not; "0" always to a caller whose header was not honoured; and the
+// pushback hint of a NOT_ADMITTED answer.
 //
 // A lenient caller refunds a grant on an answer without tollgate-spent only
 // when the answer proves that nothing below spent it (OK, a definite error,
 // a refusal naming the try: §2.3); after any other it holds the grant until
-// a record reconciles it, which a callee without records never does. So the
-// answers that prove nothing carry the trailer, the true value, often 0: an
-// UNKNOWN answer, whatever its code, and a refusal too (RESOURCE_EXHAUSTED
-// or UNAVAILABLE), whose detail a proxy between the two may drop. Definite
-// errors do not: they are ordinary results (NOT_FOUND…) that every caller
-// settles by their code alone, which no proxy changes, and the trailer would
-// cost each one about 16 allocations for nothing. Nor do OK answers, for the
-// same reason, and to keep the success path as it is.
+// a record reconciles it, which a callee without records never does. So an
+// UNKNOWN answer, which proves nothing, carries the trailer, the true value,
+// often 0, whatever its code. Other answers do not when nothing was spent:
+// OK answers and definite errors are ordinary results (NOT_FOUND…) that
+// every caller settles by their code alone, and the trailer would cost each
+// one about 16 allocations for nothing; this server's refusals name the
+// try, which settles them. And a refusal must not carry a 0 the caller did
+// not ask for: a server that does not speak tollgate, whose handler ran and
+// called down through a tollgate client, may relay a refusal of that call
+// with its trailers, and its caller reads such a refusal (naming another
+// attempt) as UNKNOWN only when it came without tollgate-spent
+// (owner.relayed), as a tollgate server's own refusal under an attempt it
+// minted comes with 0.
 func (sv *server) trailer(in *inbound, spent int64, err error) metadata.MD {
 	var md metadata.MD
 	switch {
@@ -866,19 +870,15 @@ func (sv *server) trailer(in *inbound, spent int64, err error) metadata.MD {
 	return md
 }
 
-// unsettled reports whether err, an answer this server sends, proves
-// nothing to a lenient caller of what was spent below (DESIGN.md §2.3): a
-// code that is not definite (§2.5), or an UNKNOWN outcome with a definite
-// one, which an UNKNOWN keeps from its cause (an IDEMPOTENT handler's call
-// refused CALL_KEY_REQUIRED, INVALID_ARGUMENT, and passed up; a handler's
-// own OutcomeUnknown of a FAILED_PRECONDITION): the caller reads its detail,
-// not its code, and holds the grant. The detail is read only for a definite
-// code, and never on success.
+// unsettled reports whether err, an answer this server sends, is UNKNOWN:
+// it proves nothing to a lenient caller of what was spent below (DESIGN.md
+// §2.3), whatever its code. An UNKNOWN keeps its cause's code, which may be
+// a definite one (an IDEMPOTENT handler's call refused CALL_KEY_REQUIRED,
+// INVALID_ARGUMENT, and passed up; a handler's own OutcomeUnknown of a
+// FAILED_PRECONDITION): the caller reads its detail, not its code, and
+// would hold the grant. It is never read on success.
 func unsettled(err error) bool {
-	if err == nil {
-		return false
-	}
-	return !status.IsDefinite(grpcstatus.Code(err)) || status.OutcomeOf(err).Kind == status.KindUnknown
+	return err != nil && status.OutcomeOf(err).Kind == status.KindUnknown
 }
 
 // run calls handler, recovering a panic into an UNKNOWN outcome when the
