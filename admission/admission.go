@@ -465,8 +465,11 @@ type classState struct {
 // New builds a Controller from opts: the default class (64 slots, 256
 // queued) unless [WithClasses] gives classes, the built-in control class
 // unless [WithoutControlClass], every stage on, metrics to the global meter
-// provider. It returns an error naming the first invalid option, wrapping
-// [ErrInvalidConfig].
+// provider. An invalid configuration is an error wrapping
+// [ErrInvalidConfig] that names one invalid setting; when several are
+// invalid, which one it names follows New's own order of checks (the
+// controller's settings, then the classes, then the method patterns), not
+// the order of opts.
 func New(opts ...Option) (*Controller, error) {
 	cfg, err := newConfig(opts)
 	if err != nil {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
@@ -55,7 +57,8 @@ func slotless(m string) bool {
 // "none" or "off" as each field says; Slots must be at least 1.
 type Class struct {
 	// Name identifies the class in metrics, refusals and overrides: not
-	// empty, at most MaxClassNameBytes.
+	// empty, at most MaxClassNameBytes, valid UTF-8 without control
+	// characters.
 	Name string
 	// Slots is the number of requests of this class that may run at once on
 	// its own reserved capacity. At least 1.
@@ -64,7 +67,8 @@ type Class struct {
 	// request that finds no slot is refused with CONCURRENCY_FULL.
 	QueueItems int
 	// QueueBytes bounds the summed Request.Size of waiting requests (unknown
-	// sizes count 0). 0: no byte bound.
+	// sizes count 0). 0: no byte bound. New refuses it on a class without a
+	// queue (QueueItems 0).
 	QueueBytes int64
 	// MaxRequestBytes refuses requests larger than this with
 	// REQUEST_TOO_LARGE before anything else is looked at. 0: no limit.
@@ -104,7 +108,9 @@ type Class struct {
 	// per request) of one tenant's waiting requests, as in seed 004's
 	// tenant_queue_seconds; over it: TENANT_LIMIT — a tenant's only request
 	// too, when the learned mean alone exceeds the bound (in a full class
-	// that refusal counts as the class's overload). 0: no limit.
+	// that refusal counts as the class's overload). 0: no limit. New
+	// refuses it on a class without a queue (QueueItems 0), where no tenant
+	// has work waiting.
 	TenantQueueWork time.Duration
 }
 
@@ -132,6 +138,10 @@ func (cl Class) validate() error {
 		return invalidConfig("class with an empty name")
 	case len(cl.Name) > MaxClassNameBytes:
 		return invalidConfig("class name of %d bytes (%.40q…): at most %d, as refusals carry it", len(cl.Name), cl.Name, MaxClassNameBytes)
+	case !utf8.ValidString(cl.Name) || strings.ContainsFunc(cl.Name, unicode.IsControl):
+		// A refusal's detail carries the name as a protobuf string, which
+		// is UTF-8: an invalid byte would come back as U+FFFD, another name.
+		return invalidConfig("class name %q: must be valid UTF-8 without control characters, as refusals and metrics carry it", cl.Name)
 	case cl.Slots < 1:
 		return invalidConfig("class %q: Slots must be at least 1, got %d", cl.Name, cl.Slots)
 	case cl.QueueItems < 0, cl.QueueBytes < 0, cl.MaxRequestBytes < 0,
@@ -147,6 +157,12 @@ func (cl Class) validate() error {
 	case cl.TenantQueued > 0 && cl.QueueItems == 0:
 		// No request of the class ever waits: the bound would bind nothing.
 		return invalidConfig("class %q: TenantQueued %d bounds a queue the class does not have (QueueItems 0)", cl.Name, cl.TenantQueued)
+	case cl.TenantQueueWork > 0 && cl.QueueItems == 0:
+		// Nothing waits, so no tenant has queued work: the bound would only
+		// rename a CONCURRENCY_FULL refusal TENANT_LIMIT.
+		return invalidConfig("class %q: TenantQueueWork %v bounds a queue the class does not have (QueueItems 0)", cl.Name, cl.TenantQueueWork)
+	case cl.QueueBytes > 0 && cl.QueueItems == 0:
+		return invalidConfig("class %q: QueueBytes %d bounds a queue the class does not have (QueueItems 0)", cl.Name, cl.QueueBytes)
 	}
 	return nil
 }
@@ -517,7 +533,7 @@ func newConfig(opts []Option) (*config, error) {
 		if !names[p.class] {
 			return nil, invalidConfig("pattern %q names unknown class %q", p.pat, p.class)
 		}
-		if !strings.HasPrefix(p.pat, "/") || len(p.pat) < 2 {
+		if !strings.HasPrefix(p.pat, "/") {
 			return nil, invalidConfig("pattern %q must start with \"/\"", p.pat)
 		}
 		if err := validPattern(p.pat); err != nil {

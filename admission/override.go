@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tollgate-go/tollgate/status"
 )
@@ -24,9 +25,11 @@ import (
 // freeze (true, when Freeze is set), slots and queue_items (when positive)
 // and mode ("NORMAL", "DEGRADED" or "RECOVERING", when Mode is set).
 type Override struct {
-	// Actor is who sets the override. Required.
+	// Actor is who sets the override. Required: at most
+	// MaxOverrideTextBytes of valid UTF-8.
 	Actor string
-	// Reason is why. Required.
+	// Reason is why. Required: at most MaxOverrideTextBytes of valid
+	// UTF-8.
 	Reason string
 	// TTL is how long the override lasts; at most the controller's maximum
 	// (WithMaxOverrideTTL, default one hour). Required.
@@ -48,6 +51,11 @@ type Override struct {
 	// observing underneath and takes over again when the override ends.
 	Mode Mode
 }
+
+// MaxOverrideTextBytes is the longest Actor and the longest Reason
+// SetOverride accepts: each is kept while the override is in force and
+// emitted on every one of its span events.
+const MaxOverrideTextBytes = 256
 
 // ActiveOverride is an override in force.
 type ActiveOverride struct {
@@ -80,8 +88,10 @@ var ErrInvalidOverride = errors.New("admission: invalid override")
 const MaxOverrides = 64
 
 // SetOverride puts o in force now and returns its ID. It returns an error
-// wrapping [ErrInvalidOverride] when o lacks an actor, reason or a positive
-// TTL within the maximum, names an unknown class or the control class,
+// wrapping [ErrInvalidOverride] when o lacks an actor, a reason or a
+// positive TTL within the maximum, has an actor or reason longer than
+// [MaxOverrideTextBytes] or not valid UTF-8, names an unknown class or the
+// control class,
 // would raise a limit, or sets nothing (an override whose limits equal the
 // configured ones is accepted, and changes nothing); or when [MaxOverrides]
 // are in force already (the expired ones are dropped first). The event is
@@ -178,6 +188,10 @@ func (c *Controller) validateOverride(o Override) error {
 	switch {
 	case o.Actor == "" || o.Reason == "":
 		return bad("actor and reason are required")
+	case len(o.Actor) > MaxOverrideTextBytes || len(o.Reason) > MaxOverrideTextBytes:
+		return bad("actor of %d bytes, reason of %d: at most %d each (MaxOverrideTextBytes)", len(o.Actor), len(o.Reason), MaxOverrideTextBytes)
+	case !utf8.ValidString(o.Actor) || !utf8.ValidString(o.Reason):
+		return bad("actor and reason must be valid UTF-8")
 	case o.TTL <= 0 || o.TTL > c.cfg.maxTTL:
 		return bad("TTL %v outside (0, %v]", o.TTL, c.cfg.maxTTL)
 	case !o.Freeze && o.Slots == 0 && o.QueueItems == 0 && o.Mode == 0:

@@ -36,8 +36,13 @@ func TestPropertyBoundedAdmission(t *testing.T) {
 					Optional:            rng.IntN(3) == 0,
 					ExpectedServiceTime: time.Duration(rng.IntN(20)) * time.Millisecond,
 				}
+				// New refuses QueueBytes and TenantQueueWork without a
+				// queue, where they bound nothing (the draws keep the
+				// seeds' runs).
 				if rng.IntN(2) == 0 {
-					cl.QueueBytes = int64(50 + rng.IntN(200))
+					if b := int64(50 + rng.IntN(200)); cl.QueueItems > 0 {
+						cl.QueueBytes = b
+					}
 				}
 				if rng.IntN(2) == 0 {
 					cl.TenantRunning = 1 + rng.IntN(2)
@@ -48,7 +53,9 @@ func TestPropertyBoundedAdmission(t *testing.T) {
 					}
 				}
 				if rng.IntN(3) == 0 {
-					cl.TenantQueueWork = time.Duration(10+rng.IntN(50)) * time.Millisecond
+					if w := time.Duration(10+rng.IntN(50)) * time.Millisecond; cl.QueueItems > 0 {
+						cl.TenantQueueWork = w
+					}
 				}
 				if rng.IntN(4) == 0 {
 					cl.MaxRequestBytes = 80
