@@ -3,6 +3,7 @@ package interceptor
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"time"
 
@@ -156,9 +157,24 @@ func WithCallKey(ctx context.Context, name string) context.Context {
 // when its parent's key and the name together exceed 128 characters.
 func ValidCallKey(name string) error {
 	if err := callkey.ValidName(name); err != nil {
-		return fmt.Errorf("interceptor: call key %q: %w", name, err)
+		return callKeyError(name, err)
 	}
 	return nil
+}
+
+// callKeyError restates an error of the call-key rules for the caller, in
+// the words of this package's API (WithCallKey), naming the explicit name
+// ("" for a numbered key). It is also the message of the local refusal.
+func callKeyError(name string, err error) error {
+	switch {
+	case errors.Is(err, callkey.ErrBadName):
+		return fmt.Errorf("interceptor: call key %q: a name must be 1-128 characters of [A-Za-z0-9_:-] with a non-digit (WithCallKey)", name)
+	case errors.Is(err, callkey.ErrTooLong) && name != "":
+		return fmt.Errorf("interceptor: call key %q: with its parent's key it would be longer than 128 characters", name)
+	case errors.Is(err, callkey.ErrTooLong):
+		return errors.New("interceptor: call key: the next key under its parent's would be longer than 128 characters")
+	}
+	return fmt.Errorf("interceptor: call key %q: invalid", name)
 }
 
 // callKey returns the key of the next call made under s with ctx, or a
@@ -193,7 +209,7 @@ func (s *attemptState) callKey(ctx context.Context, level methodinfo.Level) (str
 		// handler's own call is not the one refused: the refusal names
 		// the attempt only.
 		return "", status.NotAdmitted(status.ReasonMalformedHeader,
-			status.Fields{AttemptID: s.ID}, unitsLeft(s), status.WithMessage(err.Error()))
+			status.Fields{AttemptID: s.ID}, unitsLeft(s), status.WithMessage(callKeyError(name, err).Error()))
 	}
 	return key, nil
 }

@@ -158,9 +158,15 @@ func TestLocalRefusalsAreTyped(t *testing.T) {
 	svc := &testsvc.Service{GetFunc: okGet}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
 
-	// A try that cannot fit the hop margin is not started.
-	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(interceptor.WithHopMargin(time.Hour))...))
-	_, err := client.Get(t.Context(), &testingv1.GetRequest{})
+	// A try that cannot fit the hop margin is not started: here the
+	// caller's deadline, the attempt's, leaves less than the margin (a
+	// margin that leaves no time in WithAttemptTimeout's attempts is
+	// refused by DialOptions).
+	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
+		interceptor.WithHopMargin(time.Hour), interceptor.WithAttemptTimeout(2*time.Hour))...))
+	short, cancelShort := context.WithTimeout(t.Context(), time.Minute)
+	defer cancelShort()
+	_, err := client.Get(short, &testingv1.GetRequest{})
 	o := status.OutcomeOf(err)
 	require.Equal(t, status.KindNotAdmitted, o.Kind)
 	require.Equal(t, status.ReasonDeadlineUnreachable, o.Reason)

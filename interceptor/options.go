@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -118,14 +119,20 @@ func (c *clientConfig) validate() error {
 		return invalid("hop margin %v is negative", c.hopMargin)
 	case c.minTryTime < 0:
 		return invalid("minimum try time %v is negative", c.minTryTime)
-	case c.hopMargin >= maxAttemptTimeoutCap || c.minTryTime >= maxAttemptTimeoutCap-c.hopMargin:
-		// No attempt is longer: every try would be refused.
-		return invalid("hop margin %v and minimum try time %v leave no time in an attempt of %v, the longest",
-			c.hopMargin, c.minTryTime, maxAttemptTimeoutCap)
+	case c.hopMargin >= c.attemptTimeout || c.minTryTime >= c.attemptTimeout-c.hopMargin:
+		// Every call of an attempt this client starts would be refused
+		// locally, DEADLINE_UNREACHABLE, before it was sent.
+		return invalid("hop margin %v and minimum try time %v leave no time in the attempt timeout %v: every call this client starts would be refused DEADLINE_UNREACHABLE",
+			c.hopMargin, c.minTryTime, c.attemptTimeout)
 	case c.tracer == nil || c.meter == nil:
 		return invalid("nil tracer or meter provider")
 	case c.grace < 0 || c.grace > time.Minute:
 		return invalid("resolution grace %v outside [0, 1m]", c.grace)
+	}
+	if c.serviceConfig != "" {
+		if err := jsonObject(c.serviceConfig); err != nil {
+			return invalid("default service config is not a JSON object: %v", err)
+		}
 	}
 	for m, p := range c.methodRetry {
 		if !validFullMethod(m) {
@@ -140,6 +147,19 @@ func (c *clientConfig) validate() error {
 		return fmt.Errorf("%w: %w", ErrInvalidOption, err) // err names the budget
 	}
 	return c.retry.validate()
+}
+
+// jsonObject returns nil if s is one JSON object, the form of a gRPC
+// service config, else what it is instead.
+func jsonObject(s string) error {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(s), &m); err != nil {
+		return err
+	}
+	if m == nil {
+		return errors.New("null")
+	}
+	return nil
 }
 
 // WithAllowance sets the number of call units an attempt that starts at this
@@ -207,7 +227,9 @@ func WithResolutionGrace(d time.Duration) ClientOption {
 }
 
 // WithDefaultServiceConfig passes a default service config (JSON) to the
-// connection, as grpc.WithDefaultServiceConfig does, and checks it: a
+// connection, as grpc.WithDefaultServiceConfig does. NewDialOptions checks
+// that it is one JSON object (ErrInvalidOption otherwise); the fields are
+// grpc-go's to check, and grpc.NewClient refuses a config it cannot parse. A
 // retryPolicy or hedgingPolicy would be a second retry loop beside tollgate's
 // owner, so DialOptions keeps grpc-go's retry disabled (it ignores them) and
 // logs a warning through grpclog naming what it ignores. Service configs a
@@ -236,8 +258,9 @@ func withClientClock(now func() time.Time) ClientOption {
 // WithHopMargin sets how much earlier than the caller's deadline each
 // outgoing try's deadline is set, so the callee's answer can travel back.
 // Default DefaultHopMargin (5 ms). A negative margin, or one that with
-// WithMinTryTime's leaves no time in the longest attempt (24 h), is
-// ErrInvalidOption.
+// WithMinTryTime's leaves no time in the client's own attempts (the hop
+// margin plus the minimum try time must be below WithAttemptTimeout's), is
+// ErrInvalidOption: every call the client starts would be refused.
 func WithHopMargin(d time.Duration) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.hopMargin = d })
 }
@@ -248,7 +271,7 @@ func WithHopMargin(d time.Duration) ClientOption {
 // leaves less; not final when only the context's earlier one does, such as
 // a caller's per-try deadline). Default DefaultMinTryTime (1 ms). A
 // negative value, or one that with the hop margin leaves no time in the
-// longest attempt (24 h), is ErrInvalidOption.
+// client's own attempts (WithAttemptTimeout), is ErrInvalidOption.
 func WithMinTryTime(d time.Duration) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.minTryTime = d })
 }
@@ -287,21 +310,21 @@ type serverConfig struct {
 	admissionTap bool
 	// streamRequestFirst: a server-streaming request is received before
 	// admission and the record (WithoutStreamRequestFirst).
-	streamRequestFirst bool
-	tenant             func(context.Context) string
-	trusted            func(context.Context) bool
-	defaultAllowance   int64
-	maxAllowance       int64
-	maxAttemptTime     time.Duration
-	maxAttemptTimeSet  bool // by WithMaxAttemptTime; else the default, lowered to the store's policy
-	skew               time.Duration
-	recoverPanics      bool
-	maxRecvMsgSize     int
-	maxStreams         uint32
-	maxStreamsSet      bool // by WithMaxConcurrentStreams, kept as given; else the default, raised past admission's capacity (validate)
-	tracer             trace.TracerProvider
-	meter              metric.MeterProvider
-	now                func() time.Time
+	streamRequestFirst  bool
+	tenant              func(context.Context) string
+	trusted             func(context.Context) bool
+	defaultAllowance    int64
+	defaultAllowanceSet bool // by WithDefaultAllowance (the error for a maximum below it says which to set)
+	maxAllowance        int64
+	maxAttemptTime      time.Duration
+	maxAttemptTimeSet   bool // by WithMaxAttemptTime; else the default, lowered to the store's policy
+	skew                time.Duration
+	recoverPanics       bool
+	maxRecvMsgSize      int
+	maxStreams          uint32
+	maxStreamsSet       bool // by WithMaxConcurrentStreams, kept as given; else the default, raised past admission's capacity (validate)
+	meter               metric.MeterProvider
+	now                 func() time.Time
 }
 
 func defaultServerConfig() serverConfig {
@@ -316,7 +339,6 @@ func defaultServerConfig() serverConfig {
 		skew:               DefaultClockSkew,
 		maxRecvMsgSize:     DefaultMaxRecvMsgSize,
 		maxStreams:         DefaultMaxStreams,
-		tracer:             otel.GetTracerProvider(),
 		meter:              otel.GetMeterProvider(),
 		now:                time.Now,
 	}
@@ -330,8 +352,12 @@ func (c *serverConfig) validate() error {
 		return invalid("nil trusted-peer function")
 	case c.maxAllowance < 0 || c.maxAllowance > maxUnitsOnWire:
 		return invalid("maximum allowance %d outside [0, %d]", c.maxAllowance, maxUnitsOnWire)
-	case c.defaultAllowance < 0 || c.defaultAllowance > c.maxAllowance:
-		return invalid("default allowance %d outside [0, maximum allowance %d]", c.defaultAllowance, c.maxAllowance)
+	case c.defaultAllowance < 0:
+		return invalid("default allowance %d is negative", c.defaultAllowance)
+	case c.defaultAllowance > c.maxAllowance && !c.defaultAllowanceSet:
+		return invalid("maximum allowance %d is below the default allowance %d: set WithDefaultAllowance too, at most the maximum", c.maxAllowance, c.defaultAllowance)
+	case c.defaultAllowance > c.maxAllowance:
+		return invalid("default allowance %d above the maximum allowance %d", c.defaultAllowance, c.maxAllowance)
 	case c.maxAttemptTime <= 0 || c.maxAttemptTime > maxAttemptTimeoutCap:
 		return invalid("maximum attempt time %v outside (0, %v]", c.maxAttemptTime, maxAttemptTimeoutCap)
 	case c.skew < 0 || c.skew > time.Minute:
@@ -340,8 +366,8 @@ func (c *serverConfig) validate() error {
 		return invalid("maximum receive message size %d is not positive", c.maxRecvMsgSize)
 	case c.maxStreams == 0:
 		return invalid("maximum concurrent streams is 0")
-	case c.tracer == nil || c.meter == nil:
-		return invalid("nil tracer or meter provider")
+	case c.meter == nil:
+		return invalid("nil meter provider")
 	case c.nilStore:
 		return invalid("nil attempt store; pass no WithAttemptStore for none")
 	case c.store != nil && typedNil(c.store):
@@ -497,13 +523,16 @@ func WithTrustedPeer(f func(ctx context.Context) bool) ServerOption {
 // charged, and the units bound the RPCs sent below them (by the servers
 // those calls reach, at every tier). So a handler here may make any number
 // of calls, each repeated as its policy says, while the attempt's calls
-// below its callees add up to at most units.
+// below its callees add up to at most units. Negative units, or more than
+// the maximum allowance (WithMaxAllowance), are ErrInvalidOption.
 func WithDefaultAllowance(units int64) ServerOption {
-	return serverOptionFunc(func(c *serverConfig) { c.defaultAllowance = units })
+	return serverOptionFunc(func(c *serverConfig) { c.defaultAllowance, c.defaultAllowanceSet = units, true })
 }
 
 // WithMaxAllowance caps the units a caller may grant this server. Default
-// DefaultMaxAllowance (100).
+// DefaultMaxAllowance (100); at most 1,000,000. A maximum below the default
+// allowance (WithDefaultAllowance, default 4) is ErrInvalidOption: lower
+// that too.
 func WithMaxAllowance(units int64) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.maxAllowance = units })
 }
@@ -570,18 +599,6 @@ func WithMaxRecvMsgSize(n int) ServerOption {
 // with no class full.
 func WithMaxConcurrentStreams(n uint32) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.maxStreams, c.maxStreamsSet = n, true })
-}
-
-// WithServerTracerProvider sets a tracer provider the server does not use:
-// the server starts no span of its own, and adds its tollgate.admission event
-// to the request's span when one is recording (otelgrpc's server span, say),
-// whichever provider made it.
-//
-// Deprecated: it has no effect (but a nil provider is still refused);
-// install your provider on the server's span (otelgrpc.WithTracerProvider)
-// instead.
-func WithServerTracerProvider(tp trace.TracerProvider) ServerOption {
-	return serverOptionFunc(func(c *serverConfig) { c.tracer = tp })
 }
 
 // WithServerMeterProvider sets the meter provider of the server's metrics.

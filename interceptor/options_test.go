@@ -88,7 +88,6 @@ func TestOptionsRejectInvalidValues(t *testing.T) {
 		{"max recv msg size -1", []interceptor.ServerOption{interceptor.WithMaxRecvMsgSize(-1)}, false},
 		{"max concurrent streams 0", []interceptor.ServerOption{interceptor.WithMaxConcurrentStreams(0)}, false},
 		{"max concurrent streams 1", []interceptor.ServerOption{interceptor.WithMaxConcurrentStreams(1)}, true},
-		{"nil tracer provider", []interceptor.ServerOption{interceptor.WithServerTracerProvider(nil)}, false},
 		{"nil meter provider", []interceptor.ServerOption{interceptor.WithServerMeterProvider(nil)}, false},
 		{"typed nil attempt store", []interceptor.ServerOption{interceptor.WithAttemptStore((*idempotency.MemoryStore)(nil))}, false},
 		{"nil attempt store", []interceptor.ServerOption{interceptor.WithAttemptStore(nil)}, false},
@@ -172,9 +171,14 @@ func TestMinTryTimeRefusesShortTriesLocally(t *testing.T) {
 		return &testingv1.GetResponse{}, nil
 	}}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
+	// The caller's deadline, earlier than the attempt timeout, is the
+	// attempt's (a minimum that leaves no time in WithAttemptTimeout's
+	// attempts is refused by DialOptions).
 	c := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
-		interceptor.WithAttemptTimeout(50*time.Millisecond), interceptor.WithMinTryTime(100*time.Millisecond))...))
-	_, err := c.Get(t.Context(), &testingv1.GetRequest{})
+		interceptor.WithAttemptTimeout(time.Hour), interceptor.WithMinTryTime(time.Minute))...))
+	short, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	_, err := c.Get(short, &testingv1.GetRequest{})
 	o := status.OutcomeOf(err)
 	require.Equal(t, status.KindNotAdmitted, o.Kind, "%v", err)
 	require.Equal(t, status.ReasonDeadlineUnreachable, o.Reason)

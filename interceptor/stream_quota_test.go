@@ -52,6 +52,6 @@ func TestRaisedStreamDefaultStillValidatesTheRest(t *testing.T) {
 	_, err = interceptor.NewServerOptions(interceptor.WithAdmission(big),
 		interceptor.WithAttemptStore((*idempotency.MemoryStore)(nil)))
 	require.ErrorIs(t, err, interceptor.ErrInvalidOption, "a typed-nil store is refused whatever the stream bound")
-	_, err = interceptor.NewServerOptions(interceptor.WithAdmission(big), interceptor.WithServerTracerProvider(nil))
-	require.ErrorIs(t, err, interceptor.ErrInvalidOption, "a nil tracer provider is refused whatever the stream bound")
+	_, err = interceptor.NewServerOptions(interceptor.WithAdmission(big), interceptor.WithServerMeterProvider(nil))
+	require.ErrorIs(t, err, interceptor.ErrInvalidOption, "a nil meter provider is refused whatever the stream bound")
 }

@@ -126,7 +126,6 @@ func newClientTelemetry(c *clientConfig) (*clientTelemetry, error) {
 
 // serverTelemetry is what the server interceptors record with, built once.
 type serverTelemetry struct {
-	tracer    trace.Tracer
 	malformed metric.Int64Counter
 	// late counts the tries refused DEADLINE_EXPIRED because they came
 	// after their attempt's deadline (plus the skew) with no record to
@@ -177,5 +176,5 @@ func newServerTelemetry(c *serverConfig) (*serverTelemetry, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &serverTelemetry{tracer: c.tracer.Tracer(instrumentationName), malformed: malformed, late: late, refusals: refusals}, nil
+	return &serverTelemetry{malformed: malformed, late: late, refusals: refusals}, nil
 }
