@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/tollgate-go/tollgate/interceptor"
 	"go.uber.org/goleak"
 )
 
@@ -267,7 +268,11 @@ func TestLedgerFirstCallRefusedIsNotAdmitted(t *testing.T) {
 // frontend made (none) instead of from its plan (two).
 func TestLedgerFaultThatDidNotHappenFails(t *testing.T) {
 	cfg := testConfig()
-	cfg.AttemptTimeout = time.Millisecond
+	// Just over what DialOptions accepts (a hop margin and minimum try time
+	// that leave no time in the attempt are refused when the options are
+	// built): a try fits only if sent within a nanosecond of its attempt's
+	// start.
+	cfg.AttemptTimeout = interceptor.DefaultHopMargin + interceptor.DefaultMinTryTime + time.Nanosecond
 	res, err := run(t.Context(), cfg)
 	require.NoError(t, err)
 	for _, s := range res.Scenarios {
