@@ -574,9 +574,11 @@ const (
 // Its code is kept (but a non-nil error whose status claims OK, which
 // OutcomeOf reads as UNKNOWN, is UNKNOWN once rebuilt, not a success). It
 // returns err itself when its status is within both bounds, and when err
-// carries no gRPC status. tollgate's server bounds so a definite error a
-// handler returns, which it passes up unchanged otherwise, before it
-// answers with it and records it.
+// carries no gRPC status. Otherwise it returns a new error, which keeps of
+// err's chain only its status, and a [WithoutEffect] that encloses the
+// error deciding it (so [HandlerOutcome] reads the result as it reads err).
+// tollgate's server bounds so a definite error a handler returns, which it
+// passes up unchanged otherwise, before it answers with it and records it.
 func Bounded(err error) error {
 	st, ok := grpcstatus.FromError(err)
 	if !ok || st == nil {
@@ -648,7 +650,11 @@ func Bounded(err error) error {
 	if code == int32(codes.OK) {
 		code = int32(codes.Unknown)
 	}
-	return grpcstatus.ErrorProto(&spb.Status{Code: code, Message: msg, Details: details})
+	bounded := grpcstatus.ErrorProto(&spb.Status{Code: code, Message: msg, Details: details})
+	if inspect(err).withoutEffect {
+		return WithoutEffect(bounded) // what HandlerOutcome reads of err
+	}
+	return bounded
 }
 
 // decidingDetail is the index of the detail of a status that OutcomeOf

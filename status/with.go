@@ -5,14 +5,42 @@ import "errors"
 // With returns a copy of the *Error in err's chain with opts applied (for
 // example to name the attempt, call and try a refusal answers), and err
 // unchanged when its chain holds no *Error. The copy keeps the original's
-// code, outcome, reason, message, cause and carried details; a WithMessage
-// option appends to the message.
+// code, outcome, reason, cause and carried details; a WithMessage option
+// appends to the message.
+//
+// The copy's message is err's text, err.Error(), which is what grpc-go
+// sends as the status message of err: the *Error's own message, and the
+// text of what wraps it (a fmt.Errorf("reserve: %w", …) prefix). What wraps
+// it is otherwise not kept — errors.Is and errors.As no longer find the
+// other errors of err's chain — but for a [WithoutEffect] that encloses the
+// *Error, which the copy keeps: With(WithoutEffect(na), …) is
+// WithoutEffect of the copy, and [HandlerOutcome] still reads it
+// NOT_ADMITTED.
 func With(err error, opts ...Option) error {
 	var te *Error
 	if !errors.As(err, &te) || te == nil {
 		return err
 	}
-	e := &Error{code: te.code, msg: te.msg, cause: te.cause, outcome: te.outcome, reason: te.reason, f: te.f, carried: te.carried}
+	msg := te.msg
+	if err != error(te) {
+		msg = err.Error()
+	}
+	e := &Error{code: te.code, msg: msg, cause: te.cause, outcome: te.outcome, reason: te.reason, f: te.f, carried: te.carried}
 	e.f.Message = ""
-	return build(e, opts, true, true)
+	e = build(e, opts, true, true)
+	if withoutEffectOf(err, te) {
+		return WithoutEffect(e)
+	}
+	return e
+}
+
+// withoutEffectOf reports whether a WithoutEffect wrapper in err's chain
+// encloses te.
+func withoutEffectOf(err error, te *Error) bool {
+	var we *withoutEffect
+	if !errors.As(err, &we) || we == nil {
+		return false
+	}
+	var inner *Error
+	return errors.As(we.err, &inner) && inner == te
 }
