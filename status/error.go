@@ -314,6 +314,13 @@ func validUTF8(s string) string {
 // reason; a value this build does not know is sent as it is, with the
 // ErrorInfo reason "UNSPECIFIED" and RESOURCE_EXHAUSTED.
 //
+// A mismatch is not a refusal: NotAdmitted(ReasonAttemptRequestMismatch,
+// opts...) returns RequestMismatch(OUTCOME_NOT_ADMITTED, opts...), the
+// mismatch of a request with a tombstone (DESIGN.md §2.2), message and all.
+// Its detail's outcome says what the record says (no try ran), while
+// [OutcomeOf] reads it as [KindFailed], a definite error for this request,
+// final, with no pushback ([Pushback]) and no google.rpc.RetryInfo.
+//
 // A handler that refuses a request itself, before doing anything, must say
 // so with [WithoutEffect] (return status.WithoutEffect(status.NotAdmitted(…)))
 // unless its method is declared NO_SIDE_EFFECTS: tollgate's server
@@ -321,6 +328,9 @@ func validUTF8(s string) string {
 // from below a handler that ran, and answers UNKNOWN (see [HandlerOutcome]),
 // so the caller cannot repeat the call without querying its state.
 func NotAdmitted(reason Reason, opts ...Option) error {
+	if reason == ReasonAttemptRequestMismatch {
+		return RequestMismatch(tollgatev1.Outcome_OUTCOME_NOT_ADMITTED, opts...)
+	}
 	info := infoOf(reason)
 	e := &Error{
 		code:    info.code,

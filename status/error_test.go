@@ -56,7 +56,11 @@ func TestNotAdmittedEveryReason(t *testing.T) {
 			final := want == codes.InvalidArgument
 
 			err := status.NotAdmitted(r)
-			require.Equal(t, "tollgate: not admitted: "+strings.ToLower(strings.ReplaceAll(name, "_", " ")), err.Error())
+			wantMsg := "tollgate: not admitted: " + strings.ToLower(strings.ReplaceAll(name, "_", " "))
+			if r == status.ReasonAttemptRequestMismatch { // RequestMismatch(OUTCOME_NOT_ADMITTED)
+				wantMsg = "tollgate: request does not match the call key's record"
+			}
+			require.Equal(t, wantMsg, err.Error())
 			require.Equal(t, name, status.ReasonName(r))
 
 			w := sendOverWire(t, err)
