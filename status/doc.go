@@ -4,9 +4,12 @@
 //
 // Every tollgate refusal or unresolved outcome is a gRPC status that carries a
 // tollgate.v1.OutcomeDetail, a google.rpc.ErrorInfo (domain "tollgate.dev",
-// reason = the Reason's name without its REASON_ prefix) and, when a delay is
-// suggested, a google.rpc.RetryInfo. The detail is authoritative; the code is
-// chosen so that generic gRPC clients behave well:
+// reason = the Reason's name without its REASON_ prefix) and, when a
+// NOT_ADMITTED refusal suggests a delay, a google.rpc.RetryInfo (an UNKNOWN or
+// COMMITTED outcome, or a mismatch, keeps a suggested delay in the detail's
+// retry_after alone: a RetryInfo would invite a generic client to repeat it).
+// The detail is authoritative; the code is chosen so that generic gRPC
+// clients behave well:
 //
 //	outcome       meaning                                   code
 //	NOT_ADMITTED  no effect at this tier or below           RESOURCE_EXHAUSTED (overload, limits,

@@ -54,8 +54,10 @@ type Fields struct {
 	Call string
 	// Try is the try number that was refused or left unresolved.
 	Try uint32
-	// RetryAfter is the suggested least delay before a repeat. When positive,
-	// the status also carries a google.rpc.RetryInfo; zero or negative
+	// RetryAfter is the suggested least delay before a repeat, sent as the
+	// detail's retry_after. When positive, a NOT_ADMITTED refusal's status
+	// also carries a google.rpc.RetryInfo; an UNKNOWN or COMMITTED outcome's,
+	// or a mismatch's, does not (see [WithRetryAfter]). Zero or negative
 	// suggests none.
 	RetryAfter time.Duration
 	// Class is the admission class that refused the call. A name longer
@@ -137,10 +139,15 @@ func WithAttempt(attemptID, call string, try uint32) Option {
 	return Fields{AttemptID: attemptID, Call: call, Try: try}
 }
 
-// WithRetryAfter suggests the least delay before a repeat; the status then
-// also carries a google.rpc.RetryInfo. Non-positive durations are ignored.
-// Callers should derive it from the queue, never use a constant that
-// synchronises clients.
+// WithRetryAfter suggests the least delay before a repeat, in the
+// OutcomeDetail's retry_after. A NOT_ADMITTED refusal's status then also
+// carries a google.rpc.RetryInfo; an UNKNOWN or COMMITTED outcome's, and a
+// mismatch's, does not, since it would invite a generic client to repeat a
+// call that may have taken (or took) effect, or cannot succeed: there the
+// delay is for tollgate's owner (an ATTEMPT_UNVERIFIABLE outcome's, until
+// the store can vouch), which reads the detail, as [RetryAfter] does.
+// Non-positive durations are ignored. Callers should derive it from the
+// queue, never use a constant that synchronises clients.
 func WithRetryAfter(d time.Duration) Option { return retryAfterOption(d) }
 
 // WithClass names the admission class that refused the call (a name
@@ -477,8 +484,9 @@ func (e *Error) Detail() *tollgatev1.OutcomeDetail {
 }
 
 // GRPCStatus returns the status that carries the error across gRPC: its code
-// and message, the OutcomeDetail, a google.rpc.ErrorInfo and, when a delay was
-// suggested, a google.rpc.RetryInfo, in that order; then the details of
+// and message, the OutcomeDetail, a google.rpc.ErrorInfo and, when a
+// NOT_ADMITTED refusal suggests a delay, a google.rpc.RetryInfo (see
+// [WithRetryAfter]), in that order; then the details of
 // the error it carries ([WithDetailsOf]; an unknown outcome's cause), but
 // for tollgate's own, a RetryInfo, an ErrorInfo, whose data goes into
 // tollgate's, and what exceeds a bound of a few KiB (see the package doc).
@@ -515,7 +523,12 @@ func (e *Error) buildStatus() *grpcstatus.Status {
 	p.details[0] = &p.detail
 	p.details[1] = infoOf(e.reason).errorInfo
 	n := 2
-	if retry != nil {
+	// Only a refusal sends a RetryInfo: on an UNKNOWN or COMMITTED outcome,
+	// or a mismatch, it would invite a generic client to repeat a call
+	// whose effect may have (or did) take place, or that cannot succeed.
+	// The detail keeps its retry_after (tollgate's owner reads an
+	// ATTEMPT_UNVERIFIABLE's there).
+	if retry != nil && detailKind(e.outcome, e.reason) == KindNotAdmitted {
 		p.retry.TypeUrl, p.retry.Value = retryInfoURL, retry
 		p.details[2] = &p.retry
 		n = 3

@@ -389,7 +389,10 @@ func detailKind(outcome tollgatev1.Outcome, reason Reason) Kind {
 
 // RetryAfter returns the delay err suggests before a repeat: the delay of a
 // google.rpc.RetryInfo in its status if present, valid and positive, else the
-// tollgate detail's retry_after if valid and positive. ok is false when err
+// tollgate detail's retry_after if valid and positive (an UNKNOWN or
+// COMMITTED outcome this package builds carries its delay in the detail
+// alone: see [WithRetryAfter]). It reads a delay whatever the outcome: the
+// caller decides whether a repeat may follow ([OutcomeOf]). ok is false when err
 // suggests none (nil errors included). Like [OutcomeOf], it reads the status
 // of the first error in the chain that has one.
 func RetryAfter(err error) (d time.Duration, ok bool) {
