@@ -7,6 +7,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	tenantname "github.com/tollgate-go/tollgate/internal/tenant"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 	"github.com/tollgate-go/tollgate/status"
 	"google.golang.org/grpc/codes"
@@ -23,16 +24,26 @@ func (f serviceOptionFunc) applyService(s *AttemptService) { f(s) }
 
 // WithTenant sets the function that names the caller's tenant where none
 // was put in the context with [ContextWithTenant]; every answer is scoped to
-// it. It must return a tenant of 0–64 characters of [A-Za-z0-9._:-] and be
-// safe for concurrent use. tollgate's server interceptor puts the tenant it
-// resolved in the context (a trusted peer's header "n", else its own
-// WithTenant's, hashed when it is not such a token or starts with "h."),
-// and that one is used
-// whatever this function says, since it is the tenant the call's tries were
-// keyed under: a query answered under another would find no record, and
-// fence a try that ran. Default [TenantFromContext].
+// it. It must be safe for concurrent use. Its name is mapped as
+// interceptor.WithTenant maps its function's: a name that is not 1–64
+// characters of [A-Za-z0-9._:-] (a SPIFFE ID, an e-mail), or that starts
+// with "h.", is used as "h." and 40 hex digits of its SHA-256, so the same
+// function given to both finds the records the interceptor keyed. tollgate's
+// server interceptor puts the tenant it resolved in the context (a trusted
+// peer's header "n", else its own WithTenant's, mapped so), and that one is
+// used whatever this function says, since it is the tenant the call's tries
+// were keyed under: a query answered under another would find no record,
+// and fence a try that ran. Default [TenantFromContext]. A nil function
+// makes [NewAttemptService] panic (interceptor.WithTenant(nil) is an
+// invalid option too): answering every caller as tenant "" instead would
+// read and fence the records of the wrong tenant.
 func WithTenant(tenant func(ctx context.Context) string) ServiceOption {
-	return serviceOptionFunc(func(s *AttemptService) { s.tenant = tenant })
+	return serviceOptionFunc(func(s *AttemptService) {
+		if tenant == nil {
+			panic("idempotency: WithTenant needs a tenant function")
+		}
+		s.tenant = tenant
+	})
 }
 
 // AttemptService serves tollgate.v1.AttemptService from a [Store]: GetAttempt
@@ -61,17 +72,16 @@ type AttemptService struct {
 // NewAttemptService returns the AttemptService of store. It panics if store
 // is nil, or holds a nil pointer, map, slice, channel or function (a typed
 // nil, such as a *redisstore.Store never set), whose methods would panic on
-// the first query instead.
+// the first query instead, and on WithTenant(nil). A nil option is ignored.
 func NewAttemptService(store Store, opts ...ServiceOption) *AttemptService {
 	if store == nil || typedNil(store) {
 		panic("idempotency: NewAttemptService needs a store")
 	}
 	s := &AttemptService{store: store, tenant: TenantFromContext}
 	for _, o := range opts {
-		o.applyService(s)
-	}
-	if s.tenant == nil {
-		s.tenant = TenantFromContext
+		if o != nil {
+			o.applyService(s)
+		}
 	}
 	return s
 }
@@ -145,11 +155,11 @@ func answerable(rec *tollgatev1.AttemptRecord) *tollgatev1.AttemptRecord {
 func (s *AttemptService) key(ctx context.Context, attemptID, call, method string) (Key, error) {
 	tenant, resolved := ctx.Value(tenantKey{}).(string) // the interceptor's
 	if !resolved {
-		tenant = s.tenant(ctx)
+		tenant = tenantname.Token(s.tenant(ctx)) // as the interceptor maps its own
 	}
 	key := Key{Tenant: tenant, AttemptID: attemptID, Call: call, Method: method}
 	if len(key.Tenant) > maxTenantLen || !tokenChars(key.Tenant) {
-		return Key{}, grpcstatus.Error(codes.Internal, "idempotency: the server's tenant function returned a malformed tenant")
+		return Key{}, grpcstatus.Error(codes.Internal, "idempotency: the tenant the server put in the context (ContextWithTenant) is malformed")
 	}
 	if err := ValidateKey(key); err != nil {
 		return Key{}, grpcstatus.Error(codes.InvalidArgument, err.Error())

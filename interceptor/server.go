@@ -2,8 +2,6 @@ package interceptor
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -16,6 +14,7 @@ import (
 	"github.com/tollgate-go/tollgate/internal/ctxkey"
 	"github.com/tollgate-go/tollgate/internal/header"
 	"github.com/tollgate-go/tollgate/internal/methodinfo"
+	"github.com/tollgate-go/tollgate/internal/tenant"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 	"github.com/tollgate-go/tollgate/status"
 	"go.opentelemetry.io/otel/attribute"
@@ -266,19 +265,10 @@ func (sv *server) tenantOf(ctx context.Context) string {
 	return tenantToken(sv.cfg.tenant(ctx))
 }
 
-// tenantToken returns t when it is a valid tenant token (1–64 characters of
-// [A-Za-z0-9._:-]) not starting with "h.", or empty, and otherwise a stable
-// digest of it, "h." and 40 hex digits of SHA-256, so that any tenant name
-// (a SPIFFE ID, an e-mail) keeps its records apart and can travel in the
-// header. A name that starts with "h." is hashed too, although it is a
-// token: else a tenant named like another's digest would be that tenant.
-func tenantToken(t string) string {
-	if t == "" || (!strings.HasPrefix(t, "h.") && header.ValidToken(t, header.MaxTenantLen) == nil) {
-		return t
-	}
-	sum := sha256.Sum256([]byte(t))
-	return "h." + hex.EncodeToString(sum[:20])
-}
+// tenantToken returns t when it is a valid tenant token, and otherwise "h."
+// and its digest (see tenant.Token, which idempotency's AttemptService
+// applies to its own WithTenant's names too).
+func tenantToken(t string) string { return tenant.Token(t) }
 
 // expired is the refusal of a try that came after its attempt's deadline,
 // counted in tollgate.deadline.misses{stage=arrival}.
