@@ -3,7 +3,6 @@ package idempotency
 import (
 	"container/heap"
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -165,30 +164,33 @@ type memRecord struct {
 
 // NewMemoryStore returns a memory store for a server of which AT MOST ONE
 // SERVING INSTANCE EVER EXISTS (see [MemoryStore]); replicas must be
-// [SingleReplica]. It returns an error for any other replicas value or an
-// invalid option.
+// [SingleReplica]. It returns an error wrapping [ErrInvalidOption] for any
+// other replicas value, an invalid option or an invalid policy
+// ([Policy.Validate]). A nil option is ignored.
 func NewMemoryStore(replicas Replicas, opts ...MemoryOption) (*MemoryStore, error) {
 	if !replicas.single {
-		return nil, errors.New("idempotency: a memory store requires SingleReplica: at most one serving instance ever")
+		return nil, invalid("a memory store requires SingleReplica: at most one serving instance ever")
 	}
 	c := memoryConfig{policy: DefaultPolicy(), maxRecords: 100_000, maxBytes: 256 << 20, now: time.Now}
 	for _, o := range opts {
-		o.applyMemory(&c)
+		if o != nil {
+			o.applyMemory(&c)
+		}
 	}
 	if err := c.policy.Validate(); err != nil {
 		return nil, err
 	}
 	if c.maxRecords <= 0 {
-		return nil, errors.New("idempotency: WithMaxRecords must be positive")
+		return nil, invalid("WithMaxRecords must be positive")
 	}
 	if c.perTenant < 0 {
-		return nil, errors.New("idempotency: WithMaxRecordsPerTenant must not be negative")
+		return nil, invalid("WithMaxRecordsPerTenant must not be negative")
 	}
 	if c.perTenantBytes < 0 || (c.perTenantBytes > 0 && c.perTenantBytes < 64<<10) {
-		return nil, errors.New("idempotency: WithMaxBytesPerTenant must be 0 or at least 64 KiB")
+		return nil, invalid("WithMaxBytesPerTenant must be 0 or at least 64 KiB")
 	}
 	if c.maxBytes < 64<<10 {
-		return nil, errors.New("idempotency: WithMaxBytes must be at least 64 KiB")
+		return nil, invalid("WithMaxBytes must be at least 64 KiB")
 	}
 	s := &MemoryStore{
 		policy:     c.policy,

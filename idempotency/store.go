@@ -108,12 +108,13 @@ const (
 
 var refusalNames = [...]string{"NOT_REFUSED", "FINISHED", "IN_PROGRESS", "ABANDONED", "FENCED", "MISMATCH", "DEADLINE_EXPIRED", "UNVERIFIABLE"}
 
-// String returns the refusal's name, for example "IN_PROGRESS".
+// String returns the refusal's name, for example "IN_PROGRESS", or
+// "INVALID" for a value not declared here (as status.Kind's does).
 func (r Refusal) String() string {
 	if int(r) < len(refusalNames) {
 		return refusalNames[r]
 	}
-	return fmt.Sprintf("Refusal(%d)", uint8(r))
+	return "INVALID"
 }
 
 // BeginResult is what [Store.Begin] answers: either Started, or a Refusal
@@ -270,6 +271,20 @@ var (
 	ErrNotRunning = errors.New("idempotency: try is not running")
 )
 
+// ErrInvalidOption is wrapped by every error of a store's or service's
+// configuration: an invalid option of [NewMemoryStore] (its Replicas
+// included) or of idempotency/redisstore's New, and an invalid [Policy]
+// ([Policy.Validate]). Compare with errors.Is. A Redis server that New
+// refuses (its maxmemory-policy, its identity, its hz) is not an invalid
+// option, and its error does not wrap it.
+var ErrInvalidOption = errors.New("idempotency: invalid option")
+
+// invalid is a configuration error wrapping ErrInvalidOption: "idempotency:
+// invalid option: " and format's text.
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidOption}, args...)...)
+}
+
 // storeFullError is ErrStoreFull: it reads "idempotency: store full" and
 // matches ErrStoreUnavailable too.
 type storeFullError struct{}
@@ -316,7 +331,7 @@ func (e *TooLittleTimeError) Is(target error) bool {
 // [DefaultPolicy] and change fields; stores validate it at construction.
 type Policy struct {
 	// Skew is the largest clock difference assumed between trusted peers
-	// (DESIGN.md §3.1). Default 500 ms.
+	// (DESIGN.md §3.1). Default 500 ms; at most [MaxSkew] (1 min).
 	Skew time.Duration
 	// Grace is how long after d + Skew the owner may still resolve a call
 	// (§3.1). Default 1 s.
@@ -346,19 +361,27 @@ func DefaultPolicy() Policy {
 	}
 }
 
+// MaxSkew is the largest Policy.Skew a store accepts: the largest clock skew
+// tollgate's server interceptor accepts (interceptor.WithClockSkew), which
+// must equal its store's.
+const MaxSkew = time.Minute
+
 // Validate reports whether the policy is usable: no negative durations, a
-// positive MaxAttemptDeadline and a TTL of at least MaxAttemptDeadline +
-// Skew + Grace.
+// Skew of at most [MaxSkew], a positive MaxAttemptDeadline and a TTL of at
+// least MaxAttemptDeadline + Skew + Grace. Its error wraps
+// [ErrInvalidOption].
 func (p Policy) Validate() error {
 	switch {
 	case p.Skew < 0 || p.Grace < 0:
-		return errors.New("idempotency: policy skew and grace must not be negative")
+		return invalid("policy skew and grace must not be negative")
+	case p.Skew > MaxSkew:
+		return invalid("policy skew %v is more than %v, the most tollgate's server interceptor accepts (its WithClockSkew must equal the store's)", p.Skew, MaxSkew)
 	case p.MaxAttemptDeadline <= 0:
-		return errors.New("idempotency: policy MaxAttemptDeadline must be positive")
+		return invalid("policy MaxAttemptDeadline must be positive")
 	case p.MaxResponseBytes < 0:
-		return errors.New("idempotency: policy MaxResponseBytes must not be negative")
+		return invalid("policy MaxResponseBytes must not be negative")
 	case p.TTL < p.MaxAttemptDeadline+p.Skew+p.Grace:
-		return fmt.Errorf("idempotency: policy TTL %v is shorter than MaxAttemptDeadline + Skew + Grace (%v)",
+		return invalid("policy TTL %v is shorter than MaxAttemptDeadline + Skew + Grace (%v)",
 			p.TTL, p.MaxAttemptDeadline+p.Skew+p.Grace)
 	}
 	return nil
