@@ -142,8 +142,20 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// Option configures a [Store].
+// Option configures a [Store]. [New] ignores a nil Option.
 type Option interface{ apply(*Store) }
+
+// invalid is an error of New's options: "redisstore: invalid option: " and
+// format's text, wrapping idempotency.ErrInvalidOption (whose own words it
+// does not say again).
+func invalid(format string, args ...any) error {
+	return optionError("redisstore: invalid option: " + fmt.Sprintf(format, args...))
+}
+
+type optionError string
+
+func (e optionError) Error() string { return string(e) }
+func (optionError) Unwrap() error   { return idempotency.ErrInvalidOption }
 
 type optionFunc func(*Store)
 
@@ -536,8 +548,13 @@ func (e sentError) Unwrap() error { return e.error }
 // wrapping idempotency.ErrStoreUnavailable when Redis cannot be reached (or
 // answers that it cannot serve yet: LOADING, MASTERDOWN; on a Cluster, also
 // when the map the client reads names no node, as its seeds answer before
-// the Cluster's slots are assigned: New would check no node) and an error
-// naming the problem for a wrong setting or option, a command Redis refuses
+// the Cluster's slots are assigned: New would check no node); an error
+// wrapping idempotency.ErrInvalidOption for an invalid option or policy,
+// the WithReplicas timeout that does not fit the client's ReadTimeout or
+// the keep included (a nil option is ignored); and an error naming the
+// problem, wrapping neither, for a client New cannot use (nil, another
+// type, no context deadlines) and a wrong setting of Redis (its
+// maxmemory-policy, its identity, its hz), a command Redis refuses
 // to the store's user (NOPERM) or does not know (renamed away), credentials
 // it refuses (WRONGPASS, NOAUTH) and a ClusterClient of a Redis without
 // Cluster mode included. So every command the store sends itself is tried
@@ -661,10 +678,12 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 		failedFenceTimeout: failedBeginFenceTimeout, recheckAfter: clockRecheckAfter, born: time.Now(), idle: DefaultIdleTenantExpiry}
 	s.stop, s.stopAll = context.WithCancel(context.Background())
 	for _, o := range opts {
-		o.apply(s)
+		if o != nil {
+			o.apply(s)
+		}
 	}
 	if err := s.policy.Validate(); err != nil {
-		return nil, err
+		return nil, err // wraps idempotency.ErrInvalidOption
 	}
 	s.pruneAt.Store(int64(s.recheckAfter))
 	// The keep is counted in the reading's clock; a script judges it by
@@ -674,17 +693,17 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 	// plus the most by which Redis's clock may lag.
 	s.keep += 2*s.policy.Skew + clockMargin
 	if strings.ContainsAny(s.prefix, "{}") {
-		return nil, fmt.Errorf("redisstore: prefix %q must not contain '{' or '}'", s.prefix)
+		return nil, invalid("prefix %q must not contain '{' or '}'", s.prefix)
 	}
 	if s.perTenant < 0 {
-		return nil, fmt.Errorf("redisstore: WithMaxRecordsPerTenant(%d) must not be negative", s.perTenant)
+		return nil, invalid("WithMaxRecordsPerTenant(%d) must not be negative", s.perTenant)
 	}
 	if s.idle < 0 || (s.idle > 0 && s.idle < s.policy.TTL) {
-		return nil, fmt.Errorf("redisstore: WithIdleTenantExpiry(%v) must be 0 or at least the policy's TTL %v", s.idle, s.policy.TTL)
+		return nil, invalid("WithIdleTenantExpiry(%v) must be 0 or at least the policy's TTL %v", s.idle, s.policy.TTL)
 	}
 	if s.replicas < 0 || (s.replicas > 0 && s.waitTimeout < time.Millisecond) {
 		// WAIT counts whole milliseconds, and WAIT n 0 waits for ever.
-		return nil, fmt.Errorf("redisstore: WithReplicas(%d, %v) needs n ≥ 0 and, for n > 0, a timeout of at least 1 ms", s.replicas, s.waitTimeout)
+		return nil, invalid("WithReplicas(%d, %v) needs n ≥ 0 and, for n > 0, a timeout of at least 1 ms", s.replicas, s.waitTimeout)
 	}
 	if err := eachNode(ctx, client, func(ctx context.Context, c redis.UniversalClient, where string) error {
 		off, id, err := s.checkNode(ctx, c, where)
@@ -704,11 +723,11 @@ func New(ctx context.Context, client redis.UniversalClient, opts ...Option) (*St
 		}
 		s.tick = time.Second / time.Duration(hz)
 		if rt := readTimeout(client); rt > 0 && s.waitTimeout+s.tick > rt/2 {
-			return nil, fmt.Errorf("redisstore: the WithReplicas timeout %v plus Redis's tick %v (hz %d), by which it may answer WAIT late, must be at most half the Redis client's ReadTimeout %v, or go-redis takes a WAIT still waiting for a lost reply and sends the script again",
+			return nil, invalid("the WithReplicas timeout %v plus Redis's tick %v (hz %d), by which it may answer WAIT late, must be at most half the Redis client's ReadTimeout %v, or go-redis takes a WAIT still waiting for a lost reply and sends the script again",
 				s.waitTimeout, s.tick, hz, rt)
 		}
 		if s.waitTimeout+s.tick > s.keep/2 {
-			return nil, fmt.Errorf("redisstore: the WithReplicas timeout %v plus Redis's tick %v (hz %d) must be at most %v, half the store's keep %v (DefaultKeep plus twice the policy's skew and a second): a call whose reply comes later than the keep is refused (see DefaultKeep)",
+			return nil, invalid("the WithReplicas timeout %v plus Redis's tick %v (hz %d) must be at most %v, half the store's keep %v (DefaultKeep plus twice the policy's skew and a second): a call whose reply comes later than the keep is refused (see DefaultKeep)",
 				s.waitTimeout, s.tick, hz, s.keep/2, s.keep)
 		}
 	}
