@@ -25,7 +25,6 @@ func TestMemoryClockStepForwardSweepsRecordVouchedAbsentAfterCorrection(t *testi
 	for _, op := range []string{"get", "fence", "begin"} {
 		t.Run(op, func(t *testing.T) {
 			clock, p, s := clockedMemory(t)
-			ctx := context.Background()
 			clock.Advance(p.Skew)
 			k := keyNow(clock, "0")
 			beginSucceeded(t, s, clock, k, false, "charged")
@@ -37,28 +36,41 @@ func TestMemoryClockStepForwardSweepsRecordVouchedAbsentAfterCorrection(t *testi
 			probeNow(t, s, clock)
 			clock.Advance(-step + time.Second)
 
-			switch op {
-			case "get":
-				rec, err := s.Get(ctx, k)
-				require.NoError(t, err)
-				require.NotEqual(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNSEEN, rec.GetState(),
-					"a call that SUCCEEDED reads UNSEEN after the clock was corrected")
-			case "fence":
-				rec, err := s.Fence(ctx, k, 1)
-				require.NoError(t, err)
-				require.NotEqual(t, tollgatev1.AttemptState_ATTEMPT_STATE_FENCED, rec.GetState(),
-					"a fence laid a tombstone over a call that SUCCEEDED")
-			case "begin":
-				res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: clock.Now().Add(5 * time.Second)})
-				require.NoError(t, err)
-				require.False(t, res.Started, "try 2 of a call whose try 1 SUCCEEDED started")
-			}
+			requireNoEvidence(t, s, clock, k, op)
 
 			// Attempts created after the swept one are vouched for as before.
 			clock.Advance(time.Millisecond)
 			res := beginNow(t, s, clock, keyNow(clock, "0"), false)
 			require.True(t, res.Started, "a new attempt after the correction was refused %v", res.Refusal)
 		})
+	}
+}
+
+// requireNoEvidence requires that op ("get", "fence" or "begin") on k, a
+// call whose try 1 SUCCEEDED and whose record the store no longer holds,
+// takes that absence for no evidence: Get reads UNKNOWN (not UNSEEN), a
+// fence lays no tombstone (UNKNOWN), and try 2 is refused unverifiable.
+func requireNoEvidence(t *testing.T, s *idempotency.MemoryStore, clock *storetest.Clock, k idempotency.Key, op string) {
+	t.Helper()
+	ctx := context.Background()
+	switch op {
+	case "get":
+		rec, err := s.Get(ctx, k)
+		require.NoError(t, err)
+		require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN, rec.GetState(),
+			"a call that SUCCEEDED reads %v", rec.GetState())
+	case "fence":
+		rec, err := s.Fence(ctx, k, 1)
+		require.NoError(t, err)
+		require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN, rec.GetState(),
+			"a fence over a call that SUCCEEDED answered %v", rec.GetState())
+	case "begin":
+		res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: clock.Now().Add(5 * time.Second)})
+		require.NoError(t, err)
+		require.False(t, res.Started, "try 2 of a call whose try 1 SUCCEEDED started")
+		require.Equal(t, idempotency.RefusedUnverifiable, res.Refusal)
+	default:
+		t.Fatalf("unknown op %q", op)
 	}
 }
 

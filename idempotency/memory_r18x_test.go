@@ -1,14 +1,12 @@
 package idempotency_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/tollgate-go/tollgate/idempotency"
 	"github.com/tollgate-go/tollgate/idempotency/storetest"
-	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 )
 
 // A review found that Reset, which drops every record and moves the horizon
@@ -25,30 +23,13 @@ func TestMemoryResetInTheMillisecondOfABeginKeepsItsTryFromRunningAgain(t *testi
 	for _, op := range []string{"get", "fence", "begin"} {
 		t.Run(op, func(t *testing.T) {
 			clock, p, s := clockedMemory(t)
-			ctx := context.Background()
 			clock.Advance(p.Skew)
 			k := idempotency.Key{Tenant: "acme", AttemptID: storetest.AttemptIDAt(clock.Now().Add(p.Skew)), Call: "0", Method: "/x.Y/Z"}
 			beginSucceeded(t, s, clock, k, false, "charged")
 			s.Reset() // the same millisecond: the virtual clock has not moved
 			clock.Advance(time.Second)
 
-			switch op {
-			case "get":
-				rec, err := s.Get(ctx, k)
-				require.NoError(t, err)
-				require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN, rec.GetState(),
-					"a call that SUCCEEDED before the Reset reads %v", rec.GetState())
-			case "fence":
-				rec, err := s.Fence(ctx, k, 1)
-				require.NoError(t, err)
-				require.Equal(t, tollgatev1.AttemptState_ATTEMPT_STATE_UNKNOWN, rec.GetState(),
-					"a fence over a call that SUCCEEDED before the Reset answered %v", rec.GetState())
-			case "begin":
-				res, err := s.Begin(ctx, idempotency.BeginRequest{Key: k, Try: 2, Deadline: clock.Now().Add(5 * time.Second)})
-				require.NoError(t, err)
-				require.False(t, res.Started, "try 2 of a call whose try 1 SUCCEEDED before the Reset started")
-				require.Equal(t, idempotency.RefusedUnverifiable, res.Refusal)
-			}
+			requireNoEvidence(t, s, clock, k, op)
 
 			// An attempt created after the Reset's is vouched for as before.
 			res := beginNow(t, s, clock, keyNow(clock, "0"), false)

@@ -3,7 +3,6 @@ package interceptor_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
@@ -11,7 +10,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	grpcstatus "google.golang.org/grpc/status"
 
-	"github.com/tollgate-go/tollgate/budget"
 	"github.com/tollgate-go/tollgate/interceptor"
 	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
 	"github.com/tollgate-go/tollgate/internal/testsvc"
@@ -43,33 +41,18 @@ func TestR18vUnknownWithDefiniteCodeReportsSpent(t *testing.T) {
 		return nil, status.OutcomeUnknown(grpcstatus.Error(codes.FailedPrecondition, "half done"))
 	}
 
-	start := func(t *testing.T) (context.Context, *budget.Allowance) {
-		ctx, err := interceptor.StartAttempt(t.Context(), 6, 10*time.Second)
-		require.NoError(t, err)
-		a, ok := budget.FromContext(ctx)
-		require.True(t, ok)
-		return ctx, a
-	}
 	t.Run("call key required below", func(t *testing.T) {
-		ctx, a := start(t)
+		ctx, a := sixUnitAttempt(t)
 		var trailer metadata.MD
 		_, err := client.Put(ctx, &testingv1.PutRequest{Key: "k"}, grpc.Trailer(&trailer))
-		require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
 		require.Equal(t, codes.InvalidArgument, grpcstatus.Code(err), "%v", err)
-		require.Equal(t, []string{"0"}, trailer.Get("tollgate-spent"))
-		snap := a.Snapshot()
-		require.Zero(t, snap.Held, "%+v", snap)
-		require.Equal(t, int64(6), snap.Free, "%+v", snap)
+		requireSettledUnknown(t, err, trailer, a)
 	})
 	t.Run("handler's own unknown", func(t *testing.T) {
-		ctx, a := start(t)
+		ctx, a := sixUnitAttempt(t)
 		var trailer metadata.MD
 		_, err := client.Apply(ctx, &testingv1.ApplyRequest{Key: "k"}, grpc.Trailer(&trailer))
-		require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
 		require.Equal(t, codes.FailedPrecondition, grpcstatus.Code(err), "%v", err)
-		require.Equal(t, []string{"0"}, trailer.Get("tollgate-spent"))
-		snap := a.Snapshot()
-		require.Zero(t, snap.Held, "%+v", snap)
-		require.Equal(t, int64(6), snap.Free, "%+v", snap)
+		requireSettledUnknown(t, err, trailer, a)
 	})
 }

@@ -43,42 +43,49 @@ func TestLenientGrantComesBackAfterUnknownAnswer(t *testing.T) {
 	client := testingv1.NewTestServiceClient(end.DialT(t, interceptor.DialOptions(
 		interceptor.WithRetry(interceptor.RetryPolicy{MaxTries: 1}))...))
 
-	start := func(t *testing.T) (context.Context, *budget.Allowance) {
-		ctx, err := interceptor.StartAttempt(t.Context(), 6, 10*time.Second)
-		require.NoError(t, err)
-		a, ok := budget.FromContext(ctx)
-		require.True(t, ok)
-		return ctx, a
-	}
-
 	t.Run("unary", func(t *testing.T) {
-		ctx, a := start(t)
+		ctx, a := sixUnitAttempt(t)
 		var trailer metadata.MD
 		_, err := client.Apply(ctx, &testingv1.ApplyRequest{Key: "fail"}, grpc.Trailer(&trailer))
-		require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
-		require.Equal(t, []string{"0"}, trailer.Get("tollgate-spent"))
-		snap := a.Snapshot()
-		require.Zero(t, snap.Held, "%+v", snap)
-		require.Equal(t, int64(6), snap.Free, "%+v", snap)
+		requireSettledUnknown(t, err, trailer, a)
 	})
 	t.Run("stream", func(t *testing.T) {
-		ctx, a := start(t)
+		ctx, a := sixUnitAttempt(t)
 		st, err := client.Upload(ctx)
 		require.NoError(t, err)
 		_, err = st.CloseAndRecv()
-		require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
-		require.Equal(t, []string{"0"}, st.Trailer().Get("tollgate-spent"))
-		snap := a.Snapshot()
-		require.Zero(t, snap.Held, "%+v", snap)
-		require.Equal(t, int64(6), snap.Free, "%+v", snap)
+		requireSettledUnknown(t, err, st.Trailer(), a)
 	})
 	for _, key := range []string{"ok", "missing"} {
 		t.Run("none/"+key, func(t *testing.T) {
-			ctx, a := start(t)
+			ctx, a := sixUnitAttempt(t)
 			var trailer metadata.MD
 			_, _ = client.Apply(ctx, &testingv1.ApplyRequest{Key: key}, grpc.Trailer(&trailer))
 			require.Empty(t, trailer.Get("tollgate-spent"))
 			require.Equal(t, int64(6), a.Snapshot().Free, "settled without it")
 		})
 	}
+}
+
+// sixUnitAttempt starts an attempt of 6 units and 10 s, and returns its
+// context and ledger.
+func sixUnitAttempt(t *testing.T) (context.Context, *budget.Allowance) {
+	t.Helper()
+	ctx, err := interceptor.StartAttempt(t.Context(), 6, 10*time.Second)
+	require.NoError(t, err)
+	a, ok := budget.FromContext(ctx)
+	require.True(t, ok)
+	return ctx, a
+}
+
+// requireSettledUnknown requires that err, an origin's call made under
+// sixUnitAttempt's ledger a, ended UNKNOWN with trailer tollgate-spent 0,
+// and that the grant came back: nothing held, all 6 units free.
+func requireSettledUnknown(t *testing.T, err error, trailer metadata.MD, a *budget.Allowance) {
+	t.Helper()
+	require.Equal(t, status.KindUnknown, status.OutcomeOf(err).Kind, "%v", err)
+	require.Equal(t, []string{"0"}, trailer.Get("tollgate-spent"))
+	snap := a.Snapshot()
+	require.Zero(t, snap.Held, "%+v", snap)
+	require.Equal(t, int64(6), snap.Free, "%+v", snap)
 }
