@@ -159,16 +159,20 @@
 // 4 × the learned p95, so one hung request cannot lock a class out. The
 // p95 climbs a step (a tenth of the larger estimate) per slower sample, so
 // it lags the mean after the first samples above a low seed; it comes down
-// by a twentieth of a step per faster sample, and to the largest of 30
-// completed samples in a row below it at once (were the p95 right, such a
+// by a twentieth of a step per faster sample. Work that ended after its
+// deadline (a handler the deadline cut) teaches its time as a lower bound:
+// it may raise the p95, so a hang is learned, but never lowers it. So that
+// a p95 a hang raised does not keep refusing healthy work for long after
+// it (those refusals would also withhold the samples that bring it down),
+// 30 completed samples in a row below the p95 take it down at once to what
+// completed work bears out — the larger of their largest and the p95 of
+// completed samples alone — when it stands at least twice above that. A
+// stationary service's p95 is left as it is: were the p95 right, such a
 // run would come about one time in five, and its largest lies near the
-// 93rd percentile), so that a p95 a hang raised does not keep refusing
-// healthy work for long after it: those refusals would also withhold the
-// samples that bring it down. Work that ended after its deadline (a
-// handler the deadline cut) teaches its time as a lower bound: it may raise
-// the p95, so a hang is learned, but never lowers it, and it ends such a
-// run only if it started after the run's first sample (one that hung from
-// before is older news than work that completed since). The deadline
+// 92nd percentile (in the fast mode of a bimodal service), which would
+// make its slow requests false accepts. A cut sample ends such a run only
+// if it started after the run's first sample (one that hung from before is
+// older news than work that completed since). The deadline
 // stage plans with the larger of the two, and [ClassStats].ServiceP95 reads
 // at least the mean until 20 samples. A class
 // that is idle (nothing of it running or waiting) admits a request whose

@@ -8,12 +8,20 @@ import "time"
 // settles where 5% of observations lie above). The step is a tenth of the
 // larger of the two, so a p95 that one slow sample raised far above the mean
 // comes down geometrically (by half in about 140 ordinary samples), not by a
-// tenth of the mean at a time; and settleRun completed samples in a row
-// below the p95 take it down to the largest of them at once, so that a p95
-// a burst of slow samples raised (a hang) does not outlive it by
-// hundreds of samples — samples the refusals it causes would withhold.
-// Work that ended after its deadline is a censored sample (observe's cut):
-// it may raise the p95, never lower it. Both start from the class's
+// tenth of the mean at a time. Work that ended after its deadline is a
+// censored sample (observe's cut): it may raise the p95, never lower it.
+// A p95 that cut samples raised (a hang whose handlers its callers' deadlines
+// cut) would outlive the hang by hundreds of samples — samples the refusals
+// it causes would withhold — so settleRun completed samples in a row below
+// the p95 take it down at once to what completed work bears out, the larger
+// of the run's largest sample and done (the p95 of completed samples alone),
+// when the p95 is at least settleFactor times that. Under a stationary
+// service the p95 is hardly ever so far above done, and a run below it, which
+// comes about once in five runs (in 25 for a bimodal service whose slow mode
+// is a tenth), leaves it as it is: its largest lies near the 92nd
+// percentile, or in the fast mode, and taking the p95 down to it would
+// trim the p95's upper swings and turn slow requests into false accepts.
+// Both start from the class's
 // ExpectedServiceTime. Every observation is capped at MaxServiceTime (default
 // DefaultMaxServiceTime) and, once clipMinSamples observations were made, at
 // clipFactor times the current p95, so one huge sample (a hung handler) moves
@@ -25,9 +33,12 @@ import "time"
 // Not safe for concurrent use: the controller's lock guards it.
 type estimator struct {
 	mean, p95 float64 // nanoseconds
-	n         uint64
-	alpha     float64
-	cap       float64
+	// done is the p95 of completed samples alone (cut ones left out), as
+	// p95 moves on them: what the p95 would be had no cut sample raised it.
+	done  float64
+	n     uint64
+	alpha float64
+	cap   float64
 	// below counts the completed samples in a row that lay below the p95
 	// (since the last one at or above it, or cut), belowMax the largest,
 	// belowFrom the earliest start among them (ns since the controller's
@@ -39,16 +50,18 @@ type estimator struct {
 const (
 	clipMinSamples = 20
 	clipFactor     = 4
-	// settleRun is how many completed samples in a row below the p95 take
-	// it down to the largest of them. Were the p95 right, so long a run
-	// would come about one time in five (0.95^30 ≈ 0.21), and then the
-	// largest of the run lies near the 93rd percentile: within the
-	// estimate's own noise.
-	settleRun = 30
+	// settleRun is how many completed samples in a row below the p95 may
+	// take it down to what completed work bears out (observe). Were the
+	// p95 right, so long a run would come about one time in five
+	// (0.95^30 ≈ 0.21), so it takes the p95 down only when it is at least
+	// settleFactor times that: stale, as cut samples leave it, not a
+	// stationary p95's swing.
+	settleRun    = 30
+	settleFactor = 2
 )
 
 func newEstimator(seed, capd time.Duration, alpha float64) estimator {
-	return estimator{mean: float64(seed), p95: float64(seed), alpha: alpha, cap: float64(capd)}
+	return estimator{mean: float64(seed), p95: float64(seed), done: float64(seed), alpha: alpha, cap: float64(capd)}
 }
 
 // observe learns one service time d of work that started at start (ns since
@@ -70,10 +83,19 @@ func (e *estimator) observe(d time.Duration, start float64, cut bool) {
 	}
 	e.n++
 	if e.n == 1 && e.mean == 0 {
-		e.mean, e.p95 = x, x
+		e.mean, e.p95, e.done = x, x, x
 		return
 	}
 	e.mean += e.alpha * (x - e.mean)
+	if !cut {
+		step := max(max(e.mean, e.done)*0.1, 1)
+		switch {
+		case x > e.done:
+			e.done = min(e.done+0.95*step, x)
+		case x < e.done:
+			e.done = max(e.done-0.05*step, x)
+		}
+	}
 	step := max(max(e.mean, e.p95)*0.1, 1)
 	stale := cut && e.below > 0 && start <= e.belowFrom
 	switch {
@@ -100,10 +122,13 @@ func (e *estimator) observe(d time.Duration, start float64, cut bool) {
 		e.below++
 		e.belowMax = max(e.belowMax, x)
 		if e.below >= settleRun {
-			// So many samples in a row below it say the p95 is stale (a
-			// hang's cut handlers raised it, say): the largest of them is
-			// a p95 the recent work bears out.
-			e.p95 = min(e.p95, e.belowMax)
+			// So many samples in a row below it, with the p95 far above
+			// what completed work bears out, say it is stale (a hang's
+			// cut handlers raised it): the larger of the run's largest and
+			// done is a p95 the recent work bears out.
+			if bears := max(e.belowMax, e.done); e.p95 >= settleFactor*bears {
+				e.p95 = bears
+			}
 			e.below, e.belowMax = 0, 0
 		}
 	default:
@@ -111,6 +136,9 @@ func (e *estimator) observe(d time.Duration, start float64, cut bool) {
 	}
 	if e.cap > 0 && e.p95 > e.cap {
 		e.p95 = e.cap
+	}
+	if e.cap > 0 && e.done > e.cap {
+		e.done = e.cap
 	}
 }
 

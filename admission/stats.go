@@ -110,8 +110,9 @@ type ClassStats struct {
 	OldestWait time.Duration
 	// ServiceMean and ServiceP95 are the learned service times (both
 	// ExpectedServiceTime before any is learned). ServiceP95 is a
-	// streaming estimate that climbs a step per slower sample and drops to
-	// the largest of 30 completed samples in a row below it: until the
+	// streaming estimate that climbs a step per slower sample and, when it
+	// stands at least twice above what completed work bears out, drops
+	// to that after 30 completed samples in a row below it: until the
 	// class has learned 20 samples it reads at least ServiceMean, which its
 	// first steps would otherwise leave it under. Work that ended after its
 	// deadline teaches its time as a lower bound: it may raise ServiceP95,
