@@ -2330,15 +2330,22 @@ func (c *Controller) jitter(d time.Duration) time.Duration {
 	return d/2 + rand.N(d)
 }
 
-// jitterAfter spreads a suggested delay d uniformly over [1, 1½) of
-// itself: for a refusal that no repeat before d can escape (SHED until an
-// override ends or the mode can change), so that refused clients neither
-// come back together nor before it; d at least minRetryAfter and at most ⅔
-// of the bound (WithMaxRetryAfter), as in jitter, so that every suggestion
-// is below the bound.
+// jitterAfter spreads a suggested delay d uniformly over [d, d + s), s
+// half of the larger of d and the degradation window: for a refusal that
+// no repeat before d can escape (SHED until an override ends or the mode
+// can change), so that refused clients come back neither before it nor
+// together. Every client refused before the same instant is told that
+// instant: spread over only half of each one's time left, those refused
+// just before it would all come back at it (a sixth of a window's shed
+// clients within its first 50th), so each spreads over half a window at
+// least. d is at least minRetryAfter and at most ⅔ of the bound
+// (WithMaxRetryAfter), as in jitter, and so is the window in s, so that
+// every suggestion is below the bound.
 func (c *Controller) jitterAfter(d time.Duration) time.Duration {
-	d = min(max(d, minRetryAfter), twoThirds(c.cfg.maxRA))
-	return d + rand.N(d/2+1)
+	b := twoThirds(c.cfg.maxRA)
+	d = min(max(d, minRetryAfter), b)
+	s := max(d, min(c.cfg.degradation.Window, b)) / 2
+	return d + rand.N(max(s, 1))
 }
 
 // twoThirds is ⌊2b/3⌋ for a positive b, without overflowing for a b above

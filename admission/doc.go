@@ -43,8 +43,11 @@
 // Degraded is held after a fall back from Recovering, the end of the window
 // that would complete ExitAfter healthy ones — a lower bound, since the
 // window may be overloaded and an operator may clear an override sooner.
-// That time is jittered in [1, 1½) of itself, never before it, with the
-// same cap (a time beyond ⅔ of the bound suggests [⅔, 1) of the bound).
+// That time is jittered above itself, never before it, over half of itself
+// or half a degradation window, whichever is longer (the clients shed
+// before one instant are all told that instant: the window's half keeps
+// those shed just before it from coming back together), with the same
+// cap (a time beyond ⅔ of the bound suggests [⅔, 1) of the bound).
 // DRAINING carries no retry-after: the server is shutting down, and a
 // repeat belongs on another server. DEADLINE_UNREACHABLE's retry-after is
 // the class's predicted wait (its learned mean service time when a request
