@@ -1860,24 +1860,59 @@ func (c *Controller) predictedWaitLocked(cs *classState, now time.Time) time.Dur
 // ExpectedServiceTime, no release has taught one), where slotWaitLocked,
 // with a mean of 0, would say none. The time a running request has run is
 // a lower bound of its service time, and with nothing else to go by it is
-// expected to run as long again (as a stream is when its lifetime is
-// guessed); each waiter is expected to take the running requests' average
-// run so far. That work — the running requests' of the class, unary or
-// stream, and the queue's — is spread over the class's slots. Only Stats'
+// expected to run as long again, but not past its deadline (guessLeft);
+// each waiter is expected to take the running requests' average run so
+// far. That work — the running unary requests' of the class and the
+// queue's — is spread over the class's slots that its streams do not hold:
+// a stream holds its slot for its lifetime, so its age is no work another
+// slot shares (as in slotWaitLocked; one on a borrowed slot holds none of
+// the class's, unless the class is lowered). While only streams run, each
+// is expected to live as long again as it has (no later than its
+// deadline), the first to end frees a slot, and the queue's work, at the
+// streams' average age each, is spread over the slots. Only Stats'
 // PredictedWait and the retry-afters use it: the deadline stage, which
 // cannot judge work of unknown length, still admits it (see Admit).
 func (c *Controller) unknownWaitLocked(cs *classState, now time.Time) time.Duration {
+	slots := max(c.slots(cs), 1)
+	lowered := slots < cs.cfg.Slots
 	nowOff := float64(now.Sub(c.epoch))
-	var ran float64
-	n := 0
+	var work, ran, streamRan float64
+	first := math.Inf(1) // the soonest guessed end of a stream holding a slot
+	n, streams := 0, 0
 	for p := cs.runHead; p != nil; p = p.next {
-		ran += max(nowOff-p.startOff, 0)
+		age := max(nowOff-p.startOff, 0)
+		if p.stream {
+			if p.owner == cs || lowered {
+				streams++
+				streamRan += age
+				first = min(first, p.guessLeft(nowOff))
+			}
+			continue
+		}
+		work += p.guessLeft(nowOff)
+		ran += age
 		n++
 	}
-	if n == 0 {
-		return 0
+	q := float64(cs.queue.n)
+	switch {
+	case n > 0:
+		return waitOf((work + q*ran/float64(n)) / float64(max(slots-streams, 1)))
+	case streams > 0:
+		return waitOf(first + q*streamRan/float64(streams)/float64(slots))
 	}
-	return waitOf((ran + float64(cs.queue.n)*ran/float64(n)) / float64(max(c.slots(cs), 1)))
+	return 0
+}
+
+// guessLeft is how long running request p, of a class that knows nothing
+// of its service time, is expected to run still at nowOff: as long again
+// as it has run, but no later than its deadline, where its handler's
+// context ends (0 once that has passed).
+func (p *Permit) guessLeft(nowOff float64) float64 {
+	g := max(nowOff-p.startOff, 0)
+	if p.endOff != 0 {
+		g = min(g, max(p.endOff-nowOff, 0))
+	}
+	return g
 }
 
 // slotWaitLocked is the wait of a request of cs that finds no free slot it
@@ -2161,8 +2196,8 @@ func playOutGates(run, rem []float64, slots, borrowed int, dst []float64) []floa
 // request run or its first waiter start; 0 when none of its requests runs
 // (the class's predicted wait covers it). While nothing is known of the
 // class's service time, a unary request is expected to run as long again
-// as it has run, as unknownWaitLocked expects (the mean, 0, would say it
-// ends now). Only retry-afters use it.
+// as it has run, but not past its deadline, as unknownWaitLocked expects
+// (the mean, 0, would say it ends now). Only retry-afters use it.
 func (c *Controller) tenantNextLocked(cs *classState, tenant string, now time.Time) time.Duration {
 	mean := cs.est.mean
 	unknown := cs.est.unknown()
@@ -2173,7 +2208,7 @@ func (c *Controller) tenantNextLocked(cs *classState, tenant string, now time.Ti
 		if p.tenant == tenant {
 			r := p.remaining(mean, nowOff, guess)
 			if unknown && !p.stream {
-				r = max(r, nowOff-p.startOff)
+				r = max(r, p.guessLeft(nowOff))
 			}
 			if next < 0 || r < next {
 				next = r

@@ -202,12 +202,16 @@
 // that sum would be 0 however long its running work has run. The time a
 // running request has run is a lower bound of its service time: with
 // nothing else to go by, [ClassStats].PredictedWait and the retry-afters
-// expect each running request (unary or stream) to run as long again as it
-// has, and each waiter to take the running requests' average run so far,
-// spread over the slots; a TENANT_LIMIT refusal's retry-after, the time
-// until the tenant's first running request ends, expects a running unary
-// request to run as long again too. The deadline stage does not use that
-// guess: it decides as above.
+// expect each running request to run as long again as it has, but not past
+// its deadline (where its handler's context ends), and each waiter to take
+// the running requests' average run so far, spread over the slots its
+// streams do not hold (a stream holds its slot for its lifetime: its age
+// is no work that other slots share; while only streams run, the first to
+// end, each living as long again as it has, frees a slot); a TENANT_LIMIT
+// refusal's retry-after, the time until the tenant's first running
+// request ends, expects a running unary request to run as long again, or
+// until its deadline, too. The deadline stage does not use that guess: it
+// decides as above.
 //
 // # Degradation and overrides
 //

@@ -126,8 +126,9 @@ type ClassStats struct {
 	// of time.Duration's range (about 146 years: a stream whose deadline is
 	// farther away frees its slot no sooner). While the class knows nothing
 	// of its service time (no ExpectedServiceTime, nothing learned), it
-	// expects each running request to run as long again as it has run, and
-	// each waiter to take their average run so far (see the package
+	// expects each running request to run as long again as it has run (not
+	// past its deadline), and each waiter to take their average run so
+	// far, over the slots its streams do not hold (see the package
 	// documentation, "Learning and prediction"); the deadline stage does
 	// not plan with that guess.
 	PredictedWait time.Duration
