@@ -426,9 +426,11 @@ type classState struct {
 
 	full atomic.Int32 // reason the tap refuses with; 0: open
 	// hint is, for the tap's retry-after, the predicted wait (ns) when the
-	// class is full; when it is shed or frozen (SHED), the earliest instant
-	// (Unix ns) it can be admitted again (readmitAtLocked).
-	hint atomic.Int64
+	// class is full; readmit, when it is shed or frozen (SHED), the
+	// earliest instant (Unix ns) it can be admitted again
+	// (readmitAtLocked). Two atomics, each set before full: a tap call that
+	// reads full of one state never reads the other state's kind of value.
+	hint, readmit atomic.Int64
 	// hopeless is the last instant (Unix ns) at which every waiter of a
 	// full queue can still finish, by the queue's deadline bound less the
 	// service estimate (one that would finish exactly at its deadline still
@@ -2511,6 +2513,15 @@ func (c *Controller) refreshFlag(cs *classState) {
 			reason = status.ReasonConcurrencyFull
 		}
 	}
+	// The hint first, then the flag: a tap call that reads the flag reads
+	// a hint set for it (or for a later one).
+	switch reason {
+	case 0, status.ReasonDraining:
+	case status.ReasonShed:
+		cs.readmit.Store(c.readmitAtLocked(cs, c.last).UnixNano())
+	default:
+		cs.hint.Store(int64(c.retryBaseLocked(cs, reason, c.last)))
+	}
 	if int32(reason) != cs.full.Load() {
 		cs.full.Store(int32(reason))
 	}
@@ -2523,12 +2534,5 @@ func (c *Controller) refreshFlag(cs *classState) {
 	}
 	if hopeless != cs.hopeless.Load() {
 		cs.hopeless.Store(hopeless)
-	}
-	switch reason {
-	case 0, status.ReasonDraining:
-	case status.ReasonShed:
-		cs.hint.Store(c.readmitAtLocked(cs, c.last).UnixNano())
-	default:
-		cs.hint.Store(int64(c.retryBaseLocked(cs, reason, c.last)))
 	}
 }

@@ -89,7 +89,7 @@ func (c *Controller) TapHandle(ctx context.Context, info *tap.Info) (context.Con
 	switch reason {
 	case status.ReasonDraining:
 	case status.ReasonShed:
-		ra = c.jitterAfter(max(time.Duration(cs.hint.Load()-c.tapNow()), 0))
+		ra = c.jitterAfter(max(time.Duration(cs.readmit.Load()-c.tapNow()), 0))
 	default:
 		ra = c.jitter(time.Duration(cs.hint.Load()))
 	}
