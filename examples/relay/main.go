@@ -12,6 +12,12 @@
 //
 // Every number printed is counted by the servers and clients as they ran.
 //
+// The example is self-contained, as examples/quickstart is: its two services
+// are its own (proto/relay/v1: FrontendService.Lookup and
+// DependencyService.Fetch, both declared NO_SIDE_EFFECTS), its servers are
+// plain grpc.Servers on loopback ports, and it imports only tollgate's
+// public packages, so a copy of it builds outside this module.
+//
 //	go run ./examples/relay [-tries 3] [-calls-per-try 2] [-allowance 4] [-attempt-timeout 10s] [-backoff 1ms] [-json]
 package main
 
@@ -22,19 +28,20 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	relayv1 "github.com/tollgate-go/tollgate/examples/relay/proto/relay/v1"
 	"github.com/tollgate-go/tollgate/interceptor"
-	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
-	"github.com/tollgate-go/tollgate/internal/testsvc"
 	"github.com/tollgate-go/tollgate/status"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	grpcstatus "google.golang.org/grpc/status"
 )
 
@@ -145,49 +152,123 @@ func run(ctx context.Context, cfg config) (*result, error) {
 	return res, nil
 }
 
+// dependency is the DependencyService: it counts the calls that reach its
+// handler and answers each with fetch.
+type dependency struct {
+	relayv1.UnimplementedDependencyServiceServer
+	calls atomic.Int64
+	fetch func(context.Context, *relayv1.FetchRequest) (*relayv1.FetchResponse, error)
+}
+
+func (d *dependency) Fetch(ctx context.Context, r *relayv1.FetchRequest) (*relayv1.FetchResponse, error) {
+	d.calls.Add(1)
+	return d.fetch(ctx, r)
+}
+
+// frontend is the FrontendService: it counts the calls that reach its
+// handler and answers each with lookup, which calls the dependency.
+type frontend struct {
+	relayv1.UnimplementedFrontendServiceServer
+	calls  atomic.Int64
+	lookup func(context.Context, *relayv1.LookupRequest) (*relayv1.LookupResponse, error)
+}
+
+func (f *frontend) Lookup(ctx context.Context, r *relayv1.LookupRequest) (*relayv1.LookupResponse, error) {
+	f.calls.Add(1)
+	return f.lookup(ctx, r)
+}
+
+// fetch is the frontend's call to the dependency for one lookup.
+func fetch(ctx context.Context, dep relayv1.DependencyServiceClient, r *relayv1.LookupRequest) (*relayv1.LookupResponse, error) {
+	resp, err := dep.Fetch(ctx, &relayv1.FetchRequest{Key: r.GetKey()})
+	if err != nil {
+		return nil, err
+	}
+	return &relayv1.LookupResponse{Value: resp.GetValue()}, nil
+}
+
+// server is one tier's gRPC server, serving on a loopback TCP port of its
+// own until stop.
+type server struct {
+	srv  *grpc.Server
+	addr string
+	done chan struct{}
+}
+
+// serve starts a gRPC server with opts on a loopback port, with the
+// services register registers.
+func serve(register func(*grpc.Server), opts ...grpc.ServerOption) (*server, error) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	s := &server{srv: grpc.NewServer(opts...), addr: lis.Addr().String(), done: make(chan struct{})}
+	register(s.srv)
+	go func() {
+		defer close(s.done)
+		_ = s.srv.Serve(lis)
+	}()
+	return s, nil
+}
+
+// dial is a client connection to the server, without transport security
+// (it is on loopback), with opts.
+func (s *server) dial(opts ...grpc.DialOption) (*grpc.ClientConn, error) {
+	return grpc.NewClient(s.addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
+}
+
+// stop closes the server's connections and listener and waits for Serve to
+// return.
+func (s *server) stop() {
+	s.srv.Stop()
+	<-s.done
+}
+
 // runNaive is the construction with independent local caps: plain gRPC, the
 // frontend and the origin each repeat a refused call up to their own limit.
 func runNaive(ctx context.Context, cfg config) (frontendCalls, dependencyCalls int64, err error) {
-	dep := &testsvc.Service{GetFunc: func(context.Context, *testingv1.GetRequest) (*testingv1.GetResponse, error) {
+	dep := &dependency{fetch: func(context.Context, *relayv1.FetchRequest) (*relayv1.FetchResponse, error) {
 		return nil, grpcstatus.Error(codes.ResourceExhausted, "dependency: queue full")
 	}}
-	depEnd, err := testsvc.Start(testsvc.TCP, dep.Register)
+	depSrv, err := serve(func(s *grpc.Server) { relayv1.RegisterDependencyServiceServer(s, dep) })
 	if err != nil {
 		return 0, 0, err
 	}
-	defer depEnd.Stop()
-	depConn, err := depEnd.Dial(grpc.WithDisableRetry())
+	defer depSrv.stop()
+	depConn, err := depSrv.dial(grpc.WithDisableRetry())
 	if err != nil {
 		return 0, 0, err
 	}
 	defer depConn.Close()
-	depClient := testingv1.NewTestServiceClient(depConn)
-	front := &testsvc.Service{GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-		return repeatPlain(cfg.CallsPerTry, func() (*testingv1.GetResponse, error) { return depClient.Get(ctx, r) })
+	depClient := relayv1.NewDependencyServiceClient(depConn)
+	front := &frontend{lookup: func(ctx context.Context, r *relayv1.LookupRequest) (*relayv1.LookupResponse, error) {
+		return repeatPlain(cfg.CallsPerTry, func() (*relayv1.LookupResponse, error) { return fetch(ctx, depClient, r) })
 	}}
-	frontEnd, err := testsvc.Start(testsvc.TCP, front.Register)
+	frontSrv, err := serve(func(s *grpc.Server) { relayv1.RegisterFrontendServiceServer(s, front) })
 	if err != nil {
 		return 0, 0, err
 	}
-	defer frontEnd.Stop()
-	conn, err := frontEnd.Dial(grpc.WithDisableRetry())
+	defer frontSrv.stop()
+	conn, err := frontSrv.dial(grpc.WithDisableRetry())
 	if err != nil {
 		return 0, 0, err
 	}
 	defer conn.Close()
-	client := testingv1.NewTestServiceClient(conn)
+	client := relayv1.NewFrontendServiceClient(conn)
 	cctx, cancel := context.WithTimeout(ctx, cfg.AttemptTimeout)
 	defer cancel()
-	_, _ = repeatPlain(cfg.Tries, func() (*testingv1.GetResponse, error) { return client.Get(cctx, &testingv1.GetRequest{Key: "k"}) })
-	return front.Calls("Get"), dep.Calls("Get"), nil
+	_, _ = repeatPlain(cfg.Tries, func() (*relayv1.LookupResponse, error) {
+		return client.Lookup(cctx, &relayv1.LookupRequest{Key: "k"})
+	})
+	return front.calls.Load(), dep.calls.Load(), nil
 }
 
 // repeatPlain repeats f while it is refused with RESOURCE_EXHAUSTED, up to
 // tries times: a local cap that knows nothing of the layers around it.
-func repeatPlain(tries int, f func() (*testingv1.GetResponse, error)) (*testingv1.GetResponse, error) {
+func repeatPlain[Resp any](tries int, f func() (*Resp, error)) (*Resp, error) {
 	var err error
 	for range tries {
-		var resp *testingv1.GetResponse
+		var resp *Resp
 		if resp, err = f(); grpcstatus.Code(err) != codes.ResourceExhausted {
 			return resp, err
 		}
@@ -202,7 +283,7 @@ type ids struct {
 	odd  atomic.Int64 // a tier that saw a second, different ID
 }
 
-func (s *ids) note(tier string, ctx context.Context) {
+func (s *ids) note(ctx context.Context, tier string) {
 	a, ok := interceptor.AttemptFromContext(ctx)
 	if !ok {
 		return
@@ -241,54 +322,54 @@ func runTollgate(ctx context.Context, cfg config, res *result) error {
 	defer meters.Shutdown(context.Background())
 	seen := &ids{seen: map[string]string{}}
 
-	dep := &testsvc.Service{GetFunc: func(ctx context.Context, _ *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-		seen.note("dependency", ctx)
+	dep := &dependency{fetch: func(ctx context.Context, _ *relayv1.FetchRequest) (*relayv1.FetchResponse, error) {
+		seen.note(ctx, "dependency")
 		return nil, status.NotAdmitted(status.ReasonQueueFull, status.WithRetryAfter(cfg.Backoff))
 	}}
 	serverOpts := []interceptor.ServerOption{interceptor.WithTrustedPeer(interceptor.TrustLoopback), interceptor.WithServerMeterProvider(meters)}
-	depEnd, err := testsvc.Start(testsvc.TCP, dep.Register, interceptor.ServerOptions(serverOpts...)...)
+	depSrv, err := serve(func(s *grpc.Server) { relayv1.RegisterDependencyServiceServer(s, dep) }, interceptor.ServerOptions(serverOpts...)...)
 	if err != nil {
 		return err
 	}
-	defer depEnd.Stop()
+	defer depSrv.stop()
 	depDial, err := interceptor.NewDialOptions(append(cfg.frontOptions(), interceptor.WithClientMeterProvider(meters))...)
 	if err != nil {
 		return err
 	}
-	depConn, err := depEnd.Dial(depDial...)
+	depConn, err := depSrv.dial(depDial...)
 	if err != nil {
 		return err
 	}
 	defer depConn.Close()
-	depClient := testingv1.NewTestServiceClient(depConn)
-	// The frontend's Get is declared NO_SIDE_EFFECTS, so the dependency's
+	depClient := relayv1.NewDependencyServiceClient(depConn)
+	// The frontend's Lookup is declared NO_SIDE_EFFECTS, so the dependency's
 	// refusals reach the origin as NOT_ADMITTED.
-	front := &testsvc.Service{GetFunc: func(ctx context.Context, r *testingv1.GetRequest) (*testingv1.GetResponse, error) {
-		seen.note("frontend", ctx)
-		return depClient.Get(ctx, r)
+	front := &frontend{lookup: func(ctx context.Context, r *relayv1.LookupRequest) (*relayv1.LookupResponse, error) {
+		seen.note(ctx, "frontend")
+		return fetch(ctx, depClient, r)
 	}}
-	frontEnd, err := testsvc.Start(testsvc.TCP, front.Register, interceptor.ServerOptions(serverOpts...)...)
+	frontSrv, err := serve(func(s *grpc.Server) { relayv1.RegisterFrontendServiceServer(s, front) }, interceptor.ServerOptions(serverOpts...)...)
 	if err != nil {
 		return err
 	}
-	defer frontEnd.Stop()
+	defer frontSrv.stop()
 	originDial, err := interceptor.NewDialOptions(append(cfg.originOptions(), interceptor.WithClientMeterProvider(meters))...)
 	if err != nil {
 		return err
 	}
-	conn, err := frontEnd.Dial(originDial...)
+	conn, err := frontSrv.dial(originDial...)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	_, callErr := testingv1.NewTestServiceClient(conn).Get(ctx, &testingv1.GetRequest{Key: "k"})
+	_, callErr := relayv1.NewFrontendServiceClient(conn).Lookup(ctx, &relayv1.LookupRequest{Key: "k"})
 
 	o := status.OutcomeOf(callErr)
 	res.TollgateOutcome = o.Kind.String()
 	res.TollgateReason = status.ReasonName(o.Reason)
 	res.TollgateFinal = o.Final()
-	res.TollgateFrontendCalls = front.Calls("Get")
-	res.TollgateDependencyCalls = dep.Calls("Get")
+	res.TollgateFrontendCalls = front.calls.Load()
+	res.TollgateDependencyCalls = dep.calls.Load()
 	seen.mu.Lock()
 	res.TollgateAttemptIDs = map[string]string{"origin": o.Detail.GetAttemptId()}
 	for tier, id := range seen.seen {
