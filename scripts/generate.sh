@@ -4,6 +4,6 @@
 # files. The output is byte-identical on every machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for module in proto internal/testproto examples/quickstart/proto examples/relay/proto; do
+for module in proto internal/testproto examples/quickstart/proto examples/relay/proto examples/ledger/proto; do
   go tool -modfile=tools/go.mod buf generate "$module" -o "$module"
 done

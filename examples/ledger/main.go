@@ -35,6 +35,12 @@
 //
 // Every number printed is counted by the servers and clients as they ran.
 //
+// The example is self-contained, as examples/quickstart is: its service is
+// its own (proto/ledger/v1: LedgerService.Apply, which has side effects, so
+// declares no idempotency level), its servers are plain grpc.Servers on
+// loopback ports, and it imports only tollgate's public packages, so a copy
+// of it builds outside this module.
+//
 //	go run ./examples/ledger [-tries 3] [-per-try 50ms] [-attempt-timeout 500ms] [-allowance 4] [-json]
 package main
 
@@ -57,11 +63,10 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"github.com/tollgate-go/tollgate/budget"
+	ledgerv1 "github.com/tollgate-go/tollgate/examples/ledger/proto/ledger/v1"
 	"github.com/tollgate-go/tollgate/idempotency"
 	"github.com/tollgate-go/tollgate/idempotency/redisstore"
 	"github.com/tollgate-go/tollgate/interceptor"
-	testingv1 "github.com/tollgate-go/tollgate/internal/testproto/tollgate/testing/v1"
-	"github.com/tollgate-go/tollgate/internal/testsvc"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 	"github.com/tollgate-go/tollgate/status"
 	"google.golang.org/grpc"
@@ -399,18 +404,18 @@ func newLedger() *ledger {
 
 // apply makes the change and logs it under the attempt and call the handler
 // serves: a second run of the same call is logged as a duplicate.
-func (l *ledger) apply(ctx context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+func (l *ledger) apply(ctx context.Context, r *ledgerv1.ApplyRequest) (*ledgerv1.ApplyResponse, error) {
 	a, ok := interceptor.AttemptFromContext(ctx)
 	if !ok {
 		return nil, grpcstatus.Error(codes.FailedPrecondition, "ledger: no attempt")
 	}
 	l.mu.Lock()
-	l.balances[r.GetKey()] += r.GetAmount()
-	total := l.balances[r.GetKey()]
+	l.balances[r.GetAccount()] += r.GetAmount()
+	total := l.balances[r.GetAccount()]
 	k := effectKey{a.ID, a.Call}
 	e := l.log[k]
 	if e == nil {
-		e = &logEntry{account: r.GetKey()}
+		e = &logEntry{account: r.GetAccount()}
 		l.log[k] = e
 		l.order = append(l.order, k)
 	}
@@ -418,9 +423,9 @@ func (l *ledger) apply(ctx context.Context, r *testingv1.ApplyRequest) (*testing
 	hook := l.afterCommit
 	l.mu.Unlock()
 	if hook != nil {
-		hook(ctx, r.GetKey())
+		hook(ctx, r.GetAccount())
 	}
-	return &testingv1.ApplyResponse{Total: total}, nil
+	return &ledgerv1.ApplyResponse{Total: total}, nil
 }
 
 // effects returns the call keys under which attempt changed account, and how
@@ -487,9 +492,9 @@ func (l *ledger) outer(f *faults) grpc.UnaryServerInterceptor {
 			}
 			return h(ctx, req)
 		}
-		r, _ := req.(*testingv1.ApplyRequest)
+		r, _ := req.(*ledgerv1.ApplyRequest)
 		p := f.dropAccount.Load()
-		if r == nil || p == nil || *p != r.GetKey() {
+		if r == nil || p == nil || *p != r.GetAccount() {
 			return h(ctx, req)
 		}
 		// This call's answer will be lost (and, if so configured, nobody
@@ -525,6 +530,18 @@ func headerKey(ctx context.Context) effectKey {
 
 // ----- servers that can be restarted -----
 
+// service is the LedgerService a server registers; apply answers each
+// Apply: the ledger's own change, or the frontend's two calls to the ledger.
+type service struct {
+	ledgerv1.UnimplementedLedgerServiceServer
+	apply func(context.Context, *ledgerv1.ApplyRequest) (*ledgerv1.ApplyResponse, error)
+}
+
+// Apply implements ledgerv1.LedgerServiceServer.
+func (s *service) Apply(ctx context.Context, r *ledgerv1.ApplyRequest) (*ledgerv1.ApplyResponse, error) {
+	return s.apply(ctx, r)
+}
+
 // instance is one serving process of a server: a grpc.Server, its listener
 // and the store it was built with.
 type instance struct {
@@ -536,7 +553,7 @@ type instance struct {
 
 // serve starts a server on addr ("127.0.0.1:0" for a new port) with the
 // given store, behind outer and tollgate's interceptors.
-func serve(addr string, cfg config, store idempotency.Store, outer grpc.UnaryServerInterceptor, svc *testsvc.Service) (*instance, error) {
+func serve(addr string, cfg config, store idempotency.Store, outer grpc.UnaryServerInterceptor, svc *service) (*instance, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -552,7 +569,7 @@ func serve(addr string, cfg config, store idempotency.Store, outer grpc.UnarySer
 	}
 	opts := append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(outer)}, tollgate...)
 	in := &instance{srv: grpc.NewServer(opts...), lis: lis, addr: lis.Addr().String(), done: make(chan struct{})}
-	svc.Register(in.srv)
+	ledgerv1.RegisterLedgerServiceServer(in.srv, svc)
 	tollgatev1.RegisterAttemptServiceServer(in.srv, idempotency.NewAttemptService(store))
 	go func() {
 		defer close(in.done)
@@ -585,7 +602,7 @@ func (cfg config) clientOptions(perTry time.Duration) []interceptor.ClientOption
 
 // serveMemory serves svc behind outer with a fresh memory store on a free
 // loopback port and dials it as an origin; the caller stops and closes both.
-func serveMemory(ctx context.Context, cfg config, outer grpc.UnaryServerInterceptor, svc *testsvc.Service) (*instance, *grpc.ClientConn, error) {
+func serveMemory(ctx context.Context, cfg config, outer grpc.UnaryServerInterceptor, svc *service) (*instance, *grpc.ClientConn, error) {
 	store, err := memoryStore(cfg)
 	if err != nil {
 		return nil, nil, err
@@ -634,7 +651,7 @@ func dial(ctx context.Context, addr string, cfg config, perTry time.Duration) (*
 // ----- judging what happened -----
 
 // outcome fills how a call ended for its caller.
-func outcome(c *callResult, resp *testingv1.ApplyResponse, err error) {
+func outcome(c *callResult, resp *ledgerv1.ApplyResponse, err error) {
 	o := status.OutcomeOf(err)
 	c.Outcome, c.Code = o.Kind.String(), o.Code.String()
 	if o.Reason != status.ReasonUnspecified {
@@ -730,7 +747,7 @@ func startAttempt(ctx context.Context, cfg config) (context.Context, string, *bu
 func oneCall(ctx context.Context, cfg config, name, fault string, prepare func(l *ledger, f *faults)) (*scenarioResult, error) {
 	l, f := newLedger(), newFaults()
 	prepare(l, f)
-	srv, conn, err := serveMemory(ctx, cfg, l.outer(f), &testsvc.Service{ApplyFunc: l.apply})
+	srv, conn, err := serveMemory(ctx, cfg, l.outer(f), &service{apply: l.apply})
 	if err != nil {
 		return nil, err
 	}
@@ -742,7 +759,7 @@ func oneCall(ctx context.Context, cfg config, name, fault string, prepare func(l
 		return nil, err
 	}
 	c := callResult{Account: name, AttemptID: id}
-	resp, err := testingv1.NewTestServiceClient(conn).Apply(actx, &testingv1.ApplyRequest{Key: name, Amount: cfg.Amount})
+	resp, err := ledgerv1.NewLedgerServiceClient(conn).Apply(actx, &ledgerv1.ApplyRequest{Account: name, Amount: cfg.Amount})
 	outcome(&c, resp, err)
 	s := &scenarioResult{Name: name, Store: "memory", Calls: []callResult{c}, Fault: fault, IntendedEffects: 1,
 		FaultInjected: f.injected.Load() > 0}
@@ -798,7 +815,7 @@ func restart(ctx context.Context, cfg config, name, kind string, newStore storeM
 		case <-hctx.Done():
 		}
 	}
-	svc := &testsvc.Service{ApplyFunc: l.apply}
+	svc := &service{apply: l.apply}
 	store, closeOld, err := newStore()
 	if err != nil {
 		return nil, err
@@ -826,12 +843,12 @@ func restart(ctx context.Context, cfg config, name, kind string, newStore storeM
 		return nil, err
 	}
 	type answer struct {
-		resp *testingv1.ApplyResponse
+		resp *ledgerv1.ApplyResponse
 		err  error
 	}
 	answered := make(chan answer, 1)
 	go func() {
-		resp, err := testingv1.NewTestServiceClient(conn).Apply(actx, &testingv1.ApplyRequest{Key: name, Amount: cfg.Amount})
+		resp, err := ledgerv1.NewLedgerServiceClient(conn).Apply(actx, &ledgerv1.ApplyRequest{Account: name, Amount: cfg.Amount})
 		answered <- answer{resp, err}
 	}()
 
@@ -866,7 +883,7 @@ func restart(ctx context.Context, cfg config, name, kind string, newStore storeM
 		killHandler()
 		<-handlerDone
 		ans = <-answered
-		rec, err := store2.Get(ctx, idempotency.Key{AttemptID: id, Call: "0", Method: testingv1.TestService_Apply_FullMethodName})
+		rec, err := store2.Get(ctx, idempotency.Key{AttemptID: id, Call: "0", Method: ledgerv1.LedgerService_Apply_FullMethodName})
 		if err != nil {
 			return nil, err
 		}
@@ -945,7 +962,7 @@ func openHorizon(ctx context.Context, s *redisstore.Store) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.Get(ctx, idempotency.Key{AttemptID: id.String(), Call: "0", Method: testingv1.TestService_Apply_FullMethodName})
+	_, err = s.Get(ctx, idempotency.Key{AttemptID: id.String(), Call: "0", Method: ledgerv1.LedgerService_Apply_FullMethodName})
 	return err
 }
 
@@ -984,24 +1001,24 @@ func unknownSecondCall(ctx context.Context, cfg config) (*scenarioResult, error)
 	second := name + "-2"
 	f.dropAccount.Store(&second)
 	f.unreachable.Store(true)
-	ledgerSrv, down, err := serveMemory(ctx, cfg, l.outer(f), &testsvc.Service{ApplyFunc: l.apply})
+	ledgerSrv, down, err := serveMemory(ctx, cfg, l.outer(f), &service{apply: l.apply})
 	if err != nil {
 		return nil, err
 	}
 	defer ledgerSrv.stop()
 	defer down.Close()
-	ledgerClient := testingv1.NewTestServiceClient(down)
+	ledgerClient := ledgerv1.NewLedgerServiceClient(down)
 
 	var (
 		mu    sync.Mutex
 		calls []callResult
 	)
-	frontend := &testsvc.Service{ApplyFunc: func(ctx context.Context, r *testingv1.ApplyRequest) (*testingv1.ApplyResponse, error) {
+	frontend := &service{apply: func(ctx context.Context, r *ledgerv1.ApplyRequest) (*ledgerv1.ApplyResponse, error) {
 		a, _ := interceptor.AttemptFromContext(ctx)
-		var resp *testingv1.ApplyResponse
+		var resp *ledgerv1.ApplyResponse
 		for i, account := range []string{name + "-1", second} {
 			var err error
-			resp, err = ledgerClient.Apply(ctx, &testingv1.ApplyRequest{Key: account, Amount: r.GetAmount()})
+			resp, err = ledgerClient.Apply(ctx, &ledgerv1.ApplyRequest{Account: account, Amount: r.GetAmount()})
 			c := callResult{Account: account, AttemptID: a.ID}
 			outcome(&c, resp, err)
 			mu.Lock()
@@ -1029,7 +1046,7 @@ func unknownSecondCall(ctx context.Context, cfg config) (*scenarioResult, error)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := testingv1.NewTestServiceClient(conn).Apply(actx, &testingv1.ApplyRequest{Key: name, Amount: cfg.Amount})
+	resp, err := ledgerv1.NewLedgerServiceClient(conn).Apply(actx, &ledgerv1.ApplyRequest{Account: name, Amount: cfg.Amount})
 	origin := &callResult{Account: name, AttemptID: id}
 	outcome(origin, resp, err)
 	judge(nil, origin)
