@@ -267,16 +267,39 @@ type panicOnCloseSend struct{ grpc.ClientStream }
 
 func (panicOnCloseSend) CloseSend() error { panic("an inner interceptor panics in CloseSend") }
 
+// readToEnd reads a Lookup's requests until the stream's end (the
+// caller's half-close, or its cancellation).
+func readToEnd(ss grpc.BidiStreamingServer[testingv1.LookupRequest, testingv1.LookupResponse]) {
+	for {
+		if _, err := ss.Recv(); err != nil {
+			return
+		}
+	}
+}
+
 // After 0798b63 a panic in an inner interceptor's SendMsg during the replay
 // goroutine is recovered; but the same goroutine then closes the repeat's
 // side (openLocked → st.CloseSend) outside the recover, when the caller had
 // closed its own: a panic there still ends the process.
+//
+// The first try refuses only once the caller's half-close reached it, so
+// the repeat opens after the caller closed its side and the replay's
+// goroutine closes it; the repeat waits for a half-close that the panic
+// stops, so only the panic ends the stream. (The first try refused at
+// once: on a loaded machine the refusal could arrive before the caller's
+// Send, which then repeated the stream itself, so the caller's CloseSend
+// found the repeat and its panic reached the test, which did not recover
+// it — that interleaving is TestCallerCloseSendPanicOnARepeatEndsTheStream's.
+// The repeat answered at once, racing the panic to end the stream; the
+// io.EOF it won with passed the "not OK" check, being no status.)
 func TestPanicInCloseSendAfterReplayEndsTheStream(t *testing.T) {
 	var runs atomic.Int32
 	svc := &testsvc.Service{LookupFunc: func(ss grpc.BidiStreamingServer[testingv1.LookupRequest, testingv1.LookupResponse]) error {
 		if runs.Add(1) == 1 {
+			readToEnd(ss)                                     // the request, and the caller's half-close
 			return status.NotAdmitted(status.ReasonQueueFull) // before any response: repeated
 		}
+		readToEnd(ss) // the replayed request, then the half-close that never comes: the stream's end cancels it
 		return nil
 	}}
 	end := testsvc.StartT(t, testsvc.Bufconn, svc.Register, serverOpts()...)
@@ -299,6 +322,7 @@ func TestPanicInCloseSendAfterReplayEndsTheStream(t *testing.T) {
 	_, err = st.Recv()
 	require.Error(t, err)
 	require.NotEqual(t, status.KindOK, status.OutcomeOf(err).Kind)
+	require.NotEmpty(t, status.OutcomeOf(err).Detail.GetAttemptId(), "a typed result naming the attempt, not the repeat's io.EOF: %v", err)
 	require.EqualValues(t, 2, opened.Load(), "the repeat was opened, and its close panicked")
 }
 
