@@ -923,7 +923,9 @@ func (cs *clientStream) sendEnded() error {
 // SendMsg sends m on the current try, keeping a copy for replay. When the
 // try has ended before a response committed the stream, it learns why and
 // repeats the stream (m is replayed) before returning nil; io.EOF, as
-// grpc-go's, says the stream ended and RecvMsg returns its status.
+// grpc-go's, says the stream ended and RecvMsg returns its status. A panic
+// below the interceptor goes on up to the caller, but first ends the
+// stream (see panickedLocked).
 func (cs *clientStream) SendMsg(m any) error {
 	cs.mu.Lock()
 	for cs.replaying && !cs.done {
@@ -936,7 +938,7 @@ func (cs *clientStream) SendMsg(m any) error {
 	cs.keepLocked(m)
 	cur, gen := cs.cur, cs.gen
 	cs.mu.Unlock()
-	err := cur.SendMsg(m)
+	err := cs.sendUnlocked(cur, m)
 	if err == nil {
 		return nil
 	}
@@ -1095,12 +1097,47 @@ func (cs *clientStream) Header() (metadata.MD, error) {
 // CloseSend closes the caller's side of the current try, and of every
 // repeat. It does not wait for a resolution or repeat under way: a repeat
 // that opens later is closed by the owner once it replayed what was sent.
-// Like grpc-go's, it returns nil.
+// Like grpc-go's, it returns nil. A panic below the interceptor in the
+// try's CloseSend goes on up to the caller, but first ends the stream (see
+// panickedLocked), as it does when the owner closes a repeat.
 func (cs *clientStream) CloseSend() error {
 	if cur := cs.side.close(); cur != nil {
-		return cur.CloseSend()
+		return cs.closeUnlocked(cur)
 	}
 	return nil
+}
+
+// sendUnlocked is cur.SendMsg(m) on the caller's goroutine, without cs.mu:
+// a panic below the interceptor (an inner interceptor, a codec's Marshal)
+// goes on up to the caller, but first ends the stream (see panickedLocked),
+// as in RecvMsg (recvUnlocked).
+func (cs *clientStream) sendUnlocked(cur grpc.ClientStream, m any) error {
+	returned := false
+	defer cs.endIfPanicked(&returned)
+	err := cur.SendMsg(m)
+	returned = true
+	return err
+}
+
+// closeUnlocked is cur.CloseSend on the caller's goroutine, without cs.mu,
+// as sendUnlocked is SendMsg.
+func (cs *clientStream) closeUnlocked(cur grpc.ClientStream) error {
+	returned := false
+	defer cs.endIfPanicked(&returned)
+	err := cur.CloseSend()
+	returned = true
+	return err
+}
+
+// endIfPanicked, deferred by a call below the interceptor made without
+// cs.mu, ends the stream when that call did not return (a panic passes).
+func (cs *clientStream) endIfPanicked(returned *bool) {
+	if *returned {
+		return
+	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	cs.panickedLocked()
 }
 
 // Trailer returns the trailer of the stream's last try. As grpc-go's, it is
