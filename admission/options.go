@@ -379,8 +379,10 @@ const DefaultMaxRetryAfter = 30 * time.Second
 // refusal whose predicted wait is long suggests a delay spread over
 // [⅓ d, d) rather than one as long as the wait, which the queue will have
 // changed long before (a repeat is refused cheaply if it has not). SHED
-// suggests the time until the class can be admitted again, jittered in
-// [1, 1½) of it, with the same cap ([⅔ d, d) for a longer time).
+// suggests the time until the class can be admitted again, jittered above
+// it, never before it, over half of the larger of that time and the
+// degradation window (Degradation.Window), with the same cap (a time beyond
+// ⅔ d suggests [⅔ d, d)).
 // Default [DefaultMaxRetryAfter]; d must be at least a millisecond.
 func WithMaxRetryAfter(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.maxRA = d })

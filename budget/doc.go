@@ -18,10 +18,13 @@
 // refuses a repeat only once a non-zero allowance is all spent (the refusal
 // is then final) or the ledger is sealed; a repeat while units are still
 // held by earlier tries is sent with what is free, possibly nothing, and
-// with an allowance of 0 the origin's call repeats under its policy. Because nobody can spend what it was not
-// lent, repeats at several layers add up instead of multiplying: three tries
-// at the origin and two per call in the middle tier, with four units, reach
-// the dependency four times, not six.
+// with an allowance of 0 the origin's call repeats under its policy, unless
+// the callee answers ALLOWANCE_EXHAUSTED (it needed units the origin can
+// never lend): the call then ends with that refusal, final, after one try.
+// Because nobody can spend what it was not lent, repeats at several layers
+// add up instead of multiplying: three tries at the origin and two per call
+// in the middle tier, with four units, reach the dependency four times, not
+// six.
 //
 // Each ledger keeps its units in four piles, whose sum never changes:
 //

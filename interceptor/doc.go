@@ -35,7 +35,9 @@
 // code, 0 or not, so that a lenient caller's grant comes back after such an
 // answer rather than being held until a record reconciles it; and as 0 on
 // every answer to an untrusted caller that sent a tollgate header,
-// well-formed or not, since none of its grant was used here. Other answers
+// well-formed or not, since none of its grant was used here (a refusal by
+// the admission tap, made before the interceptor runs, carries no trailer:
+// see AdmissionTap). Other answers
 // to a trusted caller carry it only when positive: the caller settles OK
 // answers and definite errors by their code, and a refusal by its detail,
 // which names the try (a refusal relayed from further down by a server that

@@ -165,11 +165,13 @@ func jsonObject(s string) error {
 // WithAllowance sets the number of call units an attempt that starts at this
 // client (the origin) lets all layers below it spend, across every try of
 // every call. Default DefaultAllowance (4); 0 lets no call below the origin
-// be sent (the origin's own calls still repeat under their policy: its tries
-// are never charged). Once an allowance above 0 is all spent, a repeat of
-// the origin's call is refused ALLOWANCE_EXHAUSTED, final: its callee could
-// not be lent a unit (after a try whose outcome is not known, the call ends
-// UNKNOWN with that try's error instead). At most 1,000,000.
+// be sent (the origin's own calls still repeat under their policy, since its
+// tries are never charged, unless the callee answers ALLOWANCE_EXHAUSTED: it
+// needed units the origin can never lend, so the call ends with that
+// refusal, final, after one try). Once an allowance above 0 is all spent, a
+// repeat of the origin's call is refused ALLOWANCE_EXHAUSTED, final: its
+// callee could not be lent a unit (after a try whose outcome is not known,
+// the call ends UNKNOWN with that try's error instead). At most 1,000,000.
 func WithAllowance(units int64) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.allowance = units })
 }
