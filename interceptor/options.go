@@ -44,6 +44,10 @@ const (
 	DefaultMaxRecvMsgSize = 4 << 20
 	// DefaultMaxStreams is grpc.MaxConcurrentStreams (WithMaxConcurrentStreams).
 	DefaultMaxStreams = 1024
+	// DefaultMaxHeaderListSize is grpc.MaxHeaderListSize
+	// (WithMaxHeaderListSize): 64 KiB of request metadata, as Envoy's
+	// default of 60 KiB allows about as much.
+	DefaultMaxHeaderListSize = 64 << 10
 	// DefaultResolutionGrace is how long after the deadline a resolution may
 	// still query (WithResolutionGrace).
 	DefaultResolutionGrace = time.Second
@@ -323,6 +327,7 @@ type serverConfig struct {
 	skew                time.Duration
 	recoverPanics       bool
 	maxRecvMsgSize      int
+	maxHeaderListSize   uint32
 	maxStreams          uint32
 	maxStreamsSet       bool // by WithMaxConcurrentStreams, kept as given; else the default, raised past admission's capacity (validate)
 	meter               metric.MeterProvider
@@ -340,6 +345,7 @@ func defaultServerConfig() serverConfig {
 		maxAttemptTime:     DefaultMaxAttemptTime,
 		skew:               DefaultClockSkew,
 		maxRecvMsgSize:     DefaultMaxRecvMsgSize,
+		maxHeaderListSize:  DefaultMaxHeaderListSize,
 		maxStreams:         DefaultMaxStreams,
 		meter:              otel.GetMeterProvider(),
 		now:                time.Now,
@@ -366,6 +372,8 @@ func (c *serverConfig) validate() error {
 		return invalid("clock skew %v outside [0, 1m]", c.skew)
 	case c.maxRecvMsgSize <= 0:
 		return invalid("maximum receive message size %d is not positive", c.maxRecvMsgSize)
+	case c.maxHeaderListSize < minHeaderListSize:
+		return invalid("maximum header list size %d is below %d bytes (a request's own gRPC headers need about that)", c.maxHeaderListSize, minHeaderListSize)
 	case c.maxStreams == 0:
 		return invalid("maximum concurrent streams is 0")
 	case c.meter == nil:
@@ -582,6 +590,21 @@ func WithRecovery() ServerOption {
 func WithMaxRecvMsgSize(n int) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.maxRecvMsgSize = n })
 }
+
+// WithMaxHeaderListSize sets grpc.MaxHeaderListSize, which bounds the bytes
+// of a request's metadata (its header list, as HTTP/2 counts it): grpc-go
+// refuses a request over it before any interceptor or handler runs.
+// Admission's byte bounds count messages only, and grpc-go's own default
+// is 16 MiB per request, so without this bound every request admitted or
+// waiting could hold that much. Default DefaultMaxHeaderListSize (64 KiB);
+// at least 1 KiB. Raise it for callers whose credentials or trace headers
+// are larger.
+func WithMaxHeaderListSize(n uint32) ServerOption {
+	return serverOptionFunc(func(c *serverConfig) { c.maxHeaderListSize = n })
+}
+
+// minHeaderListSize is the least WithMaxHeaderListSize accepts.
+const minHeaderListSize = 1 << 10
 
 // WithMaxConcurrentStreams sets grpc.MaxConcurrentStreams per connection.
 // Default DefaultMaxStreams (1024), or, with WithAdmission, one more than

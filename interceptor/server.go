@@ -1495,9 +1495,10 @@ func minTime(a, b time.Time) time.Time {
 // server: the unary and stream interceptors (chained, so they compose with
 // the server's own in the order given to grpc.NewServer), the admission
 // controller's tap handle (WithAdmission, unless WithoutAdmissionTap),
-// grpc.MaxRecvMsgSize and grpc.MaxConcurrentStreams (which make admission's
-// byte bounds real: generated handlers decode requests before interceptors
-// run; with admission, the stream bound exceeds what the controller holds
+// grpc.MaxRecvMsgSize, grpc.MaxHeaderListSize and grpc.MaxConcurrentStreams
+// (which make admission's byte bounds real: generated handlers decode
+// requests before interceptors run, and a request's metadata is bounded
+// too; with admission, the stream bound exceeds what the controller holds
 // at once, so that a full connection keeps a stream for the control path:
 // see WithMaxConcurrentStreams). The returned options are built once and safe for concurrent use. An
 // invalid option is an error wrapping ErrInvalidOption.
@@ -1511,6 +1512,7 @@ func NewServerOptions(opts ...ServerOption) ([]grpc.ServerOption, error) {
 		grpc.ChainUnaryInterceptor(sv.unary),
 		grpc.ChainStreamInterceptor(sv.stream),
 		grpc.MaxRecvMsgSize(cfg.maxRecvMsgSize),
+		grpc.MaxHeaderListSize(cfg.maxHeaderListSize),
 		grpc.MaxConcurrentStreams(cfg.maxStreams),
 	}
 	if cfg.admission != nil && cfg.admissionTap {

@@ -71,7 +71,7 @@ func serve(ctx context.Context, lis net.Listener) error {
 	}
 	defer ctrl.Close() // idempotent; at shutdown, close it before srv.GracefulStop (below)
 	srv := grpc.NewServer(interceptor.ServerOptions(
-		interceptor.WithTrustedPeer(interceptor.TrustLoopback), // or TrustAll behind mTLS, or your own func(ctx) bool
+		interceptor.WithTrustedPeer(interceptor.TrustLoopback), // or TrustAll when only your own services can connect, or your own func(ctx) bool
 		interceptor.WithTenant(tenantFromPeer),                 // your func(ctx) string: the caller's tenant, unless a trusted peer's header names one
 		interceptor.WithAdmission(ctrl),                        // optional: admission control (and its tap)
 		interceptor.WithAttemptStore(store),                    // optional: at most one run per call, answers for owners
