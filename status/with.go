@@ -13,9 +13,11 @@ import "errors"
 // text of what wraps it (a fmt.Errorf("reserve: %w", …) prefix). What wraps
 // it is otherwise not kept — errors.Is and errors.As no longer find the
 // other errors of err's chain — but for a [WithoutEffect] that encloses the
-// *Error, which the copy keeps: With(WithoutEffect(na), …) is
-// WithoutEffect of the copy, and [HandlerOutcome] still reads it
-// NOT_ADMITTED.
+// *Error when that *Error decides err's status, which the copy keeps:
+// With(WithoutEffect(na), …) is WithoutEffect of the copy, and
+// [HandlerOutcome] still reads it NOT_ADMITTED. A WithoutEffect over
+// another status (one that errors.As looks past to find the *Error) is
+// not kept: HandlerOutcome reads err UNKNOWN, and the copy so too.
 func With(err error, opts ...Option) error {
 	var te *Error
 	if !errors.As(err, &te) || te == nil {
@@ -34,13 +36,13 @@ func With(err error, opts ...Option) error {
 	return e
 }
 
-// withoutEffectOf reports whether a WithoutEffect wrapper in err's chain
-// encloses te.
+// withoutEffectOf reports whether [HandlerOutcome] reads err as enclosed by
+// a WithoutEffect wrapper, and te is the error that decides err's status:
+// only then is the copy of te what err reads as. A WithoutEffect over
+// another status (an errors.Join whose first branch is a callee's INTERNAL,
+// a status error type that keeps te as its cause) is not a declaration
+// about te, and err reads UNKNOWN.
 func withoutEffectOf(err error, te *Error) bool {
-	var we *withoutEffect
-	if !errors.As(err, &we) || we == nil {
-		return false
-	}
-	var inner *Error
-	return errors.As(we.err, &inner) && inner == te
+	x := inspect(err)
+	return x.withoutEffect && x.te == te
 }
