@@ -16,10 +16,12 @@ import (
 // that attempt's. A minimum try time (or hop margin) at or above the
 // default attempt timeout, which such a client never applies, worked and
 // was refused by NewDialOptions once it was checked against the default:
-// a batch service whose calls need a minute, called by handlers of
-// attempts that last an hour, could no longer build its client.
+// a batch service whose calls need 15 s, called by handlers of
+// attempts that last up to 30 s, could no longer build its client.
 func TestMinTryTimeAboveTheDefaultAttemptTimeoutWorksBelowTheOrigin_r18y(t *testing.T) {
-	slow := []interceptor.ClientOption{interceptor.WithMinTryTime(time.Minute)}
+	// 15 s: above the 10 s default attempt timeout, below the 30 s a server
+	// caps an attempt at by default (DefaultMaxAttemptTime).
+	slow := []interceptor.ClientOption{interceptor.WithMinTryTime(15 * time.Second)}
 	_, err := interceptor.NewDialOptions(slow...)
 	require.NoError(t, err, "a client that mints no attempt never applies the default attempt timeout")
 	_, err = interceptor.NewDialOptions(interceptor.WithHopMargin(interceptor.DefaultAttemptTimeout))
