@@ -134,7 +134,7 @@ func TestR18iHopMarginMustLeaveTimeInTheAttempt(t *testing.T) {
 		"margin above timeout": {interceptor.WithHopMargin(time.Hour), interceptor.WithAttemptTimeout(time.Second)},
 		"margin = timeout":     {interceptor.WithHopMargin(time.Second), interceptor.WithAttemptTimeout(time.Second)},
 		"margin + min try":     {interceptor.WithHopMargin(600 * time.Millisecond), interceptor.WithMinTryTime(400 * time.Millisecond), interceptor.WithAttemptTimeout(time.Second)},
-		"default timeout":      {interceptor.WithHopMargin(interceptor.DefaultAttemptTimeout)},
+		"default timeout set":  {interceptor.WithHopMargin(interceptor.DefaultAttemptTimeout), interceptor.WithAttemptTimeout(interceptor.DefaultAttemptTimeout)},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := interceptor.NewDialOptions(opts...)

@@ -85,18 +85,21 @@ func (f clientOptionFunc) applyClient(c *clientConfig) { f(c) }
 type clientConfig struct {
 	allowance      int64
 	attemptTimeout time.Duration
-	retry          RetryPolicy
-	methodRetry    map[string]RetryPolicy
-	retryBudget    []budget.RetryBudgetOption
-	noRetryBudget  bool
-	grace          time.Duration
-	strict         bool
-	serviceConfig  string
-	hopMargin      time.Duration
-	minTryTime     time.Duration
-	tracer         trace.TracerProvider
-	meter          metric.MeterProvider
-	now            func() time.Time
+	// attemptTimeoutSet: WithAttemptTimeout was given, so the client is
+	// meant to mint attempts, and its margins must leave time in them.
+	attemptTimeoutSet bool
+	retry             RetryPolicy
+	methodRetry       map[string]RetryPolicy
+	retryBudget       []budget.RetryBudgetOption
+	noRetryBudget     bool
+	grace             time.Duration
+	strict            bool
+	serviceConfig     string
+	hopMargin         time.Duration
+	minTryTime        time.Duration
+	tracer            trace.TracerProvider
+	meter             metric.MeterProvider
+	now               func() time.Time
 }
 
 func defaultClientConfig() clientConfig {
@@ -123,9 +126,16 @@ func (c *clientConfig) validate() error {
 		return invalid("hop margin %v is negative", c.hopMargin)
 	case c.minTryTime < 0:
 		return invalid("minimum try time %v is negative", c.minTryTime)
-	case c.hopMargin >= c.attemptTimeout || c.minTryTime >= c.attemptTimeout-c.hopMargin:
+	case c.hopMargin >= maxAttemptTimeoutCap || c.minTryTime >= maxAttemptTimeoutCap-c.hopMargin:
+		// No attempt lasts so long: every call would be refused.
+		return invalid("hop margin %v and minimum try time %v leave no time in an attempt of %v, the longest",
+			c.hopMargin, c.minTryTime, maxAttemptTimeoutCap)
+	case c.attemptTimeoutSet && (c.hopMargin >= c.attemptTimeout || c.minTryTime >= c.attemptTimeout-c.hopMargin):
 		// Every call of an attempt this client starts would be refused
-		// locally, DEADLINE_UNREACHABLE, before it was sent.
+		// locally, DEADLINE_UNREACHABLE, before it was sent. Only when
+		// the timeout was set: the default applies to attempts a client
+		// mints, and one used inside handlers, or under StartAttempt,
+		// mints none (its calls have their attempt's deadline).
 		return invalid("hop margin %v and minimum try time %v leave no time in the attempt timeout %v: every call this client starts would be refused DEADLINE_UNREACHABLE",
 			c.hopMargin, c.minTryTime, c.attemptTimeout)
 	case c.tracer == nil || c.meter == nil:
@@ -184,7 +194,7 @@ func WithAllowance(units int64) ClientOption {
 // client, counted from its first call; the caller's context deadline wins
 // when it is earlier. Default DefaultAttemptTimeout (10 s); at most 24 h.
 func WithAttemptTimeout(d time.Duration) ClientOption {
-	return clientOptionFunc(func(c *clientConfig) { c.attemptTimeout = d })
+	return clientOptionFunc(func(c *clientConfig) { c.attemptTimeout, c.attemptTimeoutSet = d, true })
 }
 
 // WithRetry sets the retry policy of the calls this client owns.
@@ -264,9 +274,13 @@ func withClientClock(now func() time.Time) ClientOption {
 // WithHopMargin sets how much earlier than the caller's deadline each
 // outgoing try's deadline is set, so the callee's answer can travel back.
 // Default DefaultHopMargin (5 ms). A negative margin, or one that with
-// WithMinTryTime's leaves no time in the client's own attempts (the hop
-// margin plus the minimum try time must be below WithAttemptTimeout's), is
-// ErrInvalidOption: every call the client starts would be refused.
+// WithMinTryTime's leaves no time in the client's own attempts, is
+// ErrInvalidOption: every call the client starts would be refused. The hop
+// margin plus the minimum try time must be below 24 h, the longest attempt,
+// and below WithAttemptTimeout's when it is given; the default attempt
+// timeout does not bound them, since a client used only inside handlers
+// or under StartAttempt mints no attempt of its own (give
+// WithAttemptTimeout to have it checked).
 func WithHopMargin(d time.Duration) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.hopMargin = d })
 }
@@ -277,7 +291,7 @@ func WithHopMargin(d time.Duration) ClientOption {
 // leaves less; not final when only the context's earlier one does, such as
 // a caller's per-try deadline). Default DefaultMinTryTime (1 ms). A
 // negative value, or one that with the hop margin leaves no time in the
-// client's own attempts (WithAttemptTimeout), is ErrInvalidOption.
+// client's own attempts (see WithHopMargin), is ErrInvalidOption.
 func WithMinTryTime(d time.Duration) ClientOption {
 	return clientOptionFunc(func(c *clientConfig) { c.minTryTime = d })
 }
