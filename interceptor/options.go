@@ -612,7 +612,9 @@ func WithMaxRecvMsgSize(n int) ServerOption {
 // is 16 MiB per request, so without this bound every request admitted or
 // waiting could hold that much. Default DefaultMaxHeaderListSize (64 KiB);
 // at least 1 KiB. Raise it for callers whose credentials or trace headers
-// are larger.
+// are larger. A tollgate client (DialOptions) whose request is over the
+// limit the server advertised is refused by grpc-go before sending: its
+// call ends NOT_ADMITTED, NOT_SENT, final, without a repeat.
 func WithMaxHeaderListSize(n uint32) ServerOption {
 	return serverOptionFunc(func(c *serverConfig) { c.maxHeaderListSize = n })
 }

@@ -285,6 +285,7 @@ func (w *owner) run(ctx context.Context, start time.Time, req, reply any, opts [
 		}
 		o := status.OutcomeOfCall(err, d)
 		err = w.typed(n, err, o)
+		o = finalTyped(o, err)
 		o, err = w.relayed(n, o, err, t)
 		c.record(ctx, o, d)
 		if failed := w.failedInDoubt(n, err, o, d); failed != nil {
@@ -475,11 +476,35 @@ func (w *owner) typed(n uint32, err error, o status.Outcome) error {
 		// tollgate's.
 		ra, _ := status.RetryAfter(err)
 		return status.NotAdmitted(o.Reason, status.WithAttempt(w.cl.s.ID, w.cl.key, n), status.WithMessage(err.Error()),
-			status.WithRetryAfter(adoptedDelay(ra)), unitsLeft(w.cl.s), status.WithDetailsOf(err))
+			status.WithRetryAfter(adoptedDelay(ra)), unitsLeft(w.cl.s), status.WithDetailsOf(err),
+			status.Fields{Final: o.Reason == status.ReasonNotSent && overHeaderListLimit(err)})
 	case status.KindUnknown:
 		return status.OutcomeUnknown(err, status.WithAttempt(w.cl.s.ID, w.cl.key, n), status.WithReason(o.Reason))
 	}
 	return err
+}
+
+// overHeaderListLimit reports whether err is grpc-go's refusal to send a
+// request whose header list is over the limit its server advertised
+// (SETTINGS_MAX_HEADER_LIST_SIZE, which interceptor.ServerOptions sets:
+// WithMaxHeaderListSize). grpc-go raises it before the request leaves the
+// client, as INTERNAL, and every repeat of the request carries the same
+// metadata: typed makes that NOT_SENT refusal final, so that the owner
+// ends the call rather than repeat it until its tries, allowance or retry
+// budget run out.
+func overHeaderListLimit(err error) bool {
+	st, ok := grpcstatus.FromError(err)
+	return ok && st.Code() == codes.Internal &&
+		strings.HasPrefix(st.Message(), "header list size to send violates the maximum size")
+}
+
+// finalTyped is o as the call reads it once typed made err's refusal final
+// (overHeaderListLimit): its detail, which decide reads, says so.
+func finalTyped(o status.Outcome, err error) status.Outcome {
+	if o.Detail == nil && o.Kind == status.KindNotAdmitted && status.IsFinal(err) {
+		return status.OutcomeOf(err)
+	}
+	return o
 }
 
 // adoptedDelay is the delay a refusal typed here (NOT_SENT) suggests when

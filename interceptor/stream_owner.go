@@ -673,6 +673,7 @@ func (cs *clientStream) afterTryLocked(err error) (next uint32, result error, re
 	w, n := cs.w, cs.n
 	o := cs.finishLocked(err)
 	err = w.typed(n, err, o)
+	o = finalTyped(o, err)
 	o, err = w.relayed(n, o, err, cs.t)
 	if failed := w.failedInDoubt(n, err, o, cs.t.delivery.state()); failed != nil {
 		return n, failed, false
