@@ -3,10 +3,10 @@ package idempotency
 import (
 	"context"
 	"errors"
-	"reflect"
 	"strings"
 	"unicode/utf8"
 
+	"github.com/tollgate-go/tollgate/internal/nilvalue"
 	tenantname "github.com/tollgate-go/tollgate/internal/tenant"
 	tollgatev1 "github.com/tollgate-go/tollgate/proto/tollgate/v1"
 	"github.com/tollgate-go/tollgate/status"
@@ -74,7 +74,7 @@ type AttemptService struct {
 // nil, such as a *redisstore.Store never set), whose methods would panic on
 // the first query instead, and on WithTenant(nil). A nil option is ignored.
 func NewAttemptService(store Store, opts ...ServiceOption) *AttemptService {
-	if store == nil || typedNil(store) {
+	if store == nil || nilvalue.Typed(store) {
 		panic("idempotency: NewAttemptService needs a store")
 	}
 	s := &AttemptService{store: store, tenant: TenantFromContext}
@@ -84,17 +84,6 @@ func NewAttemptService(store Store, opts ...ServiceOption) *AttemptService {
 		}
 	}
 	return s
-}
-
-// typedNil reports whether x, a non-nil interface, holds a nil pointer,
-// map, slice, channel or function.
-func typedNil(x any) bool {
-	v := reflect.ValueOf(x)
-	switch v.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Chan, reflect.Func, reflect.Interface:
-		return v.IsNil()
-	}
-	return false
 }
 
 // GetAttempt returns the caller's tenant's record of one call, without

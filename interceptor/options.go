@@ -6,13 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"reflect"
 	"strings"
 	"time"
 
 	"github.com/tollgate-go/tollgate/admission"
 	"github.com/tollgate-go/tollgate/budget"
 	"github.com/tollgate-go/tollgate/idempotency"
+	"github.com/tollgate-go/tollgate/internal/nilvalue"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -394,7 +394,7 @@ func (c *serverConfig) validate() error {
 		return invalid("nil meter provider")
 	case c.nilStore:
 		return invalid("nil attempt store; pass no WithAttemptStore for none")
-	case c.store != nil && typedNil(c.store):
+	case c.store != nil && nilvalue.Typed(c.store):
 		return invalid("nil attempt store (a nil %T); pass no WithAttemptStore for none", c.store)
 	}
 	if c.admission != nil && !c.maxStreamsSet && uint64(c.admission.Capacity()) >= uint64(c.maxStreams) {
@@ -419,17 +419,6 @@ func (c *serverConfig) validate() error {
 		}
 	}
 	return nil
-}
-
-// typedNil reports whether x, a non-nil interface, holds a nil pointer,
-// map, slice, channel or function: a value whose methods would panic.
-func typedNil(x any) bool {
-	v := reflect.ValueOf(x)
-	switch v.Kind() {
-	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Chan, reflect.Func, reflect.Interface:
-		return v.IsNil()
-	}
-	return false
 }
 
 // validFullMethod reports whether m reads "/service/method", both parts
